@@ -1,0 +1,148 @@
+# One build for everything: libcore.a, the programs, the tests, the man-page check.
+#   make                 build libcore.a and every program into $(BUILD)
+#   make test            Criterion unit tests, shell tests of the programs, man-page check
+#   make check           `make test`, then the whole suite again under ASan + UBSan
+#   make SAN=1 test      the sanitizer build alone (in build-san/)
+#   make STRICT=1        warnings are errors (development)
+#   make install PREFIX=/usr/local
+# Optional parts are probed and reported; override a probe with HAVE_X=0 or HAVE_X=1.
+
+SAN ?= 0
+ifeq ($(SAN),1)
+BUILD ?= build-san
+else
+BUILD ?= build
+endif
+PREFIX ?= /usr/local
+CC ?= cc
+PKG_CONFIG ?= pkg-config
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+MPICC ?= mpicc
+VERSION := 0.1.0
+
+WARN := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wstrict-prototypes -Wvla
+ifeq ($(STRICT),1)
+WARN += -Werror
+endif
+OPT ?= -O3 -march=native
+ifeq ($(SAN),1)
+OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+endif
+CFLAGS ?=
+CFLAGS += -std=c11 -D_GNU_SOURCE -DCORE_VERSION='"$(VERSION)"' $(OPT) $(WARN) -Ilib
+LDFLAGS ?=
+ifeq ($(SAN),1)
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+# ---- probes -------------------------------------------------------------------------------
+have_pc = $(shell $(PKG_CONFIG) --exists $(1) 2>/dev/null && echo 1 || echo 0)
+HAVE_OPENMP ?= $(shell echo 'int main(void){return omp_get_max_threads()<1;}' | \
+	$(CC) -fopenmp -include omp.h -x c - -o /dev/null >/dev/null 2>&1 && echo 1 || echo 0)
+HAVE_OPENBLAS ?= $(call have_pc,openblas)
+HAVE_YAML ?= $(call have_pc,yaml-0.1)
+HAVE_ZLIB ?= $(call have_pc,zlib)
+HAVE_JANSSON ?= $(call have_pc,jansson)
+HAVE_CRITERION ?= $(call have_pc,criterion)
+HAVE_MPI ?= $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1 || echo 0)
+HAVE_CUDA ?= $(if $(NVCC),1,0)
+HAVE_PYTORCH ?= $(shell /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 && echo 1 || echo 0)
+
+# OpenBLAS: headers and link name from pkg-config; at run time prefer Debian's OpenMP
+# build of the same library so that BLAS and our own loops share one thread pool instead
+# of two pools spinning against each other.
+OPENBLAS_OMP_DIR ?= $(wildcard /usr/lib/x86_64-linux-gnu/openblas-openmp)
+BLAS_CFLAGS := $(shell $(PKG_CONFIG) --cflags openblas 2>/dev/null)
+BLAS_LIBS := $(shell $(PKG_CONFIG) --libs openblas 2>/dev/null)
+ifneq ($(OPENBLAS_OMP_DIR),)
+BLAS_LIBS += -Wl,-rpath,$(OPENBLAS_OMP_DIR)
+BLAS_FLAVOUR := OpenMP threading ($(OPENBLAS_OMP_DIR))
+else
+BLAS_FLAVOUR := its default threading (install libopenblas0-openmp for one thread pool)
+endif
+
+REQUIRED := OPENBLAS YAML ZLIB JANSSON OPENMP
+MISSING := $(strip $(foreach r,$(REQUIRED),$(if $(filter 1,$(HAVE_$(r))),,$(r))))
+ifneq ($(MISSING),)
+$(error missing required libraries: $(MISSING); run scripts/setup-debian.sh or install libopenblas-dev libyaml-dev zlib1g-dev libjansson-dev)
+endif
+
+CFLAGS += -fopenmp $(BLAS_CFLAGS) $(shell $(PKG_CONFIG) --cflags yaml-0.1 zlib jansson)
+LIBS := $(BLAS_LIBS) $(shell $(PKG_CONFIG) --libs yaml-0.1 zlib jansson) -fopenmp -lm
+
+# ---- sources ------------------------------------------------------------------------------
+LIB_SRC := $(sort $(wildcard lib/*.c))
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CMD_SRC := $(sort $(wildcard cmd/*.c))
+PROGS := $(CMD_SRC:cmd/%.c=$(BUILD)/bin/%)
+TEST_SRC := $(sort $(wildcard test/unit/test_*.c))
+TESTS := $(TEST_SRC:test/unit/%.c=$(BUILD)/test/%)
+CU_SRC := $(sort $(wildcard kernels/*.cu))
+CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.o)
+MANS := $(sort $(wildcard man/*.1 man/*.5))
+
+.PHONY: all probe test test-unit test-sh test-man check install clean kernels
+all: probe $(BUILD)/libcore.a $(PROGS) $(if $(filter 1,$(HAVE_CUDA)),kernels)
+
+probe:
+	@echo "==> OpenMP: $(if $(filter 1,$(HAVE_OPENMP)),found,not found)"
+	@echo "==> OpenBLAS (CBLAS): found, $(BLAS_FLAVOUR)"
+	@echo "==> libyaml: found; zlib: found; jansson: found"
+	@echo "==> Criterion: $(if $(filter 1,$(HAVE_CRITERION)),found,not found (make test needs libcriterion-dev))"
+	@echo "==> MPI: $(if $(filter 1,$(HAVE_MPI)),found ($(MPICC)),not found (single-process only))"
+	@echo "==> CUDA: $(if $(filter 1,$(HAVE_CUDA)),nvcc found ($(NVCC)); kernels/ built,nvcc not found; skipping kernels/)"
+	@echo "==> PyTorch (reference tests): $(if $(filter 1,$(HAVE_PYTORCH)),found,not found; reference tests will be skipped)"
+	@echo "==> build: $(BUILD) $(if $(filter 1,$(SAN)),(ASan + UBSan))"
+
+$(BUILD)/%.o: %.c $(wildcard lib/*.h) | $(BUILD)/lib $(BUILD)/cmd $(BUILD)/test/unit
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libcore.a: $(LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/%: $(BUILD)/cmd/%.o $(BUILD)/libcore.a | $(BUILD)/bin
+	$(CC) $(LDFLAGS) $< $(BUILD)/libcore.a $(LIBS) -o $@
+
+$(BUILD)/test/%: $(BUILD)/test/unit/%.o $(BUILD)/libcore.a | $(BUILD)/test
+	$(CC) $(LDFLAGS) $< $(BUILD)/libcore.a $(LIBS) $(shell $(PKG_CONFIG) --libs criterion) -o $@
+
+$(BUILD)/kernels/%.o: kernels/%.cu | $(BUILD)/kernels
+	$(NVCC) -O3 -Ilib -Xcompiler -Wall -c $< -o $@
+
+kernels: $(CU_OBJ)
+
+$(BUILD)/lib $(BUILD)/cmd $(BUILD)/bin $(BUILD)/test $(BUILD)/test/unit $(BUILD)/kernels:
+	mkdir -p $@
+
+# ---- tests --------------------------------------------------------------------------------
+# Each Criterion binary runs its tests in parallel processes; a failing test makes it exit 1.
+# The shell tests get the programs' directory in BIN and a scratch directory in TMPDIR.
+test: all test-unit test-sh test-man
+
+test-unit: $(TESTS)
+ifneq ($(HAVE_CRITERION),1)
+	$(error Criterion not found: install libcriterion-dev to run the unit tests)
+endif
+	@fail=0; for t in $(TESTS); do echo "--- $$t"; $$t --jobs=2 || fail=1; done; \
+	test $$fail = 0 || { echo "unit tests FAILED"; exit 1; }
+
+test-sh: $(PROGS)
+	@BIN=$(abspath $(BUILD)/bin) SAN=$(SAN) HAVE_PYTORCH=$(HAVE_PYTORCH) sh test/sh/run.sh
+
+# A man page passes when groff renders it without a single warning.
+test-man:
+	@fail=0; for m in $(MANS); do \
+	  out=$$(groff -man -ww -z $$m 2>&1); \
+	  if [ -n "$$out" ]; then echo "man page $$m: $$out"; fail=1; else echo "man page $$m: ok"; fi; \
+	done; test $$fail = 0
+
+check: test
+	$(MAKE) SAN=1 test-unit test-sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5
+	install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin
+	for m in $(MANS); do s=$${m##*.}; install -m 644 $$m $(DESTDIR)$(PREFIX)/share/man/man$$s; done
+
+clean:
+	rm -rf build build-san

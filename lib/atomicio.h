@@ -1,0 +1,37 @@
+/* atomicio.h - write a file so that a crash leaves the old file or the new one, never half.
+ *
+ * afile_open() creates a temporary file next to the target (same directory, so rename(2) is
+ * atomic); afile_commit() flushes, fsyncs, renames over the target and fsyncs the directory.
+ * afile_abort() removes the temporary file; the target is untouched. Every output file of
+ * every program goes through here.
+ */
+#ifndef CORE_ATOMICIO_H
+#define CORE_ATOMICIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct afile {
+	FILE *fp;        /* write through this or afile_write() */
+	char *path;      /* final name */
+	char *tmp;       /* temporary name, NULL after commit/abort */
+	uint32_t crc;    /* zlib crc32 of every byte written through afile_write() */
+	uint64_t nbytes; /* bytes written through afile_write() */
+	int failed;      /* a write failed; commit will refuse */
+};
+
+int afile_open(struct afile *a, const char *path);
+int afile_write(struct afile *a, const void *buf, size_t n);
+/* Overwrite bytes already written at offset (for headers patched at the end); does not
+ * change crc or nbytes. */
+int afile_pwrite(struct afile *a, const void *buf, size_t n, uint64_t offset);
+int afile_commit(struct afile *a);
+void afile_abort(struct afile *a);
+
+/* Whole small file into a malloc'd, NUL-terminated buffer (for configs and headers). */
+int file_read_all(const char *path, char **out, size_t *len);
+/* Write a whole buffer atomically. */
+int file_write_atomic(const char *path, const void *buf, size_t n);
+
+#endif

@@ -1,0 +1,17 @@
+/* cli.h - pieces every program's option parsing shares: checked number parsing and the
+ * one-line error report. The library never prints; cli_report() is the exception programs
+ * call on their single exit path, and it writes only to stderr. */
+#ifndef CORE_CLI_H
+#define CORE_CLI_H
+
+#include <stdint.h>
+
+/* Parse a whole string as a number in [lo, hi]; CORE_EUSAGE naming opt otherwise. */
+int cli_parse_long(const char *opt, const char *s, long lo, long hi, long *out);
+int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out);
+/* Print "prog: <message of code>" on stderr; returns err_exit_status(code). */
+int cli_report(const char *prog, int code);
+/* Print "prog: <printf message>" on stderr and return 2 (usage error). */
+int cli_usage_error(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

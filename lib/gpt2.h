@@ -1,0 +1,66 @@
+/* gpt2.h - the GPT-2 model of DESIGN.md on the CPU backend: forward, backward, AdamW.
+ *
+ * Parameters live in one contiguous float buffer; each has a named tensor view with the
+ * Hugging Face GPT-2 name and shape (wte.weight [V,C], wpe.weight [T,C], h.{i}.ln_1.weight [C],
+ * h.{i}.ln_1.bias, h.{i}.attn.c_attn.weight [C,3C] (Conv1D layout: y = x W + b),
+ * h.{i}.attn.c_attn.bias [3C], h.{i}.attn.c_proj.weight [C,C], h.{i}.attn.c_proj.bias,
+ * h.{i}.ln_2.*, h.{i}.mlp.c_fc.weight [C,4C], h.{i}.mlp.c_fc.bias [4C],
+ * h.{i}.mlp.c_proj.weight [4C,C], h.{i}.mlp.c_proj.bias [C], ln_f.weight, ln_f.bias,
+ * lm_head.weight [V,C] (untied; logits = x lm_head^T)). Gradients and the two AdamW moments
+ * are buffers of the same layout, so checkpoint I/O is a loop over the views.
+ */
+#ifndef CORE_GPT2_H
+#define CORE_GPT2_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor.h"
+
+struct gpt2_config {
+	int n_layer, n_embd, n_head, seq_len, vocab_size;
+};
+
+struct adamw_config {
+	float beta1, beta2, eps, weight_decay;
+};
+
+struct gpt2_acts; /* activation buffers, private to gpt2.c */
+
+struct gpt2 {
+	struct gpt2_config cfg;
+	size_t nparams;
+	float *params, *grads, *m, *v; /* each nparams floats */
+	int nviews;
+	struct tensor *views;      /* named views into params, HF order */
+	unsigned char *decay_mask; /* per view: 1 if weight decay applies (matrices) */
+	int B, T;                  /* activation capacity */
+	struct gpt2_acts *acts;
+	float loss;                /* mean loss of the last forward with targets */
+};
+
+/* Allocate parameters, grads, moments (zeroed) and activations for batches up to B x T. */
+int gpt2_create(struct gpt2 *g, const struct gpt2_config *cfg, int B, int T);
+void gpt2_free(struct gpt2 *g);
+/* GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual projections
+ * (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1. Counter-based:
+ * element i of the flat buffer uses draw i of RNG_STREAM_INIT. */
+void gpt2_init_params(struct gpt2 *g, uint64_t seed);
+/* Forward over tokens [B,T] (int32 in [0,V)); with targets, returns the mean cross-entropy
+ * in *loss (nats/token) and keeps what backward needs. B <= g->B, T <= g->T. */
+int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, int B, int T,
+		 float *loss);
+/* Per-position losses of the last forward with targets ([B*T], for evaluation). */
+const float *gpt2_losses(const struct gpt2 *g);
+/* Gradient of the mean loss of the last forward into g->grads (overwrites). */
+int gpt2_backward(struct gpt2 *g);
+/* L2 norm of g->grads. */
+float gpt2_grad_norm(const struct gpt2 *g);
+/* One AdamW step (t is the 1-based step count for bias correction); grads are multiplied
+ * by grad_scale first (global-norm clipping passes clip/norm or 1). */
+void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, float lr, long t,
+		     float grad_scale);
+/* The view with this name, or NULL. */
+struct tensor *gpt2_find(struct gpt2 *g, const char *name);
+
+#endif

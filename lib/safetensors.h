@@ -1,0 +1,62 @@
+/* safetensors.h - checkpoints in the safetensors format (8-byte little-endian header length,
+ * JSON header, raw little-endian tensor data), readable by PyTorch and Hugging Face tools.
+ *
+ * Our files add integrity data in "__metadata__" (all values are strings, as the format
+ * requires): "crc32" = zlib crc32 of the whole data section as 8 lower-case hex digits, and
+ * "crc32.<tensor name>" for each tensor's own bytes, so one tensor can be read and verified
+ * without reading the rest. Any other metadata the caller gives is written as is.
+ * Tensors are written in the order given, 64-byte aligned offsets are not required by the
+ * format and not used. Files without our crc keys (written by other tools) are readable;
+ * verification then only checks structure.
+ */
+#ifndef CORE_SAFETENSORS_H
+#define CORE_SAFETENSORS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tensor.h"
+
+struct st_kv {
+	const char *key;
+	const char *value;
+};
+
+/* Write n host tensors (contiguous) and nmeta metadata pairs atomically to path. */
+int st_write(const char *path, const struct tensor *const *ts, int n, const struct st_kv *meta,
+	     int nmeta);
+
+struct st_entry {
+	char name[TENSOR_NAME_MAX];
+	enum dtype type;
+	int ndim;
+	int64_t ne[TENSOR_MAX_DIMS];
+	uint64_t begin, end; /* byte range within the data section */
+	uint32_t crc;        /* from "crc32.<name>" */
+	int has_crc;
+};
+
+struct st_file {
+	char *path;
+	FILE *fp;
+	uint64_t data_offset; /* 8 + header length */
+	uint64_t data_size;
+	int n;
+	struct st_entry *entries;
+	int nmeta;
+	char **meta_keys, **meta_values;
+};
+
+/* Parse and check the header: JSON well-formed, dtypes and shapes known, byte ranges inside
+ * the file, non-overlapping and covering the data section, file size consistent (truncation
+ * is CORE_ETRUNC). verify=1 also checks the whole-data crc32 (reads every byte once). */
+int st_open(struct st_file *f, const char *path, int verify);
+void st_close(struct st_file *f);
+const struct st_entry *st_find(const struct st_file *f, const char *name);
+const char *st_meta(const struct st_file *f, const char *key); /* NULL if absent */
+/* Read the named tensor into dst, which must already have the file's dtype and shape
+ * (CORE_ESHAPE naming both shapes otherwise; CORE_ENOTFOUND if absent). Checks the tensor's
+ * own crc32 when the file has one. */
+int st_read(struct st_file *f, const char *name, struct tensor *dst);
+
+#endif

@@ -1,0 +1,25 @@
+#!/bin/sh
+# Installs, with apt-get, everything this project needs on Debian 12, as root.
+#   sh scripts/setup-debian.sh          build + quickstart (compiler, libraries, npm for Brown)
+#   sh scripts/setup-debian.sh --test   also what the tests need (Criterion, PyTorch, groff)
+# Idempotent: packages already installed are left as they are.
+set -eu
+pkgs="gcc make pkg-config libc6-dev libopenblas-dev libopenblas0-openmp libyaml-dev zlib1g-dev
+libjansson-dev npm ca-certificates"
+if [ "${1:-}" = "--test" ]; then
+	pkgs="$pkgs libcriterion-dev python3-torch python3-numpy groff-base"
+fi
+missing=""
+for p in $pkgs; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -z "$missing" ]; then
+	echo "setup: all packages present"
+	exit 0
+fi
+[ "$(id -u)" = 0 ] || { echo "setup: needs root to install:$missing" >&2; exit 1; }
+echo "setup: installing$missing"
+export DEBIAN_FRONTEND=noninteractive
+apt-get -o DPkg::Lock::Timeout=600 update -qq
+# shellcheck disable=SC2086
+apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $missing >/dev/null

@@ -1,0 +1,24 @@
+# Helpers for the shell tests; sourced as ". "$TESTDIR/lib.sh"".
+# Each check prints what it expected and what it got, and exits 1 on a mismatch.
+
+die() { echo "FAILED: $*"; exit 1; }
+skip() { echo "$*"; exit 77; }
+
+# expect_fail CODE PATTERN CMD...: CMD exits with CODE and writes exactly one stderr line
+# that matches the extended regex PATTERN.
+expect_fail() {
+	code=$1 pat=$2; shift 2
+	"$@" >out.stdout 2>out.stderr && rc=0 || rc=$?
+	[ "$rc" = "$code" ] || { cat out.stderr; die "$* exited $rc, expected $code"; }
+	n=$(wc -l <out.stderr)
+	[ "$n" -eq 1 ] || { cat out.stderr; die "$*: expected one stderr line, got $n"; }
+	grep -Eq -- "$pat" out.stderr || die "$*: stderr '$(cat out.stderr)' does not match '$pat'"
+}
+
+# expect_ok CMD...: CMD exits 0.
+expect_ok() {
+	"$@" >out.stdout 2>out.stderr || { cat out.stderr; die "$* failed"; }
+}
+
+# same_file A B: the files are byte-identical.
+same_file() { cmp -s "$1" "$2" || die "'$1' and '$2' differ"; }
