@@ -1,0 +1,214 @@
+/* dpc-train-path - train one path (or a dense GPT-2) on a token file, or evaluate a
+ * checkpoint. Thin: options here, the loop in lib/train.c. See dpc-train-path(1). */
+#include <getopt.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "cli.h"
+#include "config.h"
+#include "err.h"
+#include "gpt2.h"
+#include "tokfile.h"
+#include "train.h"
+#include "banned.h"
+
+static const char *prog = "dpc-train-path";
+
+static const char usage[] =
+	"usage: dpc-train-path -c CONFIG -d TRAIN.tok -o OUT.safetensors [options]\n"
+	"       dpc-train-path --eval CKPT -d TOKENS [--max-tokens N]\n"
+	"\n"
+	"Train a GPT-2 path on a token file and write its checkpoint, or evaluate a checkpoint.\n"
+	"\n"
+	"  -c, --config FILE        YAML config (see dpc-config(5))\n"
+	"  -s, --set SECTION.KEY=V  override one config value (repeatable)\n"
+	"  -d, --data FILE          training tokens, or the tokens to evaluate\n"
+	"  -v, --val FILE           validation tokens for periodic evaluation\n"
+	"  -o, --out FILE           checkpoint to write (atomically, every train.checkpoint_every\n"
+	"                           steps and at the end)\n"
+	"  -i, --init CKPT          start from this checkpoint (parameters, AdamW state, step)\n"
+	"  -r, --resume             continue from --out if it exists\n"
+	"  -u, --until STEP         stop after global step STEP (default train.steps)\n"
+	"  -m, --metrics FILE       append JSON Lines metrics to FILE\n"
+	"  -t, --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
+	"  -e, --eval CKPT          evaluate CKPT on --data; print JSON on stdout\n"
+	"  -n, --max-tokens N       evaluate at most N predicted tokens (default all)\n"
+	"  -q, --quiet              no progress line\n"
+	"  -h, --help               show this help and exit\n"
+	"  -V, --version            show the version and exit\n";
+
+static double peak_rss_mb(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_maxrss / 1024.0;
+}
+
+static void json_num(const char *key, double v, int last)
+{
+	if (isfinite(v))
+		printf("\"%s\":%.6g%s", key, v, last ? "" : ",");
+	else
+		printf("\"%s\":null%s", key, last ? "" : ",");
+}
+
+/* JSON string with the few escapes a file name can need. */
+static void json_str(const char *key, const char *s, int last)
+{
+	printf("\"%s\":\"", key);
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			printf("\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			printf("\\u%04x", (unsigned char)*s);
+		else
+			putchar(*s);
+	}
+	printf("\"%s", last ? "" : ",");
+}
+
+static int run_eval(const char *ckpt, const char *data, long max_tokens)
+{
+	struct ckpt_info info;
+	struct tokfile tf;
+	struct gpt2 g;
+	double loss = NAN;
+	long ntok = 0;
+	int rc;
+
+	ERR_FORWARD(ckpt_info(ckpt, &info));
+	ERR_FORWARD(tokfile_open(&tf, data));
+	if (tf.vocab > (uint32_t)info.model.vocab_size) {
+		rc = err_set(CORE_ESHAPE, data, "token vocabulary %u exceeds the model's %d", tf.vocab,
+			     info.model.vocab_size);
+		tokfile_close(&tf);
+		return rc;
+	}
+	/* Evaluate in batches of 8 windows: enough to keep the matrix products efficient. */
+	rc = gpt2_create(&g, &info.model, 8, info.model.seq_len);
+	if (!rc) {
+		rc = ckpt_load(ckpt, &g, 0, NULL);
+		if (!rc)
+			rc = train_evaluate(&g, &tf, max_tokens, &loss, &ntok);
+		gpt2_free(&g);
+	}
+	tokfile_close(&tf);
+	if (rc)
+		return rc;
+	putchar('{');
+	json_str("checkpoint", ckpt, 0);
+	json_str("data", data, 0);
+	printf("\"step\":%ld,\"tokens\":%ld,", info.step, ntok);
+	json_num("loss", loss, 0);
+	json_num("perplexity", exp(loss), 1);
+	printf("}\n");
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
+		{"data", required_argument, NULL, 'd'},   {"val", required_argument, NULL, 'v'},
+		{"out", required_argument, NULL, 'o'},    {"init", required_argument, NULL, 'i'},
+		{"resume", no_argument, NULL, 'r'},       {"until", required_argument, NULL, 'u'},
+		{"metrics", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
+		{"eval", required_argument, NULL, 'e'},   {"max-tokens", required_argument, NULL, 'n'},
+		{"quiet", no_argument, NULL, 'q'},        {"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},      {NULL, 0, NULL, 0},
+	};
+	const char *config_path = NULL, *eval_path = NULL;
+	const char **sets = calloc((size_t)argc, sizeof *sets);
+	int nsets = 0, resume = 0, quiet = 0, rc = 0, opt;
+	long threads = 0, until = 0, max_tokens = 0;
+	struct train_opts o = {0};
+	struct run_config cfg;
+
+	if (!sets)
+		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
+	while ((opt = getopt_long(argc, argv, "c:s:d:v:o:i:ru:m:t:e:n:qhV", longopts, NULL)) != -1) {
+		switch (opt) {
+		case 'c': config_path = optarg; break;
+		case 's': sets[nsets++] = optarg; break;
+		case 'd': o.data_path = optarg; break;
+		case 'v': o.val_path = optarg; break;
+		case 'o': o.out_path = optarg; break;
+		case 'i': o.init_path = optarg; break;
+		case 'r': resume = 1; break;
+		case 'u': rc = cli_parse_long("--until", optarg, 1, 1L << 50, &until); break;
+		case 'm': o.metrics_path = optarg; break;
+		case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &threads); break;
+		case 'e': eval_path = optarg; break;
+		case 'n': rc = cli_parse_long("--max-tokens", optarg, 1, 1L << 50, &max_tokens); break;
+		case 'q': quiet = 1; break;
+		case 'h': fputs(usage, stdout); goto out;
+		case 'V': printf("%s %s\n", prog, CORE_VERSION); goto out;
+		default:
+			rc = cli_usage_error(prog, "try '%s --help'", prog);
+			goto out;
+		}
+		if (rc) {
+			rc = cli_report(prog, rc);
+			goto out;
+		}
+	}
+	if (optind < argc) {
+		rc = cli_usage_error(prog, "unexpected argument '%s'", argv[optind]);
+		goto out;
+	}
+	if (threads > 0)
+		omp_set_num_threads((int)threads);
+	if (!o.data_path) {
+		rc = cli_usage_error(prog, "--data is required");
+		goto out;
+	}
+	if (eval_path) {
+		rc = run_eval(eval_path, o.data_path, max_tokens);
+		if (rc)
+			rc = cli_report(prog, rc);
+		goto out;
+	}
+	if (!config_path || !o.out_path) {
+		rc = cli_usage_error(prog, "--config and --out are required to train (see --help)");
+		goto out;
+	}
+	config_defaults(&cfg);
+	rc = config_load(&cfg, config_path);
+	for (int i = 0; !rc && i < nsets; i++)
+		rc = config_set(&cfg, sets[i]);
+	if (!rc)
+		rc = config_validate(&cfg, config_path);
+	if (rc) {
+		rc = cli_report(prog, rc);
+		goto out;
+	}
+	if (resume && !o.init_path && access(o.out_path, F_OK) == 0)
+		o.init_path = o.out_path;
+	o.cfg = &cfg;
+	o.until = until;
+	o.progress = !quiet;
+
+	struct train_result r;
+	rc = train_path_run(&o, &r);
+	if (rc) {
+		rc = cli_report(prog, rc);
+		goto out;
+	}
+	printf("{\"steps\":%ld,\"step\":%ld,", r.final_step - r.start_step, r.final_step);
+	json_num("loss", r.loss, 0);
+	json_num("val_loss", r.val_loss, 0);
+	json_num("tokens_per_s", r.tokens_per_s, 0);
+	json_num("peak_rss_mb", peak_rss_mb(), 0);
+	json_num("matmul_frac", r.matmul_frac, 0);
+	json_str("checkpoint", o.out_path, 1);
+	printf("}\n");
+out:
+	free(sets);
+	return rc;
+}

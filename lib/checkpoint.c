@@ -1,0 +1,157 @@
+/* checkpoint.c - GPT-2 checkpoints over lib/safetensors; see checkpoint.h. */
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "err.h"
+#include "safetensors.h"
+#include "banned.h"
+
+static const char *const optim_prefix[2] = {"optim.exp_avg.", "optim.exp_avg_sq."};
+
+/* The views of g over the moment buffers share the parameter views' shapes and offsets. */
+static void moment_view(const struct gpt2 *g, int i, int which, struct tensor *out)
+{
+	const struct tensor *p = &g->views[i];
+	float *base = which == 0 ? g->m : g->v;
+	size_t off = (size_t)((const float *)p->data - g->params);
+	char name[TENSOR_NAME_MAX];
+
+	snprintf(name, sizeof name, "%s%s", optim_prefix[which], p->name);
+	tensor_view(out, DT_F32, p->ndim, p->ne, base + off, name);
+}
+
+int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c, long step,
+	      int with_optim)
+{
+	int n = g->nviews * (with_optim ? 3 : 1);
+	const struct tensor **ts = calloc((size_t)n, sizeof *ts);
+	struct tensor *moments = with_optim ? calloc((size_t)2 * g->nviews, sizeof *moments) : NULL;
+	size_t dumplen = config_dump(c, NULL, 0) + 1;
+	char *dump = malloc(dumplen);
+	int rc;
+
+	if (!ts || (with_optim && !moments) || !dump) {
+		rc = err_set(CORE_ENOMEM, path, "out of memory");
+		goto out;
+	}
+	config_dump(c, dump, dumplen);
+	for (int i = 0; i < g->nviews; i++)
+		ts[i] = &g->views[i];
+	if (with_optim) {
+		for (int w = 0; w < 2; w++)
+			for (int i = 0; i < g->nviews; i++) {
+				moment_view(g, i, w, &moments[w * g->nviews + i]);
+				ts[g->nviews * (1 + w) + i] = &moments[w * g->nviews + i];
+			}
+	}
+
+	char sstep[32], sl[16], sc[16], sh[16], st[16], sv[16], hm[17], ha[17];
+	snprintf(sstep, sizeof sstep, "%ld", step);
+	snprintf(sl, sizeof sl, "%d", g->cfg.n_layer);
+	snprintf(sc, sizeof sc, "%d", g->cfg.n_embd);
+	snprintf(sh, sizeof sh, "%d", g->cfg.n_head);
+	snprintf(st, sizeof st, "%d", g->cfg.seq_len);
+	snprintf(sv, sizeof sv, "%d", g->cfg.vocab_size);
+	config_hash_model(c, hm);
+	config_hash_all(c, ha);
+	const struct st_kv meta[] = {
+		{"format", CKPT_FORMAT}, {"kind", "path"}, {"step", sstep},
+		{"optimizer", with_optim ? "adamw" : "none"},
+		{"n_layer", sl}, {"n_embd", sc}, {"n_head", sh}, {"seq_len", st},
+		{"vocab_size", sv}, {"config_hash_model", hm}, {"config_hash", ha},
+		{"config", dump},
+	};
+	rc = st_write(path, ts, n, meta, (int)(sizeof meta / sizeof meta[0]));
+out:
+	free(ts);
+	free(moments);
+	free(dump);
+	return rc;
+}
+
+static int meta_long(const struct st_file *f, const char *key, long lo, long hi, long *out)
+{
+	const char *s = st_meta(f, key);
+	char *end;
+
+	if (!s)
+		return err_set(CORE_EFORMAT, f->path, "metadata key '%s' missing", key);
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return err_set(CORE_EFORMAT, f->path, "metadata '%s' = '%s' is not valid", key, s);
+	*out = v;
+	return 0;
+}
+
+static int read_info(struct st_file *f, struct ckpt_info *info)
+{
+	const char *fmt = st_meta(f, "format");
+	long v[5];
+	static const char *const keys[5] = {"n_layer", "n_embd", "n_head", "seq_len",
+					    "vocab_size"};
+
+	if (!fmt || strcmp(fmt, CKPT_FORMAT) != 0)
+		return err_set(CORE_EFORMAT, f->path, "not a dpc checkpoint (metadata format is %s%s%s)",
+			       fmt ? "'" : "", fmt ? fmt : "missing", fmt ? "'" : "");
+	for (int i = 0; i < 5; i++)
+		ERR_FORWARD(meta_long(f, keys[i], 1, 1L << 31, &v[i]));
+	info->model = (struct gpt2_config){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]};
+	ERR_FORWARD(meta_long(f, "step", 0, 1L << 62, &info->step));
+	const char *opt = st_meta(f, "optimizer");
+	info->has_optim = opt && strcmp(opt, "adamw") == 0;
+	const char *h = st_meta(f, "config_hash_model");
+	snprintf(info->config_hash_model, sizeof info->config_hash_model, "%s", h ? h : "");
+	return 0;
+}
+
+int ckpt_info(const char *path, struct ckpt_info *info)
+{
+	struct st_file f;
+
+	ERR_FORWARD(st_open(&f, path, 1));
+	int rc = read_info(&f, info);
+	st_close(&f);
+	return rc;
+}
+
+int ckpt_load(const char *path, struct gpt2 *g, int with_optim, long *step)
+{
+	struct st_file f;
+	struct ckpt_info info;
+	int rc;
+
+	ERR_FORWARD(st_open(&f, path, 1));
+	rc = read_info(&f, &info);
+	if (rc)
+		goto out;
+	if (memcmp(&info.model, &g->cfg, sizeof info.model) != 0) {
+		rc = err_set(CORE_ESHAPE, path,
+			     "model is L=%d C=%d NH=%d T=%d V=%d, config says L=%d C=%d NH=%d T=%d V=%d",
+			     info.model.n_layer, info.model.n_embd, info.model.n_head,
+			     info.model.seq_len, info.model.vocab_size, g->cfg.n_layer,
+			     g->cfg.n_embd, g->cfg.n_head, g->cfg.seq_len, g->cfg.vocab_size);
+		goto out;
+	}
+	if (with_optim && !info.has_optim) {
+		rc = err_set(CORE_EFORMAT, path, "checkpoint has no optimizer state");
+		goto out;
+	}
+	for (int i = 0; i < g->nviews && !rc; i++)
+		rc = st_read(&f, g->views[i].name, &g->views[i]);
+	for (int w = 0; with_optim && w < 2 && !rc; w++)
+		for (int i = 0; i < g->nviews && !rc; i++) {
+			struct tensor t;
+			moment_view(g, i, w, &t);
+			rc = st_read(&f, t.name, &t);
+		}
+	if (!rc && step)
+		*step = info.step;
+out:
+	st_close(&f);
+	return rc;
+}

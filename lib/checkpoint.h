@@ -1,0 +1,31 @@
+/* checkpoint.h - a path's checkpoint: GPT-2 parameters under Hugging Face names, the AdamW
+ * moments as "optim.exp_avg.<name>" / "optim.exp_avg_sq.<name>", and metadata (format, kind,
+ * step, model shape, config hashes, the canonical config text). Format: dpc-checkpoint(5).
+ */
+#ifndef CORE_CHECKPOINT_H
+#define CORE_CHECKPOINT_H
+
+#include "config.h"
+#include "gpt2.h"
+
+#define CKPT_FORMAT "dpc-checkpoint"
+
+/* Write g's parameters (and moments when with_optim) atomically; step = steps done. */
+int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c, long step,
+	      int with_optim);
+
+struct ckpt_info {
+	struct gpt2_config model;
+	long step;
+	int has_optim;
+	char config_hash_model[17];
+};
+
+/* Open path, check it is one of ours (verifying the crc32 of the whole data section), and
+ * read the model shape and step from its metadata. */
+int ckpt_info(const char *path, struct ckpt_info *info);
+/* Load every parameter (and the moments when with_optim) into g, whose shape must match
+ * the file's; verifies the whole file first. */
+int ckpt_load(const char *path, struct gpt2 *g, int with_optim, long *step);
+
+#endif

@@ -1,0 +1,248 @@
+/* train.c - the training loop of dpc-train-path; see train.h for the semantics. */
+#include "train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "checkpoint.h"
+#include "err.h"
+#include "metrics.h"
+#include "progress.h"
+#include "rng.h"
+#include "banned.h"
+
+double train_lr(const struct train_config *t, long s)
+{
+	if (s < t->warmup_steps)
+		return t->lr * (double)(s + 1) / (double)t->warmup_steps;
+	long span = t->steps - t->warmup_steps;
+	double p = (double)(s - t->warmup_steps) / (double)(span > 1 ? span : 1);
+	if (p > 1.0)
+		p = 1.0;
+	return t->lr * (t->min_lr_frac + (1.0 - t->min_lr_frac) * 0.5 * (1.0 + cos(M_PI * p)));
+}
+
+void train_sample_batch(const struct tokfile *tf, uint64_t seed, uint64_t stream, long s, int B,
+			int T, int32_t *inputs, int32_t *targets)
+{
+	uint64_t span = tf->ntokens - (uint64_t)T;
+
+	for (int b = 0; b < B; b++) {
+		uint64_t start = rng_below(seed, stream, (uint64_t)s * (uint64_t)B + (uint64_t)b, span);
+		for (int t = 0; t < T; t++) {
+			inputs[(size_t)b * T + t] = (int32_t)tokfile_token(tf, start + (uint64_t)t);
+			targets[(size_t)b * T + t] = (int32_t)tokfile_token(tf, start + (uint64_t)t + 1);
+		}
+	}
+}
+
+int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, double *loss,
+		   long *ntokens)
+{
+	const int T = g->cfg.seq_len, B = g->B;
+	int32_t *in = malloc(sizeof *in * (size_t)B * T), *tg = malloc(sizeof *tg * (size_t)B * T);
+	double sum = 0.0;
+	long count = 0;
+	uint64_t start = 0;
+	int rc = 0;
+
+	if (!in || !tg) {
+		rc = err_set(CORE_ENOMEM, tf->path, "out of memory for evaluation batch");
+		goto out;
+	}
+	while (start + (uint64_t)T + 1 <= tf->ntokens && (max_tokens <= 0 || count < max_tokens)) {
+		int rows = 0;
+		for (; rows < B && start + (uint64_t)T + 1 <= tf->ntokens &&
+		       (max_tokens <= 0 || count + (long)(rows + 1) * T <= max_tokens || rows == 0);
+		     rows++, start += (uint64_t)T) {
+			for (int t = 0; t < T; t++) {
+				in[(size_t)rows * T + t] = (int32_t)tokfile_token(tf, start + (uint64_t)t);
+				tg[(size_t)rows * T + t] = (int32_t)tokfile_token(tf, start + (uint64_t)t + 1);
+			}
+		}
+		float mean;
+		rc = gpt2_forward(g, in, tg, rows, T, &mean);
+		if (rc)
+			goto out;
+		/* Sum the per-position losses in double so the mean does not depend on batching. */
+		const float *l = gpt2_losses(g);
+		for (long i = 0; i < (long)rows * T; i++)
+			sum += l[i];
+		count += (long)rows * T;
+	}
+	if (count == 0) {
+		rc = err_set(CORE_EFORMAT, tf->path, "%llu tokens is too few to evaluate a model of "
+			     "context %d", (unsigned long long)tf->ntokens, T);
+		goto out;
+	}
+	*loss = sum / (double)count;
+	if (ntokens)
+		*ntokens = count;
+	if (!isfinite(*loss))
+		rc = err_set(CORE_ENAN, tf->path, "evaluation loss is not finite");
+out:
+	free(in);
+	free(tg);
+	return rc;
+}
+
+static int check_data(const struct tokfile *tf, const struct model_config *m)
+{
+	if (tf->vocab > (uint32_t)m->vocab_size)
+		return err_set(CORE_ESHAPE, tf->path, "token vocabulary %u exceeds the model's %d",
+			       tf->vocab, m->vocab_size);
+	if (tf->ntokens < (uint64_t)m->seq_len + 1)
+		return err_set(CORE_EFORMAT, tf->path, "%llu tokens is too few for context %d",
+			       (unsigned long long)tf->ntokens, m->seq_len);
+	return 0;
+}
+
+int train_path_run(const struct train_opts *o, struct train_result *r)
+{
+	const struct train_config *tc = &o->cfg->train;
+	const struct model_config *mc = &o->cfg->model;
+	const struct gpt2_config gc = {mc->n_layer, mc->n_embd, mc->n_head, mc->seq_len,
+				       mc->vocab_size};
+	const int B = tc->batch_size, T = mc->seq_len;
+	const long until = o->until > 0 ? o->until : tc->steps;
+	const struct adamw_config opt = {(float)tc->beta1, (float)tc->beta2, (float)tc->eps,
+					 (float)tc->weight_decay};
+	struct tokfile data = {0}, val = {0};
+	int have_data = 0, have_val = 0, have_model = 0;
+	struct gpt2 g;
+	struct metrics mx = {0};
+	struct progress pr;
+	int32_t *in = NULL, *tg = NULL;
+	long step = 0;
+	double timed = 0.0;
+	long timed_steps = 0;
+	int rc;
+
+	memset(r, 0, sizeof *r);
+	r->val_loss = NAN;
+	r->matmul_frac = NAN;
+	rc = tokfile_open(&data, o->data_path);
+	if (rc)
+		goto out;
+	have_data = 1;
+	rc = check_data(&data, mc);
+	if (rc)
+		goto out;
+	if (o->val_path) {
+		rc = tokfile_open(&val, o->val_path);
+		if (rc)
+			goto out;
+		have_val = 1;
+		rc = check_data(&val, mc);
+		if (rc)
+			goto out;
+	}
+	rc = gpt2_create(&g, &gc, B, T);
+	if (rc)
+		goto out;
+	have_model = 1;
+	if (o->init_path) {
+		rc = ckpt_load(o->init_path, &g, 1, &step);
+		if (rc)
+			goto out;
+	} else {
+		gpt2_init_params(&g, tc->seed);
+	}
+	r->start_step = r->final_step = step;
+	if (step > until) {
+		rc = err_set(CORE_EUSAGE, o->init_path, "checkpoint is at step %ld, past --until %ld",
+			     step, until);
+		goto out;
+	}
+	rc = metrics_open(&mx, o->metrics_path);
+	if (rc)
+		goto out;
+	in = malloc(sizeof *in * (size_t)B * T);
+	tg = malloc(sizeof *tg * (size_t)B * T);
+	if (!in || !tg) {
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory for the batch");
+		goto out;
+	}
+
+	progress_init(&pr, "train", until - step);
+	if (!o->progress)
+		pr.enabled = 0;
+	for (long s = step; s < until; s++) {
+		double t0 = now_seconds();
+		float loss;
+
+		train_sample_batch(&data, tc->seed, RNG_STREAM_BATCH, s, B, T, in, tg);
+		rc = gpt2_forward(&g, in, tg, B, T, &loss);
+		if (rc)
+			goto out;
+		if (!isfinite(loss)) {
+			rc = err_set(CORE_ENAN, o->data_path, "training loss is %s at step %ld; "
+				     "nothing written after step %ld", isnan(loss) ? "NaN" : "infinite",
+				     s + 1, s);
+			goto out;
+		}
+		rc = gpt2_backward(&g);
+		if (rc)
+			goto out;
+		float norm = gpt2_grad_norm(&g);
+		if (!isfinite(norm)) {
+			rc = err_set(CORE_ENAN, o->data_path, "gradient norm is not finite at step %ld",
+				     s + 1);
+			goto out;
+		}
+		float scale = (tc->grad_clip > 0 && norm > tc->grad_clip) ?
+			(float)(tc->grad_clip / norm) : 1.0f;
+		double lr = train_lr(tc, s);
+		gpt2_adamw_step(&g, &opt, (float)lr, s + 1, scale);
+		double dt = now_seconds() - t0;
+		if (s > step) {
+			timed += dt;
+			timed_steps++;
+		}
+		r->loss = loss;
+		r->final_step = s + 1;
+		metrics_event(&mx, "train", "step", 'i', (long long)(s + 1), "loss", 'f',
+			      (double)loss, "lr", 'f', lr, "grad_norm", 'f', (double)norm,
+			      "tokens_per_s", 'f', (double)B * T / dt, NULL);
+
+		char extra[64];
+		snprintf(extra, sizeof extra, "loss %.4f", loss);
+		progress_update(&pr, s + 1 - step, extra);
+
+		int last = s + 1 == until;
+		if (have_val && tc->eval_every > 0 && ((s + 1) % tc->eval_every == 0 || last)) {
+			double vl;
+			rc = train_evaluate(&g, &val, tc->eval_batches * (long)B * T, &vl, NULL);
+			if (rc)
+				goto out;
+			r->val_loss = vl;
+			metrics_event(&mx, "eval", "step", 'i', (long long)(s + 1), "val_loss", 'f', vl,
+				      NULL);
+		}
+		if (o->out_path && (last || (tc->checkpoint_every > 0 &&
+					     (s + 1) % tc->checkpoint_every == 0))) {
+			rc = ckpt_save(o->out_path, &g, o->cfg, s + 1, 1);
+			if (rc)
+				goto out;
+		}
+	}
+	progress_done(&pr);
+	if (timed_steps > 0)
+		r->tokens_per_s = (double)timed_steps * B * T / timed;
+	if (o->out_path && until == step) /* nothing to train: still leave the checkpoint */
+		rc = ckpt_save(o->out_path, &g, o->cfg, step, 1);
+out:
+	free(in);
+	free(tg);
+	metrics_close(&mx);
+	if (have_model)
+		gpt2_free(&g);
+	if (have_val)
+		tokfile_close(&val);
+	if (have_data)
+		tokfile_close(&data);
+	return rc;
+}

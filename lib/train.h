@@ -1,0 +1,49 @@
+/* train.h - training and evaluating one path (or a dense model) on a token file.
+ *
+ * The semantics every independent implementation must reproduce (batch sampling, learning
+ * rate schedule, clipping, AdamW) are stated in dpc-train-path(1) and here:
+ *   batch row b of step index s starts at rng_below(seed, RNG_STREAM_BATCH, s*B + b, N - T)
+ *   in the concatenated token stream of N tokens; inputs are T tokens from there, targets the
+ *   T tokens one further on. The state of a run is (parameters, moments, step): sampling is
+ *   stateless, so a resumed run is bit-identical to a straight one.
+ */
+#ifndef CORE_TRAIN_H
+#define CORE_TRAIN_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "gpt2.h"
+#include "tokfile.h"
+
+struct train_opts {
+	const struct run_config *cfg;
+	const char *data_path;    /* training tokens (required) */
+	const char *val_path;     /* validation tokens for periodic evaluation, or NULL */
+	const char *out_path;     /* checkpoint written every checkpoint_every and at the end */
+	const char *init_path;    /* start from this checkpoint, or NULL for a fresh init */
+	const char *metrics_path; /* JSON Lines, or NULL */
+	long until;               /* stop after this global step; 0 means cfg->train.steps */
+	int progress;             /* draw a progress line (only shown on a terminal) */
+};
+
+struct train_result {
+	long start_step, final_step;
+	double loss;         /* training loss of the last step */
+	double val_loss;     /* last periodic evaluation, NaN if none */
+	double tokens_per_s; /* over the steps after the first, excluding eval and I/O */
+	double matmul_frac;  /* share of step time in matrix products, NaN if not measured */
+};
+
+/* Learning rate of step index s (0-based): linear warmup, then cosine to lr*min_lr_frac. */
+double train_lr(const struct train_config *t, long s);
+/* Fill inputs/targets [B*T] for step index s from stream (RNG_STREAM_BATCH for training). */
+void train_sample_batch(const struct tokfile *tf, uint64_t seed, uint64_t stream, long s, int B,
+			int T, int32_t *inputs, int32_t *targets);
+/* Mean loss (nats/token) over consecutive windows starting at 0, T, 2T, ... while
+ * start + T + 1 <= ntokens, at most max_tokens predicted tokens (0 = all). */
+int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, double *loss,
+		   long *ntokens);
+int train_path_run(const struct train_opts *o, struct train_result *r);
+
+#endif
