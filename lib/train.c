@@ -179,7 +179,8 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 		if (rc)
 			goto out;
 		if (!isfinite(loss)) {
-			rc = err_set(CORE_ENAN, o->data_path, "training loss is %s at step %ld; "
+			rc = err_set(CORE_ENAN, o->init_path ? o->init_path : o->data_path,
+				     "training loss is %s at step %ld; "
 				     "nothing written after step %ld", isnan(loss) ? "NaN" : "infinite",
 				     s + 1, s);
 			goto out;

@@ -1,0 +1,36 @@
+#!/usr/bin/python3
+"""Craft bad checkpoints for the shell tests, independently of the C code: rewrite a
+safetensors file with one tensor changed, keeping the integrity metadata consistent so the
+file passes checksum verification and only the intended defect remains.
+usage: stedit.py IN OUT nan NAME          (first element of tensor NAME becomes NaN)
+       stedit.py IN OUT reshape NAME R C  (tensor NAME declared and stored as [R, C] zeros)
+"""
+import json, struct, sys, zlib
+
+src, dst, op, name = sys.argv[1:5]
+raw = open(src, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+data = raw[8 + n:]
+meta = hdr.pop("__metadata__", {})
+blobs = {k: bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in hdr.items()}
+if op == "nan":
+    blobs[name][0:4] = struct.pack("<f", float("nan"))
+elif op == "reshape":
+    r, c = int(sys.argv[5]), int(sys.argv[6])
+    hdr[name]["shape"] = [r, c]
+    blobs[name] = bytearray(4 * r * c)
+else:
+    sys.exit("unknown op " + op)
+out, off = bytearray(), 0
+for k in hdr:
+    b = blobs[k]
+    hdr[k]["data_offsets"] = [off, off + len(b)]
+    meta["crc32." + k] = "%08x" % zlib.crc32(b)
+    out += b
+    off += len(b)
+meta["crc32"] = "%08x" % zlib.crc32(out)
+hdr["__metadata__"] = meta
+h = json.dumps(hdr).encode()
+h += b" " * (-len(h) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(h)) + h + bytes(out))

@@ -1,0 +1,90 @@
+# Bad input is refused: exit 1 or 2, one stderr line naming the file and the problem, and
+# no output written or overwritten.
+set -eu
+. "$TESTDIR/lib.sh"
+. "$TESTDIR/corpus.sh"
+root=$TESTDIR/../..
+cfg=$root/configs/gpt-small-test.yaml
+T=$BIN/dpc-train-path
+make_corpus c.jsonl 40
+expect_ok "$BIN/dpc-shard" prepare --val-frac 0.1 --router-frac 0 c.jsonl d
+expect_ok "$T" -q -c "$cfg" -s train.steps=3 -d d/train.tok -o good.safetensors
+size=$(wc -c <good.safetensors)
+
+# the output must never be touched by a failed run: keep a sentinel there
+sentinel() { echo sentinel >out.safetensors; }
+untouched() { [ "$(cat out.safetensors)" = sentinel ] || die "output was overwritten"; }
+
+# truncated checkpoint
+head -c $((size - 100)) good.safetensors >trunc.safetensors
+sentinel
+expect_fail 1 "dpc-train-path: 'trunc.safetensors': .*(truncated|short|size)" \
+	"$T" -q -c "$cfg" -d d/train.tok -i trunc.safetensors -o out.safetensors
+untouched
+head -c 5 good.safetensors >tiny.safetensors
+expect_fail 1 "'tiny.safetensors'" "$T" --eval tiny.safetensors -d d/val.tok
+
+# one bit flipped in the data section
+cp good.safetensors flip.safetensors
+off=$((size - 50))
+byte=$(od -An -tu1 -j $off -N1 flip.safetensors | tr -d ' ')
+printf "$(printf '\\%03o' $((byte ^ 4)))" | dd of=flip.safetensors bs=1 seek=$off conv=notrunc 2>/dev/null
+expect_fail 1 "'flip.safetensors': .*checksum" "$T" --eval flip.safetensors -d d/val.tok
+sentinel
+expect_fail 1 "'flip.safetensors': .*checksum" \
+	"$T" -q -c "$cfg" -d d/train.tok -i flip.safetensors -o out.safetensors
+untouched
+
+# a checkpoint of another shape than the config
+expect_ok "$T" -q -c "$cfg" -s model.n_embd=64 -s train.steps=1 -d d/train.tok -o wide.safetensors
+sentinel
+expect_fail 1 "'wide.safetensors': .*(shape|model is)" \
+	"$T" -q -c "$cfg" -d d/train.tok -i wide.safetensors -o out.safetensors
+untouched
+
+# token files: truncated, bit-flipped, wrong magic, wrong version
+tsize=$(wc -c <d/train.tok)
+head -c $((tsize - 7)) d/train.tok >trunc.tok
+expect_fail 1 "'trunc.tok': " "$T" -q -c "$cfg" -d trunc.tok -o out.safetensors
+cp d/train.tok flip.tok
+byte=$(od -An -tu1 -j $((tsize - 3)) -N1 flip.tok | tr -d ' ')
+printf "$(printf '\\%03o' $((byte ^ 1)))" | dd of=flip.tok bs=1 seek=$((tsize - 3)) conv=notrunc 2>/dev/null
+expect_fail 1 "'flip.tok': .*checksum" "$T" -q -c "$cfg" -d flip.tok -o out.safetensors
+cp d/train.tok magic.tok
+printf 'XXXXXXXX' | dd of=magic.tok bs=1 seek=0 conv=notrunc 2>/dev/null
+expect_fail 1 "'magic.tok': .*(not a token file|magic)" "$T" --eval good.safetensors -d magic.tok
+cp d/train.tok version.tok
+printf '\011' | dd of=version.tok bs=1 seek=8 conv=notrunc 2>/dev/null
+expect_fail 1 "'version.tok': .*version" "$T" --eval good.safetensors -d version.tok
+untouched
+
+# configs: malformed YAML, unknown key, wrong type, out of range
+printf 'model:\n  n_layer: [1, 2\n' >bad.yaml
+expect_fail 2 "'bad.yaml': .*line" "$T" -q -c bad.yaml -d d/train.tok -o out.safetensors
+printf 'model:\n  n_layer: 2\ntrain:\n  setps: 10\n' >unknown.yaml
+expect_fail 2 "'unknown.yaml': line 4: .*setps" "$T" -q -c unknown.yaml -d d/train.tok -o out.safetensors
+printf 'train:\n  lr: fast\n' >type.yaml
+expect_fail 2 "'type.yaml': line 2: .*lr" "$T" -q -c type.yaml -d d/train.tok -o out.safetensors
+expect_fail 2 "train.lr" "$T" -q -c "$cfg" -s train.lr=-1 -d d/train.tok -o out.safetensors
+untouched
+
+# usage errors
+expect_fail 2 "dpc-train-path: " "$T" --bogus
+expect_fail 2 "--data" "$T" -c "$cfg" -o out.safetensors
+expect_fail 2 "--threads" "$T" -t zero -c "$cfg" -d d/train.tok -o out.safetensors
+
+# crafted defects that keep the checksums right (needs python3 for the crafting only)
+if [ -x /usr/bin/python3 ]; then
+	/usr/bin/python3 "$TESTDIR/stedit.py" good.safetensors nan.safetensors nan h.0.mlp.c_fc.weight
+	sentinel
+	expect_fail 1 "NaN" "$T" -q -c "$cfg" -s train.steps=5 -d d/train.tok -i nan.safetensors -o out.safetensors
+	untouched
+	/usr/bin/python3 "$TESTDIR/stedit.py" good.safetensors shape.safetensors reshape h.1.attn.c_proj.weight 16 32
+	expect_fail 1 "'shape.safetensors': .*h.1.attn.c_proj.weight.*shape" \
+		"$T" -q -c "$cfg" -d d/train.tok -i shape.safetensors -o out.safetensors
+	untouched
+	expect_fail 1 "'shape.safetensors': .*h.1.attn.c_proj.weight" "$T" --eval shape.safetensors -d d/val.tok
+else
+	echo "python3 missing: crafted NaN / wrong-shape checkpoint cases not run"
+fi
+echo "every bad input refused with one line, outputs untouched"
