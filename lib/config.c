@@ -635,16 +635,21 @@ static int load_keys(struct loader *L, const char *section)
 				    L->key_line[row]);
 		L->key_line[row] = w.line;
 
+		/* A block mapping or sequence value starts on the next line; the error is the
+		 * key's, so it keeps the key's line. A scalar's own line is right for multi-line
+		 * scalars. */
 		ERR_FORWARD(next_event(L, &ev));
-		w.line = ev_line(&ev);
 		int rc;
-		if (ev.type != YAML_SCALAR_EVENT)
+		if (ev.type != YAML_SCALAR_EVENT) {
 			rc = fail(&w, "%s: expected a scalar value, found %s", name, node_kind(&ev));
-		else
+		} else {
+			if (ev.data.scalar.length) /* an empty scalar's mark is past the key */
+				w.line = ev_line(&ev);
 			rc = set_value(&w, k, L->base, (const char *)ev.data.scalar.value,
 				       ev.data.scalar.length,
 				       ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE ? VAL_PLAIN
 										    : VAL_QUOTED);
+		}
 		yaml_event_delete(&ev);
 		ERR_FORWARD(rc);
 	}
