@@ -411,6 +411,12 @@ static int set_value(const struct where *w, const struct cfg_key *k, void *base,
 			return not_integer(w, k, s);
 		errno = 0;
 		long v = strtol(s, &end, 10);
+		/* Past LONG_MAX with no upper bound of the key's own, "outside" has no interval
+		 * to name. */
+		unsigned side = v > 0 ? CFG_HI : CFG_LO;
+		if (errno == ERANGE && k->type == CFG_LONG && !(k->flags & side))
+			return fail(w, "%s.%s: %.64s is too %s", k->section, k->key, s,
+				    v > 0 ? "large" : "small");
 		if (errno == ERANGE || !in_range(k, (double)v))
 			return range_fail(w, k, s);
 		if (k->type == CFG_INT)
@@ -433,7 +439,8 @@ static int set_value(const struct where *w, const struct cfg_key *k, void *base,
 	}
 	case CFG_DOUBLE: {
 		if (is_nonfinite_word(s))
-			return fail(w, "%s.%s: '%.64s' is not a finite number", k->section, k->key, s);
+			return fail(w, "%s.%s: '%.64s' is not a finite number", k->section, k->key,
+				    s);
 		if (!check_double_text(s))
 			return fail(w, "%s.%s: '%.64s' is not a number", k->section, k->key, s);
 		errno = 0;
@@ -442,7 +449,8 @@ static int set_value(const struct where *w, const struct cfg_key *k, void *base,
 			return fail(w, "%s.%s: '%.64s' is not a number", k->section, k->key, s);
 		/* Overflow is an error; underflow to 0 or a subnormal is left to the range. */
 		if (!isfinite(v) || (errno == ERANGE && fabs(v) >= 1.0))
-			return fail(w, "%s.%s: '%.64s' is not a finite number", k->section, k->key, s);
+			return fail(w, "%s.%s: '%.64s' is not a finite number", k->section, k->key,
+				    s);
 		if (!in_range(k, v))
 			return range_fail(w, k, s);
 		*(double *)field(base, k) = v;
@@ -455,7 +463,8 @@ static int set_value(const struct where *w, const struct cfg_key *k, void *base,
 		else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE"))
 			v = 0;
 		else
-			return fail(w, "%s.%s: '%.64s' is not true or false", k->section, k->key, s);
+			return fail(w, "%s.%s: '%.64s' is not true or false", k->section, k->key,
+				    s);
 		*(int *)field(base, k) = v;
 		return 0;
 	}
@@ -616,8 +625,8 @@ static int load_keys(struct loader *L, const char *section)
 		}
 		w.line = ev_line(&ev);
 		if (ev.type != YAML_SCALAR_EVENT) {
-			int rc = fail(&w, "a key of section '%s' must be a scalar, found %s", section,
-				      node_kind(&ev));
+			int rc = fail(&w, "a key of section '%s' must be a scalar, found %s",
+				      section, node_kind(&ev));
 			yaml_event_delete(&ev);
 			return rc;
 		}
@@ -641,7 +650,8 @@ static int load_keys(struct loader *L, const char *section)
 		ERR_FORWARD(next_event(L, &ev));
 		int rc;
 		if (ev.type != YAML_SCALAR_EVENT) {
-			rc = fail(&w, "%s: expected a scalar value, found %s", name, node_kind(&ev));
+			rc = fail(&w, "%s: expected a scalar value, found %s", name,
+				  node_kind(&ev));
 		} else {
 			if (ev.data.scalar.length) /* an empty scalar's mark is past the key */
 				w.line = ev_line(&ev);
@@ -671,7 +681,8 @@ static int load_sections(struct loader *L)
 		}
 		w.line = ev_line(&ev);
 		if (ev.type != YAML_SCALAR_EVENT) {
-			int rc = fail(&w, "a section name must be a scalar, found %s", node_kind(&ev));
+			int rc = fail(&w, "a section name must be a scalar, found %s",
+				      node_kind(&ev));
 			yaml_event_delete(&ev);
 			return rc;
 		}
@@ -756,7 +767,7 @@ static int read_file(const char *path, char **out, size_t *len)
 			if (cap >= CONFIG_MAX_BYTES) {
 				fclose(f);
 				free(buf);
-				return err_set(CORE_ECONFIG, path, "larger than %u bytes; not a config",
+				return err_set(CORE_ECONFIG, path, "larger than %u bytes",
 					       CONFIG_MAX_BYTES);
 			}
 			cap = cap ? 2 * cap : 4096;
@@ -892,13 +903,14 @@ static int schema_check_ranges(const struct cfg_schema *s, const void *base, con
 				while (k->choices[nc])
 					nc++;
 			if (e < 0 || e >= nc)
-				return fail(&w, "%s.%s: %d is not a valid choice", k->section, k->key,
-					    e);
+				return fail(&w, "%s.%s: %d is not a valid choice", k->section,
+					    k->key, e);
 			continue;
 		}
 		case CFG_STRING:
 			if (!memchr(f, '\0', k->size))
-				return fail(&w, "%s.%s: string is not terminated", k->section, k->key);
+				return fail(&w, "%s.%s: string is not terminated", k->section,
+					    k->key);
 			continue;
 		default:
 			continue;

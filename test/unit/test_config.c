@@ -143,6 +143,20 @@ Test(config, partial_file_keeps_other_defaults)
 	cr_expect_eq(memcmp(&c, &want, sizeof c), 0, "only the three keys change");
 }
 
+Test(config, crlf_and_byte_order_mark)
+{
+	struct run_config c;
+
+	config_defaults(&c);
+	cr_assert_eq(load_text(&c, "\xef\xbb\xbfmodel:\r\n  n_layer: 3\r\ntrain:\r\n"
+				   "  lr: 0.5\r\n"), 0, "%s", err_detail());
+	cr_expect_eq(c.model.n_layer, 3);
+	cr_expect_eq(c.train.lr, 0.5);
+	cr_expect_eq(load_text(&c, "model:\r\n  n_layer: 3\r\n  n_layer: 4\r\n"), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "line 3: duplicate key 'model.n_layer' (first at line 2)",
+			 "lines counted with CRLF endings");
+}
+
 Test(config, empty_files_give_defaults)
 {
 	static const char *const texts[] = {
@@ -206,7 +220,8 @@ static const struct bad_case bad_cases[] = {
 	{ "model:\n  n_layer: 4\n  n_embd: \xff\n",
 	  "line 3: malformed yaml: invalid leading UTF-8 octet" },
 	/* top level */
-	{ "- model\n- train\n", "line 1: top level is not a mapping of sections (found a sequence)" },
+	{ "- model\n- train\n",
+	  "line 1: top level is not a mapping of sections (found a sequence)" },
 	{ "\n\nhello\n", "line 3: top level is not a mapping of sections (found a scalar)" },
 	{ "model:\n  n_layer: 4\n---\nmodel:\n  n_layer: 5\n",
 	  "line 3: more than one yaml document; a config is one document" },
@@ -215,7 +230,8 @@ static const struct bad_case bad_cases[] = {
 	{ "model:\n  n_layer: 4\nfoo:\n  bar: 1\n", "line 3: unknown section 'foo'" },
 	{ "lr: 0.1\n", "line 1: unknown section 'lr' (did you mean 'train.lr'?)" },
 	{ "model: 4\n", "line 1: section 'model' must be a mapping of keys, found a scalar" },
-	{ "model:\n  - 4\n", "line 2: section 'model' must be a mapping of keys, found a sequence" },
+	{ "model:\n  - 4\n",
+	  "line 2: section 'model' must be a mapping of keys, found a sequence" },
 	{ "model:\n  n_layer: 4\ntrain:\n  lr: 0.1\nmodel:\n  n_head: 2\n",
 	  "line 5: duplicate section 'model' (first at line 1)" },
 	{ "? [a, b]\n: 1\n", "line 1: a section name must be a scalar, found a sequence" },
@@ -261,7 +277,10 @@ static const struct bad_case bad_cases[] = {
 	  "line 2: train.steps: 1000000000001 is outside [0, 1000000000000]" },
 	{ "train:\n  steps: 99999999999999999999999\n",
 	  "line 2: train.steps: 99999999999999999999999 is outside [0, 1000000000000]" },
-	{ "train:\n  lr: 0\n", "line 2: train.lr: 0 is outside (0, 10]" },
+	{ "train:\n  warmup_steps: 9223372036854775808\n",
+	  "line 2: train.warmup_steps: 9223372036854775808 is too large" },
+	{ "train:\n  warmup_steps: 9223372036854775807\n  lr: 0\n",
+	  "line 3: train.lr: 0 is outside (0, 10]" },
 	{ "train:\n  lr: 10.5\n", "line 2: train.lr: 10.5 is outside (0, 10]" },
 	{ "train:\n  warmup_steps: -1\n", "line 2: train.warmup_steps: -1 must be >= 0" },
 	{ "train:\n  min_lr_frac: 1.01\n", "line 2: train.min_lr_frac: 1.01 is outside [0, 1]" },
@@ -281,7 +300,8 @@ static const struct bad_case bad_cases[] = {
 	/* non-finite doubles */
 	{ "train:\n  lr: .nan\n", "line 2: train.lr: '.nan' is not a finite number" },
 	{ "train:\n  lr: .inf\n", "line 2: train.lr: '.inf' is not a finite number" },
-	{ "train:\n  grad_clip: -.Inf\n", "line 2: train.grad_clip: '-.Inf' is not a finite number" },
+	{ "train:\n  grad_clip: -.Inf\n",
+	  "line 2: train.grad_clip: '-.Inf' is not a finite number" },
 	{ "train:\n  lr: nan\n", "line 2: train.lr: 'nan' is not a finite number" },
 	{ "train:\n  lr: 1e999\n", "line 2: train.lr: '1e999' is not a finite number" },
 	/* anchors, aliases, tags */
@@ -307,8 +327,9 @@ Test(config, every_error_names_line_and_key)
 		int rc = load_text(&c, b->yaml);
 		cr_expect_eq(rc, CORE_ECONFIG, "case %zu: yaml:\n%s\ngave %d (%s)", i, b->yaml, rc,
 			     err_detail());
-		cr_expect_str_eq(err_detail(), b->detail, "case %zu: yaml:\n%s\ngot:  %s\nwant: %s", i,
-				 b->yaml, err_detail(), b->detail);
+		cr_expect_str_eq(err_detail(), b->detail,
+				 "case %zu: yaml:\n%s\ngot:  %s\nwant: %s", i, b->yaml,
+				 err_detail(), b->detail);
 		cr_expect_eq(memcmp(&c, &before, sizeof c), 0,
 			     "case %zu: a failed load changed the config; yaml:\n%s", i, b->yaml);
 	}
@@ -582,11 +603,14 @@ Test(config, schema_rows_are_sound)
 		char scratch[sizeof(struct run_config)];
 		struct where w = { NULL, NULL, 0 };
 
-		cr_expect(strlen(k->section) + strlen(k->key) + 2 < 64, "row %zu: name too long", i);
-		cr_expect(k->doc && *k->doc, "row %zu (%s.%s): no description", i, k->section, k->key);
+		cr_expect(strlen(k->section) + strlen(k->key) + 2 < 64, "row %zu: name too long",
+			  i);
+		cr_expect(k->doc && *k->doc, "row %zu (%s.%s): no description", i, k->section,
+			  k->key);
 		cr_expect(k->offset < sizeof(struct run_config), "row %zu: offset", i);
 		memset(scratch, 0, sizeof scratch);
-		cr_expect_eq(set_value(&w, k, scratch, k->def, strlen(k->def), VAL_PLAIN), 0,
+		enum val_style st = k->type == CFG_STRING ? VAL_QUOTED : VAL_PLAIN;
+		cr_expect_eq(set_value(&w, k, scratch, k->def, strlen(k->def), st), 0,
 			     "row %zu (%s.%s): default '%s' rejected: %s", i, k->section, k->key,
 			     k->def, err_detail());
 		if (k->type == CFG_INT && (k->flags & CFG_HI))
@@ -680,7 +704,8 @@ Test(config, bool_string_enum_types)
 	static const struct bad_case bad[] = {
 		{ "moe:\n  flag: yes\n", "line 2: moe.flag: 'yes' is not true or false" },
 		{ "moe:\n  flag: \"true\"\n",
-		  "line 2: moe.flag: \"true\" is a quoted string, not a boolean; remove the quotes" },
+		  "line 2: moe.flag: \"true\" is a quoted string, not a boolean; "
+		  "remove the quotes" },
 		{ "moe:\n  name: abcdefgh\n", "line 2: moe.name: value is longer than 7 bytes" },
 		{ "moe:\n  algo: 2DH\n", "line 2: moe.algo: '2DH' is not one of linear, 2dh" },
 		{ "moe:\n  x: 5\n", "line 2: moe.x: 5 must be < 5" },
