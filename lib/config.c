@@ -1,0 +1,1076 @@
+/* config.c - YAML run configs: one schema table, one parser, one canonical dump; see config.h.
+ *
+ * Everything about a key lives in its row of the schema table: where it is stored, its type,
+ * its range, its default (as text, parsed by the same code as a file value, so a default can
+ * never be something a file could not say) and its one-line meaning. The parser, the
+ * command-line overrides, config_validate's range checks, the dump and the hash all walk the
+ * table, so a new section (dipaco:, moe:) is new rows and, at most, a cross-field rule in
+ * config_validate.
+ *
+ * The file is read with libyaml's event API. We accept a strict subset of YAML: a mapping of
+ * sections, each a mapping of scalar keys. Anchors, aliases and explicit tags are refused
+ * rather than half-supported; numbers for numeric keys must be plain (unquoted) scalars, as a
+ * YAML reader in another language would otherwise see a string where we see a number.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+#include "err.h"
+#include "banned.h"
+
+enum cfg_type { CFG_INT, CFG_LONG, CFG_DOUBLE, CFG_U64, CFG_BOOL, CFG_STRING, CFG_ENUM };
+
+/* Range flags: which bounds exist and whether they are exclusive. */
+enum {
+	CFG_LO = 1,      /* value >= lo (or > lo with CFG_LO_OPEN) */
+	CFG_HI = 2,      /* value <= hi (or < hi with CFG_HI_OPEN) */
+	CFG_LO_OPEN = 4,
+	CFG_HI_OPEN = 8,
+};
+#define CFG_RANGE (CFG_LO | CFG_HI)
+
+struct cfg_key {
+	const char *section, *key;
+	enum cfg_type type;
+	size_t offset;               /* offsetof the field in the config struct */
+	size_t size;                 /* CFG_STRING: sizeof the char array (with its nul) */
+	unsigned flags;
+	double lo, hi;               /* numeric bounds; exactly representable integers here */
+	const char *def;             /* default, written as it would be in the file */
+	const char *const *choices;  /* CFG_ENUM: NULL-terminated names; the field is an int */
+	const char *doc;
+};
+
+struct cfg_schema {
+	const struct cfg_key *keys;
+	size_t n;
+	size_t struct_size;
+};
+
+#define M(field) offsetof(struct run_config, model.field)
+#define T(field) offsetof(struct run_config, train.field)
+
+/* Defaults are configs/gpt-tiny.yaml's values; man/dpc-config.5 lists the same rows. */
+static const struct cfg_key run_keys[] = {
+	{ "model", "n_layer", CFG_INT, M(n_layer), 0, CFG_RANGE, 1, 1024, "4", NULL,
+	  "number of transformer blocks" },
+	{ "model", "n_embd", CFG_INT, M(n_embd), 0, CFG_RANGE, 1, 65536, "256", NULL,
+	  "model width C (residual stream channels)" },
+	{ "model", "n_head", CFG_INT, M(n_head), 0, CFG_RANGE, 1, 1024, "4", NULL,
+	  "attention heads; must divide n_embd" },
+	{ "model", "seq_len", CFG_INT, M(seq_len), 0, CFG_RANGE, 1, 1048576, "256", NULL,
+	  "context length T (also the number of positional embeddings)" },
+	{ "model", "vocab_size", CFG_INT, M(vocab_size), 0, CFG_RANGE, 2, 2147483647.0, "256",
+	  NULL, "vocabulary size V (256 for byte-level tokens)" },
+	{ "train", "batch_size", CFG_INT, T(batch_size), 0, CFG_RANGE, 1, 65536, "8", NULL,
+	  "sequences per step B" },
+	{ "train", "steps", CFG_LONG, T(steps), 0, CFG_RANGE, 0, 1e12, "2000", NULL,
+	  "total optimizer steps; the learning-rate schedule spans them" },
+	{ "train", "lr", CFG_DOUBLE, T(lr), 0, CFG_RANGE | CFG_LO_OPEN, 0, 10, "3.0e-3", NULL,
+	  "peak learning rate" },
+	{ "train", "warmup_steps", CFG_LONG, T(warmup_steps), 0, CFG_LO, 0, 0, "100", NULL,
+	  "steps of linear warmup from 0 to lr" },
+	{ "train", "min_lr_frac", CFG_DOUBLE, T(min_lr_frac), 0, CFG_RANGE, 0, 1, "0.1", NULL,
+	  "cosine decay ends at lr * min_lr_frac after steps" },
+	{ "train", "weight_decay", CFG_DOUBLE, T(weight_decay), 0, CFG_RANGE, 0, 10, "0.1", NULL,
+	  "AdamW decoupled weight decay, on matrices only" },
+	{ "train", "beta1", CFG_DOUBLE, T(beta1), 0, CFG_RANGE | CFG_HI_OPEN, 0, 1, "0.9", NULL,
+	  "AdamW first-moment decay" },
+	{ "train", "beta2", CFG_DOUBLE, T(beta2), 0, CFG_RANGE | CFG_HI_OPEN, 0, 1, "0.95", NULL,
+	  "AdamW second-moment decay" },
+	{ "train", "eps", CFG_DOUBLE, T(eps), 0, CFG_RANGE | CFG_LO_OPEN | CFG_HI_OPEN, 0, 1,
+	  "1.0e-8", NULL, "AdamW denominator epsilon" },
+	{ "train", "grad_clip", CFG_DOUBLE, T(grad_clip), 0, CFG_LO, 0, 0, "1.0", NULL,
+	  "clip gradients to this global L2 norm; 0 disables clipping" },
+	{ "train", "eval_every", CFG_LONG, T(eval_every), 0, CFG_LO, 0, 0, "100", NULL,
+	  "evaluate on the validation tokens every this many steps; 0 disables" },
+	{ "train", "eval_batches", CFG_LONG, T(eval_batches), 0, CFG_LO, 1, 0, "16", NULL,
+	  "batches per evaluation" },
+	{ "train", "checkpoint_every", CFG_LONG, T(checkpoint_every), 0, CFG_LO, 0, 0, "500", NULL,
+	  "write a checkpoint every this many steps; 0: only at the end" },
+	{ "train", "seed", CFG_U64, T(seed), 0, 0, 0, 0, "1", NULL,
+	  "seed of every random stream (initialization, batches)" },
+};
+
+#undef M
+#undef T
+
+static const struct cfg_schema run_schema = {
+	run_keys, sizeof run_keys / sizeof run_keys[0], sizeof(struct run_config)
+};
+
+/* ---- messages ---------------------------------------------------------------------------- */
+
+/* Where a value came from: a file line, a command-line override, or neither (validate). */
+struct where {
+	const char *path;
+	const char *override;
+	size_t line;
+};
+
+__attribute__((format(printf, 2, 3)))
+static int fail(const struct where *w, const char *fmt, ...)
+{
+	char body[448];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(body, sizeof body, fmt, ap);
+	va_end(ap);
+	if (w->override)
+		return err_set(CORE_ECONFIG, w->path, "override '%.200s': %s", w->override, body);
+	if (w->line)
+		return err_set(CORE_ECONFIG, w->path, "line %zu: %s", w->line, body);
+	return err_set(CORE_ECONFIG, w->path, "%s", body);
+}
+
+static int is_integer_type(enum cfg_type t)
+{
+	return t == CFG_INT || t == CFG_LONG || t == CFG_U64;
+}
+
+/* The bounds actually enforced: the row's, or the storage type's where the row has none. */
+static void effective_bounds(const struct cfg_key *k, double *lo, double *hi, unsigned *flags)
+{
+	*lo = k->lo;
+	*hi = k->hi;
+	*flags = k->flags;
+	if (k->type == CFG_INT) {
+		if (!(*flags & CFG_LO))
+			*lo = INT_MIN, *flags |= CFG_LO;
+		if (!(*flags & CFG_HI))
+			*hi = INT_MAX, *flags |= CFG_HI;
+	}
+	if (k->type == CFG_U64 && !(*flags & CFG_LO))
+		*lo = 0, *flags |= CFG_LO;
+}
+
+static void format_bound(const struct cfg_key *k, double v, char *buf, size_t n)
+{
+	if (is_integer_type(k->type))
+		snprintf(buf, n, "%.0f", v);
+	else
+		snprintf(buf, n, "%g", v);
+}
+
+/* "(0, 10]", ">= 0", "> 0": the range text of error messages and of the man page. */
+static void format_range(const struct cfg_key *k, char *buf, size_t n)
+{
+	char a[40], b[40];
+	double lo, hi;
+	unsigned f;
+
+	effective_bounds(k, &lo, &hi, &f);
+	format_bound(k, lo, a, sizeof a);
+	format_bound(k, hi, b, sizeof b);
+	if (k->type == CFG_U64 && !(f & CFG_HI))
+		snprintf(buf, n, "[%s, 18446744073709551615]", a);
+	else if ((f & CFG_LO) && (f & CFG_HI))
+		snprintf(buf, n, "%c%s, %s%c", f & CFG_LO_OPEN ? '(' : '[', a, b,
+			 f & CFG_HI_OPEN ? ')' : ']');
+	else if (f & CFG_LO)
+		snprintf(buf, n, "%s %s", f & CFG_LO_OPEN ? ">" : ">=", a);
+	else if (f & CFG_HI)
+		snprintf(buf, n, "%s %s", f & CFG_HI_OPEN ? "<" : "<=", b);
+	else
+		snprintf(buf, n, "any value");
+}
+
+static int in_range(const struct cfg_key *k, double v)
+{
+	double lo, hi;
+	unsigned f;
+
+	effective_bounds(k, &lo, &hi, &f);
+	if (f & CFG_LO && (f & CFG_LO_OPEN ? !(v > lo) : !(v >= lo)))
+		return 0;
+	if (f & CFG_HI && (f & CFG_HI_OPEN ? !(v < hi) : !(v <= hi)))
+		return 0;
+	return 1;
+}
+
+static int range_fail(const struct where *w, const struct cfg_key *k, const char *text)
+{
+	char r[96];
+
+	format_range(k, r, sizeof r);
+	if (r[0] == '>' || r[0] == '<')
+		return fail(w, "%s.%s: %.64s must be %s", k->section, k->key, text, r);
+	return fail(w, "%s.%s: %.64s is outside %s", k->section, k->key, text, r);
+}
+
+/* ---- names and suggestions ---------------------------------------------------------------- */
+
+/* Optimal string alignment distance (Levenshtein plus adjacent transposition), so that
+ * "setps" is one edit from "steps". Names longer than 63 bytes are never close. */
+static size_t edit_distance(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	size_t d[64][64];
+
+	if (la >= 64 || lb >= 64)
+		return SIZE_MAX;
+	for (size_t i = 0; i <= la; i++)
+		d[i][0] = i;
+	for (size_t j = 0; j <= lb; j++)
+		d[0][j] = j;
+	for (size_t i = 1; i <= la; i++) {
+		for (size_t j = 1; j <= lb; j++) {
+			size_t best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+			if (d[i - 1][j] + 1 < best)
+				best = d[i - 1][j] + 1;
+			if (d[i][j - 1] + 1 < best)
+				best = d[i][j - 1] + 1;
+			if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+			    d[i - 2][j - 2] + 1 < best)
+				best = d[i - 2][j - 2] + 1;
+			d[i][j] = best;
+		}
+	}
+	return d[la][lb];
+}
+
+static void full_name(const struct cfg_key *k, char *buf, size_t n)
+{
+	snprintf(buf, n, "%s.%s", k->section, k->key);
+}
+
+/* " (did you mean 'train.steps'?)" for the nearest key within 2 edits of the dotted name,
+ * or for a key of that exact name in another section; "" when nothing is close. */
+static void suggest_key(const struct cfg_schema *s, const char *name, char *buf, size_t n)
+{
+	const char *dot = strchr(name, '.');
+	const char *bare = dot ? dot + 1 : name;
+	size_t best = 3, bi = 0;
+	char fn[128];
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < s->n; i++) {
+		if (!strcmp(s->keys[i].key, bare)) {
+			best = 0, bi = i;
+			break;
+		}
+	}
+	for (size_t i = 0; best && i < s->n; i++) {
+		full_name(&s->keys[i], fn, sizeof fn);
+		size_t d = edit_distance(name, fn);
+		if (d < best)
+			best = d, bi = i;
+	}
+	if (best <= 2) {
+		full_name(&s->keys[bi], fn, sizeof fn);
+		snprintf(buf, n, " (did you mean '%s'?)", fn);
+	}
+}
+
+static int section_exists(const struct cfg_schema *s, const char *name, size_t *first)
+{
+	for (size_t i = 0; i < s->n; i++) {
+		if (!strcmp(s->keys[i].section, name)) {
+			*first = i;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static void suggest_section(const struct cfg_schema *s, const char *name, char *buf, size_t n)
+{
+	size_t best = 3, bi = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < s->n; i++) {
+		size_t d = edit_distance(name, s->keys[i].section);
+		if (d < best)
+			best = d, bi = i;
+	}
+	if (best <= 2) {
+		snprintf(buf, n, " (did you mean '%s'?)", s->keys[bi].section);
+		return;
+	}
+	/* A key written at the top level, outside its section. */
+	suggest_key(s, name, buf, n);
+}
+
+static const struct cfg_key *find_key(const struct cfg_schema *s, const char *section,
+				      const char *key)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (!strcmp(s->keys[i].section, section) && !strcmp(s->keys[i].key, key))
+			return &s->keys[i];
+	return NULL;
+}
+
+/* ---- scalar values ---------------------------------------------------------------------- */
+
+enum val_style { VAL_PLAIN, VAL_QUOTED, VAL_OVERRIDE };
+
+static int is_yaml_null(const char *s)
+{
+	return !strcmp(s, "") || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") ||
+	       !strcmp(s, "NULL");
+}
+
+/* YAML's .inf/.nan spellings and the C library's, any case, optionally signed. */
+static int is_nonfinite_word(const char *s)
+{
+	static const char *const words[] = { ".inf", ".nan", "inf", "nan", "infinity" };
+
+	if (*s == '+' || *s == '-')
+		s++;
+	for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+		if (!strcasecmp(s, words[i]))
+			return 1;
+	return 0;
+}
+
+/* [-+]?digits: what strtol/strtoull may see. Leading zeros are refused because YAML 1.1
+ * readers take 010 as octal 8 and YAML 1.2 readers as 10. */
+static int check_integer_text(const char *s, int allow_minus)
+{
+	const char *p = s;
+
+	if (*p == '+' || (allow_minus && *p == '-'))
+		p++;
+	if (!isdigit((unsigned char)*p))
+		return 0;
+	if (p[0] == '0' && p[1] != '\0')
+		return 0;
+	for (; *p; p++)
+		if (!isdigit((unsigned char)*p))
+			return 0;
+	return 1;
+}
+
+/* Decimal floating point only (no hex floats, no words): digits, sign, point, exponent. */
+static int check_double_text(const char *s)
+{
+	int digits = 0;
+
+	for (const char *p = s; *p; p++) {
+		if (isdigit((unsigned char)*p))
+			digits = 1;
+		else if (!strchr("+-.eE", *p))
+			return 0;
+	}
+	return digits;
+}
+
+static int not_integer(const struct where *w, const struct cfg_key *k, const char *s)
+{
+	char *end;
+
+	if (check_double_text(s)) {
+		double v = strtod(s, &end);
+		if (*end == '\0' && isfinite(v))
+			return fail(w, "%s.%s: '%.64s' is not an integer", k->section, k->key, s);
+	}
+	return fail(w, "%s.%s: '%.64s' is not a number", k->section, k->key, s);
+}
+
+static void *field(void *base, const struct cfg_key *k)
+{
+	return (char *)base + k->offset;
+}
+
+static const void *cfield(const void *base, const struct cfg_key *k)
+{
+	return (const char *)base + k->offset;
+}
+
+/* Parse one scalar for key k and store it into base; nothing is stored on error. */
+static int set_value(const struct where *w, const struct cfg_key *k, void *base, const char *s,
+		     size_t len, enum val_style style)
+{
+	char *end;
+
+	if (strlen(s) != len)
+		return fail(w, "%s.%s: value contains a nul byte", k->section, k->key);
+	if ((style == VAL_PLAIN && is_yaml_null(s)) ||
+	    (style == VAL_OVERRIDE && !*s && k->type != CFG_STRING))
+		return fail(w, "%s.%s: missing value", k->section, k->key);
+	if (style == VAL_QUOTED && k->type != CFG_STRING && k->type != CFG_ENUM)
+		return fail(w, "%s.%s: \"%.64s\" is a quoted string, not a %s; remove the quotes",
+			    k->section, k->key, s, k->type == CFG_BOOL ? "boolean" : "number");
+
+	switch (k->type) {
+	case CFG_INT:
+	case CFG_LONG: {
+		if (!check_integer_text(s, 1))
+			return not_integer(w, k, s);
+		errno = 0;
+		long v = strtol(s, &end, 10);
+		/* Past LONG_MAX with no upper bound of the key's own, "outside" has no interval
+		 * to name. */
+		unsigned side = v > 0 ? CFG_HI : CFG_LO;
+		if (errno == ERANGE && k->type == CFG_LONG && !(k->flags & side))
+			return fail(w, "%s.%s: %.64s is too %s", k->section, k->key, s,
+				    v > 0 ? "large" : "small");
+		if (errno == ERANGE || !in_range(k, (double)v))
+			return range_fail(w, k, s);
+		if (k->type == CFG_INT)
+			*(int *)field(base, k) = (int)v;
+		else
+			*(long *)field(base, k) = v;
+		return 0;
+	}
+	case CFG_U64: {
+		if (!check_integer_text(s, 1))
+			return not_integer(w, k, s);
+		if (*s == '-')
+			return range_fail(w, k, s);
+		errno = 0;
+		unsigned long long v = strtoull(s, &end, 10);
+		if (errno == ERANGE || !in_range(k, (double)v))
+			return range_fail(w, k, s);
+		*(uint64_t *)field(base, k) = (uint64_t)v;
+		return 0;
+	}
+	case CFG_DOUBLE: {
+		if (is_nonfinite_word(s))
+			return fail(w, "%s.%s: '%.64s' is not a finite number", k->section, k->key,
+				    s);
+		if (!check_double_text(s))
+			return fail(w, "%s.%s: '%.64s' is not a number", k->section, k->key, s);
+		errno = 0;
+		double v = strtod(s, &end);
+		if (*end != '\0')
+			return fail(w, "%s.%s: '%.64s' is not a number", k->section, k->key, s);
+		/* Overflow is an error; underflow to 0 or a subnormal is left to the range. */
+		if (!isfinite(v) || (errno == ERANGE && fabs(v) >= 1.0))
+			return fail(w, "%s.%s: '%.64s' is not a finite number", k->section, k->key,
+				    s);
+		if (!in_range(k, v))
+			return range_fail(w, k, s);
+		*(double *)field(base, k) = v;
+		return 0;
+	}
+	case CFG_BOOL: {
+		int v;
+		if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE"))
+			v = 1;
+		else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE"))
+			v = 0;
+		else
+			return fail(w, "%s.%s: '%.64s' is not true or false", k->section, k->key,
+				    s);
+		*(int *)field(base, k) = v;
+		return 0;
+	}
+	case CFG_STRING:
+		if (len + 1 > k->size)
+			return fail(w, "%s.%s: value is longer than %zu bytes", k->section, k->key,
+				    k->size - 1);
+		memcpy(field(base, k), s, len + 1);
+		return 0;
+	case CFG_ENUM: {
+		char list[256];
+		size_t off = 0;
+		for (int i = 0; k->choices[i]; i++) {
+			if (!strcmp(s, k->choices[i])) {
+				*(int *)field(base, k) = i;
+				return 0;
+			}
+			int m = snprintf(list + off, sizeof list - off, "%s%s", i ? ", " : "",
+					 k->choices[i]);
+			if (m > 0 && (size_t)m < sizeof list - off)
+				off += (size_t)m;
+		}
+		return fail(w, "%s.%s: '%.64s' is not one of %s", k->section, k->key, s, list);
+	}
+	}
+	return fail(w, "%s.%s: key has an unknown type", k->section, k->key);
+}
+
+static void schema_defaults(const struct cfg_schema *s, void *base)
+{
+	struct where w = { NULL, NULL, 0 };
+
+	memset(base, 0, s->struct_size);
+	/* The unit test checks that every default parses; a failure here cannot happen. */
+	for (size_t i = 0; i < s->n; i++)
+		set_value(&w, &s->keys[i], base, s->keys[i].def, strlen(s->keys[i].def),
+			  s->keys[i].type == CFG_STRING ? VAL_QUOTED : VAL_PLAIN);
+}
+
+/* ---- the YAML file ------------------------------------------------------------------------ */
+
+struct loader {
+	const struct cfg_schema *s;
+	void *base;
+	const char *path;
+	const char *text;
+	size_t len;
+	yaml_parser_t parser;
+	size_t *key_line;  /* per row: line where the key was set, 0 when not yet */
+	size_t *sec_line;  /* per row that starts a section: line of that section */
+};
+
+static size_t line_of_offset(const char *text, size_t len, size_t off)
+{
+	size_t line = 1;
+
+	for (size_t i = 0; i < off && i < len; i++)
+		line += text[i] == '\n';
+	return line;
+}
+
+static int yaml_fail(struct loader *L)
+{
+	yaml_parser_t *p = &L->parser;
+	struct where w = { L->path, NULL, 0 };
+	const char *problem = p->problem ? p->problem : "unknown problem";
+
+	if (p->error == YAML_MEMORY_ERROR)
+		return err_set(CORE_ENOMEM, L->path, "out of memory while parsing yaml");
+	if (p->error == YAML_READER_ERROR)
+		w.line = line_of_offset(L->text, L->len, p->problem_offset);
+	else
+		w.line = p->problem_mark.line + 1;
+	if (p->context)
+		return fail(&w, "malformed yaml: %s (%s)", problem, p->context);
+	return fail(&w, "malformed yaml: %s", problem);
+}
+
+static const char *node_kind(const yaml_event_t *ev)
+{
+	switch (ev->type) {
+	case YAML_MAPPING_START_EVENT: return "a mapping";
+	case YAML_SEQUENCE_START_EVENT: return "a sequence";
+	case YAML_SCALAR_EVENT: return "a scalar";
+	default: return "something else";
+	}
+}
+
+static size_t ev_line(const yaml_event_t *ev)
+{
+	return ev->start_mark.line + 1;
+}
+
+/* The next event, with the YAML features we refuse turned into errors. On error no event is
+ * held; on success the caller owns ev. */
+static int next_event(struct loader *L, yaml_event_t *ev)
+{
+	struct where w = { L->path, NULL, 0 };
+	const yaml_char_t *anchor = NULL, *tag = NULL;
+
+	if (!yaml_parser_parse(&L->parser, ev))
+		return yaml_fail(L);
+	w.line = ev_line(ev);
+	switch (ev->type) {
+	case YAML_ALIAS_EVENT: {
+		int rc = fail(&w, "yaml aliases are not supported ('*%.64s'); write the value out",
+			      (const char *)ev->data.alias.anchor);
+		yaml_event_delete(ev);
+		return rc;
+	}
+	case YAML_SCALAR_EVENT:
+		anchor = ev->data.scalar.anchor;
+		tag = ev->data.scalar.tag;
+		break;
+	case YAML_MAPPING_START_EVENT:
+		anchor = ev->data.mapping_start.anchor;
+		tag = ev->data.mapping_start.tag;
+		break;
+	case YAML_SEQUENCE_START_EVENT:
+		anchor = ev->data.sequence_start.anchor;
+		tag = ev->data.sequence_start.tag;
+		break;
+	default:
+		break;
+	}
+	if (anchor) {
+		int rc = fail(&w, "yaml anchors are not supported ('&%.64s'); write the value out",
+			      (const char *)anchor);
+		yaml_event_delete(ev);
+		return rc;
+	}
+	if (tag) {
+		int rc = fail(&w, "yaml tags are not supported ('%.64s')", (const char *)tag);
+		yaml_event_delete(ev);
+		return rc;
+	}
+	return 0;
+}
+
+static int is_null_scalar(const yaml_event_t *ev)
+{
+	return ev->type == YAML_SCALAR_EVENT && ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+	       is_yaml_null((const char *)ev->data.scalar.value);
+}
+
+/* The keys of one section: a mapping whose MAPPING_START has been consumed. */
+static int load_keys(struct loader *L, const char *section)
+{
+	yaml_event_t ev;
+	struct where w = { L->path, NULL, 0 };
+	char name[128], sugg[200];
+
+	for (;;) {
+		ERR_FORWARD(next_event(L, &ev));
+		if (ev.type == YAML_MAPPING_END_EVENT) {
+			yaml_event_delete(&ev);
+			return 0;
+		}
+		w.line = ev_line(&ev);
+		if (ev.type != YAML_SCALAR_EVENT) {
+			int rc = fail(&w, "a key of section '%s' must be a scalar, found %s",
+				      section, node_kind(&ev));
+			yaml_event_delete(&ev);
+			return rc;
+		}
+		const char *key = (const char *)ev.data.scalar.value;
+		const struct cfg_key *k = find_key(L->s, section, key);
+		snprintf(name, sizeof name, "%s.%.64s", section, key);
+		yaml_event_delete(&ev);
+		if (!k) {
+			suggest_key(L->s, name, sugg, sizeof sugg);
+			return fail(&w, "unknown key '%s'%s", name, sugg);
+		}
+		size_t row = (size_t)(k - L->s->keys);
+		if (L->key_line[row])
+			return fail(&w, "duplicate key '%s' (first at line %zu)", name,
+				    L->key_line[row]);
+		L->key_line[row] = w.line;
+
+		/* A block mapping or sequence value starts on the next line; the error is the
+		 * key's, so it keeps the key's line. A scalar's own line is right for multi-line
+		 * scalars. */
+		ERR_FORWARD(next_event(L, &ev));
+		int rc;
+		if (ev.type != YAML_SCALAR_EVENT) {
+			rc = fail(&w, "%s: expected a scalar value, found %s", name,
+				  node_kind(&ev));
+		} else {
+			if (ev.data.scalar.length) /* an empty scalar's mark is past the key */
+				w.line = ev_line(&ev);
+			rc = set_value(&w, k, L->base, (const char *)ev.data.scalar.value,
+				       ev.data.scalar.length,
+				       ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE ? VAL_PLAIN
+										    : VAL_QUOTED);
+		}
+		yaml_event_delete(&ev);
+		ERR_FORWARD(rc);
+	}
+}
+
+/* The top-level mapping of sections, whose MAPPING_START has been consumed. */
+static int load_sections(struct loader *L)
+{
+	yaml_event_t ev;
+	struct where w = { L->path, NULL, 0 };
+	char name[72], sugg[200];
+	size_t first;
+
+	for (;;) {
+		ERR_FORWARD(next_event(L, &ev));
+		if (ev.type == YAML_MAPPING_END_EVENT) {
+			yaml_event_delete(&ev);
+			return 0;
+		}
+		w.line = ev_line(&ev);
+		if (ev.type != YAML_SCALAR_EVENT) {
+			int rc = fail(&w, "a section name must be a scalar, found %s",
+				      node_kind(&ev));
+			yaml_event_delete(&ev);
+			return rc;
+		}
+		snprintf(name, sizeof name, "%.64s", (const char *)ev.data.scalar.value);
+		int known = section_exists(L->s, (const char *)ev.data.scalar.value, &first);
+		yaml_event_delete(&ev);
+		if (!known) {
+			suggest_section(L->s, name, sugg, sizeof sugg);
+			return fail(&w, "unknown section '%s'%s", name, sugg);
+		}
+		if (L->sec_line[first])
+			return fail(&w, "duplicate section '%s' (first at line %zu)", name,
+				    L->sec_line[first]);
+		L->sec_line[first] = w.line;
+
+		ERR_FORWARD(next_event(L, &ev));
+		w.line = ev_line(&ev);
+		if (ev.type == YAML_MAPPING_START_EVENT) {
+			yaml_event_delete(&ev);
+			ERR_FORWARD(load_keys(L, L->s->keys[first].section));
+			continue;
+		}
+		int empty = is_null_scalar(&ev); /* "train:" alone: an empty section */
+		int rc = empty ? 0 : fail(&w, "section '%s' must be a mapping of keys, found %s",
+					  name, node_kind(&ev));
+		yaml_event_delete(&ev);
+		ERR_FORWARD(rc);
+	}
+}
+
+static int load_stream(struct loader *L)
+{
+	yaml_event_t ev;
+	struct where w = { L->path, NULL, 0 };
+	int rc = 0;
+
+	ERR_FORWARD(next_event(L, &ev)); /* STREAM_START */
+	yaml_event_delete(&ev);
+	ERR_FORWARD(next_event(L, &ev));
+	if (ev.type == YAML_STREAM_END_EVENT) { /* no document at all: only comments, or empty */
+		yaml_event_delete(&ev);
+		return 0;
+	}
+	yaml_event_delete(&ev); /* DOCUMENT_START */
+
+	ERR_FORWARD(next_event(L, &ev));
+	w.line = ev_line(&ev);
+	if (ev.type == YAML_MAPPING_START_EVENT) {
+		yaml_event_delete(&ev);
+		ERR_FORWARD(load_sections(L));
+	} else {
+		if (!is_null_scalar(&ev)) /* "---" alone is an empty document */
+			rc = fail(&w, "top level is not a mapping of sections (found %s)",
+				  node_kind(&ev));
+		yaml_event_delete(&ev);
+		ERR_FORWARD(rc);
+	}
+
+	ERR_FORWARD(next_event(L, &ev)); /* DOCUMENT_END */
+	yaml_event_delete(&ev);
+	ERR_FORWARD(next_event(L, &ev));
+	w.line = ev_line(&ev);
+	if (ev.type != YAML_STREAM_END_EVENT)
+		rc = fail(&w, "more than one yaml document; a config is one document");
+	yaml_event_delete(&ev);
+	return rc;
+}
+
+/* Config files are small; anything larger than this is not a config. */
+#define CONFIG_MAX_BYTES (16u << 20)
+
+static int read_file(const char *path, char **out, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	size_t n = 0, cap = 0;
+
+	if (!f)
+		return err_set(CORE_EIO, path, "cannot open: %s", strerror(errno));
+	for (;;) {
+		if (n == cap) {
+			if (cap >= CONFIG_MAX_BYTES) {
+				fclose(f);
+				free(buf);
+				return err_set(CORE_ECONFIG, path, "larger than %u bytes",
+					       CONFIG_MAX_BYTES);
+			}
+			cap = cap ? 2 * cap : 4096;
+			char *nb = realloc(buf, cap + 1);
+			if (!nb) {
+				fclose(f);
+				free(buf);
+				return err_set(CORE_ENOMEM, path, "cannot allocate %zu bytes", cap);
+			}
+			buf = nb;
+		}
+		size_t got = fread(buf + n, 1, cap - n, f);
+		n += got;
+		if (got == 0)
+			break;
+	}
+	if (ferror(f)) {
+		int e = errno;
+		fclose(f);
+		free(buf);
+		return err_set(CORE_EIO, path, "cannot read: %s", strerror(e));
+	}
+	fclose(f);
+	buf[n] = '\0';
+	*out = buf;
+	*len = n;
+	return 0;
+}
+
+/* Parse into a scratch copy so that a failed load leaves the caller's config untouched. */
+static int schema_load(const struct cfg_schema *s, void *base, const char *path)
+{
+	struct loader L = { .s = s, .path = path };
+	char *text = NULL;
+	int rc;
+
+	ERR_FORWARD(read_file(path, &text, &L.len));
+	L.text = text;
+	L.base = malloc(s->struct_size);
+	L.key_line = calloc(2 * s->n, sizeof *L.key_line);
+	if (!L.base || !L.key_line) {
+		rc = err_set(CORE_ENOMEM, path, "cannot allocate the config");
+		goto out;
+	}
+	L.sec_line = L.key_line + s->n;
+	memcpy(L.base, base, s->struct_size);
+	if (!yaml_parser_initialize(&L.parser)) {
+		rc = err_set(CORE_ENOMEM, path, "cannot initialize the yaml parser");
+		goto out;
+	}
+	yaml_parser_set_input_string(&L.parser, (const unsigned char *)text, L.len);
+	rc = load_stream(&L);
+	yaml_parser_delete(&L.parser);
+	if (rc == 0)
+		memcpy(base, L.base, s->struct_size);
+out:
+	free(L.key_line);
+	free(L.base);
+	free(text);
+	return rc;
+}
+
+/* "section.key=value": the value is taken as written (a plain scalar, no YAML quoting). */
+static int schema_set(const struct cfg_schema *s, void *base, const char *assignment)
+{
+	struct where w = { NULL, assignment, 0 };
+	const char *eq = strchr(assignment, '=');
+	char name[128], sugg[200];
+	size_t first;
+
+	if (!eq || eq == assignment)
+		return fail(&w, "expected section.key=value");
+	if ((size_t)(eq - assignment) >= sizeof name)
+		return fail(&w, "unknown key '%.64s...'", assignment);
+	memcpy(name, assignment, (size_t)(eq - assignment));
+	name[eq - assignment] = '\0';
+
+	char *dot = strchr(name, '.');
+	const struct cfg_key *k = NULL;
+	if (dot) {
+		*dot = '\0';
+		k = find_key(s, name, dot + 1);
+		if (!k && !section_exists(s, name, &first)) {
+			suggest_section(s, name, sugg, sizeof sugg);
+			return fail(&w, "unknown section '%s'%s", name, sugg);
+		}
+		*dot = '.';
+	}
+	if (!k) {
+		suggest_key(s, name, sugg, sizeof sugg);
+		return fail(&w, "unknown key '%s'%s", name, sugg);
+	}
+	return set_value(&w, k, base, eq + 1, strlen(eq + 1), VAL_OVERRIDE);
+}
+
+/* Every key in its range again: the struct may have been filled by code, not by us. */
+static int schema_check_ranges(const struct cfg_schema *s, const void *base, const char *path)
+{
+	struct where w = { path, NULL, 0 };
+	char text[64];
+
+	for (size_t i = 0; i < s->n; i++) {
+		const struct cfg_key *k = &s->keys[i];
+		const void *f = cfield(base, k);
+		double v;
+
+		switch (k->type) {
+		case CFG_INT:
+			v = *(const int *)f;
+			snprintf(text, sizeof text, "%d", *(const int *)f);
+			break;
+		case CFG_LONG:
+			v = (double)*(const long *)f;
+			snprintf(text, sizeof text, "%ld", *(const long *)f);
+			break;
+		case CFG_U64:
+			v = (double)*(const uint64_t *)f;
+			snprintf(text, sizeof text, "%" PRIu64, *(const uint64_t *)f);
+			break;
+		case CFG_DOUBLE:
+			v = *(const double *)f;
+			snprintf(text, sizeof text, "%g", v);
+			if (!isfinite(v))
+				return fail(&w, "%s.%s: %s is not a finite number", k->section,
+					    k->key, text);
+			break;
+		case CFG_BOOL:
+		case CFG_ENUM: {
+			int e = *(const int *)f, nc = 0;
+			if (k->type == CFG_BOOL)
+				nc = 2;
+			else
+				while (k->choices[nc])
+					nc++;
+			if (e < 0 || e >= nc)
+				return fail(&w, "%s.%s: %d is not a valid choice", k->section,
+					    k->key, e);
+			continue;
+		}
+		case CFG_STRING:
+			if (!memchr(f, '\0', k->size))
+				return fail(&w, "%s.%s: string is not terminated", k->section,
+					    k->key);
+			continue;
+		default:
+			continue;
+		}
+		if (!in_range(k, v))
+			return range_fail(&w, k, text);
+	}
+	return 0;
+}
+
+/* ---- canonical text and hashes ------------------------------------------------------------ */
+
+#define FNV_OFFSET 0xcbf29ce484222325ull
+#define FNV_PRIME 0x100000001b3ull
+
+/* Where canonical text goes: a bounded buffer (counting what did not fit) or an FNV-1a 64
+ * hash, so hashing needs no allocation. */
+struct sink {
+	char *buf;
+	size_t n, len;
+	int hashing;
+	uint64_t h;
+};
+
+static void sink_put(struct sink *o, const char *p, size_t k)
+{
+	if (o->hashing) {
+		for (size_t i = 0; i < k; i++) {
+			o->h ^= (unsigned char)p[i];
+			o->h *= FNV_PRIME;
+		}
+	} else if (o->len < o->n) {
+		size_t room = o->n - 1 - o->len; /* keep one byte for the nul */
+		memcpy(o->buf + o->len, p, k < room ? k : room);
+	}
+	o->len += k;
+}
+
+static void sink_str(struct sink *o, const char *s)
+{
+	sink_put(o, s, strlen(s));
+}
+
+/* A string value as a YAML double-quoted scalar, so any bytes give one unambiguous line. */
+static void sink_quoted(struct sink *o, const char *s)
+{
+	char esc[8];
+
+	sink_str(o, "\"");
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\') {
+			esc[0] = '\\', esc[1] = (char)*p;
+			sink_put(o, esc, 2);
+		} else if (*p < 0x20 || *p == 0x7f) {
+			snprintf(esc, sizeof esc, "\\x%02x", *p);
+			sink_str(o, esc);
+		} else {
+			sink_put(o, (const char *)p, 1);
+		}
+	}
+	sink_str(o, "\"");
+}
+
+static void sink_line(struct sink *o, const struct cfg_key *k, const void *base)
+{
+	const void *f = cfield(base, k);
+	char v[64];
+
+	sink_str(o, k->section);
+	sink_str(o, ".");
+	sink_str(o, k->key);
+	sink_str(o, ": ");
+	switch (k->type) {
+	case CFG_INT: snprintf(v, sizeof v, "%d", *(const int *)f); break;
+	case CFG_LONG: snprintf(v, sizeof v, "%ld", *(const long *)f); break;
+	case CFG_U64: snprintf(v, sizeof v, "%" PRIu64, *(const uint64_t *)f); break;
+	case CFG_DOUBLE: snprintf(v, sizeof v, "%.17g", *(const double *)f); break;
+	case CFG_BOOL: snprintf(v, sizeof v, "%s", *(const int *)f ? "true" : "false"); break;
+	case CFG_ENUM: {
+		int e = *(const int *)f, nc = 0;
+		while (k->choices[nc])
+			nc++;
+		snprintf(v, sizeof v, "%s", e >= 0 && e < nc ? k->choices[e] : "?");
+		break;
+	}
+	case CFG_STRING:
+		sink_quoted(o, (const char *)f);
+		v[0] = '\0';
+		break;
+	default: v[0] = '\0'; break;
+	}
+	sink_str(o, v);
+	sink_str(o, "\n");
+}
+
+/* Table order; only_section NULL means every key. */
+static void schema_emit(const struct cfg_schema *s, const void *base, const char *only_section,
+			struct sink *o)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (!only_section || !strcmp(s->keys[i].section, only_section))
+			sink_line(o, &s->keys[i], base);
+}
+
+static void hash_hex(uint64_t h, char out[17])
+{
+	snprintf(out, 17, "%016" PRIx64, h);
+}
+
+/* ---- public API --------------------------------------------------------------------------- */
+
+void config_defaults(struct run_config *c)
+{
+	schema_defaults(&run_schema, c);
+}
+
+int config_load(struct run_config *c, const char *path)
+{
+	return schema_load(&run_schema, c, path);
+}
+
+int config_set(struct run_config *c, const char *assignment)
+{
+	return schema_set(&run_schema, c, assignment);
+}
+
+int config_validate(const struct run_config *c, const char *path)
+{
+	struct where w = { path, NULL, 0 };
+
+	ERR_FORWARD(schema_check_ranges(&run_schema, c, path));
+	/* Rules between keys; each new section adds its own here. */
+	if (c->model.n_embd % c->model.n_head != 0)
+		return fail(&w, "model.n_embd (%d) must be a multiple of model.n_head (%d)",
+			    c->model.n_embd, c->model.n_head);
+	return 0;
+}
+
+size_t config_dump(const struct run_config *c, char *buf, size_t n)
+{
+	struct sink o = { buf, n, 0, 0, 0 };
+
+	schema_emit(&run_schema, c, NULL, &o);
+	if (buf && n)
+		buf[o.len < n ? o.len : n - 1] = '\0';
+	return o.len;
+}
+
+void config_hash_model(const struct run_config *c, char out[17])
+{
+	struct sink o = { NULL, 0, 0, 1, FNV_OFFSET };
+
+	schema_emit(&run_schema, c, "model", &o);
+	hash_hex(o.h, out);
+}
+
+void config_hash_all(const struct run_config *c, char out[17])
+{
+	struct sink o = { NULL, 0, 0, 1, FNV_OFFSET };
+
+	schema_emit(&run_schema, c, NULL, &o);
+	hash_hex(o.h, out);
+}
