@@ -46,7 +46,7 @@ int config_load(struct run_config *c, const char *path);
 int config_set(struct run_config *c, const char *assignment);
 /* Cross-field checks (n_embd divisible by n_head, ...); run after load and overrides. */
 int config_validate(const struct run_config *c, const char *path);
-/* Canonical text of every key (sorted, fixed formatting): what the hash covers, and what
+/* Canonical text of every key (table order, fixed formatting): what the hash covers, and what
  * a run directory saves. Returns bytes needed (like snprintf). */
 size_t config_dump(const struct run_config *c, char *buf, size_t n);
 /* 16 hex digits: FNV-1a 64 of the model section's canonical text (what must match to resume

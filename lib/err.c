@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "banned.h"
+
 static _Thread_local int last_code;
 static _Thread_local char last_file[512];
 static _Thread_local char last_detail[512];

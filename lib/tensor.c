@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "err.h"
+#include "banned.h"
 
 static const struct {
 	const char *name;
