@@ -35,7 +35,8 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *ne)
 
 	off += (size_t)snprintf(buf + off, n - off, "[");
 	for (int i = 0; i < ndim && off < n; i++)
-		off += (size_t)snprintf(buf + off, n - off, "%s%lld", i ? "," : "", (long long)ne[i]);
+		off += (size_t)snprintf(buf + off, n - off, "%s%lld", i ? "," : "",
+					(long long)ne[i]);
 	if (off < n)
 		snprintf(buf + off, n - off, "]");
 }
@@ -88,7 +89,8 @@ static int build_header(const char *path, const struct tensor *const *ts, int n,
 	for (int i = 0; i < nmeta; i++) {
 		json_t *v = json_string(meta[i].value);
 		if (!v) {
-			rc = err_set(CORE_EUSAGE, path, "metadata '%s' is not valid utf-8", meta[i].key);
+			rc = err_set(CORE_EUSAGE, path, "metadata '%s' is not valid utf-8",
+				     meta[i].key);
 			goto out;
 		}
 		if (json_object_set_new(md, meta[i].key, v))
@@ -452,10 +454,12 @@ static int verify_data(struct st_file *f)
 		while (left > 0) {
 			size_t k = left < ST_CHUNK ? (size_t)left : ST_CHUNK;
 			if (fread(buf, 1, k, f->fp) != k) {
-				rc = ferror(f->fp) ? err_set(CORE_EIO, f->path, "cannot read: %s",
-							     strerror(errno))
-						   : err_set(CORE_ETRUNC, f->path,
-							     "file ends inside tensor '%s'", e->name);
+				if (ferror(f->fp))
+					rc = err_set(CORE_EIO, f->path, "cannot read: %s",
+						     strerror(errno));
+				else
+					rc = err_set(CORE_ETRUNC, f->path,
+						     "file ends inside tensor '%s'", e->name);
 				goto out;
 			}
 			c = (uint32_t)crc32_z(c, buf, k);
@@ -469,8 +473,9 @@ static int verify_data(struct st_file *f)
 		parse_hex32(want, &expect); /* format checked by parse_metadata */
 		if (whole != expect) {
 			rc = err_set(CORE_ECHECKSUM, f->path,
-				     "checksum mismatch: data crc32 %08x, header says %s%s%s%s", whole,
-				     want, bad ? " (tensor '" : "", bad ? bad : "", bad ? "')" : "");
+				     "checksum mismatch: data crc32 %08x, header says %s%s%s%s",
+				     whole, want, bad ? " (tensor '" : "", bad ? bad : "",
+				     bad ? "')" : "");
 			goto out;
 		}
 	}
@@ -604,8 +609,8 @@ int st_read(struct st_file *f, const char *name, struct tensor *dst)
 		shape_str(have, sizeof have, e->ndim, e->ne);
 		shape_str(want, sizeof want, dst->ndim, dst->ne);
 		if (dst->type == e->type)
-			return err_set(CORE_ESHAPE, f->path, "tensor '%s' has shape %s, expected %s",
-				       name, have, want);
+			return err_set(CORE_ESHAPE, f->path,
+				       "tensor '%s' has shape %s, expected %s", name, have, want);
 		return err_set(CORE_ESHAPE, f->path, "tensor '%s' is %s %s, expected %s %s", name,
 			       dtype_name(e->type), have, dtype_name(dst->type), want);
 	}

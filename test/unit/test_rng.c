@@ -28,7 +28,8 @@ static void kat(const uint32_t ctr[4], const uint32_t key[2], const uint32_t wan
 	rng_philox(w64(key[1], key[0]), w64(ctr[3], ctr[2]), w64(ctr[1], ctr[0]), out);
 	for (int i = 0; i < 4; i++)
 		cr_assert_eq(out[i], want[i],
-			     "ctr %08x %08x %08x %08x key %08x %08x: word %d is %08x, expected %08x",
+			     "ctr %08x %08x %08x %08x key %08x %08x: word %d is %08x, "
+			     "expected %08x",
 			     ctr[0], ctr[1], ctr[2], ctr[3], key[0], key[1], i, out[i], want[i]);
 }
 
