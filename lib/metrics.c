@@ -1,0 +1,138 @@
+/* metrics.c - JSON Lines metrics; see metrics.h.
+ *
+ * Each event is formatted completely in memory (jansson does the string escaping), then
+ * written with one fwrite and flushed: with O_APPEND that is one write(2) per line, so a crash
+ * or a second writer cannot interleave half lines. JSON has no NaN or infinity, so those are
+ * written as null rather than as text no parser accepts.
+ */
+#include "metrics.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "err.h"
+#include "banned.h"
+
+int metrics_open(struct metrics *m, const char *path)
+{
+	memset(m, 0, sizeof *m);
+	if (!path)
+		return 0;
+	m->path = strdup(path);
+	if (!m->path)
+		return err_set(CORE_ENOMEM, path, "cannot allocate");
+	int fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+	if (fd < 0) {
+		int e = errno;
+		free(m->path);
+		m->path = NULL;
+		return err_set(CORE_EIO, path, "cannot open for appending: %s", strerror(e));
+	}
+	/* A run killed mid-line leaves a last line without its newline; start on a fresh line
+	 * so that the first new event is not glued onto the broken one. */
+	struct stat st;
+	char last = '\n';
+	if (fstat(fd, &st) == 0 && st.st_size > 0 && pread(fd, &last, 1, st.st_size - 1) == 1 &&
+	    last != '\n' && write(fd, "\n", 1) != 1) {
+		int e = errno;
+		close(fd);
+		free(m->path);
+		m->path = NULL;
+		return err_set(CORE_EIO, path, "cannot write: %s", strerror(e));
+	}
+	m->fp = fdopen(fd, "a");
+	if (!m->fp) {
+		int e = errno;
+		close(fd);
+		free(m->path);
+		m->path = NULL;
+		return err_set(CORE_EIO, path, "cannot open for appending: %s", strerror(e));
+	}
+	return 0;
+}
+
+/* json_string() refuses invalid UTF-8; keep the event and replace bytes outside ASCII. */
+static json_t *string_value(const char *s)
+{
+	json_t *v = json_string(s ? s : "");
+	if (v)
+		return v;
+	char *c = strdup(s);
+	if (!c)
+		return NULL;
+	for (char *p = c; *p; p++)
+		if ((unsigned char)*p >= 0x80)
+			*p = '?';
+	v = json_string(c);
+	free(c);
+	return v;
+}
+
+int metrics_event(struct metrics *m, const char *event, ...)
+{
+	va_list ap;
+	json_t *o;
+	int rc = 0;
+
+	if (!m->fp)
+		return 0;
+	o = json_object();
+	if (!o || json_object_set_new(o, "event", string_value(event)))
+		goto nomem;
+	va_start(ap, event);
+	for (;;) {
+		const char *key = va_arg(ap, const char *);
+		if (!key)
+			break;
+		int type = va_arg(ap, int);
+		json_t *v;
+		if (type == 'i') {
+			v = json_integer(va_arg(ap, long long));
+		} else if (type == 'f') {
+			double d = va_arg(ap, double);
+			v = isfinite(d) ? json_real(d) : json_null();
+		} else if (type == 's') {
+			v = string_value(va_arg(ap, const char *));
+		} else {
+			/* The rest of the list cannot be read without knowing this type. */
+			va_end(ap);
+			json_decref(o);
+			return err_set(CORE_EUSAGE, m->path, "metrics key '%s': unknown type '%c'",
+				       key, type);
+		}
+		if (!v || json_object_set_new(o, key, v)) {
+			va_end(ap);
+			goto nomem;
+		}
+	}
+	va_end(ap);
+
+	char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+	json_decref(o);
+	if (!s)
+		return err_set(CORE_ENOMEM, m->path, "cannot format event");
+	size_t n = strlen(s);
+	s[n] = '\n'; /* replaces the NUL; the buffer is not used as a string again */
+	if (fwrite(s, 1, n + 1, m->fp) != n + 1 || fflush(m->fp) != 0)
+		rc = err_set(CORE_EIO, m->path, "cannot write: %s", strerror(errno));
+	free(s);
+	return rc;
+nomem:
+	json_decref(o);
+	return err_set(CORE_ENOMEM, m->path, "cannot format event");
+}
+
+void metrics_close(struct metrics *m)
+{
+	if (m->fp)
+		fclose(m->fp);
+	free(m->path);
+	memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,95 @@
+/* progress.c - one-line progress display on stderr; see progress.h.
+ *
+ * Only for people watching a terminal: when stderr is a file or a pipe (logs, tests, batch
+ * jobs) nothing at all is written, so logs stay one line per event. On a terminal the line is
+ * redrawn in place with \r and cleared to its end, at most ten times a second, so that the
+ * display costs nothing measurable inside a training loop.
+ */
+#include "progress.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "banned.h"
+
+#define PROGRESS_INTERVAL 0.1 /* seconds between redraws */
+
+double now_seconds(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void progress_init(struct progress *p, const char *label, int64_t total)
+{
+	memset(p, 0, sizeof *p);
+	p->label = label ? label : "";
+	p->total = total;
+	p->enabled = isatty(2);
+	p->start = now_seconds();
+	p->last_draw = -1.0; /* nothing drawn yet */
+}
+
+/* 1234567 -> "1.23M": rates span from a few steps to millions of tokens a second. */
+static void human(char *buf, size_t n, double v)
+{
+	if (v >= 1e9)
+		snprintf(buf, n, "%.2fG", v / 1e9);
+	else if (v >= 1e6)
+		snprintf(buf, n, "%.2fM", v / 1e6);
+	else if (v >= 1e3)
+		snprintf(buf, n, "%.2fk", v / 1e3);
+	else
+		snprintf(buf, n, "%.1f", v);
+}
+
+static void duration(char *buf, size_t n, double s)
+{
+	if (!(s >= 0) || s > 360000.0) {
+		snprintf(buf, n, "--:--");
+		return;
+	}
+	long t = (long)(s + 0.5);
+	if (t >= 3600)
+		snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+	else
+		snprintf(buf, n, "%02ld:%02ld", t / 60, t % 60);
+}
+
+void progress_update(struct progress *p, int64_t done, const char *extra)
+{
+	char line[512], rate[32], eta[32];
+
+	if (!p->enabled)
+		return;
+	double now = now_seconds();
+	int finished = p->total > 0 && done >= p->total;
+	if (p->last_draw >= 0 && now - p->last_draw < PROGRESS_INTERVAL && !finished)
+		return;
+	p->last_draw = now;
+	double el = now - p->start;
+	double r = el > 0 ? (double)done / el : 0.0;
+	human(rate, sizeof rate, r);
+	if (p->total > 0) {
+		duration(eta, sizeof eta, r > 0 ? (double)(p->total - done) / r : -1.0);
+		snprintf(line, sizeof line, "\r%s  %lld/%lld  %5.1f%%  %s/s  eta %s%s%s\033[K",
+			 p->label, (long long)done, (long long)p->total,
+			 100.0 * (double)done / (double)p->total, rate, eta, extra ? "  " : "",
+			 extra ? extra : "");
+	} else {
+		snprintf(line, sizeof line, "\r%s  %lld  %s/s%s%s\033[K", p->label,
+			 (long long)done, rate, extra ? "  " : "", extra ? extra : "");
+	}
+	/* stderr is unbuffered: one fwrite keeps the redraw a single write(2). */
+	fwrite(line, 1, strlen(line), stderr);
+}
+
+void progress_done(struct progress *p)
+{
+	if (p->enabled && p->last_draw >= 0)
+		fputc('\n', stderr);
+	p->enabled = 0;
+}

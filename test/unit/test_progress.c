@@ -1,0 +1,73 @@
+/* test_progress.c - the progress display writes nothing when stderr is not a terminal, and on
+ * a terminal (a pseudo-terminal here) redraws at most ten times a second and ends its line. */
+#include <criterion/criterion.h>
+#include <criterion/redirect.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "progress.h"
+#include "banned.h"
+
+TestSuite(progress, .timeout = 20);
+
+Test(progress, silent_when_stderr_is_not_a_terminal, .init = cr_redirect_stderr)
+{
+	struct progress p;
+
+	progress_init(&p, "train", 100);
+	cr_assert_eq(p.enabled, 0);
+	for (int i = 0; i <= 100; i++)
+		progress_update(&p, i, "loss 1.0");
+	progress_done(&p);
+	fflush(stderr);
+	cr_assert_stderr_eq_str("");
+}
+
+Test(progress, redraws_on_a_terminal_at_most_ten_hertz)
+{
+	int mfd = posix_openpt(O_RDWR | O_NOCTTY);
+	cr_assert(mfd >= 0 && grantpt(mfd) == 0 && unlockpt(mfd) == 0);
+	int sfd = open(ptsname(mfd), O_RDWR | O_NOCTTY);
+	cr_assert(sfd >= 0);
+	int saved = dup(2);
+	cr_assert(dup2(sfd, 2) == 2);
+
+	struct progress p;
+	progress_init(&p, "train", 1000);
+	int enabled = p.enabled;
+	double t0 = now_seconds();
+	for (int i = 0; i < 1000; i++)
+		progress_update(&p, i, NULL); /* a tight loop: far under 0.1 s */
+	double spent = now_seconds() - t0;
+	progress_update(&p, 1000, "done"); /* the final state is always drawn */
+	progress_done(&p);
+	dup2(saved, 2);
+	close(sfd);
+
+	char buf[8192];
+	ssize_t n = read(mfd, buf, sizeof buf - 1);
+	close(mfd);
+	cr_assert(enabled, "a terminal on fd 2 was not detected");
+	cr_assert(n > 0);
+	buf[n] = '\0';
+	int draws = 0;
+	for (ssize_t i = 0; i < n; i++)
+		draws += buf[i] == '\r';
+	/* ptys turn "\n" into "\r\n", so the final newline adds one \r. */
+	int allowed = 2 + (int)(spent / 0.1) + 1;
+	cr_assert(draws >= 2 && draws <= allowed, "%d redraws in %.3f s:\n%s", draws, spent, buf);
+	cr_assert(strstr(buf, "1000/1000") && strstr(buf, "100.0%") && strstr(buf, "done"),
+		  "final line:\n%s", buf);
+	cr_assert(strstr(buf, "train  0/1000"), "first line:\n%s", buf);
+}
+
+Test(progress, now_seconds_is_monotonic)
+{
+	double a = now_seconds();
+	usleep(20000);
+	double b = now_seconds();
+	cr_assert(b - a >= 0.019 && b - a < 1.0, "slept 20 ms, clock moved %.6f s", b - a);
+}
