@@ -1,5 +1,6 @@
 /* banned.h - functions with a safer spelling in this codebase (after git's banned.h).
- * Included last by every .c file through the compiler's -include; using one is a build error. */
+ * Every .c file includes it last, after the system headers whose prototypes it would break;
+ * using a banned function is then a build error. */
 #ifndef CORE_BANNED_H
 #define CORE_BANNED_H
 #define BANNED(func) sorry_##func##_is_banned_in_this_codebase

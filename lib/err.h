@@ -36,7 +36,8 @@ const char *err_detail(void);
 void err_clear(void);
 /* Short constant text for a code: "checksum mismatch", "config error", ... */
 const char *err_name(int code);
-/* One message "cannot ... 'file': detail" (without program name or newline) into buf. */
+/* One message "'file': detail" (without program name or newline) into buf; only the
+ * detail when no file was recorded with this code. */
 void err_format(char *buf, size_t n, int code);
 /* 2 for usage and config errors, 1 for every other failure, 0 for CORE_OK. */
 int err_exit_status(int code);

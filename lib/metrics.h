@@ -13,7 +13,7 @@ struct metrics {
 /* Open path for appending (a resumed run continues the same file); NULL path = disabled. */
 int metrics_open(struct metrics *m, const char *path);
 /* One event. The variadic list is (key, type, value) triples ended by NULL, where type is
- * 'i' (long long), 'f' (double, written with %.9g; NaN/inf as null), 's' (const char *). */
+ * 'i' (long long: cast, 12 alone is an int), 'f' (double, written with %.9g; NaN/inf as null), 's' (const char *). */
 int metrics_event(struct metrics *m, const char *event, ...);
 void metrics_close(struct metrics *m);
 
