@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "err.h"
 #include "rng.h"
@@ -360,12 +361,15 @@ int corpus_split_path(char *buf, size_t n, const char *outdir, enum corpus_split
 
 /* ---- prepare ------------------------------------------------------------------------------ */
 
-static int make_outdir(const char *dir)
+static int make_outdir(const char *dir, int *created)
 {
 	struct stat st;
 
-	if (mkdir(dir, 0777) == 0)
+	*created = 0;
+	if (mkdir(dir, 0777) == 0) {
+		*created = 1;
 		return 0;
+	}
 	if (errno != EEXIST)
 		return err_set(CORE_EIO, dir, "cannot create directory: %s", strerror(errno));
 	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -381,7 +385,7 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 	struct corpus_tokens toks = { 0 };
 	struct corpus_doc doc;
 	char path[4096];
-	int rc, s;
+	int rc, s, created = 0;
 
 	memset(res, 0, sizeof *res);
 	rc = corpus_split_check(o->val_frac, o->router_frac);
@@ -394,7 +398,7 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 	rc = corpus_open(&r, o->input);
 	if (rc < 0)
 		goto out;
-	rc = make_outdir(o->outdir);
+	rc = make_outdir(o->outdir, &created);
 	if (rc < 0)
 		goto out;
 	for (s = 0; s < CORPUS_NSPLITS; s++) {
@@ -434,6 +438,9 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 out:
 	for (s = 0; s < CORPUS_NSPLITS; s++)
 		tokw_abort(w[s]);
+	/* A directory made for outputs that never came is removed again (if still empty). */
+	if (rc < 0 && created)
+		rmdir(o->outdir);
 	corpus_tokens_free(&toks);
 	corpus_close(r);
 	corpus_tokenizer_close(&tk);
