@@ -83,9 +83,9 @@ static void prepare_usage(FILE *fp)
 {
 	fprintf(fp,
 		"usage: %s prepare [options] INPUT OUTDIR\n"
-		"Tokenize the documents of INPUT (a .jsonl file with a \"text\" field per line, or a\n"
-		"directory of text files) into OUTDIR/train.tok, OUTDIR/val.tok and\n"
-		"OUTDIR/router.tok; print a JSON summary on stdout.\n\n"
+		"Tokenize the documents of INPUT (a .jsonl file with a \"text\" field per\n"
+		"line, or a directory of text files) into OUTDIR/train.tok, OUTDIR/val.tok\n"
+		"and OUTDIR/router.tok; print a JSON summary on stdout.\n\n"
 		"options:\n"
 		"      --val-frac F      fraction of documents for validation (default %g)\n"
 		"      --router-frac F   fraction of documents for fitting routers (default %g)\n"
@@ -141,7 +141,8 @@ static int cmd_prepare(int argc, char **argv)
 				return cli_report(prog, rc);
 			break;
 		case 'r':
-			if ((rc = cli_parse_double("--router-frac", optarg, 0, 1, &o.router_frac)) < 0)
+			rc = cli_parse_double("--router-frac", optarg, 0, 1, &o.router_frac);
+			if (rc < 0)
 				return cli_report(prog, rc);
 			break;
 		case 's':
@@ -165,7 +166,8 @@ static int cmd_prepare(int argc, char **argv)
 		}
 	}
 	if (argc - optind != 2)
-		return cli_usage_error(prog, "prepare: expected INPUT and OUTDIR, got %d argument%s "
+		return cli_usage_error(prog,
+				       "prepare: expected INPUT and OUTDIR, got %d argument%s "
 				       "(see %s prepare --help)", argc - optind,
 				       argc - optind == 1 ? "" : "s", prog);
 	o.input = argv[optind];

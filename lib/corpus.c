@@ -140,7 +140,8 @@ static int next_jsonl(struct corpus_reader *r, struct corpus_doc *doc)
 		n = getline(&r->line, &r->line_cap, r->fp);
 		if (n < 0) {
 			if (ferror(r->fp))
-				return err_set(CORE_EIO, r->path, "read failed: %s", strerror(errno));
+				return err_set(CORE_EIO, r->path, "read failed: %s",
+					       strerror(errno));
 			return 0;
 		}
 		r->lineno++;

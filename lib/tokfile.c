@@ -83,7 +83,8 @@ static int body_bytes(uint64_t ntokens, uint32_t width, uint64_t ndocs, uint64_t
 		return -1;
 	if (ndocs == UINT64_MAX || __builtin_mul_overflow(ndocs + 1, (uint64_t)16, &idx))
 		return -1;
-	if (__builtin_add_overflow(round8(tok), idx, &n) || __builtin_add_overflow(n, meta_bytes, &n))
+	if (__builtin_add_overflow(round8(tok), idx, &n) ||
+	    __builtin_add_overflow(n, meta_bytes, &n))
 		return -1;
 	*out = n;
 	return 0;
@@ -97,12 +98,14 @@ static int check_header(const unsigned char *h, size_t flen, const char *path)
 	if (memcmp(h, tokfile_magic, m) != 0)
 		return err_set(CORE_EFORMAT, path, "not a token file");
 	if (flen < TOKFILE_HEADER_BYTES)
-		return err_set(CORE_ETRUNC, path, "file is %zu bytes, shorter than the %d-byte header",
-			       flen, TOKFILE_HEADER_BYTES);
+		return err_set(CORE_ETRUNC, path,
+			       "file is %zu bytes, shorter than the %d-byte header", flen,
+			       TOKFILE_HEADER_BYTES);
 	uint32_t version = get_u32(h + 8);
 	if (version != TOKFILE_VERSION)
-		return err_set(CORE_EVERSION, path, "version %u not supported (this build reads %d)",
-			       version, TOKFILE_VERSION);
+		return err_set(CORE_EVERSION, path,
+			       "version %u not supported (this build reads %d)", version,
+			       TOKFILE_VERSION);
 	uint32_t want = get_u32(h + 60);
 	uint32_t got = (uint32_t)crc32(0, h, 60);
 	if (want != got)
@@ -123,7 +126,8 @@ static int check_structure(struct tokfile *tf)
 			       (unsigned long long)tf->ntokens);
 	for (uint64_t d = 0; d < tf->ndocs; d++)
 		if (o[d + 1] < o[d])
-			return err_set(CORE_EFORMAT, tf->path, "document %llu has a negative length",
+			return err_set(CORE_EFORMAT, tf->path,
+				       "document %llu has a negative length",
 				       (unsigned long long)d);
 	if (m[0] != 0)
 		return err_set(CORE_EFORMAT, tf->path, "metadata offsets do not start at 0");
@@ -132,20 +136,14 @@ static int check_structure(struct tokfile *tf)
 			return err_set(CORE_EFORMAT, tf->path,
 				       "metadata of document %llu out of order",
 				       (unsigned long long)d);
-	if (tf->width == 2 && tf->vocab < 65536) {
-		const uint16_t *t = tf->tokens;
-		for (uint64_t i = 0; i < tf->ntokens; i++)
-			if (t[i] >= tf->vocab)
-				return err_set(CORE_EFORMAT, tf->path,
-					       "token %u at position %llu is outside the vocabulary "
-					       "of %u", t[i], (unsigned long long)i, tf->vocab);
-	} else if (tf->width == 4) {
-		const uint32_t *t = tf->tokens;
-		for (uint64_t i = 0; i < tf->ntokens; i++)
-			if (t[i] >= tf->vocab)
-				return err_set(CORE_EFORMAT, tf->path,
-					       "token %u at position %llu is outside the vocabulary "
-					       "of %u", t[i], (unsigned long long)i, tf->vocab);
+	/* 16-bit tokens under a vocabulary of 65536 are all valid: no scan needed. */
+	uint64_t scan = tf->width == 2 && tf->vocab >= 65536 ? 0 : tf->ntokens;
+	for (uint64_t i = 0; i < scan; i++) {
+		uint32_t t = tokfile_token(tf, i);
+		if (t >= tf->vocab)
+			return err_set(CORE_EFORMAT, tf->path,
+				       "token %u at position %llu is outside the vocabulary of %u", t,
+				       (unsigned long long)i, tf->vocab);
 	}
 	/* Padding after the tokens must be zero, so that equal corpora give equal files. */
 	const unsigned char *pad = (const unsigned char *)tf->tokens + tf->ntokens * tf->width;

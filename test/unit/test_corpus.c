@@ -71,7 +71,8 @@ static const char *put(const char *name, const char *content, size_t n)
 Test(corpus, jsonl_escapes_unicode_and_metadata)
 {
 	const char *p = PUTS("a.jsonl",
-			     "{\"id\":\"x1\",\"text\":\"a\\\"b\\\\c\\n\\t/\",\"n\":[1,{\"k\":null}]}\n"
+			     "{\"id\":\"x1\",\"text\":\"a\\\"b\\\\c\\n\\t/\","
+			     "\"n\":[1,{\"k\":null}]}\n"
 			     "\n"
 			     "  \r\n"
 			     "{\"text\":\"caf\\u00e9 \\ud83d\\ude00 \\u0000!\"}\r\n"
@@ -223,9 +224,11 @@ Test(corpus, split_fractions_close_to_requested)
 				/* within 5 binomial standard deviations (+1 for p = 0) */
 				double mean = NDOC * p[s], sd = sqrt(NDOC * p[s] * (1 - p[s]));
 				cr_assert(fabs(n[s] - mean) <= 5 * sd + 1,
-					  "fracs (%g, %g) seed %llu: %s got %d docs, expected %g +- %g",
-					  fr[c][0], fr[c][1], (unsigned long long)seed,
-					  corpus_split_name((enum corpus_split)s), n[s], mean, 5 * sd);
+					  "fracs (%g, %g) seed %llu: %s got %d docs, "
+					  "expected %g +- %g", fr[c][0], fr[c][1],
+					  (unsigned long long)seed,
+					  corpus_split_name((enum corpus_split)s), n[s], mean,
+					  5 * sd);
 			}
 		}
 	}
