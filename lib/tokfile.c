@@ -142,8 +142,8 @@ static int check_structure(struct tokfile *tf)
 		uint32_t t = tokfile_token(tf, i);
 		if (t >= tf->vocab)
 			return err_set(CORE_EFORMAT, tf->path,
-				       "token %u at position %llu is outside the vocabulary of %u", t,
-				       (unsigned long long)i, tf->vocab);
+				       "token %u at position %llu is outside the vocabulary "
+				       "of %u", t, (unsigned long long)i, tf->vocab);
 	}
 	/* Padding after the tokens must be zero, so that equal corpora give equal files. */
 	const unsigned char *pad = (const unsigned char *)tf->tokens + tf->ntokens * tf->width;
@@ -377,8 +377,9 @@ int tokw_add_doc(struct tokfile_writer *w, const uint32_t *tokens, uint64_t n,
 			uint32_t t = tokens[i + j];
 			if (t >= w->vocab)
 				return err_set(CORE_EUSAGE, path,
-					       "token %u of document %llu is outside the vocabulary "
-					       "of %u", t, (unsigned long long)w->ndocs, w->vocab);
+					       "token %u of document %llu is outside "
+					       "the vocabulary of %u",
+					       t, (unsigned long long)w->ndocs, w->vocab);
 			if (w->width == 2)
 				((uint16_t *)(void *)w->buf)[j] = (uint16_t)t;
 			else
