@@ -1,14 +1,29 @@
 /* tokfile.h - token files: a corpus or a shard, documents kept whole.
  *
- * Layout (little-endian), documented in dpc-tokens(5):
- *   header, 64 bytes: magic "DPCTOKS\0", u32 version (1), u32 vocab size, u64 document count,
- *     u64 token count, u32 token width in bytes (2 when vocab <= 65536, else 4),
- *     u32 crc32 of everything after the header, u64 metadata bytes, u32 crc32 of the first
- *     60 header bytes... (exact layout fixed in tokfile.c and dpc-tokens(5))
- *   u64 offsets[ndocs + 1]          token index where each document starts; last = ntokens
- *   tokens[ntokens]                 u16 or u32
- *   metadata: per document a JSON object text (fields of the source other than "text"),
- *     as u64 meta_offsets[ndocs + 1] then the bytes.
+ * Layout (little-endian), documented byte by byte in dpc-tokens(5):
+ *   header, 64 bytes:
+ *      0  u8[8]  magic "DPCTOKS\0"
+ *      8  u32    version (1)
+ *     12  u32    vocab size (>= 1); every token is < vocab
+ *     16  u64    document count (ndocs)
+ *     24  u64    token count (ntokens)
+ *     32  u32    token width in bytes: 2 when vocab <= 65536, else 4
+ *     36  u32    crc32 (zlib) of every byte after the header, to the end of the file
+ *     40  u64    metadata bytes (meta_bytes)
+ *     48  u8[12] reserved, zero
+ *     60  u32    crc32 of header bytes 0..59
+ *   body, starting at byte 64:
+ *     tokens[ntokens]            u16 or u32, then zero bytes up to a multiple of 8
+ *     u64 offsets[ndocs + 1]      token index where each document starts; [0] = 0,
+ *                                 non-decreasing, last = ntokens
+ *     u64 meta_offsets[ndocs + 1] byte offset of each document's metadata in the metadata
+ *                                 area; [0] = 0, non-decreasing, last = meta_bytes
+ *     metadata[meta_bytes]        per document a JSON object text (the fields of the source
+ *                                 other than "text"), no separators, no NUL
+ *   The file ends there: its length is exactly
+ *     64 + round_up(ntokens * width, 8) + 16 * (ndocs + 1) + meta_bytes.
+ * Tokens come first so that the writer can stream them to disk as documents arrive (corpora
+ * of several GB) and append the offsets, known only at the end, after them.
  * Readers map the file and verify sizes and crc32 before handing out a single token.
  */
 #ifndef CORE_TOKFILE_H
@@ -20,6 +35,7 @@
 #include "atomicio.h"
 
 #define TOKFILE_VERSION 1
+#define TOKFILE_HEADER_BYTES 64
 
 struct tokfile {
 	char *path;
@@ -30,10 +46,15 @@ struct tokfile {
 	const void *tokens;      /* uint16_t or uint32_t per width */
 	const uint64_t *meta_offsets;
 	const char *meta;
+	uint32_t crc; /* body crc32 from the header, verified by tokfile_open */
 	void *map;
 	size_t maplen;
 };
 
+/* Map path read-only and verify it all: magic (CORE_EFORMAT "not a token file"), version
+ * (CORE_EVERSION), sizes against the file length (CORE_ETRUNC when shorter), header and body
+ * crc32 (CORE_ECHECKSUM), offsets (monotone, last = ntokens), every token < vocab
+ * (CORE_EFORMAT). On failure tf is left closed (tokfile_close on it is harmless). */
 int tokfile_open(struct tokfile *tf, const char *path);
 void tokfile_close(struct tokfile *tf);
 static inline uint32_t tokfile_token(const struct tokfile *tf, uint64_t i)
@@ -43,7 +64,10 @@ static inline uint32_t tokfile_token(const struct tokfile *tf, uint64_t i)
 /* Document d's metadata JSON text (not NUL-terminated) and its length. */
 const char *tokfile_doc_meta(const struct tokfile *tf, uint64_t d, size_t *len);
 
-/* Writer: documents are appended one at a time; commit writes the file atomically. */
+/* Writer: documents are appended one at a time; tokens go straight to a temporary file next
+ * to path, offsets and metadata stay in memory (16 bytes per document plus the metadata) until
+ * commit appends them and patches the header. commit renames the file into place atomically.
+ * After a failed tokw_add_doc the writer must be aborted. */
 struct tokfile_writer;
 int tokw_open(struct tokfile_writer **w, const char *path, uint32_t vocab);
 int tokw_add_doc(struct tokfile_writer *w, const uint32_t *tokens, uint64_t n,

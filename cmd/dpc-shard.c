@@ -1,0 +1,284 @@
+/* dpc-shard - turn raw documents into token files, and (later) split them by a router.
+ *
+ * Thin by design: options are parsed here, the work is corpus_prepare() and tokfile_open() in
+ * libcore. Subcommands live in one table so that `split` and friends slot in as new rows.
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "corpus.h"
+#include "err.h"
+#include "progress.h"
+#include "tokfile.h"
+#include "banned.h"
+
+static const char prog[] = "dpc-shard";
+
+struct subcommand {
+	const char *name;
+	const char *summary;
+	int (*run)(int argc, char **argv);
+};
+
+static int cmd_prepare(int argc, char **argv);
+static int cmd_info(int argc, char **argv);
+
+static const struct subcommand commands[] = {
+	{ "prepare", "tokenize documents into train.tok, val.tok and router.tok", cmd_prepare },
+	{ "info", "print a token file's header as JSON, after verifying the file", cmd_info },
+};
+
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *fp)
+{
+	fprintf(fp, "usage: %s COMMAND [options] ARGS...\n"
+		    "       %s -h | --help | -V | --version\n\ncommands:\n", prog, prog);
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
+	fprintf(fp, "\n'%s COMMAND --help' describes one command. See dpc-shard(1).\n", prog);
+}
+
+static int version(void)
+{
+	printf("%s %s\n", prog, CORE_VERSION);
+	return 0;
+}
+
+/* One stderr line for an option getopt_long rejected (opterr is off, so getopt is silent). */
+static int bad_option(const char *cmd, char **argv, int c)
+{
+	const char *what = argv[optind - 1];
+
+	if (c == ':')
+		return cli_usage_error(prog, "option '%s' requires an argument (see %s %s --help)",
+				       what, prog, cmd);
+	if (optopt && optopt != '?')
+		return cli_usage_error(prog, "unknown option '-%c' (see %s %s --help)", optopt,
+				       prog, cmd);
+	return cli_usage_error(prog, "unknown option '%s' (see %s %s --help)", what, prog, cmd);
+}
+
+static int print_json(json_t *j)
+{
+	int rc = j ? json_dumpf(j, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) : -1;
+
+	json_decref(j);
+	if (rc == 0)
+		putchar('\n');
+	if (rc != 0 || fflush(stdout) != 0)
+		return cli_report(prog, err_set(CORE_EIO, "<stdout>", "write failed"));
+	return 0;
+}
+
+/* ---- prepare ------------------------------------------------------------------------------ */
+
+static void prepare_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s prepare [options] INPUT OUTDIR\n"
+		"Tokenize the documents of INPUT (a .jsonl file with a \"text\" field per\n"
+		"line, or a directory of text files) into OUTDIR/train.tok, OUTDIR/val.tok\n"
+		"and OUTDIR/router.tok; print a JSON summary on stdout.\n\n"
+		"options:\n"
+		"      --val-frac F      fraction of documents for validation (default %g)\n"
+		"      --router-frac F   fraction of documents for fitting routers (default %g)\n"
+		"      --seed N          seed of the split (default 0)\n"
+		"      --tokenizer NAME  tokenizer: byte (default byte)\n"
+		"      --force           replace existing output files\n"
+		"  -h, --help            show this help and exit\n"
+		"  -V, --version         show the version and exit\n",
+		prog, CORPUS_VAL_FRAC, CORPUS_ROUTER_FRAC);
+}
+
+static void show_progress(void *ctx, uint64_t done, uint64_t total)
+{
+	struct progress *p = ctx;
+
+	p->total = (int64_t)total;
+	progress_update(p, (int64_t)done, NULL);
+}
+
+static json_t *split_json(const struct corpus_split_stats *s, const char *file)
+{
+	return json_pack("{s:I,s:I,s:s}", "docs", (json_int_t)s->docs, "tokens",
+			 (json_int_t)s->tokens, "file", file);
+}
+
+static int cmd_prepare(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "val-frac", required_argument, NULL, 'v' },
+		{ "router-frac", required_argument, NULL, 'r' },
+		{ "seed", required_argument, NULL, 's' },
+		{ "tokenizer", required_argument, NULL, 't' },
+		{ "force", no_argument, NULL, 'f' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct corpus_prepare_opts o = {
+		.tokenizer = "byte",
+		.val_frac = CORPUS_VAL_FRAC,
+		.router_frac = CORPUS_ROUTER_FRAC,
+	};
+	struct corpus_prepare_result res;
+	struct progress bar;
+	char paths[CORPUS_NSPLITS][4096];
+	int force = 0, c, rc;
+	long seed;
+
+	while ((c = getopt_long(argc, argv, ":hV", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'v':
+			if ((rc = cli_parse_double("--val-frac", optarg, 0, 1, &o.val_frac)) < 0)
+				return cli_report(prog, rc);
+			break;
+		case 'r':
+			rc = cli_parse_double("--router-frac", optarg, 0, 1, &o.router_frac);
+			if (rc < 0)
+				return cli_report(prog, rc);
+			break;
+		case 's':
+			if ((rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &seed)) < 0)
+				return cli_report(prog, rc);
+			o.seed = (uint64_t)seed;
+			break;
+		case 't':
+			o.tokenizer = optarg;
+			break;
+		case 'f':
+			force = 1;
+			break;
+		case 'h':
+			prepare_usage(stdout);
+			return 0;
+		case 'V':
+			return version();
+		default:
+			return bad_option("prepare", argv, c);
+		}
+	}
+	if (argc - optind != 2)
+		return cli_usage_error(prog,
+				       "prepare: expected INPUT and OUTDIR, got %d argument%s "
+				       "(see %s prepare --help)", argc - optind,
+				       argc - optind == 1 ? "" : "s", prog);
+	o.input = argv[optind];
+	o.outdir = argv[optind + 1];
+	if ((rc = corpus_split_check(o.val_frac, o.router_frac)) < 0)
+		return cli_report(prog, rc);
+	for (int s = 0; s < CORPUS_NSPLITS; s++) {
+		struct stat st;
+		if ((rc = corpus_split_path(paths[s], sizeof paths[s], o.outdir,
+					    (enum corpus_split)s)) < 0)
+			return cli_report(prog, rc);
+		if (!force && lstat(paths[s], &st) == 0) {
+			fprintf(stderr, "%s: '%s': exists (use --force to replace it)\n", prog,
+				paths[s]);
+			return 1;
+		}
+	}
+
+	progress_init(&bar, "prepare", 0);
+	o.progress = show_progress;
+	o.progress_ctx = &bar;
+	rc = corpus_prepare(&o, &res);
+	progress_done(&bar);
+	if (rc < 0)
+		return cli_report(prog, rc);
+
+	uint64_t docs = 0, tokens = 0;
+	for (int s = 0; s < CORPUS_NSPLITS; s++) {
+		docs += res.split[s].docs;
+		tokens += res.split[s].tokens;
+	}
+	return print_json(json_pack(
+		"{s:s,s:s,s:s,s:i,s:I,s:f,s:f,s:I,s:I,s:o,s:o,s:o}", "input", o.input, "outdir",
+		o.outdir, "tokenizer", o.tokenizer, "vocab", (int)res.vocab, "seed",
+		(json_int_t)o.seed, "val_frac", o.val_frac, "router_frac", o.router_frac, "docs",
+		(json_int_t)docs, "tokens", (json_int_t)tokens,
+		"train", split_json(&res.split[CORPUS_SPLIT_TRAIN], paths[CORPUS_SPLIT_TRAIN]),
+		"val", split_json(&res.split[CORPUS_SPLIT_VAL], paths[CORPUS_SPLIT_VAL]),
+		"router", split_json(&res.split[CORPUS_SPLIT_ROUTER], paths[CORPUS_SPLIT_ROUTER])));
+}
+
+/* ---- info --------------------------------------------------------------------------------- */
+
+static void info_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s info [options] FILE\n"
+		"Verify the token file FILE (sizes, checksums, offsets, tokens) and print its\n"
+		"header as JSON on stdout; a damaged file is an error (exit 1).\n\n"
+		"options:\n"
+		"  -h, --help            show this help and exit\n"
+		"  -V, --version         show the version and exit\n",
+		prog);
+}
+
+static int cmd_info(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct tokfile tf;
+	char crc[16];
+	int c, rc;
+
+	while ((c = getopt_long(argc, argv, ":hV", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'h':
+			info_usage(stdout);
+			return 0;
+		case 'V':
+			return version();
+		default:
+			return bad_option("info", argv, c);
+		}
+	}
+	if (argc - optind != 1)
+		return cli_usage_error(prog, "info: expected one FILE, got %d arguments "
+				       "(see %s info --help)", argc - optind, prog);
+	if ((rc = tokfile_open(&tf, argv[optind])) < 0)
+		return cli_report(prog, rc);
+	snprintf(crc, sizeof crc, "%08x", tf.crc);
+	json_t *j = json_pack("{s:s,s:i,s:i,s:I,s:I,s:i,s:I,s:I,s:s,s:b}", "file", tf.path,
+			      "version", TOKFILE_VERSION, "vocab", (int)tf.vocab, "docs",
+			      (json_int_t)tf.ndocs, "tokens", (json_int_t)tf.ntokens, "width",
+			      (int)tf.width, "meta_bytes", (json_int_t)tf.meta_offsets[tf.ndocs],
+			      "bytes", (json_int_t)tf.maplen, "crc32", crc, "crc_ok", 1);
+	tokfile_close(&tf);
+	return print_json(j);
+}
+
+/* ---- main --------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+	const char *cmd = argc > 1 ? argv[1] : NULL;
+
+	opterr = 0;
+	if (!cmd)
+		return cli_usage_error(prog, "missing command (see %s --help)", prog);
+	if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0) {
+		usage(stdout);
+		return 0;
+	}
+	if (strcmp(cmd, "-V") == 0 || strcmp(cmd, "--version") == 0)
+		return version();
+	if (cmd[0] == '-')
+		return cli_usage_error(prog, "unknown option '%s' (see %s --help)", cmd, prog);
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		if (strcmp(cmd, commands[i].name) == 0)
+			return commands[i].run(argc - 1, argv + 1);
+	return cli_usage_error(prog, "unknown command '%s' (see %s --help)", cmd, prog);
+}

@@ -1,0 +1,110 @@
+/* corpus.h - raw documents in, token files out: readers for JSON Lines and for a directory of
+ * text files, a tokenizer interface (byte-level today, room for a BPE), the deterministic
+ * train / val / router split, and corpus_prepare() that ties them together for
+ * `dpc-shard prepare`.
+ */
+#ifndef CORE_CORPUS_H
+#define CORE_CORPUS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- documents ---------------------------------------------------------------------------- */
+
+struct corpus_doc {
+	const char *text; /* the document's bytes (UTF-8 for JSONL; may contain NUL) */
+	size_t len;
+	const char *meta; /* JSON object text: the other fields, or {"file":name}; NUL-ended */
+	size_t meta_len;
+	uint64_t index;   /* 0-based position in the input */
+};
+
+struct corpus_reader;
+
+/* path names either a JSON Lines file or a directory.
+ * JSONL: one JSON object per line with a string field "text"; the other fields, in their
+ *   order, become the metadata (compact JSON). JSON escapes (\uXXXX, surrogate pairs, \u0000)
+ *   decode to UTF-8 bytes. Lines holding only white space are skipped (they still count in
+ *   line numbers). A bad line is CORE_EFORMAT on path with detail "line N: ...".
+ * Directory: every regular file whose name does not start with '.', in strcmp order of the
+ *   names (not locale order), its bytes verbatim; metadata {"file":"name"}. Subdirectories
+ *   are not descended into. */
+int corpus_open(struct corpus_reader **r, const char *path);
+/* Next document into *doc, valid until the next call: 1 = a document, 0 = end, < 0 = error. */
+int corpus_next(struct corpus_reader *r, struct corpus_doc *doc);
+/* How far the reader is: bytes of a JSONL file, or files of a directory. */
+void corpus_progress(const struct corpus_reader *r, uint64_t *done, uint64_t *total);
+void corpus_close(struct corpus_reader *r);
+
+/* ---- tokenizers --------------------------------------------------------------------------- */
+
+struct corpus_tokens {
+	uint32_t *tok;
+	uint64_t n, cap;
+};
+
+int corpus_tokens_reserve(struct corpus_tokens *t, uint64_t cap);
+void corpus_tokens_free(struct corpus_tokens *t);
+
+struct corpus_tokenizer {
+	const char *name;
+	uint32_t vocab;
+	void *state; /* a BPE's merges and vocabulary; NULL for "byte" */
+	/* Append the tokens of text[0..len) to out. */
+	int (*encode)(const struct corpus_tokenizer *tk, const char *text, size_t len,
+		      struct corpus_tokens *out);
+	void (*release)(struct corpus_tokenizer *tk);
+};
+
+/* spec "byte": token = byte value, vocab 256. CORE_EUSAGE for an unknown spec. */
+int corpus_tokenizer_open(struct corpus_tokenizer *tk, const char *spec);
+void corpus_tokenizer_close(struct corpus_tokenizer *tk);
+
+/* ---- split -------------------------------------------------------------------------------- */
+
+enum corpus_split { CORPUS_SPLIT_TRAIN, CORPUS_SPLIT_VAL, CORPUS_SPLIT_ROUTER, CORPUS_NSPLITS };
+
+#define CORPUS_VAL_FRAC 0.02     /* DiPaCo paper defaults */
+#define CORPUS_ROUTER_FRAC 0.005
+
+/* Document d goes to val when u < val_frac, to router when val_frac <= u < val_frac +
+ * router_frac, else to train, with u = rng_uniform(seed, RNG_STREAM_SPLIT, d): a pure
+ * function of (seed, d), so the split does not depend on the order of the calls. */
+enum corpus_split corpus_split_of(uint64_t seed, uint64_t doc, double val_frac,
+				  double router_frac);
+/* CORE_EUSAGE unless both fractions are in [0, 1] and their sum is <= 1. */
+int corpus_split_check(double val_frac, double router_frac);
+/* "train", "val", "router"; the output file is OUTDIR/<name>.tok. */
+const char *corpus_split_name(enum corpus_split s);
+/* OUTDIR/<name>.tok into buf; CORE_EUSAGE when it does not fit. */
+int corpus_split_path(char *buf, size_t n, const char *outdir, enum corpus_split s);
+
+/* ---- prepare ------------------------------------------------------------------------------ */
+
+struct corpus_prepare_opts {
+	const char *input;     /* .jsonl file or directory */
+	const char *outdir;    /* created (one level) when missing */
+	const char *tokenizer; /* spec for corpus_tokenizer_open */
+	uint64_t seed;
+	double val_frac, router_frac;
+	/* Called after each document with corpus_progress()'s figures; may be NULL. */
+	void (*progress)(void *ctx, uint64_t done, uint64_t total);
+	void *progress_ctx;
+};
+
+struct corpus_split_stats {
+	uint64_t docs, tokens;
+};
+
+struct corpus_prepare_result {
+	struct corpus_split_stats split[CORPUS_NSPLITS];
+	uint32_t vocab;
+};
+
+/* Read every document, tokenize it and append it to the token file of its split; the three
+ * files are written through atomicio and committed only after the whole input was read, so
+ * an error leaves the old outputs (or none) in place, never a partial file. Existing outputs
+ * are replaced: refusing to overwrite is the caller's decision. */
+int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_result *res);
+
+#endif
