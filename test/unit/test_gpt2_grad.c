@@ -114,12 +114,12 @@ static void check_matmul_backward(int N, int IC, int OC, int layout, int accumul
 	char what[96];
 	snprintf(what, sizeof what, "matmul_backward N=%d IC=%d OC=%d layout=%d acc=%d", N, IC,
 		 OC, layout, accumulate);
-	check_grad(mm_loss, &c, c.x, dx, (size_t)N * IC, 1e-4, 1e-4, what);
-	check_grad(mm_loss, &c, c.w, dw, (size_t)IC * OC, 1e-4, 1e-4, what);
-	check_grad(mm_loss, &c, c.b, db, OC, 1e-4, 1e-4, what);
+	check_grad(mm_loss, &c, c.x, dx, (size_t)N * IC, 2e-5, 2e-5, what);
+	check_grad(mm_loss, &c, c.w, dw, (size_t)IC * OC, 2e-5, 2e-5, what);
+	check_grad(mm_loss, &c, c.b, db, OC, 2e-5, 2e-5, what);
 	/* NULL outputs are allowed and leave the others alone */
 	be->matmul_backward(NULL, dw, NULL, R, x, w, N, IC, OC, layout, 0);
-	check_grad(mm_loss, &c, c.w, dw, (size_t)IC * OC, 1e-4, 1e-4, what);
+	check_grad(mm_loss, &c, c.w, dw, (size_t)IC * OC, 2e-5, 2e-5, what);
 	free(x), free(w), free(b), free(R), free(dx), free(dw), free(db), free(dx0);
 	free(c.x), free(c.w), free(c.b), free(c.R);
 }
@@ -177,9 +177,9 @@ static void check_layernorm_backward(int N, int C, int accumulate)
 			   widen(R, (size_t)N * C)};
 	char what[80];
 	snprintf(what, sizeof what, "layernorm_backward N=%d C=%d acc=%d", N, C, accumulate);
-	check_grad(ln_loss, &c, c.x, dx, (size_t)N * C, 2e-4, 1e-3, what);
-	check_grad(ln_loss, &c, c.w, dw, C, 2e-4, 1e-3, what);
-	check_grad(ln_loss, &c, c.b, db, C, 2e-4, 1e-3, what);
+	check_grad(ln_loss, &c, c.x, dx, (size_t)N * C, 2e-5, 1e-4, what);
+	check_grad(ln_loss, &c, c.w, dw, C, 2e-5, 1e-4, what);
+	check_grad(ln_loss, &c, c.b, db, C, 2e-5, 1e-4, what);
 	free(x), free(w), free(b), free(R), free(out), free(mean), free(rstd);
 	free(dx), free(dx0), free(dw), free(db), free(part);
 	free(c.x), free(c.w), free(c.b), free(c.R);
@@ -226,8 +226,8 @@ Test(gpt2_grad, gelu_with_bias)
 	be->gelu_backward(d, db, pre, N, C);
 	struct gelu_ctx c = {N, C, widen(x, (size_t)N * C), widen(bias, C),
 			     widen(R, (size_t)N * C)};
-	check_grad(gelu_loss, &c, c.x, d, (size_t)N * C, 1e-5, 1e-4, "gelu_backward N=13 C=35");
-	check_grad(gelu_loss, &c, c.bias, db, C, 1e-4, 1e-4, "gelu_backward bias N=13 C=35");
+	check_grad(gelu_loss, &c, c.x, d, (size_t)N * C, 1e-6, 2e-5, "gelu_backward N=13 C=35");
+	check_grad(gelu_loss, &c, c.bias, db, C, 1e-5, 2e-5, "gelu_backward bias N=13 C=35");
 	free(x), free(bias), free(R), free(pre), free(out), free(d), free(db);
 	free(c.x), free(c.bias), free(c.R);
 }
@@ -284,7 +284,7 @@ static void check_attention_backward(int B, int T, int C, int NH)
 	struct att_ctx c = {B, T, C, NH, widen(qkv, nq), widen(R, no), malloc(sizeof(double) * T)};
 	char what[80];
 	snprintf(what, sizeof what, "attention_backward B=%d T=%d C=%d NH=%d", B, T, C, NH);
-	check_grad(att_loss, &c, c.qkv, dqkv, nq, 1e-4, 1e-3, what);
+	check_grad(att_loss, &c, c.qkv, dqkv, nq, 1e-5, 1e-4, what);
 	free(qkv), free(R), free(out), free(att), free(dqkv), free(ws);
 	free(c.qkv), free(c.R), free(c.p);
 }
@@ -337,7 +337,7 @@ Test(gpt2_grad, softmax_crossentropy)
 	be->crossentropy_forward(probs, losses, tgt, N, V);
 	be->crossentropy_backward(probs, tgt, N, V, 1.0f / N);
 	struct ce_ctx c = {N, V, widen(logits, (size_t)N * V), tgt};
-	check_grad(ce_loss, &c, c.logits, probs, (size_t)N * V, 1e-6, 1e-4,
+	check_grad(ce_loss, &c, c.logits, probs, (size_t)N * V, 1e-7, 2e-5,
 		   "crossentropy_backward N=7 V=29");
 	free(logits), free(probs), free(losses), free(c.logits);
 }
