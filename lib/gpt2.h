@@ -52,6 +52,9 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 		 float *loss);
 /* Per-position losses of the last forward with targets ([B*T], for evaluation). */
 const float *gpt2_losses(const struct gpt2 *g);
+/* Softmax probabilities [B*T, V] of the last forward (valid until gpt2_backward, which turns
+ * them into logit gradients in place). */
+const float *gpt2_probs(const struct gpt2 *g);
 /* Gradient of the mean loss of the last forward into g->grads (overwrites). */
 int gpt2_backward(struct gpt2 *g);
 /* L2 norm of g->grads. */
