@@ -51,18 +51,12 @@ static int version(void)
 	return 0;
 }
 
-/* One stderr line for an option getopt_long rejected (opterr is off, so getopt is silent). */
 static int bad_option(const char *cmd, char **argv, int c)
 {
-	const char *what = argv[optind - 1];
+	char help[64];
 
-	if (c == ':')
-		return cli_usage_error(prog, "option '%s' requires an argument (see %s %s --help)",
-				       what, prog, cmd);
-	if (optopt && optopt != '?')
-		return cli_usage_error(prog, "unknown option '-%c' (see %s %s --help)", optopt,
-				       prog, cmd);
-	return cli_usage_error(prog, "unknown option '%s' (see %s %s --help)", what, prog, cmd);
+	snprintf(help, sizeof help, "%s %s", prog, cmd);
+	return cli_bad_option(prog, help, argv, c);
 }
 
 static int print_json(json_t *j)

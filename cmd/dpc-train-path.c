@@ -132,7 +132,8 @@ int main(int argc, char **argv)
 
 	if (!sets)
 		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
-	while ((opt = getopt_long(argc, argv, "c:s:d:v:o:i:ru:m:t:e:n:qhV", longopts, NULL)) != -1) {
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, ":c:s:d:v:o:i:ru:m:t:e:n:qhV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': config_path = optarg; break;
 		case 's': sets[nsets++] = optarg; break;
@@ -150,7 +151,7 @@ int main(int argc, char **argv)
 		case 'h': fputs(usage, stdout); goto out;
 		case 'V': printf("%s %s\n", prog, CORE_VERSION); goto out;
 		default:
-			rc = cli_usage_error(prog, "try '%s --help'", prog);
+			rc = cli_bad_option(prog, prog, argv, opt);
 			goto out;
 		}
 		if (rc) {

@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -59,4 +60,16 @@ int cli_usage_error(const char *prog, const char *fmt, ...)
 	va_end(ap);
 	fputc('\n', stderr);
 	return 2;
+}
+
+int cli_bad_option(const char *prog, const char *help, char **argv, int c)
+{
+	const char *what = argv[optind - 1];
+
+	if (c == ':')
+		return cli_usage_error(prog, "option '%s' requires an argument (see %s --help)",
+				       what, help);
+	if (optopt && optopt != '?')
+		return cli_usage_error(prog, "unknown option '-%c' (see %s --help)", optopt, help);
+	return cli_usage_error(prog, "unknown option '%s' (see %s --help)", what, help);
 }

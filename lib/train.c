@@ -65,6 +65,9 @@ int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, do
 		}
 		float mean;
 		rc = gpt2_forward(g, in, tg, rows, T, &mean);
+		if (rc == CORE_ENAN)
+			rc = err_set(CORE_ENAN, tf->path, "evaluation loss is not finite at token %llu",
+				     (unsigned long long)(start - (uint64_t)rows * T));
 		if (rc)
 			goto out;
 		/* Sum the per-position losses in double so the mean does not depend on batching. */
@@ -175,10 +178,11 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 		float loss;
 
 		train_sample_batch(&data, tc->seed, RNG_STREAM_BATCH, s, B, T, in, tg);
+		loss = NAN;
 		rc = gpt2_forward(&g, in, tg, B, T, &loss);
-		if (rc)
+		if (rc && rc != CORE_ENAN)
 			goto out;
-		if (!isfinite(loss)) {
+		if (rc || !isfinite(loss)) {
 			rc = err_set(CORE_ENAN, o->init_path ? o->init_path : o->data_path,
 				     "training loss is %s at step %ld; "
 				     "nothing written after step %ld", isnan(loss) ? "NaN" : "infinite",

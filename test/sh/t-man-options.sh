@@ -8,6 +8,10 @@ for p in "$BIN"/*; do
 	page=$man/$name.1
 	[ -f "$page" ] || die "$name has no man page man/$name.1"
 	"$p" --help >help.txt || die "$name --help exited non-zero"
+	# programs with subcommands list them under "commands:"; each has its own --help
+	for sub in $(sed -n '/^commands:/,/^$/p' help.txt | awk 'NR > 1 && NF { print $1 }'); do
+		"$p" "$sub" --help >>help.txt || die "$name $sub --help exited non-zero"
+	done
 	grep -oE -- '--[a-z][a-z0-9-]*' help.txt | sort -u >help.opts
 	sed 's/\\-/-/g; s/\\f[BIRP]//g' "$page" | grep -oE -- '--[a-z][a-z0-9-]*' | sort -u >page.opts
 	missing=$(comm -23 help.opts page.opts | tr '\n' ' ')
