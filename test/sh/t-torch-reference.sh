@@ -20,6 +20,9 @@ ROOT=$(cd "$TESTDIR/../.." && pwd)
 REF="$ROOT/test/ref/gpt2_torch.py"
 [ -x "$PY" ] && "$PY" -c 'import torch, numpy' 2>/dev/null ||
 	skip "skipped: $PY cannot import torch and numpy (reference tests need python3-torch)"
+# The reference's own checks (Philox known answers, LR schedule, safetensors round trip).
+"$PY" "$REF" selftest >selftest.out 2>&1 || { cat selftest.out; die "gpt2_torch.py selftest"; }
+tail -n 1 selftest.out
 for p in dpc-train-path dpc-shard; do
 	[ -x "$BIN/$p" ] || skip "skipped: $BIN/$p not built yet"
 done
@@ -72,8 +75,7 @@ TOK=data/train.tok
 [ -f "$TOK" ] || die "dpc-shard prepare wrote no $TOK"
 
 # Three steps of the C trainer: a checkpoint with non-trivial AdamW moments, step 3 of 4.
-SET="-s train.steps=4"
-expect_ok "$BIN/dpc-train-path" -c "$CFG" $SET -d "$TOK" -o ck3.safetensors -u 3 -t 1 -q
+expect_ok "$BIN/dpc-train-path" -c "$CFG" -s train.steps=4 -d "$TOK" -o ck3.safetensors -u 3 -t 1 -q
 
 # (a) evaluation loss.
 expect_ok "$BIN/dpc-train-path" --eval ck3.safetensors -d "$TOK"
@@ -93,11 +95,11 @@ EOF
 
 # (b) one step from the checkpoint, ours and the reference's (float32, and float64 for
 # information).
-expect_ok "$BIN/dpc-train-path" -c "$CFG" $SET -d "$TOK" -i ck3.safetensors -u 4 -t 1 -q \
-	-o ours4.safetensors -m metrics.jsonl
-"$PY" "$REF" step ck3.safetensors "$TOK" -c "$CFG" $SET ref4.safetensors >step-ref.json ||
-	die "gpt2_torch.py step failed"
-"$PY" "$REF" step ck3.safetensors "$TOK" -c "$CFG" $SET ref4-fp64.safetensors --fp64 \
+expect_ok "$BIN/dpc-train-path" -c "$CFG" -s train.steps=4 -d "$TOK" -i ck3.safetensors -u 4 -t 1 \
+	-q -o ours4.safetensors -m metrics.jsonl
+"$PY" "$REF" step ck3.safetensors "$TOK" -c "$CFG" -s train.steps=4 ref4.safetensors \
+	>step-ref.json || die "gpt2_torch.py step failed"
+"$PY" "$REF" step ck3.safetensors "$TOK" -c "$CFG" -s train.steps=4 ref4-fp64.safetensors --fp64 \
 	>/dev/null || die "gpt2_torch.py step --fp64 failed"
 # The step's scalars first: they say which stage a parameter mismatch comes from.
 "$PY" - metrics.jsonl step-ref.json ours4.safetensors <<'EOF' || die "(b) step scalars differ"
@@ -134,8 +136,9 @@ echo "(b) ours against the float32 reference (gated):"
 
 # The comparison can fail: on this very checkpoint, wrong variants of the step exceed the
 # tolerances that float32 rounding stays far inside.
-"$PY" "$REF" selfcheck ck3.safetensors "$TOK" -c "$CFG" $SET >selfcheck.out 2>&1 && rc=0 || rc=$?
+"$PY" "$REF" selfcheck ck3.safetensors "$TOK" -c "$CFG" -s train.steps=4 >selfcheck.out 2>&1 &&
+	rc=0 || rc=$?
 sed -n '/^gated metric/,$p' selfcheck.out
-[ $rc -eq 0 ] || { cat selfcheck.out; die "selfcheck: the tolerances do not separate rounding \
+[ "$rc" -eq 0 ] || { cat selfcheck.out; die "selfcheck: the tolerances do not separate rounding \
 from real errors on this checkpoint"; }
 echo "ok"
