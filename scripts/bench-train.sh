@@ -6,7 +6,7 @@
 # For 1 and 2 threads: dpc-train-path on configs/gpt-tiny.yaml (B=8, T=256) for STEPS steps
 # (tokens_per_s, peak_rss_mb, matmul_frac from its final JSON), then the same model, batch
 # and AdamW in PyTorch eager (test/ref/gpt2_torch.py bench: median step time after 3 warm-up
-# steps, each setting timed for at most 40 s). At 2 threads PyTorch is measured in its best
+# steps, each setting timed for at most 30 s). At 2 threads PyTorch is measured in its best
 # setting of: default (2 intra-op threads), OMP_WAIT_POLICY=PASSIVE, and 1 intra-op thread
 # with OPENBLAS_NUM_THREADS=2. Prints one table with the memory bound (params, grads, AdamW
 # moments and the activations backward needs) and the ratio of our peak RSS to it.

@@ -18,7 +18,7 @@ Subcommands (run with /usr/bin/python3, which has torch 1.13 and numpy):
   bench -c CONFIG -d TOKENS [-n N] [--threads 1,2] [--ours T=FILE]...
                                              PyTorch eager training speed; table vs ours
   philox-kat                                 Philox4x32-10 against Random123 known answers
-  selftest                                   philox-kat, LR schedule, safetensors round trip
+  selftest                                   philox-kat, LR schedule, naive forward, safetensors
   make-ckpt CONFIG OUT [-s K=V]... [--tokens TOKENS --steps K]
                                              a checkpoint made by this reference (for testing
                                              this file without the C programs)
@@ -504,7 +504,6 @@ def write_ckpt(path, P, M, V, step, m, cfg=None):
 # ---- subcommands ------------------------------------------------------------------------------
 def cmd_loss(a):
     import torch
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     P, _, _, _, m, _ = load_ckpt(a.ckpt)
     toks = read_tokens(a.tokens)
     T = m["seq_len"]
@@ -756,9 +755,55 @@ def cmd_make_ckpt(a):
     write_ckpt(a.out, P, M, V, step, m, cfg)
 
 
+def naive_losses(P, idx, targets, m):
+    """A second, loop-by-loop float64 forward (numpy) to check forward() against: per head,
+    per query position, the textbook formulas (LayerNorm with biased variance, tanh-GELU
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), softmax over keys j <= i)."""
+    P = {k: v.astype(np.float64) for k, v in P.items()}
+    C, NH, L, V = m["n_embd"], m["n_head"], m["n_layer"], m["vocab_size"]
+    hs = C // NH
+
+    def ln(x, w, b):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + 1e-5) * w + b
+
+    out = []
+    for row, tgt in zip(idx, targets):
+        T = len(row)
+        x = np.stack([P["wte.weight"][row[t]] + P["wpe.weight"][t] for t in range(T)])
+        for i in range(L):
+            p = f"h.{i}."
+            h = ln(x, P[p + "ln_1.weight"], P[p + "ln_1.bias"])
+            qkv = h @ P[p + "attn.c_attn.weight"] + P[p + "attn.c_attn.bias"]
+            y = np.zeros((T, C))
+            for hd in range(NH):
+                q = qkv[:, hd * hs:(hd + 1) * hs]
+                k = qkv[:, C + hd * hs:C + (hd + 1) * hs]
+                v = qkv[:, 2 * C + hd * hs:2 * C + (hd + 1) * hs]
+                for t in range(T):
+                    sc = np.array([q[t] @ k[j] / math.sqrt(hs) for j in range(t + 1)])
+                    w = np.exp(sc - sc.max())
+                    w /= w.sum()
+                    y[t, hd * hs:(hd + 1) * hs] = w @ v[:t + 1]
+            x = x + y @ P[p + "attn.c_proj.weight"] + P[p + "attn.c_proj.bias"]
+            h = ln(x, P[p + "ln_2.weight"], P[p + "ln_2.bias"])
+            u = h @ P[p + "mlp.c_fc.weight"] + P[p + "mlp.c_fc.bias"]
+            u = 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
+            x = x + u @ P[p + "mlp.c_proj.weight"] + P[p + "mlp.c_proj.bias"]
+        x = ln(x, P["ln_f.weight"], P["ln_f.bias"])
+        for t in range(T):
+            z = P["lm_head.weight"] @ x[t]
+            zmax = z.max()
+            out.append(zmax + math.log(np.exp(z - zmax).sum()) - z[tgt[t]])
+    assert len(z) == V
+    return np.array(out)
+
+
 def cmd_selftest(a):
-    """Checks of this file that need neither torch nor the C programs: Philox known answers,
-    the LR schedule at hand-computed points, a safetensors round trip and its checksums."""
+    """Checks of this file that need no C program: Philox known answers, the LR schedule at
+    hand-computed points, forward() against a naive loop forward, a safetensors round trip
+    and its checksums."""
     import tempfile
     ok = philox_kat()
     cfg = {"lr": 1e-3, "warmup_steps": 10, "steps": 110, "min_lr_frac": 0.1}
@@ -769,6 +814,19 @@ def cmd_selftest(a):
         ok &= good
         print(f"{'ok  ' if good else 'FAIL'} lr at step index {s_} = {got:.6g} (want {want:g})")
     rng = np.random.default_rng(0)
+    import torch
+    m = {"n_layer": 2, "n_embd": 16, "n_head": 4, "seq_len": 8, "vocab_size": 11}
+    P = {k: (v + rng.standard_normal(v.shape) * 0.3).astype(np.float32)
+         for k, v in init_params(m, 7).items()}  # non-trivial LayerNorm weights and biases
+    x = rng.integers(0, 11, (3, 8))
+    y = rng.integers(0, 11, (3, 8))
+    _, got = forward(to_torch(P, torch.float64), torch.from_numpy(x), torch.from_numpy(y), m)
+    want = naive_losses(P, x, y, m)
+    err = float(np.abs(got.numpy() - want).max())
+    good = err <= 1e-10
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} forward() against the loop-by-loop float64 forward: "
+          f"max |diff| of {want.size} token losses {err:.3e} (limit 1e-10)")
     ts = {"a.weight": rng.standard_normal((3, 5)).astype(np.float32),
           "b": np.arange(7, dtype=np.float32)}
     with tempfile.TemporaryDirectory() as d:
@@ -987,7 +1045,7 @@ def main():
         p.add_argument("-s", "--set", action="append")
         p.add_argument("-n", "--steps", type=int, default=30)
         p.add_argument("--warmup", type=int, default=3)
-        p.add_argument("--max-seconds", type=float, default=40.0,
+        p.add_argument("--max-seconds", type=float, default=30.0,
                        help="stop timing a setting after this many seconds (>= 5 steps)")
         if name == "bench":
             p.add_argument("--threads", default="1,2")
