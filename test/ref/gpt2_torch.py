@@ -201,8 +201,10 @@ def st_write(path, tensors, meta=None):
 def read_tokens(path):
     """All tokens, documents concatenated in file order, as int64.
 
-    DPCTOKS layout per lib/tokfile.h: 64-byte header (magic "DPCTOKS\\0", u32 version,
-    u32 vocab, u64 ndocs, u64 ntokens, u32 width, ...), u64 offsets[ndocs + 1], tokens.
+    DPCTOKS layout of dpc-tokens(5) / lib/tokfile.h: 64-byte header (magic "DPCTOKS\0",
+    u32 version, u32 vocab, u64 ndocs, u64 ntokens, u32 width, u32 crc32 of the body,
+    u64 meta_bytes, 12 reserved bytes, u32 crc32 of header bytes 0..59), then the tokens
+    (zero-padded to 8 bytes), u64 offsets[ndocs + 1], u64 meta_offsets[ndocs + 1], metadata.
     Every field is cross-checked, so a layout change is reported, not misread."""
     try:
         with open(path, "rb") as f:
@@ -213,19 +215,25 @@ def read_tokens(path):
         return np.load(path).astype(np.int64).ravel()
     if len(raw) < 64 or raw[:8] != b"DPCTOKS\0":
         die(f"cannot read '{path}': not a token file (magic {raw[:8]!r})")
-    version, vocab, ndocs, ntokens, width = struct.unpack_from("<IIQQI", raw, 8)
-    if width not in (2, 4):
-        die(f"cannot read '{path}': token width {width} at byte 32 (layout changed?)")
-    off_end = 64 + 8 * (ndocs + 1)
-    tok_end = off_end + width * ntokens
-    if tok_end > len(raw):
-        die(f"cannot read '{path}': {ndocs} documents, {ntokens} tokens need {tok_end} "
-            f"bytes, file has {len(raw)} (layout changed?)")
-    offsets = np.frombuffer(raw, dtype="<u8", count=ndocs + 1, offset=64)
+    version, vocab, ndocs, ntokens, width, body_crc, meta_bytes = \
+        struct.unpack_from("<IIQQIIQ", raw, 8)
+    (head_crc,) = struct.unpack_from("<I", raw, 60)
+    if head_crc != zlib.crc32(raw[:60]):
+        die(f"cannot read '{path}': header checksum mismatch (layout changed?)")
+    if version != 1 or width not in (2, 4):
+        die(f"cannot read '{path}': version {version}, token width {width} (layout changed?)")
+    tok_bytes = (ntokens * width + 7) // 8 * 8
+    want = 64 + tok_bytes + 16 * (ndocs + 1) + meta_bytes
+    if want != len(raw):
+        die(f"cannot read '{path}': {ndocs} documents, {ntokens} tokens, {meta_bytes} metadata "
+            f"bytes need {want} bytes, file has {len(raw)} (layout changed?)")
+    if body_crc != zlib.crc32(raw[64:]):
+        die(f"cannot read '{path}': checksum mismatch")
+    offsets = np.frombuffer(raw, dtype="<u8", count=ndocs + 1, offset=64 + tok_bytes)
     if offsets[0] != 0 or offsets[-1] != ntokens or np.any(np.diff(offsets.astype(np.int64)) < 0):
         die(f"cannot read '{path}': document offsets do not run 0..{ntokens} (layout changed?)")
     toks = np.frombuffer(raw, dtype="<u2" if width == 2 else "<u4", count=ntokens,
-                         offset=off_end).astype(np.int64)
+                         offset=64).astype(np.int64)
     if ntokens and toks.max() >= vocab:
         die(f"cannot read '{path}': token {toks.max()} >= vocab {vocab}")
     return toks
