@@ -4,12 +4,14 @@
 #   scripts/bench-train.sh [-n STEPS] [TOKENS]     (default 30 steps, data/brown/train.tok)
 #
 # For 1 and 2 threads: dpc-train-path on configs/gpt-tiny.yaml (B=8, T=256) for STEPS steps
-# (tokens_per_s, peak_rss_mb, matmul_frac from its final JSON), then the same model, batch
+# (peak_rss_mb, matmul_frac and its own tokens_per_s from its final JSON; the median of the
+# per-step tokens_per_s of its metrics after 3 warm-up steps), then the same model, batch
 # and AdamW in PyTorch eager (test/ref/gpt2_torch.py bench: median step time after 3 warm-up
-# steps, each setting timed for at most 30 s). At 2 threads PyTorch is measured in its best
+# steps, each setting timed for at most 20 s). At 2 threads PyTorch is measured in its best
 # setting of: default (2 intra-op threads), OMP_WAIT_POLICY=PASSIVE, and 1 intra-op thread
 # with OPENBLAS_NUM_THREADS=2. Prints one table with the memory bound (params, grads, AdamW
-# moments and the activations backward needs) and the ratio of our peak RSS to it.
+# moments and the activations backward needs, as llm.c stores them, and with flash-style
+# attention) and the ratio of our peak RSS to it.
 # Programs come from $BIN (default build/bin). Runs in about 3 to 5 minutes on 2 cores.
 set -eu
 
@@ -44,18 +46,8 @@ done
 if [ ! -f "$tok" ]; then
 	[ "$tok" = data/brown/train.tok ] || { echo "$0: '$tok': no such file" >&2; exit 1; }
 	echo "==> preparing data/brown (scripts/get-brown.sh, dpc-shard prepare)" >&2
-	sh scripts/get-brown.sh >&2
-	jsonl=${BROWN_JSONL:-}
-	if [ -z "$jsonl" ]; then
-		for f in data/brown/*.jsonl; do
-			[ -f "$f" ] && { jsonl=$f; break; }
-		done
-	fi
-	if [ -z "$jsonl" ] || [ ! -f "$jsonl" ]; then
-		echo "$0: 'data/brown': get-brown.sh left no .jsonl (set BROWN_JSONL)" >&2
-		exit 1
-	fi
-	"$BIN/dpc-shard" prepare "$jsonl" data/brown >&2
+	sh scripts/get-brown.sh data/brown >&2
+	"$BIN/dpc-shard" prepare --force data/brown/brown.jsonl data/brown >&2
 fi
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-train.XXXXXX")
@@ -63,12 +55,13 @@ trap 'rm -rf "$tmp"' EXIT INT TERM
 
 ours=""
 for t in 1 2; do
-	echo "==> dpc-train-path, $t thread(s), $steps steps" >&2
+	echo "==> dpc-train-path, $t thread(s), $steps steps ($(date +%T))" >&2
 	OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t "$BIN/dpc-train-path" -c "$CFG" -d "$tok" \
-		-o "$tmp/ours-$t.safetensors" -u "$steps" -t "$t" -q >"$tmp/ours-$t.json"
-	ours="$ours --ours $t=$tmp/ours-$t.json"
+		-o "$tmp/ours-$t.safetensors" -m "$tmp/ours-$t.jsonl" -u "$steps" -t "$t" -q \
+		>"$tmp/ours-$t.json"
+	ours="$ours --ours $t=$tmp/ours-$t.json --ours-metrics $t=$tmp/ours-$t.jsonl"
 done
 
-echo "==> PyTorch eager (threads 1, 2; settings at 2: default, passive, blas)" >&2
+echo "==> PyTorch eager (threads 1, 2; settings at 2: default, passive, blas) ($(date +%T))" >&2
 # shellcheck disable=SC2086
 "$PY" test/ref/gpt2_torch.py bench -c "$CFG" -d "$tok" -n "$steps" --threads 1,2 $ours

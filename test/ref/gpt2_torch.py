@@ -868,8 +868,11 @@ def memory_bound(m, B):
     nparams = sum(int(np.prod(s)) for _, s in param_shapes(m))
     per_layer = B * T * (18 * C + 4) + 2 * B * NH * T * T
     acts = B * T * C + L * per_layer + B * T * (C + 2 + 2 * V + 1)
+    # Flash-style attention keeps one logsumexp per (b, head, t) instead of preatt and att.
+    acts_flash = acts - L * (2 * B * NH * T * T - B * NH * T)
     return {"params": nparams, "state_bytes": 16 * nparams, "act_bytes": 4 * acts,
-            "total_bytes": 16 * nparams + 4 * acts}
+            "total_bytes": 16 * nparams + 4 * acts,
+            "total_flash_bytes": 16 * nparams + 4 * acts_flash}
 
 
 SETTINGS = {  # name -> (torch intra-op threads, environment) for n threads
@@ -941,13 +944,14 @@ def run_torch(a, threads, setting):
            "--max-seconds", str(a.max_seconds)]
     for s in a.set or []:
         cmd += ["-s", s]
+    t0 = time.time()
     r = subprocess.run(cmd, env=e, capture_output=True, text=True)
     if r.returncode != 0:
         die(f"torch bench ({setting}, {threads} threads) failed: {r.stderr.strip()[-500:]}")
     res = json.loads(r.stdout.strip().splitlines()[-1])
     print(f"  torch {threads} thread(s), {setting:7s}: {res['tokens_per_s']:9.0f} tok/s "
           f"(median of {res['timed_steps']} steps {res['median_step_s'] * 1000:.0f} ms, peak RSS "
-          f"{res['peak_rss_mb']:.0f} MB)", file=sys.stderr)
+          f"{res['peak_rss_mb']:.0f} MiB; {time.time() - t0:.0f} s)", file=sys.stderr)
     return res
 
 
@@ -962,6 +966,17 @@ def cmd_bench(a):
                 ours[int(t)] = json.loads(f.read().strip().splitlines()[-1])
         except (OSError, ValueError, IndexError) as e:
             die(f"cannot read '{path}': {e}")
+    for o in a.ours_metrics or []:  # per-step tokens/s: the median after the same warm-up
+        t, path = o.split("=", 1)
+        try:
+            with open(path) as f:
+                ev = [json.loads(x) for x in f if x.strip()]
+        except (OSError, ValueError) as e:
+            die(f"cannot read '{path}': {e}")
+        tps = [e["tokens_per_s"] for e in ev if e.get("event") == "train"][a.warmup:]
+        if tps and int(t) in ours:
+            ours[int(t)]["median_tokens_per_s"] = statistics.median(tps)
+            ours[int(t)]["median_steps"] = len(tps)
     threads = [int(t) for t in a.threads.split(",")]
     mb = memory_bound(m, cfg["batch_size"])
     rows = []
@@ -976,23 +991,30 @@ def cmd_bench(a):
           f"ours: {a.steps} steps; torch: median step time after {a.warmup} warm-up steps")
     print(f"memory bound: 16 B x params = {mb['state_bytes'] / mib:.1f} MiB (params, grads, "
           f"AdamW m, v) + activations {mb['act_bytes'] / mib:.1f} MiB (llm.c "
-          f"ActivationTensors, fp32) = {mb['total_bytes'] / mib:.1f} MiB")
-    print(f"{'threads':>7} {'ours tok/s':>10} {'torch tok/s':>11} {'(setting)':>10} "
-          f"{'ours/torch':>10} {'ours RSS':>8} {'bound':>6} {'RSS/bound':>9} {'torch RSS':>9} "
-          f"{'matmul_frac':>11}")
+          f"ActivationTensors, fp32) = {mb['total_bytes'] / mib:.1f} MiB; with flash-style "
+          f"attention (no B*NH*T*T preatt/att, one logsumexp per row) "
+          f"{mb['total_flash_bytes'] / mib:.1f} MiB")
+    print(f"{'threads':>7} {'ours tok/s':>10} {'(own JSON)':>10} {'torch tok/s':>11} "
+          f"{'(setting)':>10} {'ours/torch':>10} {'ours RSS':>8} {'bound':>6} {'RSS/bound':>9} "
+          f"{'/flash':>6} {'torch RSS':>9} {'matmul_frac':>11}")
 
     def fmt(v, f):
         return f"{v:{f}}" if isinstance(v, (int, float)) else f"{'-':>{f.split('.')[0]}}"
     for n, o, t, best in rows:
-        ot = o.get("tokens_per_s") if o else None
+        own = o.get("tokens_per_s") if o else None
+        ot = o.get("median_tokens_per_s", own) if o else None
         rss = o.get("peak_rss_mb") if o else None
         mf = o.get("matmul_frac") if o else None
-        print(f"{n:>7} {fmt(ot, '10.0f')} {t['tokens_per_s']:>11.0f} {'(' + best + ')':>10} "
+        print(f"{n:>7} {fmt(ot, '10.0f')} {fmt(own, '10.0f')} {t['tokens_per_s']:>11.0f} "
+              f"{'(' + best + ')':>10} "
               f"{fmt(ot / t['tokens_per_s'] if ot else None, '10.2f')} {fmt(rss, '8.0f')} "
               f"{mb['total_bytes'] / mib:>6.0f} "
               f"{fmt(rss * mib / mb['total_bytes'] if rss else None, '9.2f')} "
+              f"{fmt(rss * mib / mb['total_flash_bytes'] if rss else None, '6.2f')} "
               f"{t['peak_rss_mb']:>9.0f} {fmt(mf, '11.3f')}")
-    print("RSS and bound in MiB (peak_rss_mb taken as VmHWM / 1024); tok/s = B*T / step time")
+    print("tok/s: median over the steps after the warm-up, B*T / step time, for both (ours "
+          "from its metrics JSONL when given; '(own JSON)' is its final tokens_per_s, the "
+          "mean after step 1); RSS and bound in MiB (peak_rss_mb = ru_maxrss / 1024)")
 
 
 # ---- command line -----------------------------------------------------------------------------
@@ -1053,12 +1075,13 @@ def main():
         p.add_argument("-s", "--set", action="append")
         p.add_argument("-n", "--steps", type=int, default=30)
         p.add_argument("--warmup", type=int, default=3)
-        p.add_argument("--max-seconds", type=float, default=30.0,
+        p.add_argument("--max-seconds", type=float, default=20.0,
                        help="stop timing a setting after this many seconds (>= 5 steps)")
         if name == "bench":
             p.add_argument("--threads", default="1,2")
             p.add_argument("--settings", default="default,passive,blas")
             p.add_argument("--ours", action="append", metavar="THREADS=JSONFILE")
+            p.add_argument("--ours-metrics", action="append", metavar="THREADS=JSONL")
         else:
             p.add_argument("--intra", type=int, default=1)
 
