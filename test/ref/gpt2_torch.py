@@ -1,22 +1,27 @@
 #!/usr/bin/python3
 """gpt2_torch.py - an independent PyTorch reference for dpc-train-path (test/ref, not shipped).
 
-Written from DESIGN.md "The model" and TRAIN-CLI.md only, never from the C code, so that the
-C trainer can be checked against it: GPT-2 with pre-LayerNorm blocks (eps 1e-5), causal
+Written from DESIGN.md "The model", the dpc-train-path contract (TRAIN-CLI.md: batch
+sampling, LR schedule, clipping, AdamW groups, checkpoint names) and the Philox mapping of
+lib/rng.h, not from the model or trainer code, so that the C trainer can be checked against it: GPT-2 with pre-LayerNorm blocks (eps 1e-5), causal
 multi-head attention (c_attn output is [q | k | v], each C wide, head h = columns h*hs ..
 (h+1)*hs of each), tanh-GELU MLP of width 4C, final LayerNorm, untied lm_head, Hugging Face
 Conv1D layout y = x W + b with W [in, out]; logits = x lm_head^T.
 
 Subcommands (run with /usr/bin/python3, which has torch 1.13 and numpy):
   loss CKPT TOKENS [--max-tokens N]          mean loss over the --eval windows, JSON on stdout
-  step CKPT TOKENS -c CONFIG [-s K=V]... OUT one training step from CKPT as TRAIN-CLI.md says
+  step CKPT TOKENS -c CONFIG [-s K=V]... OUT one training step from CKPT as TRAIN-CLI.md says;
+                                             OUT holds the parameters and moments, step + 1.
+                                             Train keys: the checkpoint's config dump, then
+                                             CONFIG, then -s; model sizes from the checkpoint
   compare A B [--base CKPT] [--all] [--rtol R] [--atol A]
                                              A against reference B, tensor by tensor
   selfcheck CKPT TOKENS -c CONFIG [-s K=V]... show that the step comparison can fail: the
                                              fp32 reference against fp64 (must pass) and
                                              against deliberately wrong variants (must fail)
-  bench -c CONFIG -d TOKENS [-n N] [--threads 1,2] [--ours T=FILE]...
+  bench -c CONFIG -d TOKENS [-n N] [--threads 1,2] [--ours T=JSON] [--ours-metrics T=JSONL]
                                              PyTorch eager training speed; table vs ours
+                                             (scripts/bench-train.sh runs it)
   philox-kat                                 Philox4x32-10 against Random123 known answers
   selftest                                   philox-kat, LR schedule, naive forward, safetensors
   make-ckpt CONFIG OUT [-s K=V]... [--tokens TOKENS --steps K]
