@@ -4,10 +4,10 @@
 Written from DESIGN.md "The model", the dpc-train-path contract (TRAIN-CLI.md: batch
 sampling, LR schedule, clipping, AdamW groups, checkpoint names) and the Philox mapping of
 lib/rng.h, not from the model or trainer code, so that the C trainer can be checked against it:
-GPT-2 with pre-LayerNorm blocks (eps 1e-5), causal
-multi-head attention (c_attn output is [q | k | v], each C wide, head h = columns h*hs ..
-(h+1)*hs of each), tanh-GELU MLP of width 4C, final LayerNorm, untied lm_head, Hugging Face
-Conv1D layout y = x W + b with W [in, out]; logits = x lm_head^T.
+GPT-2 with pre-LayerNorm blocks (eps 1e-5), causal multi-head attention (c_attn output is
+[q | k | v], each C wide, head h = columns h*hs .. (h+1)*hs of each), tanh-GELU MLP of width
+4C, final LayerNorm, untied lm_head, Hugging Face Conv1D layout y = x W + b with W [in, out];
+logits = x lm_head^T.
 
 Subcommands (run with /usr/bin/python3, which has torch 1.13 and numpy):
   loss CKPT TOKENS [--max-tokens N]          mean loss over the --eval windows, JSON on stdout
