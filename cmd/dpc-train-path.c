@@ -53,7 +53,7 @@ static double peak_rss_mb(void)
 static void json_num(const char *key, double v, int last)
 {
 	if (isfinite(v))
-		printf("\"%s\":%.6g%s", key, v, last ? "" : ",");
+		printf("\"%s\":%.9g%s", key, v, last ? "" : ",");
 	else
 		printf("\"%s\":null%s", key, last ? "" : ",");
 }

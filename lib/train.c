@@ -56,13 +56,15 @@ int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, do
 	while (start + (uint64_t)T + 1 <= tf->ntokens && (max_tokens <= 0 || count < max_tokens)) {
 		int rows = 0;
 		for (; rows < B && start + (uint64_t)T + 1 <= tf->ntokens &&
-		       (max_tokens <= 0 || count + (long)(rows + 1) * T <= max_tokens || rows == 0);
+		       (max_tokens <= 0 || count + (long)(rows + 1) * T <= max_tokens);
 		     rows++, start += (uint64_t)T) {
 			for (int t = 0; t < T; t++) {
 				in[(size_t)rows * T + t] = (int32_t)tokfile_token(tf, start + (uint64_t)t);
 				tg[(size_t)rows * T + t] = (int32_t)tokfile_token(tf, start + (uint64_t)t + 1);
 			}
 		}
+		if (rows == 0)
+			break;
 		float mean;
 		rc = gpt2_forward(g, in, tg, rows, T, &mean);
 		if (rc == CORE_ENAN)
@@ -75,6 +77,11 @@ int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, do
 		for (long i = 0; i < (long)rows * T; i++)
 			sum += l[i];
 		count += (long)rows * T;
+	}
+	if (count == 0 && max_tokens > 0 && max_tokens < T) {
+		rc = err_set(CORE_EUSAGE, NULL, "--max-tokens %ld is less than one window of %d tokens",
+			     max_tokens, T);
+		goto out;
 	}
 	if (count == 0) {
 		rc = err_set(CORE_EFORMAT, tf->path, "%llu tokens is too few to evaluate a model of "
