@@ -17,8 +17,9 @@
 #   sh scripts/bench-moe.sh [--quick] [--threads "1 2"] [--iters N] [--dense]
 #                           [--dense-T N] [--out DIR]
 #
-# --quick: small sizes and 2 timed iterations, well under a minute; the full run takes ~5-9
-# minutes on the 2-core machine (more when others load it). --dense adds the dense GShard
+# --quick: small sizes and 2 timed iterations, well under a minute. The full run (3 timed
+# iterations after 1 warm-up, medians) takes ~3-4 minutes on the quiet 2-core machine, about
+# twice that when other work loads it (the table prints the load average). --dense adds the dense GShard
 # formulation, ours and PyTorch's, at --dense-T tokens (default 4096; 16384, the issue's
 # size, takes minutes and ~7 GiB per thread count).
 # --out DIR keeps the raw JSON Lines there; a stage whose output file is already there and
@@ -75,7 +76,7 @@ else
 	hw="-T 8192 -M 2048 -H 2048 -E 2 -k 2"
 	pyq=""
 	: "${dense_T:=4096}"
-	: "${iters:=5}"
+	: "${iters:=3}"
 	warm=1
 fi
 case $iters in ''|*[!0-9]*|0) die 2 "--iters wants a positive integer" ;; esac
