@@ -19,9 +19,9 @@
 #
 # --quick: small sizes and 2 timed iterations, well under a minute. The full run (3 timed
 # iterations after 1 warm-up, medians) takes ~3-4 minutes on the quiet 2-core machine, about
-# twice that when other work loads it (the table prints the load average). --dense adds the dense GShard
-# formulation, ours and PyTorch's, at --dense-T tokens (default 4096; 16384, the issue's
-# size, takes minutes and ~7 GiB per thread count).
+# twice that when other work loads it (the table prints the load average). --dense adds the
+# dense GShard formulation, ours and PyTorch's, at --dense-T tokens (default 4096; 16384,
+# the size, takes minutes and ~7 GiB per thread count).
 # --out DIR keeps the raw JSON Lines there; a stage whose output file is already there and
 # complete is not rerun (delete the file, or use a new DIR, to measure again). Programs come
 # from $BIN (default build/bin); the Python is /usr/bin/python3 (Debian's torch).
