@@ -24,7 +24,8 @@
  *     MOE_LOSS_LOAD_IMPORTANCE (Shazeer et al. 2017, "Outrageously large neural networks",
  *       sec. 4 and appendix A; Tutel load_importance_loss), needs gate noise s > 0 and E >= 2:
  *       q = softmax(logits) (no noise); Imp_e = sum_t q[t,e];
- *       thr_t = k-th largest p[t,.] (noisy); Load_e = sum_t Phi((q[t,e] - thr_t) / (s/E));
+ *       thr_t = routed (noisy) logit of the k-th choice (Tutel mixes units here: a logit
+ *       against probabilities; we follow it); Load_e = sum_t Phi((q[t,e] - thr_t) / (s/E));
  *       cv2(v) = var(v) / (mean(v)^2 + 1e-10), var unbiased (divide by E-1);
  *       l = (cv2(Imp) + cv2(Load)) / 2.  Gradient flows through q and through thr_t.
  *  3. Batch-prioritized routing (BPR, Riquelme et al. 2021, V-MoE): when on, tokens are
@@ -45,7 +46,7 @@
  *  6. Encode (Tutel K0): disp[e, c] = x[t] for the choice placed at (e, c); the padding slots
  *     c >= min(n_e, C) are zeroed, nothing else is written twice.
  *  7. Experts: out = act(disp w1 + b1) w2 + b2, per expert, over the kept rows only (padding
- *     rows of eo are left zero: they are never read). act: relu or tanh-GELU.
+ *     rows of eo are not written: nothing reads them). act: relu or tanh-GELU.
  *  8. Decode (Tutel K1): y[t] = sum_r [kept] score_r[t] * eo[idx_r, loc_r]; a token whose
  *     choices were all dropped gets y[t] = 0.
  * Backward (moe_backward, after moe_forward on the same layer, same x):
@@ -104,6 +105,7 @@ struct moe_routing {
 	int64_t C;        /* capacity used */
 	int64_t dropped;  /* dropped (token, rank) choices */
 	float aux_loss;   /* value of the configured auxiliary loss */
+	uint64_t noise_step; /* the step the gate noise was drawn for */
 	int32_t *idx;     /* [k*T] expert of choice r of token t, at r*T + t */
 	int32_t *loc;     /* [k*T] slot in that expert, -1 when dropped */
 	float *score;     /* [k*T] gate score (renormalised, see 1.) */
@@ -143,15 +145,26 @@ size_t moe_layer_peak_bytes(const struct moe_layer *l);
 
 /* ---- building blocks (used by moe_forward/backward, exposed for tests and moe-bench) ---- */
 
+/* Steps 1-2 for T tokens: from logits [T,E] (x wg), fill probs [T,E] (softmax of the
+ * routed, noisy logits), clean [T,E] (softmax without noise; only for the load-importance
+ * loss, else may be NULL), top [T] = probs[t, idx0], r->idx, r->score, r->aux_loss.
+ * r->T, r->E, r->k must be set and r->idx, r->score hold k*T entries. */
+int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t T, int k,
+		     uint64_t step, float *probs, float *clean, float *top,
+		     struct moe_routing *r);
+/* Backward of moe_gate_forward: dlogits [T,E] (overwritten) from dscore [k*T] (the gradient
+ * of the objective w.r.t. r->score) plus aux_weight times the gradient of r->aux_loss. */
+void moe_gate_backward(const struct moe_config *cfg, const float *logits, const float *probs,
+		       const float *clean, const struct moe_routing *r, const float *dscore,
+		       float aux_weight, float *dlogits);
+/* n_e into r->count from r->idx. */
+void moe_route_count(struct moe_routing *r);
 /* C for the given counts [E] and setting (4. above); align >= 1. */
 int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setting,
 		     int align);
-/* Steps 3-5 from idx/score already filled in r (T, E, k set) and the BPR key top[t] =
- * p[t, idx0] (ignored when bpr is 0): fills count, C, used, loc, slot_tok, dropped.
- * order is scratch of T int32 (may be NULL when bpr is 0). r's arrays must hold E*C
- * slot_tok entries: call with r->slot_tok NULL to get only C (and count) computed. */
-int moe_route_locations(struct moe_routing *r, const float *top, int bpr, double setting,
-			int align, int32_t *order);
+/* Steps 3 and 5 with r->C already set and r->count filled: loc, used, slot_tok (E*C
+ * entries), dropped. top[T] is the BPR key (ignored when bpr is 0). */
+int moe_route_locations(struct moe_routing *r, const float *top, int bpr);
 /* K0: disp[E,C,M] from x (padding zeroed). */
 void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_t M);
 /* K1: y[T,M] = sum_r score * eo[idx, loc]. */
