@@ -33,8 +33,9 @@
  *     token order); otherwise in token order.
  *  4. Capacity from the setting x (Tutel capacity_setting, sec. 3.4.9), n_e = number of
  *     (token, rank) choices of expert e, before dropping:
- *       x > 0:  C = ceil(k * T * x / E)   (computed in double, then rounded up; Tutel's code
- *               rounds ceil(T/E) first, we round once)
+ *       x > 0:  C = ceil(k * T * x / E)   (computed in double, then rounded up, forgiving a
+ *               relative 1e-9 of rounding error so that 1000 * 1.1 gives 1100; Tutel's
+ *               code rounds ceil(T/E) first, we round once)
  *       x == 0: C = max_e n_e             (smallest C that drops nothing)
  *       x < 0:  C = min(max_e n_e, ceil(k * T * |x| / E))
  *     then C is rounded up to a multiple of capacity_align (1 = no alignment) and C >= 1.

@@ -177,7 +177,8 @@ int moe_dense_step(const struct moe_config *cfg, const struct moe_params *p, con
 	if (capacity_setting == 0.0) {
 		C = need;
 	} else {
-		C = (int64_t)ceil((double)k * (double)T * fabs(capacity_setting) / (double)E);
+		double v = (double)k * (double)T * fabs(capacity_setting) / (double)E;
+		C = (int64_t)ceil(v * (1.0 - 1e-9));
 		if (capacity_setting < 0.0 && need < C)
 			C = need;
 	}

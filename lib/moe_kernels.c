@@ -281,7 +281,10 @@ int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setti
 		C = need;
 	} else {
 		double x = fabs(setting);
-		C = (int64_t)ceil((double)k * (double)T * x / (double)E);
+		/* Forgive a relative 1e-9 of rounding error: 1.1 * 1000 is 1100.0000000000002
+		 * in binary, and C should be 1100. */
+		double v = (double)k * (double)T * x / (double)E;
+		C = (int64_t)ceil(v - 1e-9 * v);
 		if (setting < 0.0 && need < C)
 			C = need;
 	}

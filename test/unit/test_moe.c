@@ -67,7 +67,8 @@ static int64_t naive_capacity(const int64_t *count, int E, int64_t T, int k, dou
 			need = count[e];
 	if (x == 0.0)
 		return need < 1 ? 1 : need;
-	int64_t fixed = (int64_t)ceil(k * (double)T * fabs(x) / E);
+	double v = k * (double)T * fabs(x) / E;
+	int64_t fixed = (int64_t)ceil(v - v * 1e-9); /* moe.h: rounding error forgiven */
 	int64_t C = x > 0.0 ? fixed : (need < fixed ? need : fixed);
 	return C < 1 ? 1 : C;
 }
