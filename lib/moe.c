@@ -115,6 +115,24 @@ void moe_params_init(struct moe_params *p, const struct moe_config *cfg, uint64_
 			(uint64_t)(M * E + 2 * E * M * H + E * H));
 }
 
+size_t moe_layer_bytes_for(const struct moe_config *cfg, int64_t T, int k, int64_t C,
+			   int backward)
+{
+	const size_t t = (size_t)T, e = (size_t)cfg->E, c = (size_t)C, m = (size_t)cfg->M;
+	const size_t h = (size_t)cfg->H, kk = (size_t)k;
+	size_t n[] = {
+		t * e * 4, t * e * 4, cfg->loss == MOE_LOSS_LOAD_IMPORTANCE ? t * e * 4 : 0,
+		t * 4, kk * t * 4, kk * t * 4, kk * t * 4, e * 8, e * 8, e * c * 8,
+		e * c * m * 4, e * c * m * 4, e * c * h * 4,
+		cfg->act == MOE_ACT_GELU ? e * c * h * 4 : 0,
+		backward ? kk * t * 4 : 0, backward ? t * e * 4 : 0, backward ? c * h * 4 : 0,
+	};
+	size_t total = 0;
+	for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
+		total += (n[i] + 63) / 64 * 64;
+	return total;
+}
+
 /* ---- the layer ------------------------------------------------------------------------- */
 
 /* A buffer that grows on demand and is counted in the layer's bytes. */
@@ -239,8 +257,8 @@ static double now(void)
 	return omp_get_wtime();
 }
 
-int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x, float *y,
-		int64_t T, int k, double capacity_setting, uint64_t step)
+int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, int k,
+	      double capacity_setting, uint64_t step)
 {
 	const struct moe_config *cfg = &l->cfg;
 	const int64_t M = cfg->M, H = cfg->H;
@@ -283,7 +301,7 @@ int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x,
 	/* 1-2. Gating. */
 	float *logits = l->logits.p;
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, E, (int)M, 1.0f, x,
-		    (int)M, p->wg, E, 0.0f, logits, E);
+		    (int)M, wg, E, 0.0f, logits, E);
 	ERR_FORWARD(moe_gate_forward(cfg, logits, T, k, step, l->probs.p, li ? l->clean.p : NULL,
 				     l->top.p, r));
 	t1 = now();
@@ -299,9 +317,21 @@ int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x,
 	ERR_FORWARD(grow(l, &l->slot_tok, sizeof(int64_t) * (size_t)(E * C)));
 	r->slot_tok = l->slot_tok.p;
 	ERR_FORWARD(moe_route_locations(r, l->top.p, cfg->bpr));
-	t1 = now();
-	l->times.scan = t1 - t0;
-	t0 = t1;
+	l->times.scan = now() - t0;
+	return 0;
+}
+
+int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x, float *y,
+		int64_t T, int k, double capacity_setting, uint64_t step)
+{
+	const struct moe_config *cfg = &l->cfg;
+	const int64_t M = cfg->M, H = cfg->H;
+	const int E = cfg->E;
+	struct moe_routing *r = &l->r;
+
+	ERR_FORWARD(moe_route(l, p->wg, x, T, k, capacity_setting, step));
+	const int64_t C = r->C;
+	double t0 = now(), t1;
 
 	/* 6. Encode. */
 	ERR_FORWARD(grow(l, &l->disp, sizeof(float) * (size_t)(E * C * M)));

@@ -131,6 +131,10 @@ void moe_layer_free(struct moe_layer *l);
  * setting as in 4.; step indexes the gate-noise draws. Saves what backward needs. */
 int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x, float *y,
 		int64_t T, int k, double capacity_setting, uint64_t step);
+/* Steps 1-5 only (gating, capacity, locations) for T tokens, with the same arguments as
+ * moe_forward (which calls it); the routing is then in moe_layer_routing(). */
+int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, int k,
+	      double capacity_setting, uint64_t step);
 /* Backward of the last forward: dx [T,M] and every gradient in g are overwritten.
  * aux_weight multiplies the auxiliary loss added to the objective. */
 int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x,
@@ -143,6 +147,16 @@ const struct moe_times *moe_layer_times(const struct moe_layer *l);
 /* Bytes the layer holds now (workspace, saved activations, routing), and its high-water. */
 size_t moe_layer_bytes(const struct moe_layer *l);
 size_t moe_layer_peak_bytes(const struct moe_layer *l);
+
+/* Bytes moe_forward (+ moe_backward when backward) allocates for T tokens, top-k and
+ * capacity C (analytic; equals moe_layer_peak_bytes() after such a call on a fresh layer). */
+size_t moe_layer_bytes_for(const struct moe_config *cfg, int64_t T, int k, int64_t C,
+			   int backward);
+
+/* Read a capacity trace: one capacity setting (a finite number) per line; blank lines and
+ * lines starting with '#' are skipped. *out (malloc'd, caller frees) gets *n >= 1 values.
+ * CORE_EIO if unreadable, CORE_ECONFIG naming the file and the line if malformed or empty. */
+int moe_trace_read(const char *path, double **out, size_t *n);
 
 /* ---- building blocks (used by moe_forward/backward, exposed for tests and moe-bench) ---- */
 
