@@ -16,6 +16,9 @@
 
 #include "err.h"
 #include "rng.h"
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
 #include "banned.h"
 
 /* ---- gating ---------------------------------------------------------------------------- */
@@ -386,52 +389,169 @@ int moe_route_locations(struct moe_routing *r, const float *top, int bpr)
 	return 0;
 }
 
+/* ---- row helpers ------------------------------------------------------------------------
+ * The [E,C,M] buffers and the [T,M] outputs are written once, in order, and are far larger
+ * than the caches: streaming (non-temporal) stores skip the read-for-ownership a normal store
+ * pays, so a row write costs one memory transfer instead of two. They need 64-byte aligned
+ * rows (M a multiple of 16 and aligned buffers); otherwise the plain loops run. Every
+ * parallel region that streams ends with a store fence. */
+
+#if defined(__AVX512F__)
+#define ROW_VEC 16
+#define ROW_ALIGN 64
+typedef __m512 vrow;
+static inline vrow v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vrow v_zero(void) { return _mm512_setzero_ps(); }
+static inline vrow v_fma(vrow a, float s, vrow acc)
+{
+	return _mm512_fmadd_ps(a, _mm512_set1_ps(s), acc);
+}
+static inline vrow v_add(vrow a, vrow b) { return _mm512_add_ps(a, b); }
+static inline void v_stream(float *p, vrow v) { _mm512_stream_ps(p, v); }
+#elif defined(__AVX__)
+#define ROW_VEC 8
+#define ROW_ALIGN 32
+typedef __m256 vrow;
+static inline vrow v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline vrow v_zero(void) { return _mm256_setzero_ps(); }
+static inline vrow v_fma(vrow a, float s, vrow acc)
+{
+	return _mm256_add_ps(acc, _mm256_mul_ps(a, _mm256_set1_ps(s)));
+}
+static inline vrow v_add(vrow a, vrow b) { return _mm256_add_ps(a, b); }
+static inline void v_stream(float *p, vrow v) { _mm256_stream_ps(p, v); }
+#endif
+
+static inline void fence(void)
+{
+#ifdef ROW_VEC
+	_mm_sfence();
+#endif
+}
+
+/* 1 when rows of M floats starting at p can be streamed. */
+static inline int streamable(const float *p, int64_t M)
+{
+#ifdef ROW_VEC
+	return ((uintptr_t)p % ROW_ALIGN) == 0 && M % ROW_VEC == 0;
+#else
+	(void)p;
+	(void)M;
+	return 0;
+#endif
+}
+
+/* dst = sum_i w[i] * src[i] over n rows (w NULL: unweighted; n 0: zeros). */
+static void row_combine(float *dst, const float *const *src, const float *w, int n, int64_t M,
+			int stream)
+{
+#ifdef ROW_VEC
+	if (stream) {
+		for (int64_t m = 0; m < M; m += ROW_VEC) {
+			vrow acc = v_zero();
+			for (int i = 0; i < n; i++)
+				acc = w ? v_fma(v_load(src[i] + m), w[i], acc)
+					: v_add(acc, v_load(src[i] + m));
+			v_stream(dst + m, acc);
+		}
+		return;
+	}
+#else
+	(void)stream;
+#endif
+	if (n == 0) {
+		memset(dst, 0, sizeof(float) * (size_t)M);
+		return;
+	}
+	const float w0 = w ? w[0] : 1.0f;
+#pragma omp simd
+	for (int64_t m = 0; m < M; m++)
+		dst[m] = w0 * src[0][m];
+	for (int i = 1; i < n; i++) {
+		const float wi = w ? w[i] : 1.0f;
+		const float *s = src[i];
+#pragma omp simd
+		for (int64_t m = 0; m < M; m++)
+			dst[m] += wi * s[m];
+	}
+}
+
+/* The kept rows of token t in buf ([E,C,M]) and their scores; returns how many (<= k). */
+static int token_rows(const struct moe_routing *r, int64_t t, const float *buf, int64_t M,
+		      const float **rows, float *w)
+{
+	int n = 0;
+	for (int j = 0; j < r->k; j++) {
+		int32_t l = r->loc[(int64_t)j * r->T + t];
+		if (l < 0)
+			continue;
+		rows[n] = buf + ((int64_t)r->idx[(int64_t)j * r->T + t] * r->C + l) * M;
+		w[n++] = r->score[(int64_t)j * r->T + t];
+	}
+	return n;
+}
+
+/* Scratch for k row pointers and weights: on the stack for k <= 16. */
+#define KSTACK 16
+
 /* ---- encode / decode -------------------------------------------------------------------- */
 
 void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_t M)
 {
 	const int64_t n = (int64_t)r->E * r->C;
 	const int k = r->k;
+	const int st = streamable(disp, M) && streamable(x, M);
 
-#pragma omp parallel for schedule(static)
-	for (int64_t s = 0; s < n; s++) {
-		int64_t st = r->slot_tok[s];
-		if (st < 0)
-			memset(disp + s * M, 0, sizeof(float) * (size_t)M);
-		else
-			memcpy(disp + s * M, x + (st / k) * M, sizeof(float) * (size_t)M);
+#pragma omp parallel
+	{
+#pragma omp for schedule(static) nowait
+		for (int64_t s = 0; s < n; s++) {
+			int64_t tk = r->slot_tok[s];
+			const float *src = tk < 0 ? NULL : x + (tk / k) * M;
+			row_combine(disp + s * M, &src, NULL, tk < 0 ? 0 : 1, M, st);
+		}
+		fence();
+	}
+}
+
+/* Decode and encode-backward share one gather: out[t] = sum over t's kept choices of
+ * (weight) * buf[idx, loc]; weighted by the gate score for decode, unweighted for
+ * encode-backward. */
+static void gather_tokens(const struct moe_routing *r, const float *buf, float *out,
+			  int64_t M, int weighted)
+{
+	const int64_t T = r->T;
+	const int k = r->k;
+	const int st = streamable(out, M) && streamable(buf, M);
+
+#pragma omp parallel
+	{
+		const float *rows_s[KSTACK];
+		float w_s[KSTACK];
+		const float **rows = rows_s;
+		float *w = w_s;
+		if (k > KSTACK) {
+			rows = malloc(sizeof(*rows) * (size_t)k);
+			w = malloc(sizeof(*w) * (size_t)k);
+		}
+#pragma omp for schedule(static) nowait
+		for (int64_t t = 0; t < T; t++) {
+			if (!rows || !w)
+				continue;
+			int n = token_rows(r, t, buf, M, rows, w);
+			row_combine(out + t * M, rows, weighted ? w : NULL, n, M, st);
+		}
+		fence();
+		if (k > KSTACK) {
+			free(rows);
+			free(w);
+		}
 	}
 }
 
 void moe_decode(const struct moe_routing *r, const float *eo, float *y, int64_t M)
 {
-	const int64_t T = r->T, C = r->C;
-	const int k = r->k;
-
-#pragma omp parallel for schedule(static)
-	for (int64_t t = 0; t < T; t++) {
-		float *yt = y + t * M;
-		int first = 1;
-		for (int j = 0; j < k; j++) {
-			int32_t l = r->loc[(int64_t)j * T + t];
-			if (l < 0)
-				continue;
-			const float *src = eo + ((int64_t)r->idx[(int64_t)j * T + t] * C + l) * M;
-			const float s = r->score[(int64_t)j * T + t];
-			if (first) {
-#pragma omp simd
-				for (int64_t m = 0; m < M; m++)
-					yt[m] = s * src[m];
-				first = 0;
-			} else {
-#pragma omp simd
-				for (int64_t m = 0; m < M; m++)
-					yt[m] += s * src[m];
-			}
-		}
-		if (first)
-			memset(yt, 0, sizeof(float) * (size_t)M);
-	}
+	gather_tokens(r, eo, y, M, 1);
 }
 
 void moe_decode_backward(const struct moe_routing *r, const float *dy, const float *eo,
@@ -472,29 +592,5 @@ void moe_decode_backward(const struct moe_routing *r, const float *dy, const flo
 void moe_encode_backward(const struct moe_routing *r, const float *d_disp, float *dx,
 			 int64_t M)
 {
-	const int64_t T = r->T, C = r->C;
-	const int k = r->k;
-
-#pragma omp parallel for schedule(static)
-	for (int64_t t = 0; t < T; t++) {
-		float *o = dx + t * M;
-		int first = 1;
-		for (int j = 0; j < k; j++) {
-			int32_t l = r->loc[(int64_t)j * T + t];
-			if (l < 0)
-				continue;
-			const float *src =
-				d_disp + ((int64_t)r->idx[(int64_t)j * T + t] * C + l) * M;
-			if (first) {
-				memcpy(o, src, sizeof(float) * (size_t)M);
-				first = 0;
-			} else {
-#pragma omp simd
-				for (int64_t m = 0; m < M; m++)
-					o[m] += src[m];
-			}
-		}
-		if (first)
-			memset(o, 0, sizeof(float) * (size_t)M);
-	}
+	gather_tokens(r, d_disp, dx, M, 0);
 }

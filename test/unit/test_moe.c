@@ -127,8 +127,9 @@ struct dparams {
 
 static double *to_double(const float *a, int64_t n)
 {
-	double *d = calloc((size_t)n, sizeof(double));
-	for (int64_t i = 0; i < n; i++)
+	size_t cnt = n > 0 && n < (1 << 28) ? (size_t)n : 1;
+	double *d = calloc(cnt, sizeof(double));
+	for (size_t i = 0; i < cnt && (int64_t)i < n; i++)
 		d[i] = a[i];
 	return d;
 }
@@ -294,12 +295,14 @@ static __attribute__((noinline)) void run_case(struct tcase *c, int fd)
 	cr_assert_eq(moe_params_alloc(&b.gs, &cfg), 0);
 	cr_assert_eq(moe_params_alloc(&b.gd, &cfg), 0);
 	moe_params_init(&b.p, &cfg, 11);
-	b.x = malloc(sizeof(float) * T * M);
-	b.y = malloc(sizeof(float) * T * M);
-	b.yd = malloc(sizeof(float) * T * M);
-	b.dy = malloc(sizeof(float) * T * M);
-	b.dx = malloc(sizeof(float) * T * M);
-	b.dxd = malloc(sizeof(float) * T * M);
+	/* 64-byte aligned, so that M % 16 == 0 cases take the streaming-store paths. */
+	size_t nb = (sizeof(float) * T * M + 63) / 64 * 64;
+	b.x = aligned_alloc(64, nb);
+	b.y = aligned_alloc(64, nb);
+	b.yd = aligned_alloc(64, nb);
+	b.dy = aligned_alloc(64, nb);
+	b.dx = aligned_alloc(64, nb);
+	b.dxd = aligned_alloc(64, nb);
 	rng_fill_normal(b.x, T * M, 0.0f, 1.0f, 3, RNG_STREAM_TEST, 0);
 	rng_fill_normal(b.dy, T * M, 0.0f, 1.0f, 4, RNG_STREAM_TEST, 0);
 
@@ -527,6 +530,8 @@ Test(moe, larger_case)
 	struct tcase d = { .T = 200, .M = 16, .H = 8, .E = 6, .k = 3, .bpr = 0, .cap = -1.1,
 			   .noise = 2.0f, .li = 1 };
 	run_case(&d, 0);
+	struct tcase e = { .T = 50, .M = 48, .H = 16, .E = 3, .k = 3, .bpr = 1, .cap = 0.0 };
+	run_case(&e, 1);
 }
 
 Test(moe, bad_config)
