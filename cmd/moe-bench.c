@@ -49,6 +49,8 @@ static void usage(FILE *f)
 "                           cyclically ('#' comments and blank lines ignored)\n"
 "Measurement:\n"
 "      --forward-only       time the forward pass only\n"
+"      --no-input-grad      backward without the input gradient (as Tutel's helloworld,\n"
+"                           whose input needs no gradient)\n"
 "      --only=PART          layer (default: the whole layer) or encode-decode (the\n"
 "                           encode and decode kernels alone, next to a plain copy of\n"
 "                           the same bytes)\n"
@@ -70,7 +72,7 @@ static void usage(FILE *f)
 
 struct opts {
 	struct moe_config cfg;
-	int forward_only, dense, encdec, dry_run;
+	int forward_only, dense, encdec, dry_run, no_dx;
 	int64_t dense_T;
 	long iters, warmup, threads;
 	const char *trace_path;
@@ -162,14 +164,17 @@ static double setting_at(const struct opts *o, long step)
 
 static const char *flops_formula =
 	"useful flops per step: forward 2*T*M*E (gate) + 4*R*M*H (fc1, fc2), backward twice "
-	"that; R = kept (token, expert) pairs = sum_e min(n_e, C); the same count for both "
+	"that (less 2*R*M*H + 2*T*M*E with --no-input-grad); R = kept (token, expert) pairs = sum_e min(n_e, C); the same count for both "
 	"formulations; GFLOP/s = flops / median step time";
 
 static double step_flops(const struct opts *o, int64_t T, int64_t R)
 {
 	const struct moe_config *c = &o->cfg;
 	double f = 2.0 * T * c->M * c->E + 4.0 * (double)R * c->M * c->H;
-	return o->forward_only ? f : 3.0 * f;
+	if (o->forward_only)
+		return f;
+	/* Without the input gradient the d_disp GEMM and the gate's dx term are skipped. */
+	return o->no_dx ? 3.0 * f - 2.0 * R * c->M * c->H - 2.0 * T * c->M * c->E : 3.0 * f;
 }
 
 /* Median seconds of one plain sgemm of the expert fc1 shape [rows, M] x [M, H]. */
@@ -281,6 +286,7 @@ static json_t *base_json(const struct opts *o, const char *impl, int64_t T)
 	json_object_set_new(j, "activation",
 			    json_string(c->act == MOE_ACT_RELU ? "relu" : "gelu"));
 	json_object_set_new(j, "forward_only", json_boolean(o->forward_only));
+	json_object_set_new(j, "input_grad", json_boolean(!o->forward_only && !o->no_dx));
 	json_object_set_new(j, "threads", json_integer(omp_get_max_threads()));
 	json_object_set_new(j, "iterations", json_integer(o->iters));
 	json_object_set_new(j, "warmup", json_integer(o->warmup));
@@ -393,7 +399,8 @@ static int run_layer(const struct opts *o, struct data *d)
 		rc = moe_forward(l, &d->p, d->x, d->y, c->T, c->k, setting_at(o, i), (uint64_t)i);
 		t1 = omp_get_wtime();
 		if (rc == 0 && !o->forward_only)
-			rc = moe_backward(l, &d->p, d->x, d->dy, d->dx, &d->g, 0.01f);
+			rc = moe_backward(l, &d->p, d->x, d->dy, o->no_dx ? NULL : d->dx, &d->g,
+					  0.01f);
 		t2 = omp_get_wtime();
 		if (rc < 0 || i < o->warmup)
 			continue;
@@ -418,7 +425,8 @@ static int run_layer(const struct opts *o, struct data *d)
 	double ex = stage_median(&s, offsetof(struct moe_times, experts));
 	double bex = stage_median(&s, offsetof(struct moe_times, bwd_experts));
 	double ex_rate = 4.0 * R * c->M * c->H / ex / 1e9;
-	double bex_rate = o->forward_only ? NAN : 8.0 * R * c->M * c->H / bex / 1e9;
+	double bex_rate = o->forward_only ? NAN
+					  : (o->no_dx ? 6.0 : 8.0) * R * c->M * c->H / bex / 1e9;
 	int64_t rows = (int64_t)(R / c->E + 0.5);
 	double ref = sgemm_rate(c, rows > 0 ? rows : 1);
 	json_t *j = base_json(o, "sparse", c->T);
@@ -513,13 +521,13 @@ static int run_encdec(const struct opts *o, struct data *d)
 		s.bwd[j] = t4 - t2;
 		s.dropped[j] = r->dropped;
 		s.C[j] = r->C;
-		/* Bytes moved: encode reads R rows, writes E*C rows; decode reads R rows, writes
-		 * T rows; decode backward reads 2R rows (dy, eo), writes E*C; encode backward
+		/* Bytes moved: encode reads T rows, writes E*C rows; decode reads R rows, writes
+		 * T rows; decode backward reads T + R rows (dy, eo), writes E*C; encode backward
 		 * reads R rows, writes T rows. Scores and metadata are not counted. */
 		double R = (double)kept_rows(r), EC = (double)c->E * (double)r->C;
-		double rows = (R + EC) + (R + T);
+		double rows = ((double)T + EC) + (R + T);
 		if (!o->forward_only)
-			rows += (2.0 * R + EC) + (R + T);
+			rows += ((double)T + R + EC) + (R + T);
 		bytes_sum += rows * M * sizeof(float);
 	}
 	if (rc < 0)
@@ -532,8 +540,8 @@ static int run_encdec(const struct opts *o, struct data *d)
 	add_step_stats(j, &s, o->forward_only);
 	json_object_set_new(j, "bytes_moved", json_real(bytes));
 	json_object_set_new(j, "bytes_formula", json_string(
-		"rows of M floats read + written: encode R + E*C, decode R + T, decode backward "
-		"2R + E*C, encode backward R + T; R = kept choices"));
+		"rows of M floats read + written: encode T + E*C, decode R + T, decode backward "
+		"T + R + E*C, encode backward R + T; R = kept choices"));
 	json_object_set_new(j, "encdec_gbps", json_real(bytes / md / 1e9));
 	json_object_set_new(j, "copy_gbps", json_real(cp));
 	json_object_set_new(j, "copy_ms", json_real(1e3 * bytes / cp / 1e9));
@@ -595,6 +603,8 @@ static int run_dense(const struct opts *o, struct data *d)
 			R += (double)s.rows[i] / (double)s.n;
 		double fl = step_flops(o, T, (int64_t)R);
 		json_t *j = base_json(o, "dense", T);
+		/* The dense formulation always computes the input gradient. */
+		json_object_set_new(j, "input_grad", json_boolean(!o->forward_only));
 		if (T != c->T)
 			json_object_set_new(j, "note", json_string(
 				"dense run with fewer tokens (--dense-tokens): its [T,E,C] tensors "
@@ -663,6 +673,7 @@ int main(int argc, char **argv)
 		{ "baseline", required_argument, NULL, 1010 },
 		{ "dense-tokens", required_argument, NULL, 1011 },
 		{ "dry-run", no_argument, NULL, 1012 },
+		{ "no-input-grad", no_argument, NULL, 1013 },
 		{ "iterations", required_argument, NULL, 'n' },
 		{ "warmup", required_argument, NULL, 'w' },
 		{ "seed", required_argument, NULL, 's' },
@@ -735,6 +746,7 @@ int main(int argc, char **argv)
 			rc = cli_parse_long("--dense-tokens", optarg, 1, 1L << 30, &dense_T);
 			break;
 		case 1012: o.dry_run = 1; break;
+		case 1013: o.no_dx = 1; break;
 		case 'n': rc = cli_parse_long("--iterations", optarg, 1, 1L << 30, &o.iters); break;
 		case 'w': rc = cli_parse_long("--warmup", optarg, 0, 1L << 30, &o.warmup); break;
 		case 's': rc = cli_parse_long("--seed", optarg, 0, 1L << 62, &seed); break;

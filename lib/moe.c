@@ -19,6 +19,9 @@
 #include "rng.h"
 #include "banned.h"
 
+/* Up to this many experts the gate products run in moe.c's own loops (see gate_logits). */
+#define GATE_E_MAX 64
+
 void moe_config_default(struct moe_config *cfg, int64_t T, int64_t M, int64_t H, int E)
 {
 	memset(cfg, 0, sizeof *cfg);
@@ -126,6 +129,7 @@ size_t moe_layer_bytes_for(const struct moe_config *cfg, int64_t T, int k, int64
 		e * c * m * 4, e * c * m * 4, e * c * h * 4,
 		cfg->act == MOE_ACT_GELU ? e * c * h * 4 : 0,
 		backward ? kk * t * 4 : 0, backward ? t * e * 4 : 0, backward ? c * h * 4 : 0,
+		cfg->E <= GATE_E_MAX ? m * e * 4 : 0,
 	};
 	size_t total = 0;
 	for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
@@ -145,7 +149,7 @@ struct moe_layer {
 	struct moe_config cfg;
 	size_t bytes, peak;
 	struct buf logits, probs, clean, top, idx, loc, score, dscore, count, used, slot_tok;
-	struct buf disp, eo, hpre, h, dh, dlogits;
+	struct buf disp, eo, hpre, h, dh, dlogits, wgt;
 	struct moe_routing r;
 	struct moe_times times;
 	int have_forward;
@@ -196,7 +200,8 @@ void moe_layer_free(struct moe_layer *l)
 		return;
 	struct buf *all[] = { &l->logits, &l->probs, &l->clean, &l->top, &l->idx, &l->loc,
 			      &l->score, &l->dscore, &l->count, &l->used, &l->slot_tok,
-			      &l->disp, &l->eo, &l->hpre, &l->h, &l->dh, &l->dlogits };
+			      &l->disp, &l->eo, &l->hpre, &l->h, &l->dh, &l->dlogits,
+			      &l->wgt };
 	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
 		drop(l, all[i]);
 	free(l);
@@ -257,6 +262,81 @@ static double now(void)
 	return omp_get_wtime();
 }
 
+/* The gate's products have N = E columns only (a few experts): BLAS handles such skinny
+ * shapes poorly, and they are memory-bound anyway (x is read once). Up to GATE_E_MAX experts
+ * they run here, token-parallel, against wg transposed to [E, M] so that every inner loop
+ * runs along M. */
+static void transpose_wg(const float *wg, int64_t M, int E, float *wgt)
+{
+	for (int64_t m = 0; m < M; m++)
+		for (int e = 0; e < E; e++)
+			wgt[(int64_t)e * M + m] = wg[m * E + e];
+}
+
+/* logits[t, e] = <x[t], wg[:, e]>. */
+static void gate_logits(const float *x, const float *wgt, int64_t T, int64_t M, int E,
+			float *logits)
+{
+#pragma omp parallel for schedule(static)
+	for (int64_t t = 0; t < T; t++) {
+		const float *xt = x + t * M;
+		for (int e = 0; e < E; e++) {
+			const float *w = wgt + (int64_t)e * M;
+			float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+			for (int64_t m = 0; m < M; m++)
+				acc += xt[m] * w[m];
+			logits[t * E + e] = acc;
+		}
+	}
+}
+
+/* One pass over the tokens: dx[t] += dlogits[t] wg^T (when dx is not NULL) and
+ * dwg = x^T dlogits, reduced over T in per-thread double partials that are summed in
+ * thread order (deterministic for a fixed thread count). */
+static int gate_backward_products(const float *x, const float *dlogits, const float *wgt,
+				  int64_t T, int64_t M, int E, float *dx, float *dwg)
+{
+	int nt = omp_get_max_threads();
+	double *part = calloc((size_t)nt * (size_t)E * (size_t)M, sizeof(double));
+
+	if (!part)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the gate gradient partials");
+#pragma omp parallel num_threads(nt)
+	{
+		double *acc = part + (size_t)omp_get_thread_num() * (size_t)E * (size_t)M;
+#pragma omp for schedule(static)
+		for (int64_t t = 0; t < T; t++) {
+			const float *xt = x + t * M, *dl = dlogits + t * E;
+			for (int e = 0; e < E; e++) {
+				const double g = dl[e];
+				double *a = acc + (int64_t)e * M;
+#pragma omp simd
+				for (int64_t m = 0; m < M; m++)
+					a[m] += g * xt[m];
+			}
+			if (dx) {
+				float *d = dx + t * M;
+				for (int e = 0; e < E; e++) {
+					const float g = dl[e], *w = wgt + (int64_t)e * M;
+#pragma omp simd
+					for (int64_t m = 0; m < M; m++)
+						d[m] += g * w[m];
+				}
+			}
+		}
+	}
+	for (int64_t m = 0; m < M; m++)
+		for (int e = 0; e < E; e++) {
+			double v = 0.0;
+			for (int i = 0; i < nt; i++)
+				v += part[((size_t)i * (size_t)E + (size_t)e) * (size_t)M + (size_t)m];
+			dwg[m * E + e] = (float)v;
+		}
+	free(part);
+	return 0;
+}
+
 int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, int k,
 	      double capacity_setting, uint64_t step)
 {
@@ -300,8 +380,14 @@ int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, i
 
 	/* 1-2. Gating. */
 	float *logits = l->logits.p;
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, E, (int)M, 1.0f, x,
-		    (int)M, wg, E, 0.0f, logits, E);
+	if (E <= GATE_E_MAX) {
+		ERR_FORWARD(grow(l, &l->wgt, sizeof(float) * (size_t)(M * E)));
+		transpose_wg(wg, M, E, l->wgt.p);
+		gate_logits(x, l->wgt.p, T, M, E, logits);
+	} else {
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, E, (int)M, 1.0f, x,
+			    (int)M, wg, E, 0.0f, logits, E);
+	}
 	ERR_FORWARD(moe_gate_forward(cfg, logits, T, k, step, l->probs.p, li ? l->clean.p : NULL,
 				     l->top.p, r));
 	t1 = now();
@@ -452,15 +538,18 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 		colsum(dh, rows, H, db1);
 		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)H, (int)rows,
 			    1.0f, a, (int)M, dh, (int)H, 0.0f, dw1, (int)H);
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)M, (int)H,
-			    1.0f, dh, (int)H, p->w1 + (int64_t)e * M * H, (int)H, 0.0f, a, (int)M);
+		if (dx)
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)M,
+				    (int)H, 1.0f, dh, (int)H, p->w1 + (int64_t)e * M * H, (int)H, 0.0f,
+				    a, (int)M);
 	}
 	t1 = now();
 	l->times.bwd_experts = t1 - t0;
 	t0 = t1;
 
 	/* Encode backward (K1, unweighted). */
-	moe_encode_backward(r, disp, dx, M);
+	if (dx)
+		moe_encode_backward(r, disp, dx, M);
 	t1 = now();
 	l->times.bwd_encode = t1 - t0;
 	t0 = t1;
@@ -469,10 +558,16 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 	float *dlogits = l->dlogits.p;
 	moe_gate_backward(cfg, l->logits.p, l->probs.p, l->clean.p, r, dscore, aux_weight,
 			  dlogits);
-	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, E, (int)T, 1.0f, x, (int)M,
-		    dlogits, E, 0.0f, g->wg, E);
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)M, E, 1.0f, dlogits,
-		    E, p->wg, E, 1.0f, dx, (int)M);
+	if (E <= GATE_E_MAX) {
+		/* wgt still holds wg transposed from the forward. */
+		ERR_FORWARD(gate_backward_products(x, dlogits, l->wgt.p, T, M, E, dx, g->wg));
+	} else {
+		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, E, (int)T, 1.0f, x,
+			    (int)M, dlogits, E, 0.0f, g->wg, E);
+		if (dx)
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)M, E, 1.0f,
+				    dlogits, E, p->wg, E, 1.0f, dx, (int)M);
+	}
 	l->times.bwd_gate = now() - t0;
 	/* The saved activations were consumed in place. */
 	l->have_forward = 0;

@@ -135,7 +135,9 @@ int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x,
  * moe_forward (which calls it); the routing is then in moe_layer_routing(). */
 int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, int k,
 	      double capacity_setting, uint64_t step);
-/* Backward of the last forward: dx [T,M] and every gradient in g are overwritten.
+/* Backward of the last forward: dx [T,M] and every gradient in g are overwritten. dx may be
+ * NULL when the input needs no gradient: then the d_disp GEMM, encode-backward and the
+ * gate's input term are skipped (as PyTorch skips them for an input without grad).
  * aux_weight multiplies the auxiliary loss added to the objective. */
 int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x,
 		 const float *dy, float *dx, struct moe_params *g, float aux_weight);

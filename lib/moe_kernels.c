@@ -496,19 +496,43 @@ static int token_rows(const struct moe_routing *r, int64_t t, const float *buf, 
 
 /* ---- encode / decode -------------------------------------------------------------------- */
 
+/* Zero the padding rows [used_e, C) of every expert (streamed when possible). */
+static void zero_padding(const struct moe_routing *r, float *buf, int64_t M, int st)
+{
+	const int64_t C = r->C;
+#pragma omp parallel
+	{
+#pragma omp for schedule(static) collapse(2) nowait
+		for (int e = 0; e < r->E; e++)
+			for (int64_t c = 0; c < C; c++)
+				if (c >= r->used[e])
+					row_combine(buf + ((int64_t)e * C + c) * M, NULL, NULL, 0, M,
+						    st);
+		fence();
+	}
+}
+
+/* K0 in token order: each token row is read once and written to its (up to k) slots, so
+ * the input is read T times, not k*T times. Each slot has one owner: no write conflicts. */
 void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_t M)
 {
-	const int64_t n = (int64_t)r->E * r->C;
+	const int64_t T = r->T, C = r->C;
 	const int k = r->k;
 	const int st = streamable(disp, M) && streamable(x, M);
 
+	zero_padding(r, disp, M, st);
 #pragma omp parallel
 	{
 #pragma omp for schedule(static) nowait
-		for (int64_t s = 0; s < n; s++) {
-			int64_t tk = r->slot_tok[s];
-			const float *src = tk < 0 ? NULL : x + (tk / k) * M;
-			row_combine(disp + s * M, &src, NULL, tk < 0 ? 0 : 1, M, st);
+		for (int64_t t = 0; t < T; t++) {
+			const float *src = x + t * M;
+			for (int j = 0; j < k; j++) {
+				int32_t l = r->loc[(int64_t)j * T + t];
+				if (l < 0)
+					continue;
+				float *dst = disp + ((int64_t)r->idx[(int64_t)j * T + t] * C + l) * M;
+				row_combine(dst, &src, NULL, 1, M, st);
+			}
 		}
 		fence();
 	}
@@ -557,35 +581,36 @@ void moe_decode(const struct moe_routing *r, const float *eo, float *y, int64_t 
 void moe_decode_backward(const struct moe_routing *r, const float *dy, const float *eo,
 			 float *d_eo, float *dscore, int64_t M)
 {
-	const int64_t n = (int64_t)r->E * r->C, T = r->T;
+	const int64_t T = r->T, C = r->C;
 	const int k = r->k;
 
-	/* Dropped choices get no slot below; their score gradient is zero. */
+	/* One pass over the tokens: dy[t] is read once for its k choices. K2 reads each
+	 * expert-output row before K0 overwrites it, so d_eo may alias eo (the layer does that
+	 * to save E*C*M floats); then the row is in cache and plain stores are right. */
+	zero_padding(r, d_eo, M, 0);
 #pragma omp parallel for schedule(static)
-	for (int64_t i = 0; i < (int64_t)k * T; i++)
-		if (r->loc[i] < 0)
-			dscore[i] = 0.0f;
-	/* One pass over the slots: K2 reads the expert output row before K0 writes the
-	 * gradient row, so d_eo may alias eo (the layer does that to save E*C*M floats). */
-#pragma omp parallel for schedule(static)
-	for (int64_t s = 0; s < n; s++) {
-		int64_t st = r->slot_tok[s];
-		float *out = d_eo + s * M;
-		if (st < 0) {
-			memset(out, 0, sizeof(float) * (size_t)M);
-			continue;
-		}
-		int64_t t = st / k, j = st % k;
-		const float *g = dy + t * M, *o = eo + s * M;
-		const float sc = r->score[j * T + t];
-		float dot = 0.0f;
+	for (int64_t t = 0; t < T; t++) {
+		const float *g = dy + t * M;
+		for (int j = 0; j < k; j++) {
+			int64_t i = (int64_t)j * T + t;
+			int32_t l = r->loc[i];
+			if (l < 0) {
+				dscore[i] = 0.0f;
+				continue;
+			}
+			int64_t s = (int64_t)r->idx[i] * C + l;
+			const float *o = eo + s * M;
+			float *out = d_eo + s * M;
+			const float sc = r->score[i];
+			float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-		for (int64_t m = 0; m < M; m++)
-			dot += g[m] * o[m];
-		dscore[j * T + t] = dot;
+			for (int64_t m = 0; m < M; m++)
+				dot += g[m] * o[m];
+			dscore[i] = dot;
 #pragma omp simd
-		for (int64_t m = 0; m < M; m++)
-			out[m] = sc * g[m];
+			for (int64_t m = 0; m < M; m++)
+				out[m] = sc * g[m];
+		}
 	}
 }
 

@@ -356,6 +356,20 @@ static __attribute__((noinline)) void run_case(struct tcase *c, int fd)
 	free(loc);
 
 	cr_assert_eq(moe_backward(l, &b.p, b.x, b.dy, b.dx, &b.gs, aux_w), 0, "%s", c->name);
+	cr_assert_eq(moe_layer_peak_bytes(l), moe_layer_bytes_for(&cfg, T, c->k, C_s, 1), "%s: layer bytes %zu, analytic %zu", c->name,
+		     moe_layer_peak_bytes(l), moe_layer_bytes_for(&cfg, T, c->k, C_s, 1));
+	{
+		/* Without an input gradient the weight gradients are the same, bit for bit. */
+		struct moe_params g2;
+		cr_assert_eq(moe_params_alloc(&g2, &cfg), 0);
+		cr_assert_eq(moe_forward(l, &b.p, b.x, b.y, T, c->k, c->cap, 0), 0);
+		cr_assert_eq(moe_backward(l, &b.p, b.x, b.dy, NULL, &g2, aux_w), 0, "%s", c->name);
+		cr_assert(!memcmp(g2.wg, b.gs.wg, sizeof(float) * M * c->E), "%s: dwg", c->name);
+		cr_assert(!memcmp(g2.w1, b.gs.w1, sizeof(float) * c->E * M * c->H), "%s: dw1",
+			  c->name);
+		cr_assert(!memcmp(g2.b2, b.gs.b2, sizeof(float) * c->E * M), "%s: db2", c->name);
+		moe_params_free(&g2);
+	}
 
 	/* Dense formulation. */
 	int64_t dropped_d, C_d;
@@ -532,6 +546,9 @@ Test(moe, larger_case)
 	run_case(&d, 0);
 	struct tcase e = { .T = 50, .M = 48, .H = 16, .E = 3, .k = 3, .bpr = 1, .cap = 0.0 };
 	run_case(&e, 1);
+	/* More experts than the gate's own loops take: the BLAS path. */
+	struct tcase f = { .T = 40, .M = 4, .H = 4, .E = 70, .k = 2, .bpr = 1, .cap = 1.5 };
+	run_case(&f, 0);
 }
 
 Test(moe, bad_config)
