@@ -208,7 +208,7 @@ static double sgemm_rate(const struct moe_config *c, int64_t rows)
 static double copy_rate(size_t bytes, long reps)
 {
 	size_t n = bytes / 2 / sizeof(float);
-	float *src = malloc(n * sizeof(float) + 64), *dst = malloc(n * sizeof(float) + 64);
+	float *src = moe_alloc(n * sizeof(float)), *dst = moe_alloc(n * sizeof(float));
 	double *t = malloc(sizeof(double) * (size_t)(reps + 1)), rate = NAN;
 
 	if (src && dst && t && n > 0) {
@@ -363,10 +363,10 @@ static int data_alloc(struct data *d, const struct moe_config *cfg, int64_t T)
 	ERR_FORWARD(moe_params_alloc(&d->g, cfg));
 	moe_params_init(&d->p, cfg, cfg->seed);
 	size_t n = (size_t)(T * cfg->M);
-	d->x = malloc(n * sizeof(float));
-	d->y = malloc(n * sizeof(float));
-	d->dy = malloc(n * sizeof(float));
-	d->dx = malloc(n * sizeof(float));
+	d->x = moe_alloc(n * sizeof(float));
+	d->y = moe_alloc(n * sizeof(float));
+	d->dy = moe_alloc(n * sizeof(float));
+	d->dx = moe_alloc(n * sizeof(float));
 	if (!d->x || !d->y || !d->dy || !d->dx)
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the inputs");
 	rng_fill_normal(d->x, (int64_t)n, 0.0f, 1.0f, cfg->seed, RNG_STREAM_TEST, 0);
@@ -488,7 +488,7 @@ static int run_encdec(const struct opts *o, struct data *d)
 		size_t need = sizeof(float) * (size_t)(c->E * r->C * M);
 		if (need > disp_bytes) {
 			free(disp);
-			disp = aligned_alloc(64, (need + 63) / 64 * 64);
+			disp = moe_alloc(need);
 			disp_bytes = need;
 			if (!disp) {
 				rc = err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes", need);

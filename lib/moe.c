@@ -14,6 +14,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "err.h"
 #include "rng.h"
@@ -67,13 +68,22 @@ int moe_config_check(const struct moe_config *cfg)
 	return 0;
 }
 
-static float *falloc(size_t n)
+void *moe_alloc(size_t bytes)
 {
-	size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
-	float *p = aligned_alloc(64, bytes ? bytes : 64);
+	const size_t huge = (size_t)2 << 20;
+	size_t align = bytes >= 2 * huge ? huge : 64;
+	bytes = bytes ? (bytes + align - 1) / align * align : 64;
+	void *p = aligned_alloc(align, bytes);
+	if (p && align == huge)
+		madvise(p, bytes, MADV_HUGEPAGE);
 	if (p)
 		memset(p, 0, bytes);
 	return p;
+}
+
+static float *falloc(size_t n)
+{
+	return moe_alloc(n * sizeof(float));
 }
 
 int moe_params_alloc(struct moe_params *p, const struct moe_config *cfg)
@@ -132,8 +142,11 @@ size_t moe_layer_bytes_for(const struct moe_config *cfg, int64_t T, int k, int64
 		cfg->E <= GATE_E_MAX ? m * e * 4 : 0,
 	};
 	size_t total = 0;
-	for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
-		total += (n[i] + 63) / 64 * 64;
+	for (size_t i = 0; i < sizeof n / sizeof n[0]; i++) {
+		const size_t huge = (size_t)2 << 20;
+		size_t align = n[i] >= 2 * huge ? huge : 64;
+		total += (n[i] + align - 1) / align * align;
+	}
 	return total;
 }
 
@@ -159,11 +172,17 @@ static int grow(struct moe_layer *l, struct buf *b, size_t bytes)
 {
 	if (bytes <= b->bytes)
 		return 0;
-	bytes = (bytes + 63) / 64 * 64;
+	/* Large buffers on 2 MiB boundaries with transparent huge pages requested: the
+	 * kernels jump between rows of [E,C,M] and 4 KiB pages would cost a TLB miss per row. */
+	const size_t huge = (size_t)2 << 20;
+	size_t align = bytes >= 2 * huge ? huge : 64;
+	bytes = (bytes + align - 1) / align * align;
 	free(b->p);
 	l->bytes -= b->bytes;
 	b->bytes = 0;
-	b->p = aligned_alloc(64, bytes);
+	b->p = aligned_alloc(align, bytes);
+	if (b->p && align == huge)
+		madvise(b->p, bytes, MADV_HUGEPAGE);
 	if (!b->p)
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes of MoE workspace",
 			       bytes);
@@ -253,6 +272,36 @@ static void colsum(const float *a, int64_t rows, int64_t n, float *out)
 #pragma omp simd
 			for (int64_t j = j0; j < j1; j++)
 				out[j] += row[j];
+		}
+	}
+}
+
+/* dh *= act'(pre) in place and db1 = column sums of the result, in one pass over dh
+ * (parallel over column blocks). relu takes its mask from h (h > 0 iff pre > 0). */
+static void act_backward_colsum(float *dh, const float *h, const float *pre, int64_t rows,
+				int64_t H, float *db1)
+{
+#pragma omp parallel for schedule(static)
+	for (int64_t j0 = 0; j0 < H; j0 += 256) {
+		int64_t j1 = j0 + 256 < H ? j0 + 256 : H;
+		for (int64_t j = j0; j < j1; j++)
+			db1[j] = 0.0f;
+		for (int64_t i = 0; i < rows; i++) {
+			float *d = dh + i * H;
+			if (pre) {
+				const float *pr = pre + i * H;
+				for (int64_t j = j0; j < j1; j++) {
+					d[j] *= gelu_grad(pr[j]);
+					db1[j] += d[j];
+				}
+			} else {
+				const float *hr = h + i * H;
+#pragma omp simd
+				for (int64_t j = j0; j < j1; j++) {
+					d[j] = hr[j] > 0.0f ? d[j] : 0.0f;
+					db1[j] += d[j];
+				}
+			}
 		}
 	}
 }
@@ -521,21 +570,7 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 			    1.0f, he, (int)H, de, (int)M, 0.0f, dw2, (int)M);
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)H, (int)M,
 			    1.0f, de, (int)M, p->w2 + (int64_t)e * H * M, (int)M, 0.0f, dh, (int)H);
-#pragma omp parallel for schedule(static)
-		for (int64_t i = 0; i < rows; i++) {
-			float *d = dh + i * H;
-			if (pe) {
-				const float *pr = pe + i * H;
-				for (int64_t j = 0; j < H; j++)
-					d[j] *= gelu_grad(pr[j]);
-			} else {
-				const float *hr = he + i * H;
-#pragma omp simd
-				for (int64_t j = 0; j < H; j++)
-					d[j] = hr[j] > 0.0f ? d[j] : 0.0f;
-			}
-		}
-		colsum(dh, rows, H, db1);
+		act_backward_colsum(dh, he, pe, rows, H, db1);
 		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)H, (int)rows,
 			    1.0f, a, (int)M, dh, (int)H, 0.0f, dw1, (int)H);
 		if (dx)

@@ -89,6 +89,11 @@ void moe_config_default(struct moe_config *cfg, int64_t T, int64_t M, int64_t H,
 /* CORE_EUSAGE with a detail naming the bad value when the config is inconsistent. */
 int moe_config_check(const struct moe_config *cfg);
 
+/* Zeroed memory for layer inputs and outputs, free with free(): 64-byte aligned (the
+ * kernels use streaming stores only on 64-byte aligned rows with M % 16 == 0), and on 2 MiB
+ * boundaries with transparent huge pages requested when large. NULL on failure. */
+void *moe_alloc(size_t bytes);
+
 /* Parameters and gradients of one layer, shapes as above. Owned by the caller. */
 struct moe_params {
 	float *wg, *w1, *b1, *w2, *b2;
