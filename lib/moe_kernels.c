@@ -496,20 +496,21 @@ static int token_rows(const struct moe_routing *r, int64_t t, const float *buf, 
 
 /* ---- encode / decode -------------------------------------------------------------------- */
 
-/* Zero the padding rows [used_e, C) of every expert (streamed when possible). */
+/* The row kernels below write disjoint rows and reduce nothing across rows, so their
+ * result does not depend on which thread takes which row: they use dynamic scheduling, which
+ * keeps both cores busy when the machine is shared and one thread gets preempted. */
+#define ROW_CHUNK 32
+
+/* Zero the padding rows [used_e, C) of every expert (streamed when st); call inside a
+ * parallel region (work-shared, no barrier at the end). */
 static void zero_padding(const struct moe_routing *r, float *buf, int64_t M, int st)
 {
 	const int64_t C = r->C;
-#pragma omp parallel
-	{
-#pragma omp for schedule(static) collapse(2) nowait
-		for (int e = 0; e < r->E; e++)
-			for (int64_t c = 0; c < C; c++)
-				if (c >= r->used[e])
-					row_combine(buf + ((int64_t)e * C + c) * M, NULL, NULL, 0, M,
-						    st);
-		fence();
-	}
+#pragma omp for schedule(dynamic, ROW_CHUNK) collapse(2) nowait
+	for (int e = 0; e < r->E; e++)
+		for (int64_t c = 0; c < C; c++)
+			if (c >= r->used[e])
+				row_combine(buf + ((int64_t)e * C + c) * M, NULL, NULL, 0, M, st);
 }
 
 /* K0 in token order: each token row is read once and written to its (up to k) slots, so
@@ -520,10 +521,10 @@ void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_
 	const int k = r->k;
 	const int st = streamable(disp, M) && streamable(x, M);
 
-	zero_padding(r, disp, M, st);
 #pragma omp parallel
 	{
-#pragma omp for schedule(static) nowait
+		zero_padding(r, disp, M, st);
+#pragma omp for schedule(dynamic, ROW_CHUNK) nowait
 		for (int64_t t = 0; t < T; t++) {
 			const float *src = x + t * M;
 			for (int j = 0; j < k; j++) {
@@ -558,7 +559,7 @@ static void gather_tokens(const struct moe_routing *r, const float *buf, float *
 			rows = malloc(sizeof(*rows) * (size_t)k);
 			w = malloc(sizeof(*w) * (size_t)k);
 		}
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(dynamic, ROW_CHUNK) nowait
 		for (int64_t t = 0; t < T; t++) {
 			if (!rows || !w)
 				continue;
@@ -587,29 +588,32 @@ void moe_decode_backward(const struct moe_routing *r, const float *dy, const flo
 	/* One pass over the tokens: dy[t] is read once for its k choices. K2 reads each
 	 * expert-output row before K0 overwrites it, so d_eo may alias eo (the layer does that
 	 * to save E*C*M floats); then the row is in cache and plain stores are right. */
-	zero_padding(r, d_eo, M, 0);
-#pragma omp parallel for schedule(static)
-	for (int64_t t = 0; t < T; t++) {
-		const float *g = dy + t * M;
-		for (int j = 0; j < k; j++) {
-			int64_t i = (int64_t)j * T + t;
-			int32_t l = r->loc[i];
-			if (l < 0) {
-				dscore[i] = 0.0f;
-				continue;
-			}
-			int64_t s = (int64_t)r->idx[i] * C + l;
-			const float *o = eo + s * M;
-			float *out = d_eo + s * M;
-			const float sc = r->score[i];
-			float dot = 0.0f;
+#pragma omp parallel
+	{
+		zero_padding(r, d_eo, M, 0);
+#pragma omp for schedule(dynamic, ROW_CHUNK) nowait
+		for (int64_t t = 0; t < T; t++) {
+			const float *g = dy + t * M;
+			for (int j = 0; j < k; j++) {
+				int64_t i = (int64_t)j * T + t;
+				int32_t l = r->loc[i];
+				if (l < 0) {
+					dscore[i] = 0.0f;
+					continue;
+				}
+				int64_t s = (int64_t)r->idx[i] * C + l;
+				const float *o = eo + s * M;
+				float *out = d_eo + s * M;
+				const float sc = r->score[i];
+				float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-			for (int64_t m = 0; m < M; m++)
-				dot += g[m] * o[m];
-			dscore[i] = dot;
+				for (int64_t m = 0; m < M; m++)
+					dot += g[m] * o[m];
+				dscore[i] = dot;
 #pragma omp simd
-			for (int64_t m = 0; m < M; m++)
-				out[m] = sc * g[m];
+				for (int64_t m = 0; m < M; m++)
+					out[m] = sc * g[m];
+			}
 		}
 	}
 }
