@@ -22,6 +22,8 @@
 
 /* Up to this many experts the gate products run in moe.c's own loops (see gate_logits). */
 #define GATE_E_MAX 64
+/* Below this many elements a loop runs on one thread: a parallel region costs more. */
+#define PAR_MIN 32768
 
 void moe_config_default(struct moe_config *cfg, int64_t T, int64_t M, int64_t H, int E)
 {
@@ -262,7 +264,7 @@ static float gelu_grad(float x)
 /* out[j] = sum_i a[i*n + j] for i < rows: column sums, parallel over column blocks. */
 static void colsum(const float *a, int64_t rows, int64_t n, float *out)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * n >= PAR_MIN)
 	for (int64_t j0 = 0; j0 < n; j0 += 256) {
 		int64_t j1 = j0 + 256 < n ? j0 + 256 : n;
 		for (int64_t j = j0; j < j1; j++)
@@ -281,7 +283,7 @@ static void colsum(const float *a, int64_t rows, int64_t n, float *out)
 static void act_backward_colsum(float *dh, const float *h, const float *pre, int64_t rows,
 				int64_t H, float *db1)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * H >= PAR_MIN)
 	for (int64_t j0 = 0; j0 < H; j0 += 256) {
 		int64_t j1 = j0 + 256 < H ? j0 + 256 : H;
 		for (int64_t j = j0; j < j1; j++)
@@ -326,7 +328,7 @@ static void transpose_wg(const float *wg, int64_t M, int E, float *wgt)
 static void gate_logits(const float *x, const float *wgt, int64_t T, int64_t M, int E,
 			float *logits)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * M * E >= PAR_MIN)
 	for (int64_t t = 0; t < T; t++) {
 		const float *xt = x + t * M;
 		for (int e = 0; e < E; e++) {
@@ -346,7 +348,7 @@ static void gate_logits(const float *x, const float *wgt, int64_t T, int64_t M, 
 static int gate_backward_products(const float *x, const float *dlogits, const float *wgt,
 				  int64_t T, int64_t M, int E, float *dx, float *dwg)
 {
-	int nt = omp_get_max_threads();
+	int nt = T * M * E >= PAR_MIN ? omp_get_max_threads() : 1;
 	double *part = calloc((size_t)nt * (size_t)E * (size_t)M, sizeof(double));
 
 	if (!part)
@@ -492,7 +494,7 @@ int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x,
 		const float *b1 = p->b1 + (int64_t)e * H, *b2 = p->b2 + (int64_t)e * M;
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)H, (int)M,
 			    1.0f, a, (int)M, p->w1 + (int64_t)e * M * H, (int)H, 0.0f, he, (int)H);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * (H + M) >= PAR_MIN)
 		for (int64_t i = 0; i < rows; i++) {
 			float *hr = he + i * H;
 			if (pe) {

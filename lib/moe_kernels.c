@@ -21,6 +21,9 @@
 #endif
 #include "banned.h"
 
+/* Below this many elements a kernel runs on one thread: a parallel region costs more. */
+#define PAR_MIN 32768
+
 /* ---- gating ---------------------------------------------------------------------------- */
 
 static void softmax_row(const float *in, float *out, int E)
@@ -97,7 +100,7 @@ int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t 
 			       "the load-importance loss needs gate noise > 0 and E >= 2");
 	r->noise_step = step;
 	/* Per token: noisy logits -> softmax -> top-k (ties: lower index) -> renormalise. */
-#pragma omp parallel
+#pragma omp parallel if (T * E * 16 >= PAR_MIN)
 	{
 		float *buf = malloc(sizeof(float) * (size_t)E);
 		unsigned char *taken = malloc((size_t)E);
@@ -205,7 +208,7 @@ void moe_gate_backward(const struct moe_config *cfg, const float *logits, const 
 			gload[e] *= 0.5 * aux_weight / sigma;
 		}
 	}
-#pragma omp parallel
+#pragma omp parallel if (T * E * 16 >= PAR_MIN)
 	{
 		float *dp = malloc(sizeof(float) * (size_t)E * 2);
 #pragma omp for schedule(static)
@@ -521,7 +524,7 @@ void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_
 	const int k = r->k;
 	const int st = streamable(disp, M) && streamable(x, M);
 
-#pragma omp parallel
+#pragma omp parallel if ((T + (int64_t)r->E * C) * M >= PAR_MIN)
 	{
 		zero_padding(r, disp, M, st);
 #pragma omp for schedule(dynamic, ROW_CHUNK) nowait
@@ -549,7 +552,7 @@ static void gather_tokens(const struct moe_routing *r, const float *buf, float *
 	const int k = r->k;
 	const int st = streamable(out, M) && streamable(buf, M);
 
-#pragma omp parallel
+#pragma omp parallel if (T * M * k >= PAR_MIN)
 	{
 		const float *rows_s[KSTACK];
 		float w_s[KSTACK];
@@ -588,7 +591,7 @@ void moe_decode_backward(const struct moe_routing *r, const float *dy, const flo
 	/* One pass over the tokens: dy[t] is read once for its k choices. K2 reads each
 	 * expert-output row before K0 overwrites it, so d_eo may alias eo (the layer does that
 	 * to save E*C*M floats); then the row is in cache and plain stores are right. */
-#pragma omp parallel
+#pragma omp parallel if ((T + (int64_t)r->E * C) * M >= PAR_MIN)
 	{
 		zero_padding(r, d_eo, M, 0);
 #pragma omp for schedule(dynamic, ROW_CHUNK) nowait
