@@ -177,31 +177,39 @@ static double step_flops(const struct opts *o, int64_t T, int64_t R)
 	return o->no_dx ? 3.0 * f - 2.0 * R * c->M * c->H - 2.0 * T * c->M * c->E : 3.0 * f;
 }
 
-/* Median seconds of one plain sgemm of the expert fc1 shape [rows, M] x [M, H]. */
-static double sgemm_rate(const struct moe_config *c, int64_t rows)
-{
-	float *a = malloc(sizeof(float) * (size_t)(rows * c->M));
-	float *b = malloc(sizeof(float) * (size_t)(c->M * c->H));
-	float *d = malloc(sizeof(float) * (size_t)(rows * c->H));
-	double t[5], rate = NAN;
+/* One plain sgemm of the expert fc1 shape [rows, M] x [M, H], timed between the layer's
+ * steps so that the layer and the reference see the same machine load. */
+struct sgemm_ref {
+	int64_t rows;
+	float *a, *b, *d;
+};
 
-	if (a && b && d && rows > 0) {
-		rng_fill_normal(a, rows * c->M, 0.0f, 1.0f, 9, RNG_STREAM_TEST, 0);
-		rng_fill_normal(b, c->M * c->H, 0.0f, 1.0f, 9, RNG_STREAM_TEST, 1u << 30);
-		for (int i = 0; i < 6; i++) {
-			double t0 = omp_get_wtime();
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows,
-				    (int)c->H, (int)c->M, 1.0f, a, (int)c->M, b, (int)c->H, 0.0f,
-				    d, (int)c->H);
-			if (i > 0)
-				t[i - 1] = omp_get_wtime() - t0;
-		}
-		rate = 2.0 * rows * c->M * c->H / median(t, 5, NULL, NULL) / 1e9;
-	}
-	free(a);
-	free(b);
-	free(d);
-	return rate;
+static int sgemm_ref_init(struct sgemm_ref *s, const struct moe_config *c, int64_t rows)
+{
+	s->rows = rows > 0 ? rows : 1;
+	s->a = moe_alloc(sizeof(float) * (size_t)(s->rows * c->M));
+	s->b = moe_alloc(sizeof(float) * (size_t)(c->M * c->H));
+	s->d = moe_alloc(sizeof(float) * (size_t)(s->rows * c->H));
+	if (!s->a || !s->b || !s->d)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the sgemm reference");
+	rng_fill_normal(s->a, s->rows * c->M, 0.0f, 1.0f, 9, RNG_STREAM_TEST, 0);
+	rng_fill_normal(s->b, c->M * c->H, 0.0f, 1.0f, 9, RNG_STREAM_TEST, 1u << 30);
+	return 0;
+}
+
+static double sgemm_ref_time(const struct sgemm_ref *s, const struct moe_config *c)
+{
+	double t0 = omp_get_wtime();
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)s->rows, (int)c->H,
+		    (int)c->M, 1.0f, s->a, (int)c->M, s->b, (int)c->H, 0.0f, s->d, (int)c->H);
+	return omp_get_wtime() - t0;
+}
+
+static void sgemm_ref_free(struct sgemm_ref *s)
+{
+	free(s->a);
+	free(s->b);
+	free(s->d);
 }
 
 /* Median GB/s (read + written) of a plain parallel copy moving `bytes` in total. */
@@ -392,8 +400,13 @@ static int run_layer(const struct opts *o, struct data *d)
 	struct samples s;
 	int rc;
 
+	struct sgemm_ref ref = { 0 };
+	double *ref_t = calloc((size_t)o->iters, sizeof(double));
+
 	ERR_FORWARD(samples_alloc(&s, o->iters));
 	rc = moe_layer_init(&l, c);
+	if (rc == 0 && !ref_t)
+		rc = err_set(CORE_ENOMEM, NULL, "cannot allocate the timing samples");
 	for (long i = 0; rc == 0 && i < o->warmup + o->iters; i++) {
 		double t0 = omp_get_wtime(), t1, t2;
 		rc = moe_forward(l, &d->p, d->x, d->y, c->T, c->k, setting_at(o, i), (uint64_t)i);
@@ -402,10 +415,14 @@ static int run_layer(const struct opts *o, struct data *d)
 			rc = moe_backward(l, &d->p, d->x, d->dy, o->no_dx ? NULL : d->dx, &d->g,
 					  0.01f);
 		t2 = omp_get_wtime();
+		if (rc < 0)
+			continue;
+		const struct moe_routing *r = moe_layer_routing(l);
+		if (!ref.a) /* the reference shape: the mean kept rows per expert */
+			rc = sgemm_ref_init(&ref, c, (kept_rows(r) + c->E / 2) / c->E);
 		if (rc < 0 || i < o->warmup)
 			continue;
 		long j = i - o->warmup;
-		const struct moe_routing *r = moe_layer_routing(l);
 		s.step[j] = t2 - t0;
 		s.fwd[j] = t1 - t0;
 		s.bwd[j] = t2 - t1;
@@ -413,6 +430,7 @@ static int run_layer(const struct opts *o, struct data *d)
 		s.dropped[j] = r->dropped;
 		s.C[j] = r->C;
 		s.rows[j] = kept_rows(r);
+		ref_t[j] = sgemm_ref_time(&ref, c);
 	}
 	if (rc < 0)
 		goto out;
@@ -427,8 +445,8 @@ static int run_layer(const struct opts *o, struct data *d)
 	double ex_rate = 4.0 * R * c->M * c->H / ex / 1e9;
 	double bex_rate = o->forward_only ? NAN
 					  : (o->no_dx ? 6.0 : 8.0) * R * c->M * c->H / bex / 1e9;
-	int64_t rows = (int64_t)(R / c->E + 0.5);
-	double ref = sgemm_rate(c, rows > 0 ? rows : 1);
+	int64_t rows = ref.rows;
+	double ref_rate = 2.0 * rows * c->M * c->H / median(ref_t, s.n, NULL, NULL) / 1e9;
 	json_t *j = base_json(o, "sparse", c->T);
 	add_step_stats(j, &s, o->forward_only);
 	json_object_set_new(j, "flops_per_step", json_real(fl));
@@ -444,21 +462,25 @@ static int run_layer(const struct opts *o, struct data *d)
 	json_object_set_new(j, "expert_fwd_gflops", json_real(ex_rate));
 	if (!o->forward_only)
 		json_object_set_new(j, "expert_bwd_gflops", json_real(bex_rate));
-	json_object_set_new(j, "sgemm_gflops", json_real(ref));
+	json_object_set_new(j, "sgemm_gflops", json_real(ref_rate));
 	json_object_set_new(j, "sgemm_shape", json_pack("[I,I,I]", (json_int_t)rows,
 							(json_int_t)c->M, (json_int_t)c->H));
-	json_object_set_new(j, "expert_fwd_to_sgemm", json_real(ex_rate / ref));
+	json_object_set_new(j, "expert_fwd_to_sgemm", json_real(ex_rate / ref_rate));
+	if (!o->forward_only)
+		json_object_set_new(j, "expert_bwd_to_sgemm", json_real(bex_rate / ref_rate));
 	double nongemm = md - ex - (o->forward_only ? 0.0 : bex);
 	json_object_set_new(j, "non_gemm_ms", json_real(1e3 * nongemm));
 	print_table("sparse", &s, fl / md / 1e9, moe_layer_peak_bytes(l));
 	fprintf(stderr, "        expert GEMMs %.1f GFLOP/s fwd, %.1f bwd; plain sgemm "
 		"[%lld,%lld]x[%lld,%lld] %.1f GFLOP/s (ratio %.2f); non-GEMM %.2f ms\n",
 		ex_rate, bex_rate, (long long)rows, (long long)c->M, (long long)c->M,
-		(long long)c->H, ref, ex_rate / ref, 1e3 * nongemm);
+		(long long)c->H, ref_rate, ex_rate / ref_rate, 1e3 * nongemm);
 	print_json(j);
 out:
 	moe_layer_free(l);
 	samples_free(&s);
+	sgemm_ref_free(&ref);
+	free(ref_t);
 	return rc;
 }
 
