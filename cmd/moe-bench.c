@@ -265,6 +265,8 @@ static json_t *times_json(const struct samples *s)
 		{ "bwd_experts", offsetof(struct moe_times, bwd_experts) },
 		{ "bwd_encode", offsetof(struct moe_times, bwd_encode) },
 		{ "bwd_gate", offsetof(struct moe_times, bwd_gate) },
+		{ "gemm_fwd", offsetof(struct moe_times, gemm_fwd) },
+		{ "gemm_bwd", offsetof(struct moe_times, gemm_bwd) },
 	};
 	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
 		json_object_set_new(o, f[i].name, json_real(1e3 * stage_median(s, f[i].off)));
@@ -439,14 +441,19 @@ static int run_layer(const struct opts *o, struct data *d)
 	for (long i = 0; i < s.n; i++)
 		R += (double)s.rows[i] / (double)s.n;
 	fl = step_flops(o, c->T, (int64_t)R);
-	/* Expert GEMM rate inside the layer against one plain sgemm of the expert shape. */
-	double ex = stage_median(&s, offsetof(struct moe_times, experts));
-	double bex = stage_median(&s, offsetof(struct moe_times, bwd_experts));
+	/* Expert GEMM rate inside the layer (time inside its sgemm calls) against one plain
+	 * sgemm of the expert shape; non-GEMM = step time outside the expert sgemm calls,
+	 * median over the steps. */
+	double ex = stage_median(&s, offsetof(struct moe_times, gemm_fwd));
+	double bex = stage_median(&s, offsetof(struct moe_times, gemm_bwd));
 	double ex_rate = 4.0 * R * c->M * c->H / ex / 1e9;
 	double bex_rate = o->forward_only ? NAN
 					  : (o->no_dx ? 6.0 : 8.0) * R * c->M * c->H / bex / 1e9;
 	int64_t rows = ref.rows;
 	double ref_rate = 2.0 * rows * c->M * c->H / median(ref_t, s.n, NULL, NULL) / 1e9;
+	for (long i = 0; i < s.n; i++)
+		ref_t[i] = s.step[i] - s.st[i].gemm_fwd - s.st[i].gemm_bwd;
+	double nongemm = median(ref_t, s.n, NULL, NULL);
 	json_t *j = base_json(o, "sparse", c->T);
 	add_step_stats(j, &s, o->forward_only);
 	json_object_set_new(j, "flops_per_step", json_real(fl));
@@ -468,7 +475,6 @@ static int run_layer(const struct opts *o, struct data *d)
 	json_object_set_new(j, "expert_fwd_to_sgemm", json_real(ex_rate / ref_rate));
 	if (!o->forward_only)
 		json_object_set_new(j, "expert_bwd_to_sgemm", json_real(bex_rate / ref_rate));
-	double nongemm = md - ex - (o->forward_only ? 0.0 : bex);
 	json_object_set_new(j, "non_gemm_ms", json_real(1e3 * nongemm));
 	print_table("sparse", &s, fl / md / 1e9, moe_layer_peak_bytes(l));
 	fprintf(stderr, "        expert GEMMs %.1f GFLOP/s fwd, %.1f bwd; plain sgemm "

@@ -492,8 +492,10 @@ int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x,
 		float *he = h + (int64_t)e * C * H, *pe = hpre ? hpre + (int64_t)e * C * H : NULL;
 		float *oe = eo + (int64_t)e * C * M;
 		const float *b1 = p->b1 + (int64_t)e * H, *b2 = p->b2 + (int64_t)e * M;
+		double g0 = now();
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)H, (int)M,
 			    1.0f, a, (int)M, p->w1 + (int64_t)e * M * H, (int)H, 0.0f, he, (int)H);
+		l->times.gemm_fwd += now() - g0;
 #pragma omp parallel for schedule(static) if (rows * (H + M) >= PAR_MIN)
 		for (int64_t i = 0; i < rows; i++) {
 			float *hr = he + i * H;
@@ -513,8 +515,10 @@ int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x,
 			float *orow = oe + i * M;
 			memcpy(orow, b2, sizeof(float) * (size_t)M);
 		}
+		g0 = now();
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)M, (int)H,
 			    1.0f, he, (int)H, p->w2 + (int64_t)e * H * M, (int)M, 1.0f, oe, (int)M);
+		l->times.gemm_fwd += now() - g0;
 	}
 	t1 = now();
 	l->times.experts = t1 - t0;
@@ -568,17 +572,21 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 		float *a = disp + (int64_t)e * C * M, *de = d_eo + (int64_t)e * C * M;
 		float *he = h + (int64_t)e * C * H, *pe = hpre ? hpre + (int64_t)e * C * H : NULL;
 		colsum(de, rows, M, db2);
+		double g0 = now();
 		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)H, (int)M, (int)rows,
 			    1.0f, he, (int)H, de, (int)M, 0.0f, dw2, (int)M);
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)H, (int)M,
 			    1.0f, de, (int)M, p->w2 + (int64_t)e * H * M, (int)M, 0.0f, dh, (int)H);
+		l->times.gemm_bwd += now() - g0;
 		act_backward_colsum(dh, he, pe, rows, H, db1);
+		g0 = now();
 		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)H, (int)rows,
 			    1.0f, a, (int)M, dh, (int)H, 0.0f, dw1, (int)H);
 		if (dx)
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)M,
 				    (int)H, 1.0f, dh, (int)H, p->w1 + (int64_t)e * M * H, (int)H, 0.0f,
 				    a, (int)M);
+		l->times.gemm_bwd += now() - g0;
 	}
 	t1 = now();
 	l->times.bwd_experts = t1 - t0;

@@ -18,7 +18,7 @@
  *     the gate would get no gradient); k > 1: score_r = p[t, idx_r] / max(sum_r' p[t, idx_r'],
  *     FLT_EPSILON), i.e. the k chosen values renormalised to sum 1 (Tutel normalize_gate).
  *  2. Auxiliary loss (returned, its gradient added in backward with weight aux_weight):
- *     MOE_LOSS_GSHARD (GShard, Lepikhin et al. 2020, eq. in sec. 2.2; Tutel gshard_loss):
+ *     MOE_LOSS_GSHARD (GShard, Lepikhin et al. 2020, Algorithm 1; Tutel gshard_loss):
  *       l = E * sum_e mean_t(mask1[t,e]) * mean_t(p[t,e]),  mask1 = one-hot of idx0;
  *       mask1 carries no gradient.
  *     MOE_LOSS_LOAD_IMPORTANCE (Shazeer et al. 2017, "Outrageously large neural networks",
@@ -120,10 +120,12 @@ struct moe_routing {
 	int64_t *slot_tok; /* [E*C] token of slot (e,c) * k + rank, -1 for padding */
 };
 
-/* Per-stage wall times of the last call, seconds. */
+/* Per-stage wall times of the last call, seconds. gemm_fwd / gemm_bwd: the part of experts /
+ * bwd_experts spent inside the expert sgemm calls (the rest of a step is "non-GEMM"). */
 struct moe_times {
 	double gate, scan, encode, experts, decode;                 /* forward */
 	double bwd_decode, bwd_experts, bwd_encode, bwd_gate;       /* backward */
+	double gemm_fwd, gemm_bwd;
 };
 
 struct moe_layer; /* opaque: config, workspace, saved activations */
