@@ -516,6 +516,7 @@ static void grid(double cap, int fd)
 						n++;
 						run_case(&c, fd && c.T <= 6);
 					}
+	cr_assert_eq(n, 72, "the grid ran %d cases, not 72", n);
 }
 
 Test(moe, grid_factor_1)
@@ -585,4 +586,46 @@ Test(moe, bad_config)
 	cr_assert_lt(moe_forward(l, &p, x, y, 8, 3, 1.0, 0), 0, "k > E accepted");
 	moe_params_free(&p);
 	moe_layer_free(l);
+}
+
+/* Same inputs, seed and thread count: bit-identical output and gradients (the row kernels
+ * schedule dynamically, which must not matter; the reductions are in a fixed order). */
+Test(moe, deterministic)
+{
+	struct moe_config cfg;
+	struct moe_params p, g[2];
+	struct moe_layer *l;
+	const int64_t T = 512, M = 32, H = 16;
+	float *x = moe_alloc(sizeof(float) * T * M), *dy = moe_alloc(sizeof(float) * T * M);
+	float *y[2] = { moe_alloc(sizeof(float) * T * M), moe_alloc(sizeof(float) * T * M) };
+	float *dx[2] = { moe_alloc(sizeof(float) * T * M), moe_alloc(sizeof(float) * T * M) };
+
+	moe_config_default(&cfg, T, M, H, 8);
+	cfg.bpr = 1;
+	cfg.gate_noise = 1.0f;
+	cr_assert_eq(moe_params_alloc(&p, &cfg), 0);
+	moe_params_init(&p, &cfg, 5);
+	rng_fill_normal(x, T * M, 0.0f, 1.0f, 6, RNG_STREAM_TEST, 0);
+	rng_fill_normal(dy, T * M, 0.0f, 1.0f, 7, RNG_STREAM_TEST, 0);
+	cr_assert_eq(moe_layer_init(&l, &cfg), 0);
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(moe_params_alloc(&g[i], &cfg), 0);
+		cr_assert_eq(moe_forward(l, &p, x, y[i], T, 2, 1.0, 3), 0);
+		cr_assert_eq(moe_backward(l, &p, x, dy, dx[i], &g[i], 0.1f), 0);
+	}
+	cr_assert(!memcmp(y[0], y[1], sizeof(float) * T * M), "y differs between runs");
+	cr_assert(!memcmp(dx[0], dx[1], sizeof(float) * T * M), "dx differs between runs");
+	cr_assert(!memcmp(g[0].wg, g[1].wg, sizeof(float) * M * 8), "dwg differs between runs");
+	cr_assert(!memcmp(g[0].w1, g[1].w1, sizeof(float) * 8 * M * H), "dw1 differs");
+	cr_assert(!memcmp(g[0].b2, g[1].b2, sizeof(float) * 8 * M), "db2 differs");
+	moe_layer_free(l);
+	moe_params_free(&p);
+	moe_params_free(&g[0]);
+	moe_params_free(&g[1]);
+	free(x);
+	free(dy);
+	free(y[0]);
+	free(y[1]);
+	free(dx[0]);
+	free(dx[1]);
 }
