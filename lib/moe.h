@@ -1,0 +1,221 @@
+/* moe.h - one Mixture-of-Experts layer on the CPU (Tutel, arXiv 2206.03382, sections 3.4.x).
+ *
+ * Shapes follow Tutel: T tokens, model dim M, expert hidden dim H, E experts, top-k, capacity
+ * C slots per expert. All tensors are float32, contiguous, row-major:
+ *
+ *   x, y, dx, dy   [T, M]        layer input / output and their gradients
+ *   wg             [M, E]        gate weights (logits = x wg, no bias)
+ *   w1 [E, M, H], b1 [E, H]      expert fc1:  h   = act(disp[e] w1[e] + b1[e])
+ *   w2 [E, H, M], b2 [E, M]      expert fc2:  out = h w2[e] + b2[e]
+ *   disp, eo       [E, C, M]     dispatched tokens (encode output), expert outputs
+ *
+ * Forward, one step (moe_forward):
+ *  1. Gating. logits = x wg [T,E]; with gate noise s > 0 the routed logits are
+ *     logits + s/E * N(0,1) (Tutel's `gate_noise`; draw (step, t, e) from rng.h stream
+ *     RNG_STREAM_NOISE, index (step * T + t) * E + e). p = softmax(routed logits) in float32.
+ *     The k largest p (ties: lower expert index first) give idx[r][t], r = 0..k-1 in
+ *     descending order. Gate scores: k == 1: score = p[t, idx0] (not normalised, otherwise
+ *     the gate would get no gradient); k > 1: score_r = p[t, idx_r] / max(sum_r' p[t, idx_r'],
+ *     FLT_EPSILON), i.e. the k chosen values renormalised to sum 1 (Tutel normalize_gate).
+ *  2. Auxiliary loss (returned, its gradient added in backward with weight aux_weight):
+ *     MOE_LOSS_GSHARD (GShard, Lepikhin et al. 2020, Algorithm 1; Tutel gshard_loss):
+ *       l = E * sum_e mean_t(mask1[t,e]) * mean_t(p[t,e]),  mask1 = one-hot of idx0;
+ *       mask1 carries no gradient.
+ *     MOE_LOSS_LOAD_IMPORTANCE (Shazeer et al. 2017, "Outrageously large neural networks",
+ *       sec. 4 and appendix A; Tutel load_importance_loss), needs gate noise s > 0 and E >= 2:
+ *       q = softmax(logits) (no noise); Imp_e = sum_t q[t,e];
+ *       thr_t = routed (noisy) logit of the k-th choice (Tutel mixes units here: a logit
+ *       against probabilities; we follow it); Load_e = sum_t Phi((q[t,e] - thr_t) / (s/E));
+ *       cv2(v) = var(v) / (mean(v)^2 + 1e-10), var unbiased (divide by E-1);
+ *       l = (cv2(Imp) + cv2(Load)) / 2.  Gradient flows through q and through thr_t.
+ *  3. Batch-prioritized routing (BPR, Riquelme et al. 2021, V-MoE): when on, tokens are
+ *     visited in the order of their top gate value p[t, idx0], descending, stable (ties keep
+ *     token order); otherwise in token order.
+ *  4. Capacity from the setting x (Tutel capacity_setting, sec. 3.4.9), n_e = number of
+ *     (token, rank) choices of expert e, before dropping:
+ *       x > 0:  C = ceil(k * T * x / E)   (computed in double, then rounded up, forgiving a
+ *               relative 1e-9 of rounding error so that 1000 * 1.1 gives 1100; Tutel's
+ *               code rounds ceil(T/E) first, we round once)
+ *       x == 0: C = max_e n_e             (smallest C that drops nothing)
+ *       x < 0:  C = min(max_e n_e, ceil(k * T * |x| / E))
+ *     then C is rounded up to a multiple of capacity_align (1 = no alignment) and C >= 1.
+ *  5. Locations: one pass over rank r = 0..k-1 (outer) and tokens in BPR order (inner) with
+ *     one counter per expert: loc = counter[e]++; the choice is kept when loc < C, else
+ *     dropped (loc = -1). So every first choice is placed before any second choice, and
+ *     the kept slots of expert e are exactly 0..min(n_e, C)-1 (no holes). dropped counts
+ *     the dropped (token, rank) choices.
+ *  6. Encode (Tutel K0): disp[e, c] = x[t] for the choice placed at (e, c); the padding slots
+ *     c >= min(n_e, C) are zeroed, nothing else is written twice.
+ *  7. Experts: out = act(disp w1 + b1) w2 + b2, per expert, over the kept rows only (padding
+ *     rows of eo are not written: nothing reads them). act: relu or tanh-GELU.
+ *  8. Decode (Tutel K1): y[t] = sum_r [kept] score_r[t] * eo[idx_r, loc_r]; a token whose
+ *     choices were all dropped gets y[t] = 0.
+ * Backward (moe_backward, after moe_forward on the same layer, same x):
+ *     decode backward: d_eo[e,c] = score * dy[t] (K0), dscore = <dy[t], eo[e,c]> (K2);
+ *     expert backward (dW, db, d_disp); encode backward dx[t] = sum_r d_disp[idx_r, loc_r]
+ *     (K1, unweighted); gate backward: dscore -> renormalisation -> softmax -> logits ->
+ *     dwg = x^T dlogits, dx += dlogits wg^T; plus aux_weight * d(aux loss).
+ * The dense GShard formulation (moe_dense_*) computes the same function with one-hot masks,
+ * combine weights [T,E,C] and einsums; it is the baseline and the tests' oracle.
+ *
+ * Threads: OpenMP for our loops; BLAS is expected to share the OpenMP pool.
+ * Errors: CORE_EUSAGE for inconsistent sizes (E < 1, k < 1, k > E, T/M/H < 1, bad setting),
+ * CORE_ENOMEM. Determinism: same inputs, seed and thread count give identical outputs.
+ */
+#ifndef CORE_MOE_H
+#define CORE_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum moe_act { MOE_ACT_RELU = 0, MOE_ACT_GELU = 1 };
+enum moe_loss { MOE_LOSS_GSHARD = 0, MOE_LOSS_LOAD_IMPORTANCE = 1 };
+
+struct moe_config {
+	int64_t T, M, H; /* tokens (maximum per call), model dim, hidden dim */
+	int E;           /* experts */
+	int k;           /* default top-k (a call may pass another k in 1..E) */
+	double capacity_setting; /* default setting, see 4. above */
+	int capacity_align;      /* round C up to a multiple of this (>= 1) */
+	int bpr;                 /* batch-prioritized routing on/off */
+	float gate_noise;        /* s >= 0, see 1. above */
+	enum moe_act act;
+	enum moe_loss loss;
+	uint64_t seed;           /* key for the gate noise */
+};
+
+/* Fill cfg with defaults: k 2, capacity 1.0, align 1, BPR off, no noise, relu, GShard loss. */
+void moe_config_default(struct moe_config *cfg, int64_t T, int64_t M, int64_t H, int E);
+/* CORE_EUSAGE with a detail naming the bad value when the config is inconsistent. */
+int moe_config_check(const struct moe_config *cfg);
+
+/* Zeroed memory for layer inputs and outputs, free with free(): 64-byte aligned (the
+ * kernels use streaming stores only on 64-byte aligned rows with M % 16 == 0), and on 2 MiB
+ * boundaries with transparent huge pages requested when large. NULL on failure. */
+void *moe_alloc(size_t bytes);
+
+/* Parameters and gradients of one layer, shapes as above. Owned by the caller. */
+struct moe_params {
+	float *wg, *w1, *b1, *w2, *b2;
+};
+/* Allocate (zeroed, 64-byte aligned) / free parameter-shaped storage. */
+int moe_params_alloc(struct moe_params *p, const struct moe_config *cfg);
+void moe_params_free(struct moe_params *p);
+/* Deterministic init from seed: wg, w1, w2 ~ N(0, 1/sqrt(fan_in)), biases ~ N(0, 0.1). */
+void moe_params_init(struct moe_params *p, const struct moe_config *cfg, uint64_t seed);
+
+/* Routing metadata of one step. Arrays are [k][T] (rank-major). */
+struct moe_routing {
+	int64_t T;
+	int E, k;
+	int64_t C;        /* capacity used */
+	int64_t dropped;  /* dropped (token, rank) choices */
+	float aux_loss;   /* value of the configured auxiliary loss */
+	uint64_t noise_step; /* the step the gate noise was drawn for */
+	int32_t *idx;     /* [k*T] expert of choice r of token t, at r*T + t */
+	int32_t *loc;     /* [k*T] slot in that expert, -1 when dropped */
+	float *score;     /* [k*T] gate score (renormalised, see 1.) */
+	int64_t *count;   /* [E] n_e: choices of expert e before dropping */
+	int64_t *used;    /* [E] min(n_e, C): kept rows of expert e */
+	int64_t *slot_tok; /* [E*C] token of slot (e,c) * k + rank, -1 for padding */
+};
+
+/* Per-stage wall times of the last call, seconds. gemm_fwd / gemm_bwd: the part of experts /
+ * bwd_experts spent inside the expert sgemm calls (the rest of a step is "non-GEMM"). */
+struct moe_times {
+	double gate, scan, encode, experts, decode;                 /* forward */
+	double bwd_decode, bwd_experts, bwd_encode, bwd_gate;       /* backward */
+	double gemm_fwd, gemm_bwd;
+};
+
+struct moe_layer; /* opaque: config, workspace, saved activations */
+
+/* A layer with workspace for up to cfg->T tokens. *out is NULL on failure. */
+int moe_layer_init(struct moe_layer **out, const struct moe_config *cfg);
+void moe_layer_free(struct moe_layer *l);
+
+/* Forward for T <= cfg->T tokens: y = MoE(x). k in 1..E (0 = config default); capacity
+ * setting as in 4.; step indexes the gate-noise draws. Saves what backward needs. */
+int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x, float *y,
+		int64_t T, int k, double capacity_setting, uint64_t step);
+/* Steps 1-5 only (gating, capacity, locations) for T tokens, with the same arguments as
+ * moe_forward (which calls it); the routing is then in moe_layer_routing(). */
+int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, int k,
+	      double capacity_setting, uint64_t step);
+/* Backward of the last forward: dx [T,M] and every gradient in g are overwritten. dx may be
+ * NULL when the input needs no gradient: then the d_disp GEMM, encode-backward and the
+ * gate's input term are skipped (as PyTorch skips them for an input without grad).
+ * aux_weight multiplies the auxiliary loss added to the objective. */
+int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x,
+		 const float *dy, float *dx, struct moe_params *g, float aux_weight);
+
+/* The routing of the last forward (valid until the next forward). */
+const struct moe_routing *moe_layer_routing(const struct moe_layer *l);
+/* Stage times of the last forward / backward. */
+const struct moe_times *moe_layer_times(const struct moe_layer *l);
+/* Bytes the layer holds now (workspace, saved activations, routing), and its high-water. */
+size_t moe_layer_bytes(const struct moe_layer *l);
+size_t moe_layer_peak_bytes(const struct moe_layer *l);
+
+/* Bytes moe_forward (+ moe_backward when backward) allocates for T tokens, top-k and
+ * capacity C (analytic; equals moe_layer_peak_bytes() after such a call on a fresh layer). */
+size_t moe_layer_bytes_for(const struct moe_config *cfg, int64_t T, int k, int64_t C,
+			   int backward);
+
+/* Read a capacity trace: one capacity setting (a finite number) per line; blank lines and
+ * lines starting with '#' are skipped. *out (malloc'd, caller frees) gets *n >= 1 values.
+ * CORE_EIO if unreadable, CORE_ECONFIG naming the file and the line if malformed or empty. */
+int moe_trace_read(const char *path, double **out, size_t *n);
+
+/* ---- building blocks (used by moe_forward/backward, exposed for tests and moe-bench) ---- */
+
+/* Steps 1-2 for T tokens: from logits [T,E] (x wg), fill probs [T,E] (softmax of the
+ * routed, noisy logits), clean [T,E] (softmax without noise; only for the load-importance
+ * loss, else may be NULL), top [T] = probs[t, idx0], r->idx, r->score, r->aux_loss.
+ * r->T, r->E, r->k must be set and r->idx, r->score hold k*T entries. */
+int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t T, int k,
+		     uint64_t step, float *probs, float *clean, float *top,
+		     struct moe_routing *r);
+/* Backward of moe_gate_forward: dlogits [T,E] (overwritten) from dscore [k*T] (the gradient
+ * of the objective w.r.t. r->score) plus aux_weight times the gradient of r->aux_loss. */
+void moe_gate_backward(const struct moe_config *cfg, const float *logits, const float *probs,
+		       const float *clean, const struct moe_routing *r, const float *dscore,
+		       float aux_weight, float *dlogits);
+/* n_e into r->count from r->idx. */
+void moe_route_count(struct moe_routing *r);
+/* C for the given counts [E] and setting (4. above); align >= 1. */
+int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setting,
+		     int align);
+/* Steps 3 and 5 with r->C already set and r->count filled: loc, used, slot_tok (E*C
+ * entries), dropped. top[T] is the BPR key (ignored when bpr is 0). */
+int moe_route_locations(struct moe_routing *r, const float *top, int bpr);
+/* K0: disp[E,C,M] from x (padding zeroed). */
+void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_t M);
+/* K1: y[T,M] = sum_r score * eo[idx, loc]. */
+void moe_decode(const struct moe_routing *r, const float *eo, float *y, int64_t M);
+/* Decode backward, one pass: d_eo[e,c] = score * dy[t] (padding zeroed) (K0) and
+ * dscore[r*T+t] = <dy[t], eo[idx_r, loc_r]> (K2; 0 for dropped choices). */
+void moe_decode_backward(const struct moe_routing *r, const float *dy, const float *eo,
+			 float *d_eo, float *dscore, int64_t M);
+/* Encode backward (K1 unweighted): dx[t] = sum_r kept d_disp[idx_r, loc_r]. */
+void moe_encode_backward(const struct moe_routing *r, const float *d_disp, float *dx,
+			 int64_t M);
+
+/* ---- the dense GShard formulation: baseline and oracle ---- */
+
+/* Forward and backward of the same function as moe_forward/moe_backward, written the GShard
+ * way: masks [T,E] per rank, locations by cumulative sums of masks, combine [T,E,C],
+ * dispatch = einsum("TEC,TM->ECM", combine != 0, x), y = einsum("TEC,ECM->TM", combine, eo),
+ * backward by hand. Allocates everything per call; dropped and C are returned through the
+ * optional pointers. g may be NULL for forward only (then dy, dx are ignored). */
+int moe_dense_step(const struct moe_config *cfg, const struct moe_params *p, const float *x,
+		   float *y, int64_t T, int k, double capacity_setting, uint64_t step,
+		   const float *dy, float *dx, struct moe_params *g, float aux_weight,
+		   int64_t *dropped, int64_t *capacity, float *aux_loss, struct moe_times *times,
+		   size_t *peak_bytes);
+/* Bytes the dense formulation allocates at its peak for this shape and capacity
+ * (analytic; what moe_dense_step reports through peak_bytes). */
+size_t moe_dense_bytes(const struct moe_config *cfg, int64_t T, int k, int64_t C,
+		       int backward);
+
+#endif

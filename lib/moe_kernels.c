@@ -1,0 +1,628 @@
+/* moe_kernels.c - the MoE layer's routing and data-movement kernels: gating (softmax, top-k,
+ * auxiliary losses and their backward), capacity, locations, and Tutel's encode/decode
+ * kernels K0/K1/K2 (arXiv 2206.03382 sec. 3.4.7). Contract and math in moe.h.
+ *
+ * The kernels are organised around the slot -> token table slot_tok built by the scan, so
+ * that encode and decode-backward walk the [E,C,M] buffer in order (sequential writes, every
+ * slot written exactly once, padding zeroed in the same pass), while decode and
+ * encode-backward walk the tokens in order and gather their k rows in one pass.
+ */
+#include "moe.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "err.h"
+#include "rng.h"
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
+#include "banned.h"
+
+/* Below this many elements a kernel runs on one thread: a parallel region costs more. */
+#define PAR_MIN 32768
+
+/* ---- gating ---------------------------------------------------------------------------- */
+
+static void softmax_row(const float *in, float *out, int E)
+{
+	float mx = in[0];
+	for (int e = 1; e < E; e++)
+		mx = in[e] > mx ? in[e] : mx;
+	float sum = 0.0f;
+	for (int e = 0; e < E; e++) {
+		out[e] = expf(in[e] - mx);
+		sum += out[e];
+	}
+	float inv = 1.0f / sum;
+	for (int e = 0; e < E; e++)
+		out[e] *= inv;
+}
+
+/* The noise added to routed logit (t, e) at this step (Tutel: gate_noise * randn / E). */
+static float gate_noise_at(const struct moe_config *cfg, int64_t T, uint64_t step, int64_t t,
+			   int e)
+{
+	uint64_t i = (step * (uint64_t)T + (uint64_t)t) * (uint64_t)cfg->E + (uint64_t)e;
+	return cfg->gate_noise / (float)cfg->E * rng_normal(cfg->seed, RNG_STREAM_NOISE, i);
+}
+
+static double phi_pdf(double z)
+{
+	return exp(-0.5 * z * z) / sqrt(2.0 * M_PI);
+}
+
+static double phi_cdf(double z)
+{
+	return 0.5 * erfc(-z / sqrt(2.0));
+}
+
+/* cv2(v) = var(v) / (mean^2 + 1e-10), unbiased variance; and d cv2 / d v_e into g. */
+static double cv2_and_grad(const double *v, int E, double *g)
+{
+	double mu = 0.0, var = 0.0;
+	for (int e = 0; e < E; e++)
+		mu += v[e];
+	mu /= E;
+	for (int e = 0; e < E; e++)
+		var += (v[e] - mu) * (v[e] - mu);
+	var /= (E - 1);
+	double den = mu * mu + 1e-10;
+	if (g)
+		for (int e = 0; e < E; e++)
+			g[e] = 2.0 * (v[e] - mu) / (E - 1) / den - var * 2.0 * mu / E / (den * den);
+	return var / den;
+}
+
+/* The routed logit of (t, e): logit plus noise when noise is on. */
+static float routed_logit(const struct moe_config *cfg, const float *logits, int64_t T,
+			  uint64_t step, int64_t t, int e)
+{
+	float v = logits[t * cfg->E + e];
+	if (cfg->gate_noise > 0.0f)
+		v += gate_noise_at(cfg, T, step, t, e);
+	return v;
+}
+
+int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t T, int k,
+		     uint64_t step, float *probs, float *clean, float *top,
+		     struct moe_routing *r)
+{
+	const int E = cfg->E;
+	const int li = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE;
+
+	if (k < 1 || k > E)
+		return err_set(CORE_EUSAGE, NULL, "top-k %d is outside [1, %d]", k, E);
+	if (li && (cfg->gate_noise <= 0.0f || E < 2))
+		return err_set(CORE_EUSAGE, NULL,
+			       "the load-importance loss needs gate noise > 0 and E >= 2");
+	r->noise_step = step;
+	/* Per token: noisy logits -> softmax -> top-k (ties: lower index) -> renormalise. */
+#pragma omp parallel if (T * E * 16 >= PAR_MIN)
+	{
+		float *buf = malloc(sizeof(float) * (size_t)E);
+		unsigned char *taken = malloc((size_t)E);
+#pragma omp for schedule(static)
+		for (int64_t t = 0; t < T; t++) {
+			if (!buf || !taken)
+				continue;
+			for (int e = 0; e < E; e++)
+				buf[e] = routed_logit(cfg, logits, T, step, t, e);
+			float *p = probs + t * E;
+			softmax_row(buf, p, E);
+			if (clean)
+				softmax_row(logits + t * E, clean + t * E, E);
+			memset(taken, 0, (size_t)E);
+			float sum = 0.0f;
+			for (int j = 0; j < k; j++) {
+				int best = -1;
+				for (int e = 0; e < E; e++)
+					if (!taken[e] && (best < 0 || p[e] > p[best]))
+						best = e;
+				taken[best] = 1;
+				r->idx[(int64_t)j * T + t] = best;
+				r->score[(int64_t)j * T + t] = p[best];
+				sum += p[best];
+			}
+			if (k > 1) {
+				float den = sum > FLT_EPSILON ? sum : FLT_EPSILON;
+				for (int j = 0; j < k; j++)
+					r->score[(int64_t)j * T + t] /= den;
+			}
+			top[t] = p[r->idx[t]];
+		}
+		free(buf);
+		free(taken);
+	}
+
+	/* Auxiliary loss: reductions over T in double, serially (T*E adds; deterministic). */
+	double *acc = calloc((size_t)E * 4, sizeof(double));
+	if (!acc)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the gate loss accumulators");
+	if (!li) {
+		double *ce = acc, *me = acc + E;
+		for (int64_t t = 0; t < T; t++) {
+			ce[r->idx[t]] += 1.0;
+			for (int e = 0; e < E; e++)
+				me[e] += probs[t * E + e];
+		}
+		double l = 0.0;
+		for (int e = 0; e < E; e++)
+			l += (ce[e] / (double)T) * (me[e] / (double)T);
+		r->aux_loss = (float)(l * E);
+	} else {
+		double *imp = acc, *load = acc + E;
+		double sigma = cfg->gate_noise / (double)E;
+		for (int64_t t = 0; t < T; t++) {
+			int ek = r->idx[(int64_t)(k - 1) * T + t];
+			double thr = routed_logit(cfg, logits, T, step, t, ek);
+			for (int e = 0; e < E; e++) {
+				imp[e] += clean[t * E + e];
+				load[e] += phi_cdf((clean[t * E + e] - thr) / sigma);
+			}
+		}
+		r->aux_loss = (float)(0.5 * (cv2_and_grad(imp, E, NULL) +
+					     cv2_and_grad(load, E, NULL)));
+	}
+	free(acc);
+	return 0;
+}
+
+void moe_gate_backward(const struct moe_config *cfg, const float *logits, const float *probs,
+		       const float *clean, const struct moe_routing *r, const float *dscore,
+		       float aux_weight, float *dlogits)
+{
+	const int E = cfg->E, k = r->k;
+	const int64_t T = r->T;
+	const int li = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE;
+	double *acc = calloc((size_t)E * 4, sizeof(double));
+	double sigma = cfg->gate_noise / (double)E;
+	uint64_t step = 0;
+
+	if (!acc)
+		return; /* cannot happen in practice; leave dlogits as it is */
+	/* Per-expert factors of the auxiliary-loss gradient. */
+	if (!li) {
+		/* d l / d p[t,e] = E * ce_e / T, ce_e = mean_t mask1[t,e]. */
+		for (int64_t t = 0; t < T; t++)
+			acc[r->idx[t]] += 1.0;
+		for (int e = 0; e < E; e++)
+			acc[e] = aux_weight * (double)E * (acc[e] / (double)T) / (double)T;
+	} else {
+		double *imp = acc, *load = acc + E, *gimp = acc + 2 * E, *gload = acc + 3 * E;
+		step = r->noise_step;
+		for (int64_t t = 0; t < T; t++) {
+			int ek = r->idx[(int64_t)(k - 1) * T + t];
+			double thr = routed_logit(cfg, logits, T, step, t, ek);
+			for (int e = 0; e < E; e++) {
+				imp[e] += clean[t * E + e];
+				load[e] += phi_cdf((clean[t * E + e] - thr) / sigma);
+			}
+		}
+		cv2_and_grad(imp, E, gimp);
+		cv2_and_grad(load, E, gload);
+		for (int e = 0; e < E; e++) {
+			gimp[e] *= 0.5 * aux_weight;
+			gload[e] *= 0.5 * aux_weight / sigma;
+		}
+	}
+#pragma omp parallel if (T * E * 16 >= PAR_MIN)
+	{
+		float *dp = malloc(sizeof(float) * (size_t)E * 2);
+#pragma omp for schedule(static)
+		for (int64_t t = 0; t < T; t++) {
+			if (!dp)
+				continue;
+			const float *p = probs + t * E;
+			float *dq = dp + E;
+			float *dl = dlogits + t * E;
+			for (int e = 0; e < E; e++)
+				dp[e] = li ? 0.0f : (float)acc[e];
+			/* Through the renormalisation s_j = p_j / S, S = sum_r p_r (k > 1). */
+			if (k == 1) {
+				dp[r->idx[t]] += dscore[t];
+			} else {
+				float S = 0.0f, sp = 0.0f;
+				for (int j = 0; j < k; j++)
+					S += p[r->idx[(int64_t)j * T + t]];
+				int clamped = !(S > FLT_EPSILON);
+				S = clamped ? FLT_EPSILON : S;
+				for (int j = 0; j < k; j++)
+					sp += dscore[(int64_t)j * T + t] * p[r->idx[(int64_t)j * T + t]];
+				for (int j = 0; j < k; j++) {
+					int e = r->idx[(int64_t)j * T + t];
+					dp[e] += dscore[(int64_t)j * T + t] / S -
+						 (clamped ? 0.0f : sp / (S * S));
+				}
+			}
+			/* Softmax backward: dlogit = p * (dp - <p, dp>). */
+			float dot = 0.0f;
+			for (int e = 0; e < E; e++)
+				dot += p[e] * dp[e];
+			for (int e = 0; e < E; e++)
+				dl[e] = p[e] * (dp[e] - dot);
+			if (li) {
+				const double *gimp = acc + 2 * E, *gload = acc + 3 * E;
+				const float *q = clean + t * E;
+				int ek = r->idx[(int64_t)(k - 1) * T + t];
+				double thr = routed_logit(cfg, logits, T, step, t, ek);
+				double dthr = 0.0;
+				for (int e = 0; e < E; e++) {
+					double g = gload[e] * phi_pdf((q[e] - thr) / sigma);
+					dq[e] = (float)(gimp[e] + g);
+					dthr -= g;
+				}
+				float dotq = 0.0f;
+				for (int e = 0; e < E; e++)
+					dotq += q[e] * dq[e];
+				for (int e = 0; e < E; e++)
+					dl[e] += q[e] * (dq[e] - dotq);
+				/* thr is the routed logit itself: its gradient goes straight in. */
+				dl[ek] += (float)dthr;
+			}
+		}
+		free(dp);
+	}
+	free(acc);
+}
+
+/* ---- capacity and locations ------------------------------------------------------------- */
+
+void moe_route_count(struct moe_routing *r)
+{
+	memset(r->count, 0, sizeof(int64_t) * (size_t)r->E);
+	for (int64_t i = 0; i < (int64_t)r->k * r->T; i++)
+		r->count[r->idx[i]]++;
+}
+
+int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setting, int align)
+{
+	int64_t need = 0, C;
+
+	for (int e = 0; e < E; e++)
+		need = count[e] > need ? count[e] : need;
+	if (setting == 0.0) {
+		C = need;
+	} else {
+		double x = fabs(setting);
+		/* Forgive a relative 1e-9 of rounding error: 1.1 * 1000 is 1100.0000000000002
+		 * in binary, and C should be 1100. */
+		double v = (double)k * (double)T * x / (double)E;
+		C = (int64_t)ceil(v - 1e-9 * v);
+		if (setting < 0.0 && need < C)
+			C = need;
+	}
+	if (C < 1)
+		C = 1;
+	if (align > 1)
+		C = (C + align - 1) / align * align;
+	return C;
+}
+
+/* Stable descending order of the BPR keys: LSD radix sort on the float bits (the keys are
+ * probabilities in [0, 1], so their bit patterns order like the values). Sorting the
+ * complemented bits ascending gives descending values, ties in token order. */
+static int bpr_order(const float *top, int64_t T, int32_t *order)
+{
+	uint32_t *key = malloc(sizeof(uint32_t) * (size_t)T * 2);
+	int32_t *tmp = malloc(sizeof(int32_t) * (size_t)T);
+
+	if (!key || !tmp) {
+		free(key);
+		free(tmp);
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the routing order");
+	}
+	uint32_t *key2 = key + T;
+	for (int64_t t = 0; t < T; t++) {
+		uint32_t b;
+		memcpy(&b, &top[t], sizeof b);
+		key[t] = ~b;
+		order[t] = (int32_t)t;
+	}
+	for (int shift = 0; shift < 32; shift += 8) {
+		int64_t hist[257] = { 0 };
+		for (int64_t t = 0; t < T; t++)
+			hist[((key[t] >> shift) & 255u) + 1]++;
+		for (int b = 0; b < 256; b++)
+			hist[b + 1] += hist[b];
+		for (int64_t t = 0; t < T; t++) {
+			int64_t d = hist[(key[t] >> shift) & 255u]++;
+			key2[d] = key[t];
+			tmp[d] = order[t];
+		}
+		memcpy(key, key2, sizeof(uint32_t) * (size_t)T);
+		memcpy(order, tmp, sizeof(int32_t) * (size_t)T);
+	}
+	free(key);
+	free(tmp);
+	return 0;
+}
+
+int moe_route_locations(struct moe_routing *r, const float *top, int bpr)
+{
+	const int64_t T = r->T, C = r->C;
+	const int E = r->E, k = r->k;
+	int32_t *order = NULL;
+	int64_t *fill = calloc((size_t)E, sizeof(int64_t));
+
+	if (!fill)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the expert counters");
+	if (bpr) {
+		order = malloc(sizeof(int32_t) * (size_t)T);
+		if (!order) {
+			free(fill);
+			return err_set(CORE_ENOMEM, NULL, "cannot allocate the routing order");
+		}
+		int rc = bpr_order(top, T, order);
+		if (rc < 0) {
+			free(fill);
+			free(order);
+			return rc;
+		}
+	}
+	/* The exclusive scan: one counter per expert, ranks outer so that every first choice
+	 * is placed before any second choice. */
+	int64_t dropped = 0;
+	for (int j = 0; j < k; j++) {
+		const int32_t *idx = r->idx + (int64_t)j * T;
+		int32_t *loc = r->loc + (int64_t)j * T;
+		for (int64_t i = 0; i < T; i++) {
+			int64_t t = order ? order[i] : i;
+			int e = idx[t];
+			int64_t l = fill[e]++;
+			if (l < C) {
+				loc[t] = (int32_t)l;
+				r->slot_tok[(int64_t)e * C + l] = t * k + j;
+			} else {
+				loc[t] = -1;
+				dropped++;
+			}
+		}
+	}
+	for (int e = 0; e < E; e++) {
+		r->used[e] = fill[e] < C ? fill[e] : C;
+		for (int64_t c = r->used[e]; c < C; c++)
+			r->slot_tok[(int64_t)e * C + c] = -1;
+	}
+	r->dropped = dropped;
+	free(fill);
+	free(order);
+	return 0;
+}
+
+/* ---- row helpers ------------------------------------------------------------------------
+ * The [E,C,M] buffers and the [T,M] outputs are written once, in order, and are far larger
+ * than the caches: streaming (non-temporal) stores skip the read-for-ownership a normal store
+ * pays, so a row write costs one memory transfer instead of two. They need 64-byte aligned
+ * rows (M a multiple of 16 and aligned buffers); otherwise the plain loops run. Every
+ * parallel region that streams ends with a store fence. */
+
+#if defined(__AVX512F__)
+#define ROW_VEC 16
+#define ROW_ALIGN 64
+typedef __m512 vrow;
+static inline vrow v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vrow v_zero(void) { return _mm512_setzero_ps(); }
+static inline vrow v_fma(vrow a, float s, vrow acc)
+{
+	return _mm512_fmadd_ps(a, _mm512_set1_ps(s), acc);
+}
+static inline vrow v_add(vrow a, vrow b) { return _mm512_add_ps(a, b); }
+static inline void v_stream(float *p, vrow v) { _mm512_stream_ps(p, v); }
+#elif defined(__AVX__)
+#define ROW_VEC 8
+#define ROW_ALIGN 32
+typedef __m256 vrow;
+static inline vrow v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline vrow v_zero(void) { return _mm256_setzero_ps(); }
+static inline vrow v_fma(vrow a, float s, vrow acc)
+{
+	return _mm256_add_ps(acc, _mm256_mul_ps(a, _mm256_set1_ps(s)));
+}
+static inline vrow v_add(vrow a, vrow b) { return _mm256_add_ps(a, b); }
+static inline void v_stream(float *p, vrow v) { _mm256_stream_ps(p, v); }
+#endif
+
+static inline void fence(void)
+{
+#ifdef ROW_VEC
+	_mm_sfence();
+#endif
+}
+
+/* 1 when rows of M floats starting at p can be streamed. */
+static inline int streamable(const float *p, int64_t M)
+{
+#ifdef ROW_VEC
+	return ((uintptr_t)p % ROW_ALIGN) == 0 && M % ROW_VEC == 0;
+#else
+	(void)p;
+	(void)M;
+	return 0;
+#endif
+}
+
+/* dst = sum_i w[i] * src[i] over n rows (w NULL: unweighted; n 0: zeros). */
+static void row_combine(float *dst, const float *const *src, const float *w, int n, int64_t M,
+			int stream)
+{
+#ifdef ROW_VEC
+	if (stream) {
+		for (int64_t m = 0; m < M; m += ROW_VEC) {
+			vrow acc = v_zero();
+			for (int i = 0; i < n; i++)
+				acc = w ? v_fma(v_load(src[i] + m), w[i], acc)
+					: v_add(acc, v_load(src[i] + m));
+			v_stream(dst + m, acc);
+		}
+		return;
+	}
+#else
+	(void)stream;
+#endif
+	if (n == 0) {
+		memset(dst, 0, sizeof(float) * (size_t)M);
+		return;
+	}
+	const float w0 = w ? w[0] : 1.0f;
+#pragma omp simd
+	for (int64_t m = 0; m < M; m++)
+		dst[m] = w0 * src[0][m];
+	for (int i = 1; i < n; i++) {
+		const float wi = w ? w[i] : 1.0f;
+		const float *s = src[i];
+#pragma omp simd
+		for (int64_t m = 0; m < M; m++)
+			dst[m] += wi * s[m];
+	}
+}
+
+/* The kept rows of token t in buf ([E,C,M]) and their scores; returns how many (<= k). */
+static int token_rows(const struct moe_routing *r, int64_t t, const float *buf, int64_t M,
+		      const float **rows, float *w)
+{
+	int n = 0;
+	for (int j = 0; j < r->k; j++) {
+		int32_t l = r->loc[(int64_t)j * r->T + t];
+		if (l < 0)
+			continue;
+		rows[n] = buf + ((int64_t)r->idx[(int64_t)j * r->T + t] * r->C + l) * M;
+		w[n++] = r->score[(int64_t)j * r->T + t];
+	}
+	return n;
+}
+
+/* Scratch for k row pointers and weights: on the stack for k <= 16. */
+#define KSTACK 16
+
+/* ---- encode / decode -------------------------------------------------------------------- */
+
+/* The row kernels below write disjoint rows and reduce nothing across rows, so their
+ * result does not depend on which thread takes which row: they use dynamic scheduling, which
+ * keeps both cores busy when the machine is shared and one thread gets preempted. */
+#define ROW_CHUNK 32
+
+/* Zero the padding rows [used_e, C) of every expert (streamed when st); call inside a
+ * parallel region (work-shared, no barrier at the end). */
+static void zero_padding(const struct moe_routing *r, float *buf, int64_t M, int st)
+{
+	const int64_t C = r->C;
+#pragma omp for schedule(dynamic, ROW_CHUNK) collapse(2) nowait
+	for (int e = 0; e < r->E; e++)
+		for (int64_t c = 0; c < C; c++)
+			if (c >= r->used[e])
+				row_combine(buf + ((int64_t)e * C + c) * M, NULL, NULL, 0, M, st);
+}
+
+/* K0 in token order: each token row is read once and written to its (up to k) slots, so
+ * the input is read T times, not k*T times. Each slot has one owner: no write conflicts. */
+void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_t M)
+{
+	const int64_t T = r->T, C = r->C;
+	const int k = r->k;
+	const int st = streamable(disp, M) && streamable(x, M);
+
+#pragma omp parallel if ((T + (int64_t)r->E * C) * M >= PAR_MIN)
+	{
+		zero_padding(r, disp, M, st);
+#pragma omp for schedule(dynamic, ROW_CHUNK) nowait
+		for (int64_t t = 0; t < T; t++) {
+			const float *src = x + t * M;
+			for (int j = 0; j < k; j++) {
+				int32_t l = r->loc[(int64_t)j * T + t];
+				if (l < 0)
+					continue;
+				float *dst = disp + ((int64_t)r->idx[(int64_t)j * T + t] * C + l) * M;
+				row_combine(dst, &src, NULL, 1, M, st);
+			}
+		}
+		fence();
+	}
+}
+
+/* Decode and encode-backward share one gather: out[t] = sum over t's kept choices of
+ * (weight) * buf[idx, loc]; weighted by the gate score for decode, unweighted for
+ * encode-backward. */
+static void gather_tokens(const struct moe_routing *r, const float *buf, float *out,
+			  int64_t M, int weighted)
+{
+	const int64_t T = r->T;
+	const int k = r->k;
+	const int st = streamable(out, M) && streamable(buf, M);
+
+#pragma omp parallel if (T * M * k >= PAR_MIN)
+	{
+		const float *rows_s[KSTACK];
+		float w_s[KSTACK];
+		const float **rows = rows_s;
+		float *w = w_s;
+		if (k > KSTACK) {
+			rows = malloc(sizeof(*rows) * (size_t)k);
+			w = malloc(sizeof(*w) * (size_t)k);
+		}
+#pragma omp for schedule(dynamic, ROW_CHUNK) nowait
+		for (int64_t t = 0; t < T; t++) {
+			if (!rows || !w)
+				continue;
+			int n = token_rows(r, t, buf, M, rows, w);
+			row_combine(out + t * M, rows, weighted ? w : NULL, n, M, st);
+		}
+		fence();
+		if (k > KSTACK) {
+			free(rows);
+			free(w);
+		}
+	}
+}
+
+void moe_decode(const struct moe_routing *r, const float *eo, float *y, int64_t M)
+{
+	gather_tokens(r, eo, y, M, 1);
+}
+
+void moe_decode_backward(const struct moe_routing *r, const float *dy, const float *eo,
+			 float *d_eo, float *dscore, int64_t M)
+{
+	const int64_t T = r->T, C = r->C;
+	const int k = r->k;
+
+	/* One pass over the tokens: dy[t] is read once for its k choices. K2 reads each
+	 * expert-output row before K0 overwrites it, so d_eo may alias eo (the layer does that
+	 * to save E*C*M floats); then the row is in cache and plain stores are right. */
+#pragma omp parallel if ((T + (int64_t)r->E * C) * M >= PAR_MIN)
+	{
+		zero_padding(r, d_eo, M, 0);
+#pragma omp for schedule(dynamic, ROW_CHUNK) nowait
+		for (int64_t t = 0; t < T; t++) {
+			const float *g = dy + t * M;
+			for (int j = 0; j < k; j++) {
+				int64_t i = (int64_t)j * T + t;
+				int32_t l = r->loc[i];
+				if (l < 0) {
+					dscore[i] = 0.0f;
+					continue;
+				}
+				int64_t s = (int64_t)r->idx[i] * C + l;
+				const float *o = eo + s * M;
+				float *out = d_eo + s * M;
+				const float sc = r->score[i];
+				float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+				for (int64_t m = 0; m < M; m++)
+					dot += g[m] * o[m];
+				dscore[i] = dot;
+#pragma omp simd
+				for (int64_t m = 0; m < M; m++)
+					out[m] = sc * g[m];
+			}
+		}
+	}
+}
+
+void moe_encode_backward(const struct moe_routing *r, const float *d_disp, float *dx,
+			 int64_t M)
+{
+	gather_tokens(r, d_disp, dx, M, 0);
+}

@@ -1,0 +1,67 @@
+#!/bin/sh
+# moe-bench: bad input exits 2 with one stderr line; a tiny run prints valid JSON with the
+# documented fields, for the layer, the encode-decode kernels, the dense baseline and a trace.
+set -eu
+. "$TESTDIR/lib.sh"
+B="$BIN/moe-bench"
+
+expect_ok "$B" --help
+grep -q -- '--baseline=KIND' out.stdout || die "--help lacks --baseline"
+expect_ok "$B" --version
+
+expect_fail 2 "moe-bench: top-k 3 is outside" "$B" -E 2 -k 3 -T 8 -M 4 -H 4
+expect_fail 2 "moe-bench: option '--experts': 0 is outside" "$B" -E 0
+expect_fail 2 "moe-bench: option '--tokens': 'x' is not an integer" "$B" -T x
+expect_fail 2 "moe-bench: option '--activation': unknown" "$B" --activation=tanh
+expect_fail 2 "moe-bench: option '--dense-tokens': 64 is above T = 32" \
+	"$B" -T 32 --dense-tokens 64
+expect_fail 2 "moe-bench: .*load-importance loss needs gate noise" \
+	"$B" -T 8 -M 4 -H 4 -E 2 --aux-loss=load-importance
+expect_fail 2 "moe-bench: unexpected argument 'extra'" "$B" extra
+printf '1.0\n# a comment\n\n0\n1.2.3\n' >bad.trace
+expect_fail 2 "moe-bench: 'bad.trace': line 5: '1.2.3' is not a capacity setting" \
+	"$B" -T 8 -M 4 -H 4 -E 2 --trace bad.trace
+: >empty.trace
+expect_fail 2 "moe-bench: 'empty.trace': no capacity settings" \
+	"$B" -T 8 -M 4 -H 4 -E 2 --trace empty.trace
+expect_fail 1 "moe-bench: 'missing.trace': cannot open" \
+	"$B" -T 8 -M 4 -H 4 -E 2 --trace missing.trace
+
+# JSON check: python if it is there, else a grep for the fields.
+check_json() {
+	want=$1
+	lines=$(wc -l <out.stdout)
+	[ "$lines" -eq "$want" ] || { cat out.stdout; die "expected $want JSON lines, got $lines"; }
+	if [ -x /usr/bin/python3 ]; then
+		/usr/bin/python3 -c '
+import json, sys
+for line in open("out.stdout"):
+    o = json.loads(line)
+    if o["impl"] == "dry-run":
+        assert o["dense_bytes_analytic"] > o["sparse_bytes_analytic"]; continue
+    for f in ("impl", "T", "step_ms", "dropped_last", "capacity_last", "stage_ms",
+              "peak_rss_bytes", "layer_bytes_peak"):
+        assert f in o, "missing field %s in %s" % (f, line)
+    assert o["step_ms"]["min"] <= o["step_ms"]["median"] <= o["step_ms"]["max"]
+' || die "invalid JSON: $(cat out.stdout)"
+	else
+		grep -q '"step_ms":{"median":' out.stdout || die "no step_ms in $(cat out.stdout)"
+	fi
+}
+
+expect_ok "$B" -T 64 -M 8 -H 16 -E 4 -k 2 -n 2 -w 1 -t 1 --baseline=dense --bpr
+check_json 2
+grep -q '"impl":"dense"' out.stdout || die "no dense run"
+grep -q '"flops_formula":' out.stdout || die "no flops formula"
+expect_ok "$B" -T 64 -M 8 -H 16 -E 4 -k 1 -n 2 -w 0 -t 1 --only=encode-decode
+check_json 1
+grep -q '"copy_gbps":' out.stdout || die "no copy baseline"
+printf '0\n-0.5\n2\n' >ok.trace
+expect_ok "$B" -T 64 -M 8 -H 16 -E 4 -n 3 -w 0 -t 1 --trace ok.trace --activation=gelu \
+	--gate-noise=1 --aux-loss=load-importance --forward-only
+check_json 1
+grep -q '"trace":"ok.trace"' out.stdout || die "trace not recorded"
+expect_ok "$B" -T 64 -M 8 -H 16 -E 4 --dry-run
+check_json 1
+grep -q '"sparse_below_dense":' out.stdout || die "no dry-run figures"
+echo "moe-bench: all checks passed"

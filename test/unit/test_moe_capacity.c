@@ -1,0 +1,216 @@
+/* test_moe_capacity.c - capacity modes, first-choice priority and batch-prioritized routing
+ * pinned on hand-made routings, with the expected capacity, slots and drops worked out by
+ * hand in the comments; and encode/decode on a hand-checked 3-token example. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "moe.h"
+#include "banned.h"
+
+struct routing_buf {
+	struct moe_routing r;
+	int32_t idx[16], loc[16];
+	float score[16];
+	int64_t count[8], used[8], slot_tok[64];
+};
+
+static void setup(struct routing_buf *b, int64_t T, int E, int k, const int32_t *idx)
+{
+	memset(b, 0, sizeof *b);
+	b->r.T = T;
+	b->r.E = E;
+	b->r.k = k;
+	b->r.idx = b->idx;
+	b->r.loc = b->loc;
+	b->r.score = b->score;
+	b->r.count = b->count;
+	b->r.used = b->used;
+	b->r.slot_tok = b->slot_tok;
+	memcpy(b->idx, idx, sizeof(int32_t) * (size_t)(T * k));
+	for (int64_t i = 0; i < T * k; i++)
+		b->score[i] = 1.0f;
+	moe_route_count(&b->r);
+}
+
+/* T = 4, E = 2, k = 2. First choices: t0..t2 -> e0, t3 -> e1; second choices: t0..t2 -> e1,
+ * t3 -> e0. n_0 = n_1 = 4, k*T/E = 4. */
+static const int32_t idx_a[8] = { 0, 0, 0, 1, /* rank 0 */ 1, 1, 1, 0 /* rank 1 */ };
+
+Test(moe_capacity, three_modes)
+{
+	struct routing_buf b;
+	struct {
+		double x;
+		int align;
+		int64_t C;
+	} cases[] = {
+		{ 1.0, 1, 4 },  /* ceil(2*4*1/2) = 4 */
+		{ 0.5, 1, 2 },  /* ceil(2) = 2 */
+		{ 0.3, 1, 2 },  /* ceil(1.2) = 2: rounded up */
+		{ 0.3, 4, 4 },  /* 2 aligned up to 4 */
+		{ 1.6, 1, 7 },  /* ceil(6.4) = 7, above the need: fixed mode does not cap */
+		{ 0.0, 1, 4 },  /* max n_e = 4 */
+		{ -0.5, 1, 2 }, /* min(4, 2) */
+		{ -3.0, 1, 4 }, /* min(4, 12) */
+		{ 0.01, 1, 1 }, /* ceil(0.08) = 1 */
+	};
+
+	setup(&b, 4, 2, 2, idx_a);
+	cr_assert_eq(b.count[0], 4);
+	cr_assert_eq(b.count[1], 4);
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int64_t C = moe_capacity(b.count, 2, 4, 2, cases[i].x, cases[i].align);
+		cr_assert_eq(C, cases[i].C, "setting %g align %d: C = %lld, expected %lld",
+			     cases[i].x, cases[i].align, (long long)C, (long long)cases[i].C);
+	}
+	/* Adaptive with an uneven load: n = {3, 1}, k = 1, T = 4, E = 2. */
+	int64_t cnt[2] = { 3, 1 };
+	cr_assert_eq(moe_capacity(cnt, 2, 4, 1, 0.0, 1), 3, "no-drop mode: need is 3");
+	cr_assert_eq(moe_capacity(cnt, 2, 4, 1, -1.0, 1), 2, "min(3, ceil(1*4*1/2) = 2)");
+	cr_assert_eq(moe_capacity(cnt, 2, 4, 1, -2.0, 1), 3, "min(3, 4)");
+}
+
+Test(moe_capacity, first_choices_before_second)
+{
+	struct routing_buf b;
+
+	/* C = 2: e0 gets t0, t1 (rank 0); t2's first choice is dropped. e1 gets t3's first
+	 * choice at slot 0 although t0's second choice comes earlier in token order, then t0's
+	 * second choice at slot 1; t1, t2 second choices to e1 and t3's to e0 are dropped. */
+	setup(&b, 4, 2, 2, idx_a);
+	b.r.C = 2;
+	cr_assert_eq(moe_route_locations(&b.r, NULL, 0), 0);
+	const int32_t loc[8] = { 0, 1, -1, 0, 1, -1, -1, -1 };
+	for (int i = 0; i < 8; i++)
+		cr_assert_eq(b.loc[i], loc[i], "C=2: choice %d (rank %d, token %d): slot %d, "
+			     "expected %d", i, i / 4, i % 4, b.loc[i], loc[i]);
+	cr_assert_eq(b.r.dropped, 4);
+	cr_assert_eq(b.used[0], 2);
+	cr_assert_eq(b.used[1], 2);
+	/* slot_tok = token * k + rank. */
+	const int64_t st[4] = { 0 * 2 + 0, 1 * 2 + 0, 3 * 2 + 0, 0 * 2 + 1 };
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(b.slot_tok[i], st[i], "slot %d: %lld, expected %lld", i,
+			     (long long)b.slot_tok[i], (long long)st[i]);
+
+	/* C = 4: nothing dropped; e1: t3 (rank 0) at 0, then t0, t1, t2 (rank 1) at 1..3;
+	 * e0: t0, t1, t2 at 0..2, t3 (rank 1) at 3. */
+	setup(&b, 4, 2, 2, idx_a);
+	b.r.C = 4;
+	cr_assert_eq(moe_route_locations(&b.r, NULL, 0), 0);
+	const int32_t loc4[8] = { 0, 1, 2, 0, 1, 2, 3, 3 };
+	for (int i = 0; i < 8; i++)
+		cr_assert_eq(b.loc[i], loc4[i], "C=4: choice %d: slot %d, expected %d", i,
+			     b.loc[i], loc4[i]);
+	cr_assert_eq(b.r.dropped, 0);
+
+	/* C = 5 (padding): used = 4 each, slot 4 of each expert is padding (-1). */
+	setup(&b, 4, 2, 2, idx_a);
+	b.r.C = 5;
+	cr_assert_eq(moe_route_locations(&b.r, NULL, 0), 0);
+	cr_assert_eq(b.slot_tok[4], -1);
+	cr_assert_eq(b.slot_tok[9], -1);
+	cr_assert_eq(b.used[0], 4);
+}
+
+Test(moe_capacity, batch_prioritized_routing)
+{
+	struct routing_buf b;
+	/* k = 1, T = 4, E = 2: t0..t2 -> e0, t3 -> e1; C = 2. Keys (top gate values):
+	 * t0 0.6, t1 0.5, t2 0.6, t3 0.99. BPR order: t3, t0, t2, t1 (t0 before t2: a tie
+	 * keeps token order). e0: t0 slot 0, t2 slot 1, t1 dropped. Without BPR: t0 0, t1 1,
+	 * t2 dropped. */
+	const int32_t idx[4] = { 0, 0, 0, 1 };
+	const float key[4] = { 0.6f, 0.5f, 0.6f, 0.99f };
+
+	setup(&b, 4, 2, 1, idx);
+	b.r.C = 2;
+	cr_assert_eq(moe_route_locations(&b.r, key, 1), 0);
+	const int32_t bpr[4] = { 0, -1, 1, 0 };
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(b.loc[i], bpr[i], "BPR: token %d: slot %d, expected %d", i, b.loc[i],
+			     bpr[i]);
+	cr_assert_eq(b.r.dropped, 1);
+
+	setup(&b, 4, 2, 1, idx);
+	b.r.C = 2;
+	cr_assert_eq(moe_route_locations(&b.r, key, 0), 0);
+	const int32_t plain[4] = { 0, 1, -1, 0 };
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(b.loc[i], plain[i], "no BPR: token %d: slot %d, expected %d", i,
+			     b.loc[i], plain[i]);
+
+	/* k = 2 with BPR: ranks stay outer. T = 3, E = 2; rank 0: t0 -> e0, t1 -> e1,
+	 * t2 -> e0; rank 1: t0 -> e1, t1 -> e0, t2 -> e1. Keys 0.5, 0.7, 0.9: order t2, t1,
+	 * t0. C = 2. Rank 0: e0: t2 slot 0, t0 slot 1; e1: t1 slot 0. Rank 1 (t2, t1, t0):
+	 * t2 -> e1 slot 1; t1 -> e0 full, dropped; t0 -> e1 full, dropped. */
+	const int32_t idx2[6] = { 0, 1, 0, 1, 0, 1 };
+	const float key2[3] = { 0.5f, 0.7f, 0.9f };
+	setup(&b, 3, 2, 2, idx2);
+	b.r.C = 2;
+	cr_assert_eq(moe_route_locations(&b.r, key2, 1), 0);
+	const int32_t loc2[6] = { 1, 0, 0, -1, -1, 1 };
+	for (int i = 0; i < 6; i++)
+		cr_assert_eq(b.loc[i], loc2[i], "BPR k=2: choice %d: slot %d, expected %d", i,
+			     b.loc[i], loc2[i]);
+	cr_assert_eq(b.r.dropped, 2);
+}
+
+Test(moe_capacity, encode_decode_by_hand)
+{
+	struct routing_buf b;
+	/* T = 3, M = 2, E = 2, k = 2, C = 2. rank 0: t0 -> e1, t1 -> e0, t2 -> e1;
+	 * rank 1: t0 -> e0, t1 -> e1, t2 -> e0. Slots: e0: t1 (r0) 0, t0 (r1) 1, t2 (r1)
+	 * dropped; e1: t0 (r0) 0, t2 (r0) 1, t1 (r1) dropped. */
+	const int32_t idx[6] = { 1, 0, 1, 0, 1, 0 };
+	const float x[6] = { 1, 2, 3, 4, 5, 6 };
+	float disp[8], y[6], dx[6], dscore[6];
+
+	setup(&b, 3, 2, 2, idx);
+	const float sc[6] = { 0.75f, 0.5f, 0.9f, 0.25f, 0.5f, 0.1f };
+	memcpy(b.score, sc, sizeof sc);
+	b.r.C = 2;
+	cr_assert_eq(moe_route_locations(&b.r, NULL, 0), 0);
+	memset(disp, 0x7f, sizeof disp);
+	moe_encode(&b.r, x, disp, 2);
+	const float want[8] = { 3, 4, 1, 2, /* e1 */ 1, 2, 5, 6 };
+	for (int i = 0; i < 8; i++)
+		cr_assert_float_eq(disp[i], want[i], 0.0f, "disp[%d] = %g, expected %g", i,
+				   disp[i], want[i]);
+	/* Decode of eo = disp + 10: y0 = 0.75 * (11,12) + 0.25 * (11,12) = (11, 12);
+	 * y1 = 0.5 * (13, 14) (second choice dropped); y2 = 0.9 * (15, 16). */
+	float eo[8];
+	for (int i = 0; i < 8; i++)
+		eo[i] = disp[i] + 10.0f;
+	moe_decode(&b.r, eo, y, 2);
+	const float wy[6] = { 11, 12, 6.5f, 7, 13.5f, 14.4f };
+	for (int i = 0; i < 6; i++)
+		cr_assert_float_eq(y[i], wy[i], 1e-5f, "y[%d] = %g, expected %g", i, y[i], wy[i]);
+	/* Decode backward with dy = 1: dscore = row sums of the kept eo rows, 0 if dropped;
+	 * d_eo = score in the kept rows. */
+	const float dy[6] = { 1, 1, 1, 1, 1, 1 };
+	float deo[8];
+	moe_decode_backward(&b.r, dy, eo, deo, dscore, 2);
+	const float wds[6] = { 23, 27, 31, 23, 0, 0 };
+	for (int i = 0; i < 6; i++)
+		cr_assert_float_eq(dscore[i], wds[i], 1e-5f, "dscore[%d] = %g, expected %g", i,
+				   dscore[i], wds[i]);
+	const float wdeo[8] = { 0.5f, 0.5f, 0.25f, 0.25f, 0.75f, 0.75f, 0.9f, 0.9f };
+	for (int i = 0; i < 8; i++)
+		cr_assert_float_eq(deo[i], wdeo[i], 1e-6f, "d_eo[%d] = %g, expected %g", i, deo[i],
+				   wdeo[i]);
+	/* Encode backward, unweighted: dx0 = disp rows e1/0 + e0/1; dx1 = e0/0; dx2 = e1/1. */
+	moe_encode_backward(&b.r, disp, dx, 2);
+	const float wdx[6] = { 2, 4, 3, 4, 5, 6 };
+	for (int i = 0; i < 6; i++)
+		cr_assert_float_eq(dx[i], wdx[i], 1e-6f, "dx[%d] = %g, expected %g", i, dx[i],
+				   wdx[i]);
+}
+
+Test(moe_capacity, rounding_error_forgiven)
+{
+	int64_t cnt[1] = { 1000 };
+	/* 1000 * 1.1 is 1100.0000000000002 in binary; C must be 1100, not 1101. */
+	cr_assert_eq(moe_capacity(cnt, 1, 1000, 1, 1.1, 1), 1100);
+	cr_assert_eq(moe_capacity(cnt, 1, 1000, 1, 1.1001, 1), 1101);
+}
