@@ -13,7 +13,9 @@ for p in "$BIN"/*; do
 		"$p" "$sub" --help >>help.txt || die "$name $sub --help exited non-zero"
 	done
 	grep -oE -- '--[a-z][a-z0-9-]*' help.txt | sort -u >help.opts
-	sed 's/\\-/-/g; s/\\f[BIRP]//g' "$page" | grep -oE -- '--[a-z][a-z0-9-]*' | sort -u >page.opts
+	# EXAMPLES may show other commands' options (scripts around the program): not counted
+	sed '/^\.SH EXAMPLES/,/^\.SH /{/^\.SH EXAMPLES/d;/^\.SH /!d}' "$page" |
+		sed 's/\\-/-/g; s/\\f[BIRP]//g' | grep -oE -- '--[a-z][a-z0-9-]*' | sort -u >page.opts
 	missing=$(comm -23 help.opts page.opts | tr '\n' ' ')
 	extra=$(comm -13 help.opts page.opts | tr '\n' ' ')
 	[ -z "$missing" ] || die "$name: in --help but not in man/$name.1: $missing"
