@@ -85,8 +85,8 @@ struct backend_ops {
 	/* One AdamW step on n elements (torch.optim.AdamW arithmetic, see backend_cpu.c):
 	 * g' = grad_scale * g; p *= 1 - lr*wd; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
 	 * p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). */
-	void (*adamw_update)(float *p, const float *g, float *m, float *v, size_t n, float lr,
-			     float beta1, float beta2, float eps, float wd, long t,
+	void (*adamw_update)(float *p, const float *g, float *m, float *v, size_t n, double lr,
+			     double beta1, double beta2, double eps, double wd, long t,
 			     float grad_scale);
 	/* Sum of squares of x[0..n) in double, fixed-order. */
 	double (*sum_squares)(const float *x, size_t n);

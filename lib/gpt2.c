@@ -419,7 +419,7 @@ float gpt2_grad_norm(const struct gpt2 *g)
 	return (float)sqrt(backend_cpu()->sum_squares(g->grads, g->nparams));
 }
 
-void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, float lr, long t,
+void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, long t,
 		     float grad_scale)
 {
 	const struct backend_ops *be = backend_cpu();
@@ -433,7 +433,7 @@ void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, float lr, l
 			    (size_t)tensor_numel(&g->views[j - 1]);
 		be->adamw_update(g->params + o0, g->grads + o0, g->m + o0, g->v + o0, o1 - o0, lr,
 				 opt->beta1, opt->beta2, opt->eps,
-				 g->decay_mask[i] ? opt->weight_decay : 0.0f, t, grad_scale);
+				 g->decay_mask[i] ? opt->weight_decay : 0.0, t, grad_scale);
 		i = j;
 	}
 }

@@ -85,7 +85,7 @@ int main(int argc, char **argv)
 		x[i] = (int32_t)((i * 7919u + 13u) % (unsigned)cfg.vocab_size);
 		y[i] = (int32_t)((i * 104729u + 5u) % (unsigned)cfg.vocab_size);
 	}
-	struct adamw_config opt = {0.9f, 0.95f, 1e-8f, 0.1f};
+	struct adamw_config opt = {0.9, 0.95, 1e-8, 0.1};
 	int nth = omp_get_max_threads();
 	double *ts = malloc(sizeof(double) * (size_t)steps), *fr = malloc(sizeof(double) * (size_t)steps);
 	double fl = 0;
@@ -97,7 +97,7 @@ int main(int argc, char **argv)
 		gpt2_forward(&g, x, y, B, T, &loss);
 		gpt2_backward(&g);
 		float norm = gpt2_grad_norm(&g);
-		gpt2_adamw_step(&g, &opt, 1e-3f, s + 4, norm > 1.0f ? 1.0f / norm : 1.0f);
+		gpt2_adamw_step(&g, &opt, 1e-3, s + 4, norm > 1.0f ? 1.0f / norm : 1.0f);
 		double dt = now() - t0;
 		if (s >= 0) {
 			double par = 0;

@@ -313,8 +313,7 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
 	for (long t = 1; t <= 5; t++) {
 		for (size_t i = 0; i < n; i++)
 			g[i] = rng_normal(7, RNG_STREAM_TEST, 10000 * (uint64_t)t + i);
-		be->adamw_update(p, g, m, v, n, (float)lr, (float)b1, (float)b2, (float)eps,
-				 (float)wd, t, (float)scale);
+		be->adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t, (float)scale);
 		for (size_t i = 0; i < n; i++) {
 			double gi = g[i] * scale;
 			rp[i] *= 1 - lr * wd;
@@ -331,7 +330,7 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
 	}
 	/* wd = 0 leaves a zero-gradient parameter exactly where it was */
 	float q = 1.2345f, zg = 0.0f, zm = 0.0f, zv = 0.0f;
-	be->adamw_update(&q, &zg, &zm, &zv, 1, 0.1f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f);
+	be->adamw_update(&q, &zg, &zm, &zv, 1, 0.1, 0.9, 0.95, 1e-8, 0.0, 1, 1.0f);
 	cr_assert(q == 1.2345f, "adamw without decay moved a zero-gradient parameter to %.9g",
 		  (double)q);
 	free(p), free(g), free(m), free(v), free(rp), free(rm), free(rv);
