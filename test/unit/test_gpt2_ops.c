@@ -336,6 +336,31 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
 	free(p), free(g), free(m), free(v), free(rp), free(rm), free(rv);
 }
 
+/* Known answers from torch 1.13: torch.optim.AdamW(lr=3e-3, betas=(0.9, 0.95), eps=1e-8,
+ * foreach=False), a group with weight_decay 0.1 (p) and one with 0 (q), gradients scaled by
+ * 0.5 as gradient clipping would, two steps; results printed with float.hex(). Equal bit for
+ * bit, not approximately. */
+Test(gpt2_ops, adamw_bit_identical_to_torch)
+{
+	float p[4] = {0.5f, -0.25f, 1e-3f, 2.0f}, q[2] = {0.75f, -1.5f};
+	float pm[4] = {0}, pv[4] = {0}, qm[2] = {0}, qv[2] = {0};
+	const float gp[2][4] = {{0.1f, -0.2f, 3e-4f, -7.0f}, {-0.3f, 0.2f, -1e-4f, 6.5f}};
+	const float gq[2][2] = {{0.05f, 1e-6f}, {0.5f, -2e-6f}};
+	const float wp[2][4] = {{0x1.fcc64p-2f, -0x1.f9b3dp-3f, -0x1.062838p-9f, 0x1.004ea4p+1f},
+				{0x1.fe1ffap-2f, -0x1.f9dfc2p-3f, -0x1.a50b4p-9f, 0x1.00396cp+1f}};
+	const float wq[2][2] = {{0x1.7e76c8p-1f, -0x1.80c0cp+0f}, {0x1.7d3d42p-1f, -0x1.807a32p+0f}};
+	for (int t = 1; t <= 2; t++) {
+		be->adamw_update(p, gp[t - 1], pm, pv, 4, 3e-3, 0.9, 0.95, 1e-8, 0.1, t, 0.5f);
+		be->adamw_update(q, gq[t - 1], qm, qv, 2, 3e-3, 0.9, 0.95, 1e-8, 0.0, t, 0.5f);
+		for (int i = 0; i < 4; i++)
+			cr_assert(p[i] == wp[t - 1][i], "adamw step %d p[%d] = %a, torch %a", t, i,
+				  (double)p[i], (double)wp[t - 1][i]);
+		for (int i = 0; i < 2; i++)
+			cr_assert(q[i] == wq[t - 1][i], "adamw step %d q[%d] = %a, torch %a", t, i,
+				  (double)q[i], (double)wq[t - 1][i]);
+	}
+}
+
 Test(gpt2_ops, sum_squares_in_double)
 {
 	size_t n = 100003;
