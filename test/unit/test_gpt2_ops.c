@@ -339,20 +339,28 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
 /* Known answers from torch 1.13: torch.optim.AdamW(lr=3e-3, betas=(0.9, 0.95), eps=1e-8,
  * foreach=False), a group with weight_decay 0.1 (p) and one with 0 (q), gradients scaled by
  * 0.5 as gradient clipping would, two steps; results printed with float.hex(). Equal bit for
- * bit, not approximately. */
+ * bit, not approximately: the p values were picked so that computing m without the fused
+ * multiply-add, or the update as step * (m / denom), changes at least one of them. */
 Test(gpt2_ops, adamw_bit_identical_to_torch)
 {
-	float p[4] = {0.5f, -0.25f, 1e-3f, 2.0f}, q[2] = {0.75f, -1.5f};
-	float pm[4] = {0}, pv[4] = {0}, qm[2] = {0}, qv[2] = {0};
-	const float gp[2][4] = {{0.1f, -0.2f, 3e-4f, -7.0f}, {-0.3f, 0.2f, -1e-4f, 6.5f}};
+	float p[8] = {-0x1.144b1ep+0f, -0x1.6f68a2p-2f, -0x1.1e35ccp-2f, 0x1.336f68p-1f,
+		     0x1.24c3dcp+0f, 0x1.780258p-6f, 0x1.d88c72p-4f, 0x1.ec83e2p-1f};
+	float q[2] = {0.75f, -1.5f};
+	float pm[8] = {0}, pv[8] = {0}, qm[2] = {0}, qv[2] = {0};
+	const float gp[2][8] = {{0x1.2bb476p-1f, -0x1.b9f37ep-5f, 0x1.5bc986p+0f, -0x1.55d5bep+0f,
+				 0x1.9dd472p-3f, -0x1.710decp-2f, -0x1.c51e40p-2f, 0x1.f888bap-3f},
+				{0x1.6ec662p-4f, 0x1.3bc378p+1f, 0x1.5e64c0p-1f, 0x1.967cc0p-2f,
+				 0x1.acb53cp+0f, 0x1.0ca3bap+0f, -0x1.c800f8p+0f, 0x1.5d14c4p-3f}};
 	const float gq[2][2] = {{0.05f, 1e-6f}, {0.5f, -2e-6f}};
-	const float wp[2][4] = {{0x1.fcc64p-2f, -0x1.f9b3dp-3f, -0x1.062838p-9f, 0x1.004ea4p+1f},
-				{0x1.fe1ffap-2f, -0x1.f9dfc2p-3f, -0x1.a50b4p-9f, 0x1.00396cp+1f}};
+	const float wp[2][8] = {{-0x1.14fa82p+0f, -0x1.6c39fcp-2f, -0x1.213240p-2f, 0x1.34e104p-1f,
+				 0x1.23e8c4p+0f, 0x1.a90c62p-6f, 0x1.e4b1e2p-4f, 0x1.ead4d8p-1f},
+				{-0x1.157f74p+0f, -0x1.6e5482p-2f, -0x1.23ff8cp-2f, 0x1.35743cp-1f,
+				 0x1.233342p+0f, 0x1.9140d6p-6f, 0x1.ef4a1ap-4f, 0x1.e92e42p-1f}};
 	const float wq[2][2] = {{0x1.7e76c8p-1f, -0x1.80c0cp+0f}, {0x1.7d3d42p-1f, -0x1.807a32p+0f}};
 	for (int t = 1; t <= 2; t++) {
-		be->adamw_update(p, gp[t - 1], pm, pv, 4, 3e-3, 0.9, 0.95, 1e-8, 0.1, t, 0.5f);
+		be->adamw_update(p, gp[t - 1], pm, pv, 8, 3e-3, 0.9, 0.95, 1e-8, 0.1, t, 0.5f);
 		be->adamw_update(q, gq[t - 1], qm, qv, 2, 3e-3, 0.9, 0.95, 1e-8, 0.0, t, 0.5f);
-		for (int i = 0; i < 4; i++)
+		for (int i = 0; i < 8; i++)
 			cr_assert(p[i] == wp[t - 1][i], "adamw step %d p[%d] = %a, torch %a", t, i,
 				  (double)p[i], (double)wp[t - 1][i]);
 		for (int i = 0; i < 2; i++)
