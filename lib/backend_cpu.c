@@ -23,8 +23,12 @@
 
 #include "banned.h"
 
-/* Attention row/key block: rows of block r attend to keys of blocks 0..r only. */
-#define ATT_BLOCK 64
+/* Attention row/key block: rows of block r attend to keys of blocks 0..r only, so the
+ * products skip all but (nb + 1) / (2 nb) of the T x T scores (nb = T / ATT_BLOCK blocks).
+ * 32 measured ~1-2% faster than 64 and 6% faster than no blocking at T = 256, hs = 64. */
+#ifndef ATT_BLOCK
+#define ATT_BLOCK 32
+#endif
 
 static inline int min_int(int a, int b) { return a < b ? a : b; }
 

@@ -438,6 +438,13 @@ void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, 
 	}
 }
 
+size_t gpt2_activation_bytes(const struct gpt2 *g)
+{
+	const struct gpt2_acts *a = g->acts;
+	return (a->nfloats + a->att_ws_floats) * sizeof(float) +
+	       2 * sizeof(int32_t) * (size_t)g->B * g->T;
+}
+
 struct tensor *gpt2_find(struct gpt2 *g, const char *name)
 {
 	for (int i = 0; i < g->nviews; i++)

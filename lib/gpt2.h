@@ -65,6 +65,10 @@ float gpt2_grad_norm(const struct gpt2 *g);
  * by grad_scale first (global-norm clipping passes clip/norm or 1). */
 void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, long t,
 		     float grad_scale);
+/* Bytes of activation memory held: what the backward keeps from the forward, the backward's
+ * scratch buffers and the attention workspace (params, grads and moments are 16 * nparams
+ * bytes on top). For memory accounting. */
+size_t gpt2_activation_bytes(const struct gpt2 *g);
 /* The view with this name, or NULL. */
 struct tensor *gpt2_find(struct gpt2 *g, const char *name);
 

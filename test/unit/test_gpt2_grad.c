@@ -297,7 +297,7 @@ Test(gpt2_grad, attention)
 
 Test(gpt2_grad, attention_several_blocks)
 {
-	/* T past the attention block (64): a full block, a partial one, block-boundary rows */
+	/* T past the attention block (32 or 64): full blocks, a partial one, block-boundary rows */
 	check_attention_backward(1, 67, 4, 2);
 }
 
