@@ -67,12 +67,14 @@ struct backend_ops {
 	/* Causal multi-head attention over qkv [B,T,3C] (q | k | v, head h at columns
 	 * h*hs..(h+1)*hs of each third), scale 1/sqrt(hs): out [B,T,C]; att [B,NH,T,T] keeps
 	 * the probabilities for the backward (entries above the diagonal are unspecified). */
-	void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
-				  int NH);
-	/* dqkv [B,T,3C] overwritten from dout [B,T,C]. ws: attention_ws_floats(T) floats. */
+	void (*attention_forward)(float *out, float *att, float *ws, const float *qkv, int B, int T,
+				  int C, int NH);
+	/* dqkv [B,T,3C] overwritten from dout [B,T,C]. */
 	void (*attention_backward)(float *dqkv, float *ws, const float *dout, const float *qkv,
 				   const float *att, int B, int T, int C, int NH);
-	size_t (*attention_ws_floats)(int T);
+	/* Floats of the workspace ws both take, for sequence length T and head size hs, at the
+	 * current thread count (omp_get_max_threads()). */
+	size_t (*attention_ws_floats)(int T, int hs);
 
 	/* In place: logits [N,V] -> softmax probabilities; losses[n] = -log p[n, target[n]]
 	 * (targets may be NULL: probabilities only, losses untouched). */

@@ -378,34 +378,58 @@ static inline void causal_softmax_row(float *s, int i, int kn)
 		s[j] = 0.0f;
 }
 
-static void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-				  int NH)
+/* dst [hs, n] (row stride T) = transpose of the n x hs block at src (row stride ld). The
+ * products then run as NN, which OpenBLAS's small-matrix kernels do ~1.5x faster than NT at
+ * these sizes (32 x 256 x 64: 113 vs 76 GFLOP/s). Tiles of 16 rows keep both sides in L1. */
+static void transpose_block(float *dst, const float *src, int n, int hs, int ld, int T)
 {
-	const int hs = C / NH, C3 = 3 * C;
-	const float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for schedule(static)
-	for (int bh = 0; bh < B * NH; bh++) {
-		int b = bh / NH, h = bh % NH;
-		const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-		const float *k = q + C, *v = q + 2 * C;
-		float *P = att + (size_t)bh * T * T;
-		float *o = out + (size_t)b * T * C + (size_t)h * hs;
-		for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-			int rn = min_int(ATT_BLOCK, T - r0), kn = r0 + rn;
-			float *Pr = P + (size_t)r0 * T;
-			/* S[r0.., 0..kn) = scale * Q K^T */
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rn, kn, hs, scale,
-				    q + (size_t)r0 * C3, C3, k, C3, 0.0f, Pr, T);
-			for (int i = 0; i < rn; i++)
-				causal_softmax_row(Pr + (size_t)i * T, r0 + i, kn);
-			/* O[r0..] = P V */
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, hs, kn, 1.0f, Pr, T,
-				    v, C3, 0.0f, o + (size_t)r0 * C, C);
+	for (int j0 = 0; j0 < n; j0 += 16) {
+		int j1 = min_int(n, j0 + 16);
+		for (int d = 0; d < hs; d++) {
+			float *o = dst + (size_t)d * T;
+#pragma omp simd
+			for (int j = j0; j < j1; j++)
+				o[j] = src[(size_t)j * ld + d];
 		}
 	}
 }
 
-static size_t cpu_attention_ws_floats(int T) { return (size_t)omp_get_max_threads() * T * T; }
+static void cpu_attention_forward(float *out, float *att, float *ws, const float *qkv, int B,
+				  int T, int C, int NH)
+{
+	const int hs = C / NH, C3 = 3 * C;
+	const float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel
+	{
+		float *kt = ws + (size_t)omp_get_thread_num() * ((size_t)T * T + (size_t)hs * T);
+#pragma omp for schedule(static)
+		for (int bh = 0; bh < B * NH; bh++) {
+			int b = bh / NH, h = bh % NH;
+			const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+			const float *k = q + C, *v = q + 2 * C;
+			float *P = att + (size_t)bh * T * T;
+			float *o = out + (size_t)b * T * C + (size_t)h * hs;
+			transpose_block(kt, k, T, hs, C3, T);
+			for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+				int rn = min_int(ATT_BLOCK, T - r0), kn = r0 + rn;
+				float *Pr = P + (size_t)r0 * T;
+				/* S[r0.., 0..kn) = scale * Q K^T */
+				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, kn, hs, scale,
+					    q + (size_t)r0 * C3, C3, kt, T, 0.0f, Pr, T);
+				for (int i = 0; i < rn; i++)
+					causal_softmax_row(Pr + (size_t)i * T, r0 + i, kn);
+				/* O[r0..] = P V */
+				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, hs, kn, 1.0f,
+					    Pr, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
+			}
+		}
+	}
+}
+
+static size_t cpu_attention_ws_floats(int T, int hs)
+{
+	return (size_t)omp_get_max_threads() * ((size_t)T * T + (size_t)hs * T);
+}
 
 /* With P = softmax(S), dP = dO V^T: dS = P (dP - rowsum(P dP)) * scale (scale folded in),
  * dQ = dS K, dK = dS^T Q, dV = P^T dO; all restricted to the causal blocks. */
@@ -416,7 +440,8 @@ static void cpu_attention_backward(float *dqkv, float *ws, const float *dout, co
 	const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel
 	{
-		float *dS = ws + (size_t)omp_get_thread_num() * T * T;
+		float *dS = ws + (size_t)omp_get_thread_num() * ((size_t)T * T + (size_t)hs * T);
+		float *vt = dS + (size_t)T * T;
 #pragma omp for schedule(static)
 		for (int bh = 0; bh < B * NH; bh++) {
 			int b = bh / NH, h = bh % NH;
@@ -426,11 +451,12 @@ static void cpu_attention_backward(float *dqkv, float *ws, const float *dout, co
 			const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
 			float *dq = dqkv + (size_t)b * T * C3 + (size_t)h * hs;
 			float *dk = dq + C, *dv = dq + 2 * C;
+			transpose_block(vt, v, T, hs, C3, T);
 			for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
 				int rn = min_int(ATT_BLOCK, T - r0), kn = r0 + rn;
 				float *dSr = dS + (size_t)r0 * T;
-				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rn, kn, hs, 1.0f,
-					    dO + (size_t)r0 * C, C, v, C3, 0.0f, dSr, T);
+				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, kn, hs,
+					    1.0f, dO + (size_t)r0 * C, C, vt, T, 0.0f, dSr, T);
 				for (int ii = 0; ii < rn; ii++) {
 					int i = r0 + ii;
 					const float *p = P + (size_t)i * T;

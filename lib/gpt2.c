@@ -279,6 +279,23 @@ void gpt2_init_params(struct gpt2 *g, uint64_t seed)
 	}
 }
 
+/* The attention workspace scales with the thread count, which the caller may raise between
+ * steps (omp_set_num_threads): grow it then, never per step otherwise. */
+static int ensure_att_ws(struct gpt2 *g, const struct backend_ops *be, int T)
+{
+	struct gpt2_acts *a = g->acts;
+	size_t ws = be->attention_ws_floats(T, g->cfg.n_embd / g->cfg.n_head);
+	if (ws <= a->att_ws_floats)
+		return 0;
+	free(a->att_ws);
+	a->att_ws = aligned_alloc(64, (ws * sizeof(float) + 63) / 64 * 64);
+	a->att_ws_floats = a->att_ws ? ws : 0;
+	if (!a->att_ws)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes of attention workspace",
+			       ws * sizeof(float));
+	return 0;
+}
+
 int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, int B, int T,
 		 float *loss)
 {
@@ -298,6 +315,7 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 			return err_set(CORE_EUSAGE, NULL, "target %d at position %d outside 0..%d",
 				       targets[n], n, V - 1);
 	}
+	ERR_FORWARD(ensure_att_ws(g, be, T));
 	memcpy(a->inputs, inputs, sizeof(int32_t) * (size_t)N);
 	if (targets)
 		memcpy(a->targets, targets, sizeof(int32_t) * (size_t)N);
@@ -315,7 +333,7 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 #define W(p) P(g, V_LAYER(l, p))
 		be->matmul_forward(la->qkv, la->ln1, W(P_ATTN_W), W(P_ATTN_B), N, C, 3 * C,
 				   BACKEND_W_IO);
-		be->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH);
+		be->attention_forward(la->atty, la->att, a->att_ws, la->qkv, B, T, C, NH);
 		be->matmul_forward(la->res2, la->atty, W(P_APROJ_W), NULL, N, C, C, BACKEND_W_IO);
 		be->residual_layernorm_forward(la->res2, la->ln2, la->ln2_mean, la->ln2_rstd, x,
 					       W(P_APROJ_B), W(P_LN2_W), W(P_LN2_B), N, C);
@@ -366,15 +384,8 @@ int gpt2_backward(struct gpt2 *g)
 	const int B = a->B, T = a->T, N = B * T;
 	if (!a->have_targets)
 		return err_set(CORE_EUSAGE, NULL, "backward needs a forward with targets");
-	a->have_targets = 0; /* probs become dlogits below */
-	size_t ws = be->attention_ws_floats(T);
-	if (ws > a->att_ws_floats) { /* only when the thread count or T grew */
-		free(a->att_ws);
-		a->att_ws = aligned_alloc(64, (ws * sizeof(float) + 63) / 64 * 64);
-		a->att_ws_floats = a->att_ws ? ws : 0;
-		if (!a->att_ws)
-			return err_set(CORE_ENOMEM, NULL, "cannot allocate attention workspace");
-	}
+	ERR_FORWARD(ensure_att_ws(g, be, T)); /* the thread count may have changed */
+	a->have_targets = 0;                   /* probs become dlogits below */
 
 	/* loss = mean of N cross-entropies: dlogits = (p - onehot) / N, in place */
 	be->crossentropy_backward(a->probs, a->targets, N, V, 1.0f / (float)N);

@@ -276,10 +276,10 @@ static void check_attention_backward(int B, int T, int C, int NH)
 	float *qkv = randn(nq, 1, 0), *R = randn(no, 1, 500000);
 	float *out = malloc(sizeof(float) * no), *att = malloc(sizeof(float) * B * NH * T * T);
 	float *dqkv = malloc(sizeof(float) * nq);
-	float *ws = malloc(sizeof(float) * be->attention_ws_floats(T));
+	float *ws = malloc(sizeof(float) * be->attention_ws_floats(T, C / NH));
 	for (size_t i = 0; i < nq; i++)
 		dqkv[i] = NAN; /* every element must be written */
-	be->attention_forward(out, att, qkv, B, T, C, NH);
+	be->attention_forward(out, att, ws, qkv, B, T, C, NH);
 	be->attention_backward(dqkv, ws, R, qkv, att, B, T, C, NH);
 	struct att_ctx c = {B, T, C, NH, widen(qkv, nq), widen(R, no), malloc(sizeof(double) * T)};
 	char what[80];

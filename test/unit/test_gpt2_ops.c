@@ -219,7 +219,8 @@ static void check_attention(int B, int T, int C, int NH)
 	float *att = malloc(sizeof(float) * B * NH * T * T);
 	double *ref = malloc(sizeof(double) * B * T * C), *p = malloc(sizeof(double) * T);
 	double *rp = malloc(sizeof(double) * B * NH * T * T);
-	be->attention_forward(out, att, qkv, B, T, C, NH);
+	float *ws = malloc(sizeof(float) * be->attention_ws_floats(T, hs));
+	be->attention_forward(out, att, ws, qkv, B, T, C, NH);
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < NH; h++)
 			for (int i = 0; i < T; i++) {
@@ -260,7 +261,7 @@ static void check_attention(int B, int T, int C, int NH)
 					  "%s: att[bh=%d, %d, %d] = %.9g, want %.9g", what, bh, i, j,
 					  (double)att[at], rp[at]);
 			}
-	free(qkv), free(out), free(att), free(ref), free(p), free(rp);
+	free(qkv), free(out), free(att), free(ref), free(p), free(rp), free(ws);
 }
 
 Test(gpt2_ops, attention_against_naive_causal_softmax)
