@@ -33,13 +33,13 @@ struct backend_ops {
 			       int IC, int OC, enum backend_wlayout layout);
 	/* dx[N,IC] (+)= dy w^T; dw = x^T dy (layout of w); dbias[OC] = column sums of dy.
 	 * dx, dw, dbias may each be NULL (not wanted). */
-	void (*matmul_backward)(float *dx, float *dw, float *dbias, const float *dy,
-				const float *x, const float *w, int N, int IC, int OC,
-				enum backend_wlayout layout, int accumulate);
+	void (*matmul_backward)(float *dx, float *dw, float *dbias, const float *dy, const float *x,
+				const float *w, int N, int IC, int OC, enum backend_wlayout layout,
+				int accumulate);
 
 	/* out[N,C] = wte[tok] + wpe[t] for tokens tok[B*T] at positions t = row % T. */
-	void (*encoder_forward)(float *out, const int32_t *tok, const float *wte,
-				const float *wpe, int B, int T, int C);
+	void (*encoder_forward)(float *out, const int32_t *tok, const float *wte, const float *wpe,
+				int B, int T, int C);
 	/* dwte[V,C] and dwpe[T,C] overwritten (rows not hit are zero). */
 	void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
 				 int B, int T, int C, int V);
@@ -57,7 +57,8 @@ struct backend_ops {
 	 * BACKEND_CHUNKS. */
 	void (*layernorm_backward)(float *dx, float *dw, float *db, float *partials,
 				   const float *dout, const float *x, const float *w,
-				   const float *mean, const float *rstd, int N, int C, int accumulate);
+				   const float *mean, const float *rstd, int N, int C,
+				   int accumulate);
 
 	/* pre[N,C] += bias (in place); out = gelu_tanh(pre). */
 	void (*bias_gelu_forward)(float *pre, float *out, const float *bias, int N, int C);

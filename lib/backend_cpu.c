@@ -20,6 +20,9 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "banned.h"
 
@@ -111,8 +114,8 @@ static void cpu_matmul_forward(float *y, const float *x, const float *w, const f
 			       int IC, int OC, enum backend_wlayout layout)
 {
 	if (layout == BACKEND_W_IO)
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, IC, 1.0f, x, IC, w, OC,
-			    0.0f, y, OC);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, IC, 1.0f, x, IC, w,
+			    OC, 0.0f, y, OC);
 	else
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, x, IC, w, IC,
 			    0.0f, y, OC);
@@ -120,15 +123,15 @@ static void cpu_matmul_forward(float *y, const float *x, const float *w, const f
 		add_bias(y, bias, N, OC);
 }
 
-static void cpu_matmul_backward(float *dx, float *dw, float *dbias, const float *dy,
-				const float *x, const float *w, int N, int IC, int OC,
-				enum backend_wlayout layout, int accumulate)
+static void cpu_matmul_backward(float *dx, float *dw, float *dbias, const float *dy, const float *x,
+				const float *w, int N, int IC, int OC, enum backend_wlayout layout,
+				int accumulate)
 {
 	float beta = accumulate ? 1.0f : 0.0f;
 	if (layout == BACKEND_W_IO) {
 		if (dx) /* dx = dy w^T, w [IC,OC] */
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, IC, OC, 1.0f, dy, OC,
-				    w, OC, beta, dx, IC);
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, IC, OC, 1.0f, dy,
+				    OC, w, OC, beta, dx, IC);
 		if (dw) /* dw [IC,OC] = x^T dy */
 			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, x, IC,
 				    dy, OC, 0.0f, dw, OC);
@@ -137,8 +140,8 @@ static void cpu_matmul_backward(float *dx, float *dw, float *dbias, const float 
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dy,
 				    OC, w, IC, beta, dx, IC);
 		if (dw) /* dw [OC,IC] = dy^T x */
-			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dy, OC,
-				    x, IC, 0.0f, dw, IC);
+			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dy,
+				    OC, x, IC, 0.0f, dw, IC);
 	}
 	if (dbias)
 		column_sums(dbias, dy, N, OC);
@@ -146,8 +149,8 @@ static void cpu_matmul_backward(float *dx, float *dw, float *dbias, const float 
 
 /* ---- embeddings --------------------------------------------------------------------- */
 
-static void cpu_encoder_forward(float *out, const int32_t *tok, const float *wte,
-				const float *wpe, int B, int T, int C)
+static void cpu_encoder_forward(float *out, const int32_t *tok, const float *wte, const float *wpe,
+				int B, int T, int C)
 {
 #pragma omp parallel for schedule(static)
 	for (int n = 0; n < B * T; n++) {
@@ -253,7 +256,8 @@ static void cpu_residual_layernorm_forward(float *res, float *out, float *mean, 
  * dx = rstd (g - mean(g) - xhat mean(g xhat)); dw = sum_n dout xhat; db = sum_n dout. */
 static void cpu_layernorm_backward(float *dx, float *dw, float *db, float *partials,
 				   const float *dout, const float *x, const float *w,
-				   const float *mean, const float *rstd, int N, int C, int accumulate)
+				   const float *mean, const float *rstd, int N, int C,
+				   int accumulate)
 {
 #pragma omp parallel for schedule(static)
 	for (int k = 0; k < BACKEND_CHUNKS; k++) {
@@ -394,8 +398,8 @@ static void transpose_block(float *dst, const float *src, int n, int hs, int ld,
 	}
 }
 
-static void cpu_attention_forward(float *out, float *att, float *ws, const float *qkv, int B,
-				  int T, int C, int NH)
+static void cpu_attention_forward(float *out, float *att, float *ws, const float *qkv, int B, int T,
+				  int C, int NH)
 {
 	const int hs = C / NH, C3 = 3 * C;
 	const float scale = 1.0f / sqrtf((float)hs);
@@ -414,13 +418,13 @@ static void cpu_attention_forward(float *out, float *att, float *ws, const float
 				int rn = min_int(ATT_BLOCK, T - r0), kn = r0 + rn;
 				float *Pr = P + (size_t)r0 * T;
 				/* S[r0.., 0..kn) = scale * Q K^T */
-				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, kn, hs, scale,
-					    q + (size_t)r0 * C3, C3, kt, T, 0.0f, Pr, T);
+				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, kn, hs,
+					    scale, q + (size_t)r0 * C3, C3, kt, T, 0.0f, Pr, T);
 				for (int i = 0; i < rn; i++)
 					causal_softmax_row(Pr + (size_t)i * T, r0 + i, kn);
 				/* O[r0..] = P V */
-				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, hs, kn, 1.0f,
-					    Pr, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
+				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, hs, kn,
+					    1.0f, Pr, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
 			}
 		}
 	}
@@ -471,17 +475,17 @@ static void cpu_attention_backward(float *dqkv, float *ws, const float *dout, co
 					for (int j = i + 1; j < kn; j++)
 						d[j] = 0.0f;
 				}
-				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, hs, kn, 1.0f,
-					    dSr, T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
+				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, hs, kn,
+					    1.0f, dSr, T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
 			}
 			for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
 				int cn = min_int(ATT_BLOCK, T - c0), m = T - c0;
-				cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cn, hs, m, 1.0f,
-					    dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, 0.0f,
-					    dk + (size_t)c0 * C3, C3);
-				cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cn, hs, m, 1.0f,
-					    P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, 0.0f,
-					    dv + (size_t)c0 * C3, C3);
+				cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cn, hs, m,
+					    1.0f, dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3,
+					    C3, 0.0f, dk + (size_t)c0 * C3, C3);
+				cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cn, hs, m,
+					    1.0f, P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C,
+					    C, 0.0f, dv + (size_t)c0 * C3, C3);
 			}
 		}
 	}
@@ -539,26 +543,92 @@ static void cpu_crossentropy_backward(float *probs, const int32_t *targets, int 
  *   denom = (exp_avg_sq.sqrt() / sqrt(1 - b2^t)).add_(eps)
  *   param.addcdiv_(exp_avg, denom, value=-lr / (1 - b1^t))   p + (value m) / denom
  * with the Python-double scalars rounded to float as ATen does for float tensors. */
+struct adamw_consts {
+	float decay, b1, c1, b2, c2, bc2s, eps, step, scale;
+};
+
+/* One thread's share of the update. GCC does not vectorise sqrtf without -fno-math-errno
+ * (sqrtf may set errno), and the optimize attribute does not lift that, so the x86 vector
+ * paths are written with intrinsics; each computes exactly the scalar loop's operations (FMA
+ * where the scalar loop has fmaf; sqrt and division are correctly rounded in both). */
+#define ADAMW_SCALAR(i)                                                                            \
+	do {                                                                                       \
+		float gi = g[i] * scale;                                                           \
+		float pi = p[i] * decay;                                                           \
+		float mi = fmaf(c1, gi, m[i] * b1);                                                \
+		float vi = fmaf(c2 * gi, gi, v[i] * b2);                                           \
+		float den = sqrtf(vi) / bc2s + eps;                                                \
+		p[i] = pi + (step * mi) / den;                                                     \
+		m[i] = mi;                                                                         \
+		v[i] = vi;                                                                         \
+	} while (0)
+
+static void adamw_range(float *restrict p, const float *restrict g, float *restrict m,
+			float *restrict v, size_t i0, size_t i1, const struct adamw_consts *k)
+{
+	const float decay = k->decay, b1 = k->b1, c1 = k->c1, b2 = k->b2, c2 = k->c2;
+	const float bc2s = k->bc2s, eps = k->eps, step = k->step, scale = k->scale;
+	size_t i = i0;
+#if defined(__AVX512F__)
+	const __m512 vdecay = _mm512_set1_ps(decay), vb1 = _mm512_set1_ps(b1),
+		     vc1 = _mm512_set1_ps(c1), vb2 = _mm512_set1_ps(b2), vc2 = _mm512_set1_ps(c2),
+		     vbc2s = _mm512_set1_ps(bc2s), veps = _mm512_set1_ps(eps),
+		     vstep = _mm512_set1_ps(step), vscale = _mm512_set1_ps(scale);
+	for (; i + 16 <= i1; i += 16) {
+		__m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), vscale);
+		__m512 pi = _mm512_mul_ps(_mm512_loadu_ps(p + i), vdecay);
+		__m512 mi = _mm512_fmadd_ps(vc1, gi, _mm512_mul_ps(_mm512_loadu_ps(m + i), vb1));
+		__m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(vc2, gi), gi,
+					    _mm512_mul_ps(_mm512_loadu_ps(v + i), vb2));
+		__m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), vbc2s), veps);
+		_mm512_storeu_ps(p + i,
+				 _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(vstep, mi), den)));
+		_mm512_storeu_ps(m + i, mi);
+		_mm512_storeu_ps(v + i, vi);
+	}
+#elif defined(__AVX2__) && defined(__FMA__)
+	const __m256 vdecay = _mm256_set1_ps(decay), vb1 = _mm256_set1_ps(b1),
+		     vc1 = _mm256_set1_ps(c1), vb2 = _mm256_set1_ps(b2), vc2 = _mm256_set1_ps(c2),
+		     vbc2s = _mm256_set1_ps(bc2s), veps = _mm256_set1_ps(eps),
+		     vstep = _mm256_set1_ps(step), vscale = _mm256_set1_ps(scale);
+	for (; i + 8 <= i1; i += 8) {
+		__m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), vscale);
+		__m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), vdecay);
+		__m256 mi = _mm256_fmadd_ps(vc1, gi, _mm256_mul_ps(_mm256_loadu_ps(m + i), vb1));
+		__m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(vc2, gi), gi,
+					    _mm256_mul_ps(_mm256_loadu_ps(v + i), vb2));
+		__m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), vbc2s), veps);
+		_mm256_storeu_ps(p + i,
+				 _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(vstep, mi), den)));
+		_mm256_storeu_ps(m + i, mi);
+		_mm256_storeu_ps(v + i, vi);
+	}
+#endif
+	for (; i < i1; i++)
+		ADAMW_SCALAR(i);
+}
+#undef ADAMW_SCALAR
+
 static void cpu_adamw_update(float *p, const float *g, float *m, float *v, size_t n, double lr,
 			     double beta1, double beta2, double eps, double wd, long t,
 			     float grad_scale)
 {
 	const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
-	const float decay = (float)(1.0 - lr * wd);
-	const float b1 = (float)beta1, c1 = (float)(1.0 - beta1);
-	const float b2 = (float)beta2, c2 = (float)(1.0 - beta2);
-	const float bc2s = (float)sqrt(bc2), epsf = (float)eps;
-	const float step = (float)(-lr / bc1);
-#pragma omp parallel for simd schedule(static)
-	for (size_t i = 0; i < n; i++) {
-		float gi = g[i] * grad_scale;
-		float pi = p[i] * decay;
-		float mi = fmaf(c1, gi, m[i] * b1);
-		float vi = fmaf(c2 * gi, gi, v[i] * b2);
-		float den = sqrtf(vi) / bc2s + epsf;
-		p[i] = pi + (step * mi) / den;
-		m[i] = mi;
-		v[i] = vi;
+	const struct adamw_consts k = {
+		.decay = (float)(1.0 - lr * wd),
+		.b1 = (float)beta1,
+		.c1 = (float)(1.0 - beta1),
+		.b2 = (float)beta2,
+		.c2 = (float)(1.0 - beta2),
+		.bc2s = (float)sqrt(bc2),
+		.eps = (float)eps,
+		.step = (float)(-lr / bc1),
+		.scale = grad_scale,
+	};
+#pragma omp parallel
+	{
+		size_t nth = (size_t)omp_get_num_threads(), tid = (size_t)omp_get_thread_num();
+		adamw_range(p, g, m, v, n * tid / nth, n * (tid + 1) / nth, &k);
 	}
 }
 
@@ -567,7 +637,8 @@ static double cpu_sum_squares(const float *x, size_t n)
 	double part[BACKEND_CHUNKS];
 #pragma omp parallel for schedule(static)
 	for (int k = 0; k < BACKEND_CHUNKS; k++) {
-		size_t i0 = n * (size_t)k / BACKEND_CHUNKS, i1 = n * (size_t)(k + 1) / BACKEND_CHUNKS;
+		size_t i0 = n * (size_t)k / BACKEND_CHUNKS,
+		       i1 = n * (size_t)(k + 1) / BACKEND_CHUNKS;
 		double s = 0.0;
 #pragma omp simd reduction(+ : s)
 		for (size_t i = i0; i < i1; i++)

@@ -85,11 +85,11 @@ static size_t layout_acts(struct gpt2_acts *a, const struct gpt2_config *c, int 
 			  float *mem)
 {
 	size_t off = 0, N = (size_t)B * T, C = (size_t)c->n_embd;
-#define TAKE(ptr, n)                                                                           \
-	do {                                                                                   \
-		if (mem)                                                                       \
-			(ptr) = mem + off;                                                     \
-		off += ((size_t)(n) + 15) / 16 * 16;                                           \
+#define TAKE(ptr, n)                                                                               \
+	do {                                                                                       \
+		if (mem)                                                                           \
+			(ptr) = mem + off;                                                         \
+		off += ((size_t)(n) + 15) / 16 * 16;                                               \
 	} while (0)
 	TAKE(a->encoded, N * C);
 	for (int l = 0; l < c->n_layer; l++) {
@@ -123,8 +123,7 @@ static size_t layout_acts(struct gpt2_acts *a, const struct gpt2_config *c, int 
 
 static int check_config(const struct gpt2_config *c, int B, int T)
 {
-	if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->seq_len < 1 ||
-	    c->vocab_size < 1)
+	if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->seq_len < 1 || c->vocab_size < 1)
 		return err_set(CORE_ECONFIG, NULL,
 			       "model sizes must be positive (n_layer %d, n_embd %d, n_head %d, "
 			       "seq_len %d, vocab_size %d)",
@@ -178,20 +177,21 @@ int gpt2_create(struct gpt2 *g, const struct gpt2_config *cfg, int B, int T)
 		goto nomem;
 	size_t off = 0;
 	char name[TENSOR_NAME_MAX];
-#define ADD_VIEW(idx, nm, nd, e0, e1)                                                          \
-	do {                                                                                   \
-		int64_t ne_[2] = {(e0), (e1)};                                                 \
-		tensor_view(&g->views[idx], DT_F32, (nd), ne_, NULL, (nm));                    \
-		offs[idx] = off;                                                               \
-		off += (size_t)tensor_numel(&g->views[idx]);                                   \
-		g->decay_mask[idx] = (nd) == 2;                                                \
+#define ADD_VIEW(idx, nm, nd, e0, e1)                                                              \
+	do {                                                                                       \
+		int64_t ne_[2] = {(e0), (e1)};                                                     \
+		tensor_view(&g->views[idx], DT_F32, (nd), ne_, NULL, (nm));                        \
+		offs[idx] = off;                                                                   \
+		off += (size_t)tensor_numel(&g->views[idx]);                                       \
+		g->decay_mask[idx] = (nd) == 2;                                                    \
 	} while (0)
 	ADD_VIEW(V_WTE, "wte.weight", 2, V, C);
 	ADD_VIEW(V_WPE, "wpe.weight", 2, S, C);
 	for (int l = 0; l < L; l++)
 		for (int p = 0; p < P_PER_LAYER; p++) {
 			snprintf(name, sizeof name, "h.%d.%s", l, block[p].name);
-			ADD_VIEW(V_LAYER(l, p), name, block[p].ndim, block[p].ne[0], block[p].ne[1]);
+			ADD_VIEW(V_LAYER(l, p), name, block[p].ndim, block[p].ne[0],
+				 block[p].ne[1]);
 		}
 	int vf = V_LAYER(L, 0);
 	ADD_VIEW(vf, "ln_f.weight", 1, C, 0);
@@ -291,7 +291,8 @@ static int ensure_att_ws(struct gpt2 *g, const struct backend_ops *be, int T)
 	a->att_ws = aligned_alloc(64, (ws * sizeof(float) + 63) / 64 * 64);
 	a->att_ws_floats = a->att_ws ? ws : 0;
 	if (!a->att_ws)
-		return err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes of attention workspace",
+		return err_set(CORE_ENOMEM, NULL,
+			       "cannot allocate %zu bytes of attention workspace",
 			       ws * sizeof(float));
 	return 0;
 }
@@ -301,8 +302,7 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 {
 	const struct backend_ops *be = backend_cpu();
 	struct gpt2_acts *a = g->acts;
-	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head,
-		  V = g->cfg.vocab_size;
+	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head, V = g->cfg.vocab_size;
 	if (B < 1 || T < 1 || B > g->B || T > g->T)
 		return err_set(CORE_EUSAGE, NULL, "batch %d x %d exceeds the model's %d x %d", B, T,
 			       g->B, g->T);
@@ -344,15 +344,14 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 		/* x' = x2 + mlp, fused with the next LayerNorm (ln_1 of l+1, or ln_f) */
 		if (l + 1 < L) {
 			struct layer_acts *nx = &a->layer[l + 1];
-			be->residual_layernorm_forward(la->res3, nx->ln1, nx->ln1_mean, nx->ln1_rstd,
-						       la->res2, W(P_MPROJ_B),
+			be->residual_layernorm_forward(la->res3, nx->ln1, nx->ln1_mean,
+						       nx->ln1_rstd, la->res2, W(P_MPROJ_B),
 						       P(g, V_LAYER(l + 1, P_LN1_W)),
 						       P(g, V_LAYER(l + 1, P_LN1_B)), N, C);
 		} else {
 			be->residual_layernorm_forward(la->res3, a->lnf, a->lnf_mean, a->lnf_rstd,
-						       la->res2, W(P_MPROJ_B),
-						       P(g, V_LAYER(L, 0)), P(g, V_LAYER(L, 1)), N,
-						       C);
+						       la->res2, W(P_MPROJ_B), P(g, V_LAYER(L, 0)),
+						       P(g, V_LAYER(L, 1)), N, C);
 		}
 #undef W
 	}
@@ -379,13 +378,12 @@ int gpt2_backward(struct gpt2 *g)
 {
 	const struct backend_ops *be = backend_cpu();
 	struct gpt2_acts *a = g->acts;
-	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head,
-		  V = g->cfg.vocab_size;
+	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head, V = g->cfg.vocab_size;
 	const int B = a->B, T = a->T, N = B * T;
 	if (!a->have_targets)
 		return err_set(CORE_EUSAGE, NULL, "backward needs a forward with targets");
 	ERR_FORWARD(ensure_att_ws(g, be, T)); /* the thread count may have changed */
-	a->have_targets = 0;                   /* probs become dlogits below */
+	a->have_targets = 0;                  /* probs become dlogits below */
 
 	/* loss = mean of N cross-entropies: dlogits = (p - onehot) / N, in place */
 	be->crossentropy_backward(a->probs, a->targets, N, V, 1.0f / (float)N);
@@ -413,8 +411,8 @@ int gpt2_backward(struct gpt2 *g)
 		be->attention_backward(a->dbig, a->att_ws, a->dbuf, la->qkv, la->att, B, T, C, NH);
 		be->matmul_backward(a->dbuf, DW(P_ATTN_W), DW(P_ATTN_B), a->dbig, la->ln1,
 				    W(P_ATTN_W), N, C, 3 * C, BACKEND_W_IO, 0);
-		be->layernorm_backward(a->dres, DW(P_LN1_W), DW(P_LN1_B), a->ln_partials, a->dbuf, x,
-				       W(P_LN1_W), la->ln1_mean, la->ln1_rstd, N, C, 1);
+		be->layernorm_backward(a->dres, DW(P_LN1_W), DW(P_LN1_B), a->ln_partials, a->dbuf,
+				       x, W(P_LN1_W), la->ln1_mean, la->ln1_rstd, N, C, 1);
 #undef W
 #undef DW
 	}

@@ -87,14 +87,16 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	gpt2_init_params(&g, 1);
-	int32_t *x = malloc(sizeof(int32_t) * (size_t)B * T), *y = malloc(sizeof(int32_t) * (size_t)B * T);
+	int32_t *x = malloc(sizeof(int32_t) * (size_t)B * T),
+		*y = malloc(sizeof(int32_t) * (size_t)B * T);
 	for (int i = 0; i < B * T; i++) {
 		x[i] = (int32_t)((i * 7919u + 13u) % (unsigned)cfg.vocab_size);
 		y[i] = (int32_t)((i * 104729u + 5u) % (unsigned)cfg.vocab_size);
 	}
 	struct adamw_config opt = {0.9, 0.95, 1e-8, 0.1};
 	int nth = omp_get_max_threads();
-	double *ts = malloc(sizeof(double) * (size_t)steps), *fr = malloc(sizeof(double) * (size_t)steps);
+	double *ts = malloc(sizeof(double) * (size_t)steps),
+	       *fr = malloc(sizeof(double) * (size_t)steps);
 	double *cs = malloc(sizeof(double) * (size_t)steps);
 	double fl = 0;
 	float loss = 0;
@@ -129,7 +131,8 @@ int main(int argc, char **argv)
 	       cfg.n_embd, cfg.n_head, T, B, cfg.vocab_size, (double)loss);
 	printf("step median %.1f ms (min %.1f, max %.1f)  %.0f tokens/s\n", med * 1e3, ts[0] * 1e3,
 	       ts[steps - 1] * 1e3, B * T / med);
-	printf("cpu time per step median %.1f ms (all threads; spinning included)\n", cs[steps / 2] * 1e3);
+	printf("cpu time per step median %.1f ms (all threads; spinning included)\n",
+	       cs[steps / 2] * 1e3);
 	printf("sgemm share %.1f%%  sgemm %.2f GFLOP/step\n", 100 * fr[steps / 2], fl * 1e-9);
 	double acts = (double)gpt2_activation_bytes(&g);
 	printf("memory: params+grads+m+v %.1f MiB + activations %.1f MiB = %.1f MiB; "

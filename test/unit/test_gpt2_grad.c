@@ -62,15 +62,15 @@ static double fd(scalar_fn f, void *ctx, double *x, size_t i)
 }
 
 /* Every element of an analytic gradient g of buffer x against finite differences. */
-static void check_grad(scalar_fn f, void *ctx, double *x, const float *g, size_t n,
-		       double atol, double rtol, const char *what)
+static void check_grad(scalar_fn f, void *ctx, double *x, const float *g, size_t n, double atol,
+		       double rtol, const char *what)
 {
 	for (size_t i = 0; i < n; i++) {
 		double want = fd(f, ctx, x, i);
 		double d = fabs(g[i] - want);
 		cr_assert(d <= atol + rtol * fabs(want) && isfinite(g[i]),
-			  "%s: element %zu: backward %.9g, finite difference %.9g (diff %.3g)", what,
-			  i, (double)g[i], want, d);
+			  "%s: element %zu: backward %.9g, finite difference %.9g (diff %.3g)",
+			  what, i, (double)g[i], want, d);
 	}
 }
 
@@ -109,11 +109,17 @@ static void check_matmul_backward(int N, int IC, int OC, int layout, int accumul
 	if (accumulate) /* the input gradient was added to what dx held */
 		for (int i = 0; i < N * IC; i++)
 			dx[i] -= dx0[i];
-	struct mm_ctx c = {N, IC, OC, layout, widen(x, (size_t)N * IC), widen(w, (size_t)IC * OC),
-			   widen(b, OC), widen(R, (size_t)N * OC)};
+	struct mm_ctx c = {N,
+			   IC,
+			   OC,
+			   layout,
+			   widen(x, (size_t)N * IC),
+			   widen(w, (size_t)IC * OC),
+			   widen(b, OC),
+			   widen(R, (size_t)N * OC)};
 	char what[96];
-	snprintf(what, sizeof what, "matmul_backward N=%d IC=%d OC=%d layout=%d acc=%d", N, IC,
-		 OC, layout, accumulate);
+	snprintf(what, sizeof what, "matmul_backward N=%d IC=%d OC=%d layout=%d acc=%d", N, IC, OC,
+		 layout, accumulate);
 	check_grad(mm_loss, &c, c.x, dx, (size_t)N * IC, 2e-5, 2e-5, what);
 	check_grad(mm_loss, &c, c.w, dw, (size_t)IC * OC, 2e-5, 2e-5, what);
 	check_grad(mm_loss, &c, c.b, db, OC, 2e-5, 2e-5, what);
@@ -173,8 +179,8 @@ static void check_layernorm_backward(int N, int C, int accumulate)
 	if (accumulate)
 		for (int i = 0; i < N * C; i++)
 			dx[i] -= dx0[i];
-	struct ln_ctx c = {N, C, widen(x, (size_t)N * C), widen(w, C), widen(b, C),
-			   widen(R, (size_t)N * C)};
+	struct ln_ctx c = {N,           C,           widen(x, (size_t)N * C),
+			   widen(w, C), widen(b, C), widen(R, (size_t)N * C)};
 	char what[80];
 	snprintf(what, sizeof what, "layernorm_backward N=%d C=%d acc=%d", N, C, accumulate);
 	check_grad(ln_loss, &c, c.x, dx, (size_t)N * C, 2e-5, 1e-4, what);
@@ -206,7 +212,8 @@ static double gelu_loss(void *p)
 	for (int n = 0; n < c->N; n++)
 		for (int i = 0; i < c->C; i++) {
 			double x = c->x[n * c->C + i] + c->bias[i];
-			double y = 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+			double y =
+				0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
 			L += c->R[n * c->C + i] * y;
 		}
 	return L;
@@ -250,7 +257,8 @@ static double att_loss(void *ptr)
 				const double *q = c->qkv + ((size_t)b * T + i) * 3 * C + h * hs;
 				double mx = -INFINITY, sum = 0;
 				for (int j = 0; j <= i; j++) { /* causal: keys 0..i only */
-					const double *k = c->qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+					const double *k =
+						c->qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
 					double s = 0;
 					for (int e = 0; e < hs; e++)
 						s += q[e] * k[e];
@@ -263,7 +271,8 @@ static double att_loss(void *ptr)
 					double o = 0;
 					for (int j = 0; j <= i; j++)
 						o += p[j] / sum *
-						     c->qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * hs + e];
+						     c->qkv[((size_t)b * T + j) * 3 * C + 2 * C +
+							    h * hs + e];
 					L += c->R[((size_t)b * T + i) * C + h * hs + e] * o;
 				}
 			}
@@ -356,8 +365,8 @@ static double enc_loss(void *p)
 	double L = 0;
 	for (int n = 0; n < c->B * c->T; n++)
 		for (int i = 0; i < c->C; i++)
-			L += c->R[(size_t)n * c->C + i] *
-			     (c->wte[(size_t)c->tok[n] * c->C + i] + c->wpe[(size_t)(n % c->T) * c->C + i]);
+			L += c->R[(size_t)n * c->C + i] * (c->wte[(size_t)c->tok[n] * c->C + i] +
+							   c->wpe[(size_t)(n % c->T) * c->C + i]);
 	return L;
 }
 
@@ -371,7 +380,12 @@ Test(gpt2_grad, embedding)
 	      *R = randn((size_t)B * T * C, 1, 2000);
 	float *dwte = randn((size_t)V * C, 1, 3000), *dwpe = randn((size_t)T * C, 1, 4000);
 	be->encoder_backward(dwte, dwpe, R, tok, B, T, C, V);
-	struct enc_ctx c = {B, T, C, tok, widen(wte, (size_t)V * C), widen(wpe, (size_t)T * C),
+	struct enc_ctx c = {B,
+			    T,
+			    C,
+			    tok,
+			    widen(wte, (size_t)V * C),
+			    widen(wpe, (size_t)T * C),
 			    widen(R, (size_t)B * T * C)};
 	check_grad(enc_loss, &c, c.wte, dwte, (size_t)V * C, 1e-5, 1e-5, "encoder_backward wte");
 	check_grad(enc_loss, &c, c.wpe, dwpe, (size_t)T * C, 1e-5, 1e-5, "encoder_backward wpe");

@@ -43,8 +43,8 @@ static int32_t *randtok(size_t n, int V, uint64_t base)
 }
 
 /* |got - want| <= atol + rtol |want| for all i, else fail naming the case and index. */
-static void expect_close(const float *got, const double *want, size_t n, double atol,
-			 double rtol, const char *what)
+static void expect_close(const float *got, const double *want, size_t n, double atol, double rtol,
+			 const char *what)
 {
 	for (size_t i = 0; i < n; i++) {
 		double d = fabs((double)got[i] - want[i]);
@@ -73,8 +73,8 @@ static void check_matmul(int N, int IC, int OC, int layout, int with_bias)
 			ref[(size_t)n * OC + o] = s;
 		}
 	char what[96];
-	snprintf(what, sizeof what, "matmul N=%d IC=%d OC=%d layout=%d bias=%d", N, IC, OC,
-		 layout, with_bias);
+	snprintf(what, sizeof what, "matmul N=%d IC=%d OC=%d layout=%d bias=%d", N, IC, OC, layout,
+		 with_bias);
 	expect_close(y, ref, (size_t)N * OC, 1e-4, 1e-4, what);
 	free(x), free(w), free(b), free(y), free(ref);
 }
@@ -110,8 +110,8 @@ Test(gpt2_ops, encoder_forward_adds_token_and_position_rows)
 
 /* ---- layernorm ------------------------------------------------------------------------ */
 
-static void ref_layernorm(double *out, double *mean, double *rstd, const double *x,
-			  const float *w, const float *b, int N, int C)
+static void ref_layernorm(double *out, double *mean, double *rstd, const double *x, const float *w,
+			  const float *b, int N, int C)
 {
 	for (int n = 0; n < N; n++) {
 		const double *r = x + (size_t)n * C;
@@ -161,7 +161,8 @@ Test(gpt2_ops, residual_layernorm_against_naive)
 {
 	for (int with_bias = 0; with_bias < 2; with_bias++) {
 		int N = 13, C = 40;
-		float *res = randn((size_t)N * C, 1.0f, 0), *skip = randn((size_t)N * C, 1.0f, 1000);
+		float *res = randn((size_t)N * C, 1.0f, 0),
+		      *skip = randn((size_t)N * C, 1.0f, 1000);
 		float *bias = randn(C, 1.0f, 2000), *w = randn(C, 1.0f, 3000),
 		      *b = randn(C, 1.0f, 4000);
 		float *out = malloc(sizeof(float) * N * C), *mean = malloc(sizeof(float) * N),
@@ -200,8 +201,8 @@ Test(gpt2_ops, bias_gelu_against_tanh_formula)
 		for (int c = 0; c < C; c++) {
 			double x = (double)pre[n * C + c] + bias[c];
 			rp[n * C + c] = x;
-			ro[n * C + c] =
-				0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+			ro[n * C + c] = 0.5 * x *
+					(1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 		}
 	be->bias_gelu_forward(pre, out, bias, N, C);
 	expect_close(pre, rp, (size_t)N * C, 1e-6, 1e-6, "bias_gelu pre N=9 C=37");
@@ -227,7 +228,8 @@ static void check_attention(int B, int T, int C, int NH)
 				const float *q = qkv + ((size_t)b * T + i) * 3 * C + h * hs;
 				double mx = -INFINITY, sum = 0;
 				for (int j = 0; j < T; j++) {
-					const float *k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+					const float *k =
+						qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
 					double s = 0;
 					for (int d = 0; d < hs; d++)
 						s += (double)q[d] * k[d];
@@ -244,8 +246,8 @@ static void check_attention(int B, int T, int C, int NH)
 				for (int d = 0; d < hs; d++) {
 					double o = 0;
 					for (int j = 0; j < T; j++)
-						o += p[j] * qkv[((size_t)b * T + j) * 3 * C + 2 * C +
-								h * hs + d];
+						o += p[j] * qkv[((size_t)b * T + j) * 3 * C +
+								2 * C + h * hs + d];
 					ref[((size_t)b * T + i) * C + h * hs + d] = o;
 				}
 			}
@@ -258,8 +260,8 @@ static void check_attention(int B, int T, int C, int NH)
 			for (int j = 0; j <= i; j++) {
 				size_t at = ((size_t)bh * T + i) * T + j;
 				cr_assert(fabs(att[at] - rp[at]) <= 1e-9 + 2e-6 * rp[at],
-					  "%s: att[bh=%d, %d, %d] = %.9g, want %.9g", what, bh, i, j,
-					  (double)att[at], rp[at]);
+					  "%s: att[bh=%d, %d, %d] = %.9g, want %.9g", what, bh, i,
+					  j, (double)att[at], rp[at]);
 			}
 	free(qkv), free(out), free(att), free(ref), free(p), free(rp), free(ws);
 }
@@ -269,8 +271,8 @@ Test(gpt2_ops, attention_against_naive_causal_softmax)
 	check_attention(1, 1, 4, 1);
 	check_attention(2, 5, 12, 3);
 	check_attention(2, 64, 16, 2);
-	check_attention(1, 100, 32, 4);  /* one full block and a partial one */
-	check_attention(1, 130, 24, 2);  /* three blocks, the last of 2 rows */
+	check_attention(1, 100, 32, 4); /* one full block and a partial one */
+	check_attention(1, 130, 24, 2); /* three blocks, the last of 2 rows */
 }
 
 /* ---- cross-entropy -------------------------------------------------------------------- */
@@ -345,7 +347,7 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
 Test(gpt2_ops, adamw_bit_identical_to_torch)
 {
 	float p[8] = {-0x1.144b1ep+0f, -0x1.6f68a2p-2f, -0x1.1e35ccp-2f, 0x1.336f68p-1f,
-		     0x1.24c3dcp+0f, 0x1.780258p-6f, 0x1.d88c72p-4f, 0x1.ec83e2p-1f};
+		      0x1.24c3dcp+0f,  0x1.780258p-6f,  0x1.d88c72p-4f,  0x1.ec83e2p-1f};
 	float q[2] = {0.75f, -1.5f};
 	float pm[8] = {0}, pv[8] = {0}, qm[2] = {0}, qv[2] = {0};
 	const float gp[2][8] = {{0x1.2bb476p-1f, -0x1.b9f37ep-5f, 0x1.5bc986p+0f, -0x1.55d5bep+0f,
@@ -357,7 +359,8 @@ Test(gpt2_ops, adamw_bit_identical_to_torch)
 				 0x1.23e8c4p+0f, 0x1.a90c62p-6f, 0x1.e4b1e2p-4f, 0x1.ead4d8p-1f},
 				{-0x1.157f74p+0f, -0x1.6e5482p-2f, -0x1.23ff8cp-2f, 0x1.35743cp-1f,
 				 0x1.233342p+0f, 0x1.9140d6p-6f, 0x1.ef4a1ap-4f, 0x1.e92e42p-1f}};
-	const float wq[2][2] = {{0x1.7e76c8p-1f, -0x1.80c0cp+0f}, {0x1.7d3d42p-1f, -0x1.807a32p+0f}};
+	const float wq[2][2] = {{0x1.7e76c8p-1f, -0x1.80c0cp+0f},
+				{0x1.7d3d42p-1f, -0x1.807a32p+0f}};
 	for (int t = 1; t <= 2; t++) {
 		be->adamw_update(p, gp[t - 1], pm, pv, 8, 3e-3, 0.9, 0.95, 1e-8, 0.1, t, 0.5f);
 		be->adamw_update(q, gq[t - 1], qm, qv, 2, 3e-3, 0.9, 0.95, 1e-8, 0.0, t, 0.5f);
@@ -421,7 +424,8 @@ Test(gpt2_ops, parameters_follow_hugging_face_names_order_and_shapes)
 	}
 	cr_assert_eq(off, g.nparams);
 	/* 2 layers of 12 C^2 + 13 C, plus wte, wpe, ln_f, lm_head */
-	cr_assert_eq(g.nparams, (size_t)(V * C + S * C + 2 * (12 * C * C + 13 * C) + 2 * C + V * C));
+	cr_assert_eq(g.nparams,
+		     (size_t)(V * C + S * C + 2 * (12 * C * C + 13 * C) + 2 * C + V * C));
 	for (int i = 0; i < nw; i++) {
 		struct tensor *t = &g.views[i];
 		cr_assert_str_eq(t->name, want[i].name, "view %d", i);
