@@ -13,6 +13,7 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -547,4 +548,44 @@ Test(gpt2_grad, deterministic_and_shorter_sequences)
 	cr_assert(fabs(gpt2_grad_norm(&g) - sqrt(ss)) <= 1e-6 * sqrt(ss));
 	free(g1);
 	gpt2_free(&g);
+}
+
+/* Same inputs and thread count give the same bits, with the work really split (2 threads,
+ * sizes where every op runs in parallel): no reduction depends on scheduling. */
+static void train_steps(float *out, size_t *n, int threads)
+{
+	struct gpt2_config cfg = {2, 64, 2, 64, 64};
+	struct gpt2 g;
+	int B = 4, T = 64;
+	int32_t x[256], y[256];
+	omp_set_num_threads(threads);
+	cr_assert_eq(gpt2_create(&g, &cfg, B, T), 0);
+	gpt2_init_params(&g, 5);
+	for (int i = 0; i < B * T; i++) {
+		x[i] = (int32_t)rng_below(5, RNG_STREAM_TEST, i, 64);
+		y[i] = (int32_t)rng_below(6, RNG_STREAM_TEST, i, 64);
+	}
+	struct adamw_config opt = {0.9, 0.95, 1e-8, 0.1};
+	float loss;
+	for (int t = 1; t <= 2; t++) {
+		cr_assert_eq(gpt2_forward(&g, x, y, B, T, &loss), 0);
+		cr_assert_eq(gpt2_backward(&g), 0);
+		gpt2_adamw_step(&g, &opt, 1e-2, t, 1.0f / (1.0f + gpt2_grad_norm(&g)));
+	}
+	memcpy(out, g.params, sizeof(float) * g.nparams);
+	memcpy(out + g.nparams, g.grads, sizeof(float) * g.nparams);
+	*n = 2 * g.nparams;
+	gpt2_free(&g);
+}
+
+Test(gpt2_grad, bit_identical_for_a_thread_count)
+{
+	size_t n1, n2;
+	float *a = malloc(sizeof(float) * 300000), *b = malloc(sizeof(float) * 300000);
+	train_steps(a, &n1, 2);
+	train_steps(b, &n2, 2);
+	cr_assert(n1 == n2 && n1 < 300000);
+	cr_assert(memcmp(a, b, sizeof(float) * n1) == 0,
+		  "two 2-thread runs of 2 training steps differ (L=2 C=64 NH=2 T=64 B=4 V=64)");
+	free(a), free(b);
 }
