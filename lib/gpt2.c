@@ -13,7 +13,6 @@
 #include "gpt2.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
