@@ -25,6 +25,12 @@
  * Linear (lm_head): w [OC,IC], y = x w^T. */
 enum backend_wlayout { BACKEND_W_IO = 0, BACKEND_W_OI = 1 };
 
+/* A run [offset, offset + n) of a flat parameter buffer and the weight decay it gets. */
+struct backend_segment {
+	size_t offset, n;
+	double weight_decay;
+};
+
 struct backend_ops {
 	const char *name;
 
@@ -85,12 +91,13 @@ struct backend_ops {
 	void (*crossentropy_backward)(float *probs, const int32_t *targets, int N, int V,
 				      float scale);
 
-	/* One AdamW step on n elements (torch.optim.AdamW arithmetic, see backend_cpu.c):
+	/* One AdamW step on the segments of the flat buffers p, g, m, v (torch.optim.AdamW
+	 * arithmetic, see backend_cpu.c), each segment with its own weight decay wd:
 	 * g' = grad_scale * g; p *= 1 - lr*wd; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
 	 * p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). */
-	void (*adamw_update)(float *p, const float *g, float *m, float *v, size_t n, double lr,
-			     double beta1, double beta2, double eps, double wd, long t,
-			     float grad_scale);
+	void (*adamw_update)(float *p, const float *g, float *m, float *v,
+			     const struct backend_segment *seg, int nseg, double lr, double beta1,
+			     double beta2, double eps, long t, float grad_scale);
 	/* Sum of squares of x[0..n) in double, fixed-order. */
 	double (*sum_squares)(const float *x, size_t n);
 };

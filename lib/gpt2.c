@@ -57,6 +57,10 @@ struct gpt2_acts {
 	float *att_ws;
 	size_t att_ws_floats;
 	int32_t *inputs, *targets; /* copies of the last forward's batch */
+	/* AdamW: runs of consecutive views with the same decay flag */
+	struct backend_segment *segs;
+	unsigned char *seg_decays;
+	int nsegs;
 	int B, T, have_targets;
 };
 
@@ -75,6 +79,8 @@ static void free_acts(struct gpt2_acts *a)
 	free(a->att_ws);
 	free(a->inputs);
 	free(a->targets);
+	free(a->segs);
+	free(a->seg_decays);
 	free(a);
 }
 
@@ -221,10 +227,23 @@ int gpt2_create(struct gpt2 *g, const struct gpt2_config *cfg, int B, int T)
 		goto nomem;
 	g->acts = a;
 	a->layer = calloc((size_t)L, sizeof *a->layer);
+	a->segs = calloc((size_t)g->nviews, sizeof *a->segs);
+	a->seg_decays = calloc((size_t)g->nviews, 1);
 	a->inputs = malloc(sizeof(int32_t) * (size_t)B * T);
 	a->targets = malloc(sizeof(int32_t) * (size_t)B * T);
-	if (!a->layer || !a->inputs || !a->targets)
+	if (!a->layer || !a->inputs || !a->targets || !a->segs || !a->seg_decays)
 		goto nomem;
+	for (int i = 0; i < g->nviews;) {
+		int j = i + 1;
+		while (j < g->nviews && g->decay_mask[j] == g->decay_mask[i])
+			j++;
+		size_t o0 = (size_t)((float *)g->views[i].data - g->params);
+		size_t o1 = (size_t)((float *)g->views[j - 1].data - g->params) +
+			    (size_t)tensor_numel(&g->views[j - 1]);
+		a->segs[a->nsegs] = (struct backend_segment){o0, o1 - o0, 0.0};
+		a->seg_decays[a->nsegs++] = g->decay_mask[i];
+		i = j;
+	}
 	a->nfloats = layout_acts(a, cfg, B, T, NULL);
 	a->mem = aligned_alloc(64, a->nfloats * sizeof(float));
 	if (!a->mem)
@@ -430,20 +449,11 @@ float gpt2_grad_norm(const struct gpt2 *g)
 void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, long t,
 		     float grad_scale)
 {
-	const struct backend_ops *be = backend_cpu();
-	/* runs of consecutive views with the same decay flag go in one call */
-	for (int i = 0; i < g->nviews;) {
-		int j = i + 1;
-		while (j < g->nviews && g->decay_mask[j] == g->decay_mask[i])
-			j++;
-		size_t o0 = (size_t)((float *)g->views[i].data - g->params);
-		size_t o1 = (size_t)((float *)g->views[j - 1].data - g->params) +
-			    (size_t)tensor_numel(&g->views[j - 1]);
-		be->adamw_update(g->params + o0, g->grads + o0, g->m + o0, g->v + o0, o1 - o0, lr,
-				 opt->beta1, opt->beta2, opt->eps,
-				 g->decay_mask[i] ? opt->weight_decay : 0.0, t, grad_scale);
-		i = j;
-	}
+	struct gpt2_acts *a = g->acts;
+	for (int i = 0; i < a->nsegs; i++)
+		a->segs[i].weight_decay = a->seg_decays[i] ? opt->weight_decay : 0.0;
+	backend_cpu()->adamw_update(g->params, g->grads, g->m, g->v, a->segs, a->nsegs, lr,
+				    opt->beta1, opt->beta2, opt->eps, t, grad_scale);
 }
 
 size_t gpt2_activation_bytes(const struct gpt2 *g)

@@ -316,7 +316,8 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
 	for (long t = 1; t <= 5; t++) {
 		for (size_t i = 0; i < n; i++)
 			g[i] = rng_normal(7, RNG_STREAM_TEST, 10000 * (uint64_t)t + i);
-		be->adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t, (float)scale);
+		struct backend_segment seg = {0, n, wd};
+		be->adamw_update(p, g, m, v, &seg, 1, lr, b1, b2, eps, t, (float)scale);
 		for (size_t i = 0; i < n; i++) {
 			double gi = g[i] * scale;
 			rp[i] *= 1 - lr * wd;
@@ -333,7 +334,8 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
 	}
 	/* wd = 0 leaves a zero-gradient parameter exactly where it was */
 	float q = 1.2345f, zg = 0.0f, zm = 0.0f, zv = 0.0f;
-	be->adamw_update(&q, &zg, &zm, &zv, 1, 0.1, 0.9, 0.95, 1e-8, 0.0, 1, 1.0f);
+	struct backend_segment one = {0, 1, 0.0};
+	be->adamw_update(&q, &zg, &zm, &zv, &one, 1, 0.1, 0.9, 0.95, 1e-8, 1, 1.0f);
 	cr_assert(q == 1.2345f, "adamw without decay moved a zero-gradient parameter to %.9g",
 		  (double)q);
 	free(p), free(g), free(m), free(v), free(rp), free(rm), free(rv);
@@ -346,10 +348,12 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
  * multiply-add, or the update as step * (m / denom), changes at least one of them. */
 Test(gpt2_ops, adamw_bit_identical_to_torch)
 {
-	float p[8] = {-0x1.144b1ep+0f, -0x1.6f68a2p-2f, -0x1.1e35ccp-2f, 0x1.336f68p-1f,
-		      0x1.24c3dcp+0f,  0x1.780258p-6f,  0x1.d88c72p-4f,  0x1.ec83e2p-1f};
-	float q[2] = {0.75f, -1.5f};
-	float pm[8] = {0}, pv[8] = {0}, qm[2] = {0}, qv[2] = {0};
+	float x[10] = {
+		-0x1.144b1ep+0f, -0x1.6f68a2p-2f, -0x1.1e35ccp-2f, 0x1.336f68p-1f, 0x1.24c3dcp+0f,
+		0x1.780258p-6f,  0x1.d88c72p-4f,  0x1.ec83e2p-1f,  0.75f,          -1.5f};
+	float gx[10], mx[10] = {0}, vx[10] = {0};
+	/* p = x[0..8) with weight decay 0.1, q = x[8..10) without, in one call */
+	const struct backend_segment seg[2] = {{0, 8, 0.1}, {8, 2, 0.0}};
 	const float gp[2][8] = {{0x1.2bb476p-1f, -0x1.b9f37ep-5f, 0x1.5bc986p+0f, -0x1.55d5bep+0f,
 				 0x1.9dd472p-3f, -0x1.710decp-2f, -0x1.c51e40p-2f, 0x1.f888bap-3f},
 				{0x1.6ec662p-4f, 0x1.3bc378p+1f, 0x1.5e64c0p-1f, 0x1.967cc0p-2f,
@@ -362,14 +366,15 @@ Test(gpt2_ops, adamw_bit_identical_to_torch)
 	const float wq[2][2] = {{0x1.7e76c8p-1f, -0x1.80c0cp+0f},
 				{0x1.7d3d42p-1f, -0x1.807a32p+0f}};
 	for (int t = 1; t <= 2; t++) {
-		be->adamw_update(p, gp[t - 1], pm, pv, 8, 3e-3, 0.9, 0.95, 1e-8, 0.1, t, 0.5f);
-		be->adamw_update(q, gq[t - 1], qm, qv, 2, 3e-3, 0.9, 0.95, 1e-8, 0.0, t, 0.5f);
+		memcpy(gx, gp[t - 1], sizeof gp[0]);
+		memcpy(gx + 8, gq[t - 1], sizeof gq[0]);
+		be->adamw_update(x, gx, mx, vx, seg, 2, 3e-3, 0.9, 0.95, 1e-8, t, 0.5f);
 		for (int i = 0; i < 8; i++)
-			cr_assert(p[i] == wp[t - 1][i], "adamw step %d p[%d] = %a, torch %a", t, i,
-				  (double)p[i], (double)wp[t - 1][i]);
+			cr_assert(x[i] == wp[t - 1][i], "adamw step %d p[%d] = %a, torch %a", t, i,
+				  (double)x[i], (double)wp[t - 1][i]);
 		for (int i = 0; i < 2; i++)
-			cr_assert(q[i] == wq[t - 1][i], "adamw step %d q[%d] = %a, torch %a", t, i,
-				  (double)q[i], (double)wq[t - 1][i]);
+			cr_assert(x[8 + i] == wq[t - 1][i], "adamw step %d q[%d] = %a, torch %a", t,
+				  i, (double)x[8 + i], (double)wq[t - 1][i]);
 	}
 }
 
