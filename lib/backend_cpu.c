@@ -110,15 +110,48 @@ static void column_sums(float *out, const float *d, int N, int C)
 	}
 }
 
+/* Row-major C[M,N] = alpha op(A) op(B) + beta C with the threads splitting C into blocks of
+ * rows (or of columns, when C is wider than tall) and each block one single-threaded sgemm
+ * inside our own parallel region: one fork and one barrier per product, instead of
+ * OpenBLAS's threads waiting on each other's packed panels, which stalls badly whenever
+ * another process holds one of the cores. The reduction dimension K is never split, so the
+ * result has the same bits at any thread count. */
+static void sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
+		  float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+		  float *C, int ldc)
+{
+	int nth = omp_in_parallel() ? 1 : omp_get_max_threads();
+	if (nth < 2 || (double)M * N * K < 2e6) {
+		cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		return;
+	}
+	const int by_rows = M >= N;
+#pragma omp parallel num_threads(nth)
+	{
+		int n = omp_get_num_threads(), tid = omp_get_thread_num();
+		int D = by_rows ? M : N;
+		int per = ((D + n - 1) / n + 15) / 16 * 16; /* blocks of whole 16-wide panels */
+		int d0 = min_int(D, tid * per), d1 = min_int(D, d0 + per);
+		if (d1 > d0) {
+			if (by_rows) /* rows d0..d1 of C come from rows of op(A) */
+				cblas_sgemm(CblasRowMajor, ta, tb, d1 - d0, N, K, alpha,
+					    ta == CblasNoTrans ? A + (size_t)d0 * lda : A + d0, lda,
+					    B, ldb, beta, C + (size_t)d0 * ldc, ldc);
+			else /* columns d0..d1 of C come from columns of op(B) */
+				cblas_sgemm(CblasRowMajor, ta, tb, M, d1 - d0, K, alpha, A, lda,
+					    tb == CblasNoTrans ? B + d0 : B + (size_t)d0 * ldb, ldb,
+					    beta, C + d0, ldc);
+		}
+	}
+}
+
 static void cpu_matmul_forward(float *y, const float *x, const float *w, const float *bias, int N,
 			       int IC, int OC, enum backend_wlayout layout)
 {
 	if (layout == BACKEND_W_IO)
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, IC, 1.0f, x, IC, w,
-			    OC, 0.0f, y, OC);
+		sgemm(CblasNoTrans, CblasNoTrans, N, OC, IC, 1.0f, x, IC, w, OC, 0.0f, y, OC);
 	else
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, x, IC, w, IC,
-			    0.0f, y, OC);
+		sgemm(CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, x, IC, w, IC, 0.0f, y, OC);
 	if (bias)
 		add_bias(y, bias, N, OC);
 }
@@ -130,18 +163,18 @@ static void cpu_matmul_backward(float *dx, float *dw, float *dbias, const float 
 	float beta = accumulate ? 1.0f : 0.0f;
 	if (layout == BACKEND_W_IO) {
 		if (dx) /* dx = dy w^T, w [IC,OC] */
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, IC, OC, 1.0f, dy,
-				    OC, w, OC, beta, dx, IC);
+			sgemm(CblasNoTrans, CblasTrans, N, IC, OC, 1.0f, dy, OC, w, OC, beta, dx,
+			      IC);
 		if (dw) /* dw [IC,OC] = x^T dy */
-			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, x, IC,
-				    dy, OC, 0.0f, dw, OC);
+			sgemm(CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, x, IC, dy, OC, 0.0f, dw,
+			      OC);
 	} else {
 		if (dx) /* dx = dy w, w [OC,IC] */
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dy,
-				    OC, w, IC, beta, dx, IC);
+			sgemm(CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dy, OC, w, IC, beta, dx,
+			      IC);
 		if (dw) /* dw [OC,IC] = dy^T x */
-			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dy,
-				    OC, x, IC, 0.0f, dw, IC);
+			sgemm(CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dy, OC, x, IC, 0.0f, dw,
+			      IC);
 	}
 	if (dbias)
 		column_sums(dbias, dy, N, OC);

@@ -88,6 +88,63 @@ Test(gpt2_ops, matmul_against_triple_loop)
 	check_matmul(64, 32, 96, BACKEND_W_OI, 1);
 }
 
+/* Products big enough for the backend to split them over threads, by rows of the output
+ * (N >= OC) and by columns (OC > N), with sizes that are not multiples of the split. */
+Test(gpt2_ops, matmul_split_over_threads)
+{
+	omp_set_num_threads(2);
+	check_matmul(301, 70, 130, BACKEND_W_IO, 1);
+	check_matmul(301, 70, 130, BACKEND_W_OI, 0);
+	check_matmul(41, 300, 263, BACKEND_W_IO, 0);
+	check_matmul(41, 300, 263, BACKEND_W_OI, 1);
+}
+
+/* The backward's three products against loops, at split sizes: dx (N x IC, over K = OC)
+ * accumulated onto what dx held, dw (over K = N rows), dbias. */
+static void check_matmul_backward_large(int N, int IC, int OC, int layout)
+{
+	float *x = randn((size_t)N * IC, 1.0f, 0), *w = randn((size_t)IC * OC, 0.5f, 100000);
+	float *dy = randn((size_t)N * OC, 1.0f, 200000), *dx = randn((size_t)N * IC, 1.0f, 300000);
+	float *dw = malloc(sizeof(float) * IC * OC), *db = malloc(sizeof(float) * OC);
+	double *rdx = malloc(sizeof(double) * N * IC), *rdw = malloc(sizeof(double) * IC * OC);
+	double *rdb = calloc(OC, sizeof(double));
+	for (int n = 0; n < N; n++)
+		for (int i = 0; i < IC; i++) {
+			double sum = dx[(size_t)n * IC + i];
+			for (int o = 0; o < OC; o++)
+				sum += (double)dy[(size_t)n * OC + o] *
+				       (layout == BACKEND_W_IO ? w[(size_t)i * OC + o]
+							       : w[(size_t)o * IC + i]);
+			rdx[(size_t)n * IC + i] = sum;
+		}
+	for (int i = 0; i < IC; i++)
+		for (int o = 0; o < OC; o++) {
+			double sum = 0;
+			for (int n = 0; n < N; n++)
+				sum += (double)x[(size_t)n * IC + i] * dy[(size_t)n * OC + o];
+			rdw[layout == BACKEND_W_IO ? (size_t)i * OC + o : (size_t)o * IC + i] = sum;
+		}
+	for (int n = 0; n < N; n++)
+		for (int o = 0; o < OC; o++)
+			rdb[o] += dy[(size_t)n * OC + o];
+	be->matmul_backward(dx, dw, db, dy, x, w, N, IC, OC, layout, 1);
+	char what[96];
+	snprintf(what, sizeof what, "matmul_backward N=%d IC=%d OC=%d layout=%d", N, IC, OC,
+		 layout);
+	expect_close(dx, rdx, (size_t)N * IC, 1e-4, 1e-4, what);
+	expect_close(dw, rdw, (size_t)IC * OC, 1e-4, 1e-4, what);
+	expect_close(db, rdb, OC, 1e-4, 1e-4, what);
+	free(x), free(w), free(dy), free(dx), free(dw), free(db), free(rdx), free(rdw), free(rdb);
+}
+
+Test(gpt2_ops, matmul_backward_split_over_threads)
+{
+	omp_set_num_threads(2);
+	check_matmul_backward_large(517, 40, 150, BACKEND_W_IO);
+	check_matmul_backward_large(517, 150, 40, BACKEND_W_OI);
+	check_matmul_backward_large(300, 33, 250, BACKEND_W_OI);
+}
+
 /* ---- embeddings ----------------------------------------------------------------------- */
 
 Test(gpt2_ops, encoder_forward_adds_token_and_position_rows)
