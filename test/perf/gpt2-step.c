@@ -9,8 +9,9 @@
  *   OMP_NUM_THREADS=1 ./build/gpt2-step [steps] [L C NH T B V]
  * Prints the median step time over the timed steps (after 3 warm-up steps), tokens/s, the
  * share of the step spent inside sgemm (calls inside parallel regions count as their
- * per-thread time divided by the thread count), sgemm GFLOP/s, and peak RSS against the
- * model's own accounting of parameters, gradients, moments and activations.
+ * per-thread time divided by the thread count), sgemm GFLOP per step, the CPU time per step
+ * (all threads; at 1 thread it is robust to other processes on a shared machine), and peak
+ * RSS against the model's own accounting of parameters, gradients, moments, activations.
  */
 #include <cblas.h>
 #include <omp.h>
