@@ -25,6 +25,12 @@
  * Linear (lm_head): w [OC,IC], y = x w^T. */
 enum backend_wlayout { BACKEND_W_IO = 0, BACKEND_W_OI = 1 };
 
+/* A run [offset, offset + n) of a flat parameter buffer and the weight decay it gets. */
+struct backend_segment {
+	size_t offset, n;
+	double weight_decay;
+};
+
 struct backend_ops {
 	const char *name;
 
@@ -33,13 +39,13 @@ struct backend_ops {
 			       int IC, int OC, enum backend_wlayout layout);
 	/* dx[N,IC] (+)= dy w^T; dw = x^T dy (layout of w); dbias[OC] = column sums of dy.
 	 * dx, dw, dbias may each be NULL (not wanted). */
-	void (*matmul_backward)(float *dx, float *dw, float *dbias, const float *dy,
-				const float *x, const float *w, int N, int IC, int OC,
-				enum backend_wlayout layout, int accumulate);
+	void (*matmul_backward)(float *dx, float *dw, float *dbias, const float *dy, const float *x,
+				const float *w, int N, int IC, int OC, enum backend_wlayout layout,
+				int accumulate);
 
 	/* out[N,C] = wte[tok] + wpe[t] for tokens tok[B*T] at positions t = row % T. */
-	void (*encoder_forward)(float *out, const int32_t *tok, const float *wte,
-				const float *wpe, int B, int T, int C);
+	void (*encoder_forward)(float *out, const int32_t *tok, const float *wte, const float *wpe,
+				int B, int T, int C);
 	/* dwte[V,C] and dwpe[T,C] overwritten (rows not hit are zero). */
 	void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
 				 int B, int T, int C, int V);
@@ -57,7 +63,8 @@ struct backend_ops {
 	 * BACKEND_CHUNKS. */
 	void (*layernorm_backward)(float *dx, float *dw, float *db, float *partials,
 				   const float *dout, const float *x, const float *w,
-				   const float *mean, const float *rstd, int N, int C, int accumulate);
+				   const float *mean, const float *rstd, int N, int C,
+				   int accumulate);
 
 	/* pre[N,C] += bias (in place); out = gelu_tanh(pre). */
 	void (*bias_gelu_forward)(float *pre, float *out, const float *bias, int N, int C);
@@ -67,12 +74,14 @@ struct backend_ops {
 	/* Causal multi-head attention over qkv [B,T,3C] (q | k | v, head h at columns
 	 * h*hs..(h+1)*hs of each third), scale 1/sqrt(hs): out [B,T,C]; att [B,NH,T,T] keeps
 	 * the probabilities for the backward (entries above the diagonal are unspecified). */
-	void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
-				  int NH);
-	/* dqkv [B,T,3C] overwritten from dout [B,T,C]. ws: attention_ws_floats(T) floats. */
+	void (*attention_forward)(float *out, float *att, float *ws, const float *qkv, int B, int T,
+				  int C, int NH);
+	/* dqkv [B,T,3C] overwritten from dout [B,T,C]. */
 	void (*attention_backward)(float *dqkv, float *ws, const float *dout, const float *qkv,
 				   const float *att, int B, int T, int C, int NH);
-	size_t (*attention_ws_floats)(int T);
+	/* Floats of the workspace ws both take, for sequence length T and head size hs, at the
+	 * current thread count (omp_get_max_threads()). */
+	size_t (*attention_ws_floats)(int T, int hs);
 
 	/* In place: logits [N,V] -> softmax probabilities; losses[n] = -log p[n, target[n]]
 	 * (targets may be NULL: probabilities only, losses untouched). */
@@ -82,12 +91,13 @@ struct backend_ops {
 	void (*crossentropy_backward)(float *probs, const int32_t *targets, int N, int V,
 				      float scale);
 
-	/* One AdamW step on n elements (torch.optim.AdamW arithmetic, see backend_cpu.c):
+	/* One AdamW step on the segments of the flat buffers p, g, m, v (torch.optim.AdamW
+	 * arithmetic, see backend_cpu.c), each segment with its own weight decay wd:
 	 * g' = grad_scale * g; p *= 1 - lr*wd; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
 	 * p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). */
-	void (*adamw_update)(float *p, const float *g, float *m, float *v, size_t n, float lr,
-			     float beta1, float beta2, float eps, float wd, long t,
-			     float grad_scale);
+	void (*adamw_update)(float *p, const float *g, float *m, float *v,
+			     const struct backend_segment *seg, int nseg, double lr, double beta1,
+			     double beta2, double eps, long t, float grad_scale);
 	/* Sum of squares of x[0..n) in double, fixed-order. */
 	double (*sum_squares)(const float *x, size_t n);
 };

@@ -13,7 +13,6 @@
 #include "gpt2.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +57,10 @@ struct gpt2_acts {
 	float *att_ws;
 	size_t att_ws_floats;
 	int32_t *inputs, *targets; /* copies of the last forward's batch */
+	/* AdamW: runs of consecutive views with the same decay flag */
+	struct backend_segment *segs;
+	unsigned char *seg_decays;
+	int nsegs;
 	int B, T, have_targets;
 };
 
@@ -76,6 +79,8 @@ static void free_acts(struct gpt2_acts *a)
 	free(a->att_ws);
 	free(a->inputs);
 	free(a->targets);
+	free(a->segs);
+	free(a->seg_decays);
 	free(a);
 }
 
@@ -85,11 +90,11 @@ static size_t layout_acts(struct gpt2_acts *a, const struct gpt2_config *c, int 
 			  float *mem)
 {
 	size_t off = 0, N = (size_t)B * T, C = (size_t)c->n_embd;
-#define TAKE(ptr, n)                                                                           \
-	do {                                                                                   \
-		if (mem)                                                                       \
-			(ptr) = mem + off;                                                     \
-		off += ((size_t)(n) + 15) / 16 * 16;                                           \
+#define TAKE(ptr, n)                                                                               \
+	do {                                                                                       \
+		if (mem)                                                                           \
+			(ptr) = mem + off;                                                         \
+		off += ((size_t)(n) + 15) / 16 * 16;                                               \
 	} while (0)
 	TAKE(a->encoded, N * C);
 	for (int l = 0; l < c->n_layer; l++) {
@@ -123,8 +128,7 @@ static size_t layout_acts(struct gpt2_acts *a, const struct gpt2_config *c, int 
 
 static int check_config(const struct gpt2_config *c, int B, int T)
 {
-	if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->seq_len < 1 ||
-	    c->vocab_size < 1)
+	if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->seq_len < 1 || c->vocab_size < 1)
 		return err_set(CORE_ECONFIG, NULL,
 			       "model sizes must be positive (n_layer %d, n_embd %d, n_head %d, "
 			       "seq_len %d, vocab_size %d)",
@@ -178,20 +182,21 @@ int gpt2_create(struct gpt2 *g, const struct gpt2_config *cfg, int B, int T)
 		goto nomem;
 	size_t off = 0;
 	char name[TENSOR_NAME_MAX];
-#define ADD_VIEW(idx, nm, nd, e0, e1)                                                          \
-	do {                                                                                   \
-		int64_t ne_[2] = {(e0), (e1)};                                                 \
-		tensor_view(&g->views[idx], DT_F32, (nd), ne_, NULL, (nm));                    \
-		offs[idx] = off;                                                               \
-		off += (size_t)tensor_numel(&g->views[idx]);                                   \
-		g->decay_mask[idx] = (nd) == 2;                                                \
+#define ADD_VIEW(idx, nm, nd, e0, e1)                                                              \
+	do {                                                                                       \
+		int64_t ne_[2] = {(e0), (e1)};                                                     \
+		tensor_view(&g->views[idx], DT_F32, (nd), ne_, NULL, (nm));                        \
+		offs[idx] = off;                                                                   \
+		off += (size_t)tensor_numel(&g->views[idx]);                                       \
+		g->decay_mask[idx] = (nd) == 2;                                                    \
 	} while (0)
 	ADD_VIEW(V_WTE, "wte.weight", 2, V, C);
 	ADD_VIEW(V_WPE, "wpe.weight", 2, S, C);
 	for (int l = 0; l < L; l++)
 		for (int p = 0; p < P_PER_LAYER; p++) {
 			snprintf(name, sizeof name, "h.%d.%s", l, block[p].name);
-			ADD_VIEW(V_LAYER(l, p), name, block[p].ndim, block[p].ne[0], block[p].ne[1]);
+			ADD_VIEW(V_LAYER(l, p), name, block[p].ndim, block[p].ne[0],
+				 block[p].ne[1]);
 		}
 	int vf = V_LAYER(L, 0);
 	ADD_VIEW(vf, "ln_f.weight", 1, C, 0);
@@ -222,10 +227,23 @@ int gpt2_create(struct gpt2 *g, const struct gpt2_config *cfg, int B, int T)
 		goto nomem;
 	g->acts = a;
 	a->layer = calloc((size_t)L, sizeof *a->layer);
+	a->segs = calloc((size_t)g->nviews, sizeof *a->segs);
+	a->seg_decays = calloc((size_t)g->nviews, 1);
 	a->inputs = malloc(sizeof(int32_t) * (size_t)B * T);
 	a->targets = malloc(sizeof(int32_t) * (size_t)B * T);
-	if (!a->layer || !a->inputs || !a->targets)
+	if (!a->layer || !a->inputs || !a->targets || !a->segs || !a->seg_decays)
 		goto nomem;
+	for (int i = 0; i < g->nviews;) {
+		int j = i + 1;
+		while (j < g->nviews && g->decay_mask[j] == g->decay_mask[i])
+			j++;
+		size_t o0 = (size_t)((float *)g->views[i].data - g->params);
+		size_t o1 = (size_t)((float *)g->views[j - 1].data - g->params) +
+			    (size_t)tensor_numel(&g->views[j - 1]);
+		a->segs[a->nsegs] = (struct backend_segment){o0, o1 - o0, 0.0};
+		a->seg_decays[a->nsegs++] = g->decay_mask[i];
+		i = j;
+	}
 	a->nfloats = layout_acts(a, cfg, B, T, NULL);
 	a->mem = aligned_alloc(64, a->nfloats * sizeof(float));
 	if (!a->mem)
@@ -279,13 +297,30 @@ void gpt2_init_params(struct gpt2 *g, uint64_t seed)
 	}
 }
 
+/* The attention workspace scales with the thread count, which the caller may raise between
+ * steps (omp_set_num_threads): grow it then, never per step otherwise. */
+static int ensure_att_ws(struct gpt2 *g, const struct backend_ops *be, int T)
+{
+	struct gpt2_acts *a = g->acts;
+	size_t ws = be->attention_ws_floats(T, g->cfg.n_embd / g->cfg.n_head);
+	if (ws <= a->att_ws_floats)
+		return 0;
+	free(a->att_ws);
+	a->att_ws = aligned_alloc(64, (ws * sizeof(float) + 63) / 64 * 64);
+	a->att_ws_floats = a->att_ws ? ws : 0;
+	if (!a->att_ws)
+		return err_set(CORE_ENOMEM, NULL,
+			       "cannot allocate %zu bytes of attention workspace",
+			       ws * sizeof(float));
+	return 0;
+}
+
 int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, int B, int T,
 		 float *loss)
 {
 	const struct backend_ops *be = backend_cpu();
 	struct gpt2_acts *a = g->acts;
-	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head,
-		  V = g->cfg.vocab_size;
+	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head, V = g->cfg.vocab_size;
 	if (B < 1 || T < 1 || B > g->B || T > g->T)
 		return err_set(CORE_EUSAGE, NULL, "batch %d x %d exceeds the model's %d x %d", B, T,
 			       g->B, g->T);
@@ -298,6 +333,7 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 			return err_set(CORE_EUSAGE, NULL, "target %d at position %d outside 0..%d",
 				       targets[n], n, V - 1);
 	}
+	ERR_FORWARD(ensure_att_ws(g, be, T));
 	memcpy(a->inputs, inputs, sizeof(int32_t) * (size_t)N);
 	if (targets)
 		memcpy(a->targets, targets, sizeof(int32_t) * (size_t)N);
@@ -315,7 +351,7 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 #define W(p) P(g, V_LAYER(l, p))
 		be->matmul_forward(la->qkv, la->ln1, W(P_ATTN_W), W(P_ATTN_B), N, C, 3 * C,
 				   BACKEND_W_IO);
-		be->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH);
+		be->attention_forward(la->atty, la->att, a->att_ws, la->qkv, B, T, C, NH);
 		be->matmul_forward(la->res2, la->atty, W(P_APROJ_W), NULL, N, C, C, BACKEND_W_IO);
 		be->residual_layernorm_forward(la->res2, la->ln2, la->ln2_mean, la->ln2_rstd, x,
 					       W(P_APROJ_B), W(P_LN2_W), W(P_LN2_B), N, C);
@@ -326,15 +362,14 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 		/* x' = x2 + mlp, fused with the next LayerNorm (ln_1 of l+1, or ln_f) */
 		if (l + 1 < L) {
 			struct layer_acts *nx = &a->layer[l + 1];
-			be->residual_layernorm_forward(la->res3, nx->ln1, nx->ln1_mean, nx->ln1_rstd,
-						       la->res2, W(P_MPROJ_B),
+			be->residual_layernorm_forward(la->res3, nx->ln1, nx->ln1_mean,
+						       nx->ln1_rstd, la->res2, W(P_MPROJ_B),
 						       P(g, V_LAYER(l + 1, P_LN1_W)),
 						       P(g, V_LAYER(l + 1, P_LN1_B)), N, C);
 		} else {
 			be->residual_layernorm_forward(la->res3, a->lnf, a->lnf_mean, a->lnf_rstd,
-						       la->res2, W(P_MPROJ_B),
-						       P(g, V_LAYER(L, 0)), P(g, V_LAYER(L, 1)), N,
-						       C);
+						       la->res2, W(P_MPROJ_B), P(g, V_LAYER(L, 0)),
+						       P(g, V_LAYER(L, 1)), N, C);
 		}
 #undef W
 	}
@@ -361,20 +396,12 @@ int gpt2_backward(struct gpt2 *g)
 {
 	const struct backend_ops *be = backend_cpu();
 	struct gpt2_acts *a = g->acts;
-	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head,
-		  V = g->cfg.vocab_size;
+	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head, V = g->cfg.vocab_size;
 	const int B = a->B, T = a->T, N = B * T;
 	if (!a->have_targets)
 		return err_set(CORE_EUSAGE, NULL, "backward needs a forward with targets");
-	a->have_targets = 0; /* probs become dlogits below */
-	size_t ws = be->attention_ws_floats(T);
-	if (ws > a->att_ws_floats) { /* only when the thread count or T grew */
-		free(a->att_ws);
-		a->att_ws = aligned_alloc(64, (ws * sizeof(float) + 63) / 64 * 64);
-		a->att_ws_floats = a->att_ws ? ws : 0;
-		if (!a->att_ws)
-			return err_set(CORE_ENOMEM, NULL, "cannot allocate attention workspace");
-	}
+	ERR_FORWARD(ensure_att_ws(g, be, T)); /* the thread count may have changed */
+	a->have_targets = 0;                  /* probs become dlogits below */
 
 	/* loss = mean of N cross-entropies: dlogits = (p - onehot) / N, in place */
 	be->crossentropy_backward(a->probs, a->targets, N, V, 1.0f / (float)N);
@@ -402,8 +429,8 @@ int gpt2_backward(struct gpt2 *g)
 		be->attention_backward(a->dbig, a->att_ws, a->dbuf, la->qkv, la->att, B, T, C, NH);
 		be->matmul_backward(a->dbuf, DW(P_ATTN_W), DW(P_ATTN_B), a->dbig, la->ln1,
 				    W(P_ATTN_W), N, C, 3 * C, BACKEND_W_IO, 0);
-		be->layernorm_backward(a->dres, DW(P_LN1_W), DW(P_LN1_B), a->ln_partials, a->dbuf, x,
-				       W(P_LN1_W), la->ln1_mean, la->ln1_rstd, N, C, 1);
+		be->layernorm_backward(a->dres, DW(P_LN1_W), DW(P_LN1_B), a->ln_partials, a->dbuf,
+				       x, W(P_LN1_W), la->ln1_mean, la->ln1_rstd, N, C, 1);
 #undef W
 #undef DW
 	}
@@ -419,23 +446,21 @@ float gpt2_grad_norm(const struct gpt2 *g)
 	return (float)sqrt(backend_cpu()->sum_squares(g->grads, g->nparams));
 }
 
-void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, float lr, long t,
+void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, long t,
 		     float grad_scale)
 {
-	const struct backend_ops *be = backend_cpu();
-	/* runs of consecutive views with the same decay flag go in one call */
-	for (int i = 0; i < g->nviews;) {
-		int j = i + 1;
-		while (j < g->nviews && g->decay_mask[j] == g->decay_mask[i])
-			j++;
-		size_t o0 = (size_t)((float *)g->views[i].data - g->params);
-		size_t o1 = (size_t)((float *)g->views[j - 1].data - g->params) +
-			    (size_t)tensor_numel(&g->views[j - 1]);
-		be->adamw_update(g->params + o0, g->grads + o0, g->m + o0, g->v + o0, o1 - o0, lr,
-				 opt->beta1, opt->beta2, opt->eps,
-				 g->decay_mask[i] ? opt->weight_decay : 0.0f, t, grad_scale);
-		i = j;
-	}
+	struct gpt2_acts *a = g->acts;
+	for (int i = 0; i < a->nsegs; i++)
+		a->segs[i].weight_decay = a->seg_decays[i] ? opt->weight_decay : 0.0;
+	backend_cpu()->adamw_update(g->params, g->grads, g->m, g->v, a->segs, a->nsegs, lr,
+				    opt->beta1, opt->beta2, opt->eps, t, grad_scale);
+}
+
+size_t gpt2_activation_bytes(const struct gpt2 *g)
+{
+	const struct gpt2_acts *a = g->acts;
+	return (a->nfloats + a->att_ws_floats) * sizeof(float) +
+	       2 * sizeof(int32_t) * (size_t)g->B * g->T;
 }
 
 struct tensor *gpt2_find(struct gpt2 *g, const char *name)

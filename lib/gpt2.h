@@ -21,8 +21,10 @@ struct gpt2_config {
 	int n_layer, n_embd, n_head, seq_len, vocab_size;
 };
 
+/* Doubles, like the Python floats torch.optim.AdamW is given: 0.9 and 0.9f differ, and the
+ * update is computed from these values exactly as torch computes it. */
 struct adamw_config {
-	float beta1, beta2, eps, weight_decay;
+	double beta1, beta2, eps, weight_decay;
 };
 
 struct gpt2_acts; /* activation buffers, private to gpt2.c */
@@ -61,8 +63,12 @@ int gpt2_backward(struct gpt2 *g);
 float gpt2_grad_norm(const struct gpt2 *g);
 /* One AdamW step (t is the 1-based step count for bias correction); grads are multiplied
  * by grad_scale first (global-norm clipping passes clip/norm or 1). */
-void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, float lr, long t,
+void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, long t,
 		     float grad_scale);
+/* Bytes of activation memory held: what the backward keeps from the forward, the backward's
+ * scratch buffers and the attention workspace (params, grads and moments are 16 * nparams
+ * bytes on top). For memory accounting. */
+size_t gpt2_activation_bytes(const struct gpt2 *g);
 /* The view with this name, or NULL. */
 struct tensor *gpt2_find(struct gpt2 *g, const char *name);
 

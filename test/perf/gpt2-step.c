@@ -9,8 +9,9 @@
  *   OMP_NUM_THREADS=1 ./build/gpt2-step [steps] [L C NH T B V]
  * Prints the median step time over the timed steps (after 3 warm-up steps), tokens/s, the
  * share of the step spent inside sgemm (calls inside parallel regions count as their
- * per-thread time divided by the thread count), sgemm GFLOP/s, and peak RSS against the
- * model's own accounting of parameters, gradients, moments and activations.
+ * per-thread time divided by the thread count), sgemm GFLOP per step, the CPU time per step
+ * (all threads; at 1 thread it is robust to other processes on a shared machine), and peak
+ * RSS against the model's own accounting of parameters, gradients, moments, activations.
  */
 #include <cblas.h>
 #include <omp.h>
@@ -55,6 +56,13 @@ void __wrap_cblas_sgemm(enum CBLAS_ORDER o, enum CBLAS_TRANSPOSE ta, enum CBLAS_
 	}
 }
 
+static double cpu_now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static int cmp(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -80,53 +88,63 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	gpt2_init_params(&g, 1);
-	int32_t *x = malloc(sizeof(int32_t) * (size_t)B * T), *y = malloc(sizeof(int32_t) * (size_t)B * T);
+	int32_t *x = malloc(sizeof(int32_t) * (size_t)B * T),
+		*y = malloc(sizeof(int32_t) * (size_t)B * T);
 	for (int i = 0; i < B * T; i++) {
 		x[i] = (int32_t)((i * 7919u + 13u) % (unsigned)cfg.vocab_size);
 		y[i] = (int32_t)((i * 104729u + 5u) % (unsigned)cfg.vocab_size);
 	}
-	struct adamw_config opt = {0.9f, 0.95f, 1e-8f, 0.1f};
+	struct adamw_config opt = {0.9, 0.95, 1e-8, 0.1};
 	int nth = omp_get_max_threads();
-	double *ts = malloc(sizeof(double) * (size_t)steps), *fr = malloc(sizeof(double) * (size_t)steps);
+	double *ts = malloc(sizeof(double) * (size_t)steps),
+	       *fr = malloc(sizeof(double) * (size_t)steps);
+	double *cs = malloc(sizeof(double) * (size_t)steps);
 	double fl = 0;
 	float loss = 0;
 	for (int s = -3; s < steps; s++) {
 		sg_serial = sg_flops = 0;
 		memset(sg_par, 0, sizeof sg_par);
-		double t0 = now();
+		double t0 = now(), c0 = cpu_now();
 		gpt2_forward(&g, x, y, B, T, &loss);
 		gpt2_backward(&g);
 		float norm = gpt2_grad_norm(&g);
-		gpt2_adamw_step(&g, &opt, 1e-3f, s + 4, norm > 1.0f ? 1.0f / norm : 1.0f);
-		double dt = now() - t0;
+		gpt2_adamw_step(&g, &opt, 1e-3, s + 4, norm > 1.0f ? 1.0f / norm : 1.0f);
+		double dt = now() - t0, dc = cpu_now() - c0;
 		if (s >= 0) {
 			double par = 0;
 			for (int i = 0; i < MAXTH; i++)
 				par += sg_par[i];
 			ts[s] = dt;
+			cs[s] = dc;
 			fr[s] = (sg_serial + par / nth) / dt;
 			fl = sg_flops;
 		}
 	}
 	qsort(ts, (size_t)steps, sizeof *ts, cmp);
 	qsort(fr, (size_t)steps, sizeof *fr, cmp);
+	qsort(cs, (size_t)steps, sizeof *cs, cmp);
 	double med = ts[steps / 2];
 	struct rusage ru;
 	getrusage(RUSAGE_SELF, &ru);
 	double mb = 1.0 / (1024.0 * 1024.0);
 	double state = 4.0 * (double)g.nparams * sizeof(float);
-	/* activation bytes: what gpt2_create allocated beyond the state (see gpt2.c) */
 	printf("threads %d  L=%d C=%d NH=%d T=%d B=%d V=%d  loss %.4f\n", nth, cfg.n_layer,
 	       cfg.n_embd, cfg.n_head, T, B, cfg.vocab_size, (double)loss);
 	printf("step median %.1f ms (min %.1f, max %.1f)  %.0f tokens/s\n", med * 1e3, ts[0] * 1e3,
 	       ts[steps - 1] * 1e3, B * T / med);
+	printf("cpu time per step median %.1f ms (all threads; spinning included)\n",
+	       cs[steps / 2] * 1e3);
 	printf("sgemm share %.1f%%  sgemm %.2f GFLOP/step\n", 100 * fr[steps / 2], fl * 1e-9);
-	printf("memory: params+grads+m+v %.1f MiB, peak RSS %.1f MiB\n", state * mb,
-	       (double)ru.ru_maxrss / 1024.0);
+	double acts = (double)gpt2_activation_bytes(&g);
+	printf("memory: params+grads+m+v %.1f MiB + activations %.1f MiB = %.1f MiB; "
+	       "peak RSS %.1f MiB (%.2fx)\n",
+	       state * mb, acts * mb, (state + acts) * mb, (double)ru.ru_maxrss / 1024.0,
+	       (double)ru.ru_maxrss * 1024.0 / (state + acts));
 	gpt2_free(&g);
 	free(x);
 	free(y);
 	free(ts);
 	free(fr);
+	free(cs);
 	return 0;
 }

@@ -43,8 +43,8 @@ static int32_t *randtok(size_t n, int V, uint64_t base)
 }
 
 /* |got - want| <= atol + rtol |want| for all i, else fail naming the case and index. */
-static void expect_close(const float *got, const double *want, size_t n, double atol,
-			 double rtol, const char *what)
+static void expect_close(const float *got, const double *want, size_t n, double atol, double rtol,
+			 const char *what)
 {
 	for (size_t i = 0; i < n; i++) {
 		double d = fabs((double)got[i] - want[i]);
@@ -73,8 +73,8 @@ static void check_matmul(int N, int IC, int OC, int layout, int with_bias)
 			ref[(size_t)n * OC + o] = s;
 		}
 	char what[96];
-	snprintf(what, sizeof what, "matmul N=%d IC=%d OC=%d layout=%d bias=%d", N, IC, OC,
-		 layout, with_bias);
+	snprintf(what, sizeof what, "matmul N=%d IC=%d OC=%d layout=%d bias=%d", N, IC, OC, layout,
+		 with_bias);
 	expect_close(y, ref, (size_t)N * OC, 1e-4, 1e-4, what);
 	free(x), free(w), free(b), free(y), free(ref);
 }
@@ -86,6 +86,63 @@ Test(gpt2_ops, matmul_against_triple_loop)
 	check_matmul(7, 5, 9, BACKEND_W_OI, 0);
 	check_matmul(33, 48, 17, BACKEND_W_IO, 0);
 	check_matmul(64, 32, 96, BACKEND_W_OI, 1);
+}
+
+/* Products big enough for the backend to split them over threads, by rows of the output
+ * (N >= OC) and by columns (OC > N), with sizes that are not multiples of the split. */
+Test(gpt2_ops, matmul_split_over_threads)
+{
+	omp_set_num_threads(2);
+	check_matmul(301, 70, 130, BACKEND_W_IO, 1);
+	check_matmul(301, 70, 130, BACKEND_W_OI, 0);
+	check_matmul(41, 300, 263, BACKEND_W_IO, 0);
+	check_matmul(41, 300, 263, BACKEND_W_OI, 1);
+}
+
+/* The backward's three products against loops, at split sizes: dx (N x IC, over K = OC)
+ * accumulated onto what dx held, dw (over K = N rows), dbias. */
+static void check_matmul_backward_large(int N, int IC, int OC, int layout)
+{
+	float *x = randn((size_t)N * IC, 1.0f, 0), *w = randn((size_t)IC * OC, 0.5f, 100000);
+	float *dy = randn((size_t)N * OC, 1.0f, 200000), *dx = randn((size_t)N * IC, 1.0f, 300000);
+	float *dw = malloc(sizeof(float) * IC * OC), *db = malloc(sizeof(float) * OC);
+	double *rdx = malloc(sizeof(double) * N * IC), *rdw = malloc(sizeof(double) * IC * OC);
+	double *rdb = calloc(OC, sizeof(double));
+	for (int n = 0; n < N; n++)
+		for (int i = 0; i < IC; i++) {
+			double sum = dx[(size_t)n * IC + i];
+			for (int o = 0; o < OC; o++)
+				sum += (double)dy[(size_t)n * OC + o] *
+				       (layout == BACKEND_W_IO ? w[(size_t)i * OC + o]
+							       : w[(size_t)o * IC + i]);
+			rdx[(size_t)n * IC + i] = sum;
+		}
+	for (int i = 0; i < IC; i++)
+		for (int o = 0; o < OC; o++) {
+			double sum = 0;
+			for (int n = 0; n < N; n++)
+				sum += (double)x[(size_t)n * IC + i] * dy[(size_t)n * OC + o];
+			rdw[layout == BACKEND_W_IO ? (size_t)i * OC + o : (size_t)o * IC + i] = sum;
+		}
+	for (int n = 0; n < N; n++)
+		for (int o = 0; o < OC; o++)
+			rdb[o] += dy[(size_t)n * OC + o];
+	be->matmul_backward(dx, dw, db, dy, x, w, N, IC, OC, layout, 1);
+	char what[96];
+	snprintf(what, sizeof what, "matmul_backward N=%d IC=%d OC=%d layout=%d", N, IC, OC,
+		 layout);
+	expect_close(dx, rdx, (size_t)N * IC, 1e-4, 1e-4, what);
+	expect_close(dw, rdw, (size_t)IC * OC, 1e-4, 1e-4, what);
+	expect_close(db, rdb, OC, 1e-4, 1e-4, what);
+	free(x), free(w), free(dy), free(dx), free(dw), free(db), free(rdx), free(rdw), free(rdb);
+}
+
+Test(gpt2_ops, matmul_backward_split_over_threads)
+{
+	omp_set_num_threads(2);
+	check_matmul_backward_large(517, 40, 150, BACKEND_W_IO);
+	check_matmul_backward_large(517, 150, 40, BACKEND_W_OI);
+	check_matmul_backward_large(300, 33, 250, BACKEND_W_OI);
 }
 
 /* ---- embeddings ----------------------------------------------------------------------- */
@@ -110,8 +167,8 @@ Test(gpt2_ops, encoder_forward_adds_token_and_position_rows)
 
 /* ---- layernorm ------------------------------------------------------------------------ */
 
-static void ref_layernorm(double *out, double *mean, double *rstd, const double *x,
-			  const float *w, const float *b, int N, int C)
+static void ref_layernorm(double *out, double *mean, double *rstd, const double *x, const float *w,
+			  const float *b, int N, int C)
 {
 	for (int n = 0; n < N; n++) {
 		const double *r = x + (size_t)n * C;
@@ -161,7 +218,8 @@ Test(gpt2_ops, residual_layernorm_against_naive)
 {
 	for (int with_bias = 0; with_bias < 2; with_bias++) {
 		int N = 13, C = 40;
-		float *res = randn((size_t)N * C, 1.0f, 0), *skip = randn((size_t)N * C, 1.0f, 1000);
+		float *res = randn((size_t)N * C, 1.0f, 0),
+		      *skip = randn((size_t)N * C, 1.0f, 1000);
 		float *bias = randn(C, 1.0f, 2000), *w = randn(C, 1.0f, 3000),
 		      *b = randn(C, 1.0f, 4000);
 		float *out = malloc(sizeof(float) * N * C), *mean = malloc(sizeof(float) * N),
@@ -200,8 +258,8 @@ Test(gpt2_ops, bias_gelu_against_tanh_formula)
 		for (int c = 0; c < C; c++) {
 			double x = (double)pre[n * C + c] + bias[c];
 			rp[n * C + c] = x;
-			ro[n * C + c] =
-				0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+			ro[n * C + c] = 0.5 * x *
+					(1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 		}
 	be->bias_gelu_forward(pre, out, bias, N, C);
 	expect_close(pre, rp, (size_t)N * C, 1e-6, 1e-6, "bias_gelu pre N=9 C=37");
@@ -219,14 +277,16 @@ static void check_attention(int B, int T, int C, int NH)
 	float *att = malloc(sizeof(float) * B * NH * T * T);
 	double *ref = malloc(sizeof(double) * B * T * C), *p = malloc(sizeof(double) * T);
 	double *rp = malloc(sizeof(double) * B * NH * T * T);
-	be->attention_forward(out, att, qkv, B, T, C, NH);
+	float *ws = malloc(sizeof(float) * be->attention_ws_floats(T, hs));
+	be->attention_forward(out, att, ws, qkv, B, T, C, NH);
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < NH; h++)
 			for (int i = 0; i < T; i++) {
 				const float *q = qkv + ((size_t)b * T + i) * 3 * C + h * hs;
 				double mx = -INFINITY, sum = 0;
 				for (int j = 0; j < T; j++) {
-					const float *k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+					const float *k =
+						qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
 					double s = 0;
 					for (int d = 0; d < hs; d++)
 						s += (double)q[d] * k[d];
@@ -243,8 +303,8 @@ static void check_attention(int B, int T, int C, int NH)
 				for (int d = 0; d < hs; d++) {
 					double o = 0;
 					for (int j = 0; j < T; j++)
-						o += p[j] * qkv[((size_t)b * T + j) * 3 * C + 2 * C +
-								h * hs + d];
+						o += p[j] * qkv[((size_t)b * T + j) * 3 * C +
+								2 * C + h * hs + d];
 					ref[((size_t)b * T + i) * C + h * hs + d] = o;
 				}
 			}
@@ -257,10 +317,10 @@ static void check_attention(int B, int T, int C, int NH)
 			for (int j = 0; j <= i; j++) {
 				size_t at = ((size_t)bh * T + i) * T + j;
 				cr_assert(fabs(att[at] - rp[at]) <= 1e-9 + 2e-6 * rp[at],
-					  "%s: att[bh=%d, %d, %d] = %.9g, want %.9g", what, bh, i, j,
-					  (double)att[at], rp[at]);
+					  "%s: att[bh=%d, %d, %d] = %.9g, want %.9g", what, bh, i,
+					  j, (double)att[at], rp[at]);
 			}
-	free(qkv), free(out), free(att), free(ref), free(p), free(rp);
+	free(qkv), free(out), free(att), free(ref), free(p), free(rp), free(ws);
 }
 
 Test(gpt2_ops, attention_against_naive_causal_softmax)
@@ -268,8 +328,8 @@ Test(gpt2_ops, attention_against_naive_causal_softmax)
 	check_attention(1, 1, 4, 1);
 	check_attention(2, 5, 12, 3);
 	check_attention(2, 64, 16, 2);
-	check_attention(1, 100, 32, 4);  /* one full block and a partial one */
-	check_attention(1, 130, 24, 2);  /* three blocks, the last of 2 rows */
+	check_attention(1, 100, 32, 4); /* one full block and a partial one */
+	check_attention(1, 130, 24, 2); /* three blocks, the last of 2 rows */
 }
 
 /* ---- cross-entropy -------------------------------------------------------------------- */
@@ -313,8 +373,8 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
 	for (long t = 1; t <= 5; t++) {
 		for (size_t i = 0; i < n; i++)
 			g[i] = rng_normal(7, RNG_STREAM_TEST, 10000 * (uint64_t)t + i);
-		be->adamw_update(p, g, m, v, n, (float)lr, (float)b1, (float)b2, (float)eps,
-				 (float)wd, t, (float)scale);
+		struct backend_segment seg = {0, n, wd};
+		be->adamw_update(p, g, m, v, &seg, 1, lr, b1, b2, eps, t, (float)scale);
 		for (size_t i = 0; i < n; i++) {
 			double gi = g[i] * scale;
 			rp[i] *= 1 - lr * wd;
@@ -331,10 +391,48 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
 	}
 	/* wd = 0 leaves a zero-gradient parameter exactly where it was */
 	float q = 1.2345f, zg = 0.0f, zm = 0.0f, zv = 0.0f;
-	be->adamw_update(&q, &zg, &zm, &zv, 1, 0.1f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f);
+	struct backend_segment one = {0, 1, 0.0};
+	be->adamw_update(&q, &zg, &zm, &zv, &one, 1, 0.1, 0.9, 0.95, 1e-8, 1, 1.0f);
 	cr_assert(q == 1.2345f, "adamw without decay moved a zero-gradient parameter to %.9g",
 		  (double)q);
 	free(p), free(g), free(m), free(v), free(rp), free(rm), free(rv);
+}
+
+/* Known answers from torch 1.13: torch.optim.AdamW(lr=3e-3, betas=(0.9, 0.95), eps=1e-8,
+ * foreach=False), a group with weight_decay 0.1 (p) and one with 0 (q), gradients scaled by
+ * 0.5 as gradient clipping would, two steps; results printed with float.hex(). Equal bit for
+ * bit, not approximately: the p values were picked so that computing m without the fused
+ * multiply-add, or the update as step * (m / denom), changes at least one of them. */
+Test(gpt2_ops, adamw_bit_identical_to_torch)
+{
+	float x[10] = {
+		-0x1.144b1ep+0f, -0x1.6f68a2p-2f, -0x1.1e35ccp-2f, 0x1.336f68p-1f, 0x1.24c3dcp+0f,
+		0x1.780258p-6f,  0x1.d88c72p-4f,  0x1.ec83e2p-1f,  0.75f,          -1.5f};
+	float gx[10], mx[10] = {0}, vx[10] = {0};
+	/* p = x[0..8) with weight decay 0.1, q = x[8..10) without, in one call */
+	const struct backend_segment seg[2] = {{0, 8, 0.1}, {8, 2, 0.0}};
+	const float gp[2][8] = {{0x1.2bb476p-1f, -0x1.b9f37ep-5f, 0x1.5bc986p+0f, -0x1.55d5bep+0f,
+				 0x1.9dd472p-3f, -0x1.710decp-2f, -0x1.c51e40p-2f, 0x1.f888bap-3f},
+				{0x1.6ec662p-4f, 0x1.3bc378p+1f, 0x1.5e64c0p-1f, 0x1.967cc0p-2f,
+				 0x1.acb53cp+0f, 0x1.0ca3bap+0f, -0x1.c800f8p+0f, 0x1.5d14c4p-3f}};
+	const float gq[2][2] = {{0.05f, 1e-6f}, {0.5f, -2e-6f}};
+	const float wp[2][8] = {{-0x1.14fa82p+0f, -0x1.6c39fcp-2f, -0x1.213240p-2f, 0x1.34e104p-1f,
+				 0x1.23e8c4p+0f, 0x1.a90c62p-6f, 0x1.e4b1e2p-4f, 0x1.ead4d8p-1f},
+				{-0x1.157f74p+0f, -0x1.6e5482p-2f, -0x1.23ff8cp-2f, 0x1.35743cp-1f,
+				 0x1.233342p+0f, 0x1.9140d6p-6f, 0x1.ef4a1ap-4f, 0x1.e92e42p-1f}};
+	const float wq[2][2] = {{0x1.7e76c8p-1f, -0x1.80c0cp+0f},
+				{0x1.7d3d42p-1f, -0x1.807a32p+0f}};
+	for (int t = 1; t <= 2; t++) {
+		memcpy(gx, gp[t - 1], sizeof gp[0]);
+		memcpy(gx + 8, gq[t - 1], sizeof gq[0]);
+		be->adamw_update(x, gx, mx, vx, seg, 2, 3e-3, 0.9, 0.95, 1e-8, t, 0.5f);
+		for (int i = 0; i < 8; i++)
+			cr_assert(x[i] == wp[t - 1][i], "adamw step %d p[%d] = %a, torch %a", t, i,
+				  (double)x[i], (double)wp[t - 1][i]);
+		for (int i = 0; i < 2; i++)
+			cr_assert(x[8 + i] == wq[t - 1][i], "adamw step %d q[%d] = %a, torch %a", t,
+				  i, (double)x[8 + i], (double)wq[t - 1][i]);
+	}
 }
 
 Test(gpt2_ops, sum_squares_in_double)
@@ -388,7 +486,8 @@ Test(gpt2_ops, parameters_follow_hugging_face_names_order_and_shapes)
 	}
 	cr_assert_eq(off, g.nparams);
 	/* 2 layers of 12 C^2 + 13 C, plus wte, wpe, ln_f, lm_head */
-	cr_assert_eq(g.nparams, (size_t)(V * C + S * C + 2 * (12 * C * C + 13 * C) + 2 * C + V * C));
+	cr_assert_eq(g.nparams,
+		     (size_t)(V * C + S * C + 2 * (12 * C * C + 13 * C) + 2 * C + V * C));
 	for (int i = 0; i < nw; i++) {
 		struct tensor *t = &g.views[i];
 		cr_assert_str_eq(t->name, want[i].name, "view %d", i);
