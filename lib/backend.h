@@ -100,6 +100,11 @@ struct backend_ops {
 			     double beta2, double eps, long t, float grad_scale);
 	/* Sum of squares of x[0..n) in double, fixed-order. */
 	double (*sum_squares)(const float *x, size_t n);
+
+	/* Profiling: enable (1) or disable (0) timing of matrix products, clearing the total;
+	 * gemm_seconds is the wall-clock time spent in them since. */
+	void (*profile)(int enable);
+	double (*gemm_seconds)(void);
 };
 
 /* The CPU backend: OpenMP loops and CBLAS sgemm. */

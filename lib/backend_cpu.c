@@ -110,6 +110,46 @@ static void column_sums(float *out, const float *d, int N, int C)
 	}
 }
 
+/* Time inside sgemm, for the matmul share of a step that dpc-train-path reports. Kept per
+ * thread (padded against false sharing) and in wall-clock terms: a call made inside a
+ * parallel region of n threads counts 1/n of its duration, so the sum over threads
+ * estimates the wall time during which the cores were in matrix products. */
+#define PROF_THREADS 256
+static struct {
+	double s;
+	char pad[56];
+} prof_gemm[PROF_THREADS];
+static int prof_on;
+
+static void cpu_profile(int enable)
+{
+	prof_on = enable;
+	memset(prof_gemm, 0, sizeof prof_gemm);
+}
+
+static double cpu_gemm_seconds(void)
+{
+	double s = 0.0;
+	for (int i = 0; i < PROF_THREADS; i++)
+		s += prof_gemm[i].s;
+	return s;
+}
+
+static void gemm_call(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
+		      float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+		      float *C, int ldc)
+{
+	if (!prof_on) {
+		cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		return;
+	}
+	double t0 = omp_get_wtime();
+	cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	int tid = omp_get_thread_num();
+	if (tid < PROF_THREADS)
+		prof_gemm[tid].s += (omp_get_wtime() - t0) / omp_get_num_threads();
+}
+
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C with the threads splitting C into blocks of
  * rows (or of columns, when C is wider than tall) and each block one single-threaded sgemm
  * inside our own parallel region: one fork and one barrier per product, instead of
@@ -122,7 +162,7 @@ static void sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N
 {
 	int nth = omp_in_parallel() ? 1 : omp_get_max_threads();
 	if (nth < 2 || (double)M * N * K < 2e6) {
-		cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		gemm_call(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 		return;
 	}
 	const int by_rows = M >= N;
@@ -134,11 +174,11 @@ static void sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N
 		int d0 = min_int(D, tid * per), d1 = min_int(D, d0 + per);
 		if (d1 > d0) {
 			if (by_rows) /* rows d0..d1 of C come from rows of op(A) */
-				cblas_sgemm(CblasRowMajor, ta, tb, d1 - d0, N, K, alpha,
+				gemm_call(ta, tb, d1 - d0, N, K, alpha,
 					    ta == CblasNoTrans ? A + (size_t)d0 * lda : A + d0, lda,
 					    B, ldb, beta, C + (size_t)d0 * ldc, ldc);
 			else /* columns d0..d1 of C come from columns of op(B) */
-				cblas_sgemm(CblasRowMajor, ta, tb, M, d1 - d0, K, alpha, A, lda,
+				gemm_call(ta, tb, M, d1 - d0, K, alpha, A, lda,
 					    tb == CblasNoTrans ? B + d0 : B + (size_t)d0 * ldb, ldb,
 					    beta, C + d0, ldc);
 		}
@@ -451,12 +491,12 @@ static void cpu_attention_forward(float *out, float *att, float *ws, const float
 				int rn = min_int(ATT_BLOCK, T - r0), kn = r0 + rn;
 				float *Pr = P + (size_t)r0 * T;
 				/* S[r0.., 0..kn) = scale * Q K^T */
-				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, kn, hs,
+				gemm_call(CblasNoTrans, CblasNoTrans, rn, kn, hs,
 					    scale, q + (size_t)r0 * C3, C3, kt, T, 0.0f, Pr, T);
 				for (int i = 0; i < rn; i++)
 					causal_softmax_row(Pr + (size_t)i * T, r0 + i, kn);
 				/* O[r0..] = P V */
-				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, hs, kn,
+				gemm_call(CblasNoTrans, CblasNoTrans, rn, hs, kn,
 					    1.0f, Pr, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
 			}
 		}
@@ -492,7 +532,7 @@ static void cpu_attention_backward(float *dqkv, float *ws, const float *dout, co
 			for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
 				int rn = min_int(ATT_BLOCK, T - r0), kn = r0 + rn;
 				float *dSr = dS + (size_t)r0 * T;
-				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, kn, hs,
+				gemm_call(CblasNoTrans, CblasNoTrans, rn, kn, hs,
 					    1.0f, dO + (size_t)r0 * C, C, vt, T, 0.0f, dSr, T);
 				for (int ii = 0; ii < rn; ii++) {
 					int i = r0 + ii;
@@ -508,15 +548,15 @@ static void cpu_attention_backward(float *dqkv, float *ws, const float *dout, co
 					for (int j = i + 1; j < kn; j++)
 						d[j] = 0.0f;
 				}
-				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rn, hs, kn,
+				gemm_call(CblasNoTrans, CblasNoTrans, rn, hs, kn,
 					    1.0f, dSr, T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
 			}
 			for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
 				int cn = min_int(ATT_BLOCK, T - c0), m = T - c0;
-				cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cn, hs, m,
+				gemm_call(CblasTrans, CblasNoTrans, cn, hs, m,
 					    1.0f, dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3,
 					    C3, 0.0f, dk + (size_t)c0 * C3, C3);
-				cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cn, hs, m,
+				gemm_call(CblasTrans, CblasNoTrans, cn, hs, m,
 					    1.0f, P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C,
 					    C, 0.0f, dv + (size_t)c0 * C3, C3);
 			}
@@ -709,6 +749,8 @@ static const struct backend_ops cpu_ops = {
 	.crossentropy_backward = cpu_crossentropy_backward,
 	.adamw_update = cpu_adamw_update,
 	.sum_squares = cpu_sum_squares,
+	.profile = cpu_profile,
+	.gemm_seconds = cpu_gemm_seconds,
 };
 
 const struct backend_ops *backend_cpu(void) { return &cpu_ops; }

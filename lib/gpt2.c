@@ -390,6 +390,18 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 
 const float *gpt2_losses(const struct gpt2 *g) { return g->acts->losses; }
 
+void gpt2_profile(struct gpt2 *g, int enable)
+{
+	(void)g;
+	backend_cpu()->profile(enable);
+}
+
+double gpt2_gemm_seconds(const struct gpt2 *g)
+{
+	(void)g;
+	return backend_cpu()->gemm_seconds();
+}
+
 const float *gpt2_probs(const struct gpt2 *g) { return g->acts->probs; }
 
 int gpt2_backward(struct gpt2 *g)

@@ -69,6 +69,10 @@ void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, 
  * scratch buffers and the attention workspace (params, grads and moments are 16 * nparams
  * bytes on top). For memory accounting. */
 size_t gpt2_activation_bytes(const struct gpt2 *g);
+/* Time the matrix products from now on (enable = 1; clears the total) or stop timing. */
+void gpt2_profile(struct gpt2 *g, int enable);
+/* Wall-clock seconds spent in matrix products since gpt2_profile(g, 1). */
+double gpt2_gemm_seconds(const struct gpt2 *g);
 /* The view with this name, or NULL. */
 struct tensor *gpt2_find(struct gpt2 *g, const char *name);
 

@@ -118,8 +118,7 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 				       mc->vocab_size};
 	const int B = tc->batch_size, T = mc->seq_len;
 	const long until = o->until > 0 ? o->until : tc->steps;
-	const struct adamw_config opt = {(float)tc->beta1, (float)tc->beta2, (float)tc->eps,
-					 (float)tc->weight_decay};
+	const struct adamw_config opt = {tc->beta1, tc->beta2, tc->eps, tc->weight_decay};
 	struct tokfile data = {0}, val = {0};
 	int have_data = 0, have_val = 0, have_model = 0;
 	struct gpt2 g;
@@ -127,7 +126,7 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 	struct progress pr;
 	int32_t *in = NULL, *tg = NULL;
 	long step = 0;
-	double timed = 0.0;
+	double timed = 0.0, eval_gemm = 0.0;
 	long timed_steps = 0;
 	int rc;
 
@@ -177,6 +176,7 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 		goto out;
 	}
 
+	gpt2_profile(&g, 1);
 	progress_init(&pr, "train", until - step);
 	if (!o->progress)
 		pr.enabled = 0;
@@ -208,11 +208,13 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 		float scale = (tc->grad_clip > 0 && norm > tc->grad_clip) ?
 			(float)(tc->grad_clip / norm) : 1.0f;
 		double lr = train_lr(tc, s);
-		gpt2_adamw_step(&g, &opt, (float)lr, s + 1, scale);
+		gpt2_adamw_step(&g, &opt, lr, s + 1, scale);
 		double dt = now_seconds() - t0;
 		if (s > step) {
 			timed += dt;
 			timed_steps++;
+		} else {
+			gpt2_profile(&g, 1); /* the first step warms caches: not in the share */
 		}
 		r->loss = loss;
 		r->final_step = s + 1;
@@ -226,8 +228,9 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 
 		int last = s + 1 == until;
 		if (have_val && tc->eval_every > 0 && ((s + 1) % tc->eval_every == 0 || last)) {
-			double vl;
+			double vl, ge = gpt2_gemm_seconds(&g);
 			rc = train_evaluate(&g, &val, tc->eval_batches * (long)B * T, &vl, NULL);
+			eval_gemm += gpt2_gemm_seconds(&g) - ge;
 			if (rc)
 				goto out;
 			r->val_loss = vl;
@@ -242,8 +245,11 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 		}
 	}
 	progress_done(&pr);
-	if (timed_steps > 0)
+	if (timed_steps > 0) {
 		r->tokens_per_s = (double)timed_steps * B * T / timed;
+		r->matmul_frac = (gpt2_gemm_seconds(&g) - eval_gemm) / timed;
+	}
+	gpt2_profile(&g, 0);
 	if (o->out_path && until == step) /* nothing to train: still leave the checkpoint */
 		rc = ckpt_save(o->out_path, &g, o->cfg, step, 1);
 out:
