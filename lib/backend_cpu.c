@@ -40,10 +40,16 @@ static inline int min_int(int a, int b) { return a < b ? a : b; }
  * loop calling it vectorises. */
 static inline float exp_approx(float x)
 {
-	x = x < -87.0f ? -87.0f : x;
+	x = x < -87.0f ? -87.0f : x; /* a NaN passes both clamps and stays NaN */
 	x = x > 88.0f ? 88.0f : x;
-	float n = x * 1.44269504088896341f + 12582912.0f; /* round to nearest via 1.5*2^23 */
-	n -= 12582912.0f;
+	/* Adding 1.5*2^23 rounds to the nearest integer, which then sits in the low mantissa
+	 * bits: read it from there with unsigned arithmetic (no float-to-int conversion, no
+	 * signed shift: defined for every input, NaN included). */
+	union {
+		float f;
+		uint32_t u;
+	} nb = {.f = x * 1.44269504088896341f + 12582912.0f};
+	float n = nb.f - 12582912.0f;
 	float r = x - n * 0.693359375f;
 	r = r + n * 2.12194440e-4f;
 	float z = r * r;
@@ -55,10 +61,9 @@ static inline float exp_approx(float x)
 	p = p * r + 5.0000001201e-1f;
 	p = p * z + r + 1.0f;
 	union {
-		int32_t i;
+		uint32_t u;
 		float f;
-	} s;
-	s.i = ((int32_t)n + 127) << 23;
+	} s = {.u = (nb.u - 0x4B400000u + 127u) << 23};
 	return p * s.f;
 }
 

@@ -121,7 +121,7 @@ for t in $threads; do
 	run "ours-encdec-t$t" "$BIN/moe-bench" $ed -c 1.0 --only=encode-decode -t "$t" \
 		-n "$iters" -w "$warm"
 	# shellcheck disable=SC2086
-	run "ours-layer-t$t" "$BIN/moe-bench" $hw -c 1.0 -t "$t" -n "$iters" -w "$warm"
+	run "ours-layer-t$t" "$BIN/moe-bench" $hw -c 1.0 --no-input-grad -t "$t" -n "$iters" -w "$warm"
 	if [ $dense = 1 ]; then
 		# shellcheck disable=SC2086
 		run "ours-dense-t$t" "$BIN/moe-bench" $ed -H 64 -c 1.0 --forward-only \
@@ -284,9 +284,9 @@ tl0 = first("torch-t%s", case="layer")
 if l0:
     print("== layer forward+backward (Tutel helloworld)  T=%d M=%d H=%d E=%d k=%d capacity %s"
           % (l0["T"], l0["M"], l0["H"], l0["E"], l0["k"], l0.get("capacity_setting")))
-    print("   ours also computes the input gradient (6 expert GEMMs); the torch peer%s and "
-          "Tutel's helloworld\n   do not (5 GEMMs: their input needs no gradient)"
-          % (" (run with --hw-x-grad: 6)" if tl0 and tl0.get("x_grad") else ""))
+    print("   like Tutel's helloworld, ours runs without the input gradient (--no-input-grad: 5 "
+          "expert GEMMs);\n   so does the torch peer%s"
+          % (" unless run with --hw-x-grad (6)" if tl0 and tl0.get("x_grad") else ""))
 print(W % ("threads", "pass", "ours s", "torch s", "Tutel s", "torch/ours", "Tutel/ours"))
 lrows = []
 for t in threads:
