@@ -22,5 +22,5 @@ for t in "$here"/t-*.sh; do
 	fi
 	rm -rf "$scratch" "$log"
 done
-echo "shell tests: $pass passed, $fail failed, $skip skipped"
+echo "shell: $pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]
