@@ -1,6 +1,7 @@
 /* dpc-train-path - train one path (or a dense GPT-2) on a token file, or evaluate a
  * checkpoint. Thin: options here, the loop in lib/train.c. See dpc-train-path(1). */
 #include <getopt.h>
+#include <jansson.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -50,27 +51,20 @@ static double peak_rss_mb(void)
 	return (double)ru.ru_maxrss / 1024.0;
 }
 
-static void json_num(const char *key, double v, int last)
-{
-	if (isfinite(v))
-		printf("\"%s\":%.9g%s", key, v, last ? "" : ",");
-	else
-		printf("\"%s\":null%s", key, last ? "" : ",");
-}
+/* A finite number, or JSON null (NaN: not measured). */
+static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
-/* JSON string with the few escapes a file name can need. */
-static void json_str(const char *key, const char *s, int last)
+/* One JSON object on a line of stdout; takes the reference. */
+static int print_json(json_t *j)
 {
-	printf("\"%s\":\"", key);
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			printf("\\%c", *s);
-		else if ((unsigned char)*s < 0x20)
-			printf("\\u%04x", (unsigned char)*s);
-		else
-			putchar(*s);
-	}
-	printf("\"%s", last ? "" : ",");
+	int rc = j ? json_dumpf(j, stdout, JSON_COMPACT | JSON_REAL_PRECISION(9)) : -1;
+
+	json_decref(j);
+	if (rc == 0)
+		putchar('\n');
+	if (rc != 0 || fflush(stdout) != 0)
+		return err_set(CORE_EIO, "<stdout>", "cannot write the result");
+	return 0;
 }
 
 static int run_eval(const char *ckpt, const char *data, long max_tokens)
@@ -101,14 +95,10 @@ static int run_eval(const char *ckpt, const char *data, long max_tokens)
 	tokfile_close(&tf);
 	if (rc)
 		return rc;
-	putchar('{');
-	json_str("checkpoint", ckpt, 0);
-	json_str("data", data, 0);
-	printf("\"step\":%ld,\"tokens\":%ld,", info.step, ntok);
-	json_num("loss", loss, 0);
-	json_num("perplexity", exp(loss), 1);
-	printf("}\n");
-	return 0;
+	return print_json(json_pack("{s:s, s:s, s:I, s:I, s:o, s:o}", "checkpoint", ckpt,
+				    "data", data, "step", (json_int_t)info.step, "tokens",
+				    (json_int_t)ntok, "loss", num(loss), "perplexity",
+				    num(exp(loss))));
 }
 
 int main(int argc, char **argv)
@@ -201,14 +191,14 @@ int main(int argc, char **argv)
 		rc = cli_report(prog, rc);
 		goto out;
 	}
-	printf("{\"steps\":%ld,\"step\":%ld,", r.final_step - r.start_step, r.final_step);
-	json_num("loss", r.loss, 0);
-	json_num("val_loss", r.val_loss, 0);
-	json_num("tokens_per_s", r.tokens_per_s, 0);
-	json_num("peak_rss_mb", peak_rss_mb(), 0);
-	json_num("matmul_frac", r.matmul_frac, 0);
-	json_str("checkpoint", o.out_path, 1);
-	printf("}\n");
+	rc = print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s}", "steps",
+				  (json_int_t)(r.final_step - r.start_step), "step",
+				  (json_int_t)r.final_step, "loss", num(r.loss), "val_loss",
+				  num(r.val_loss), "tokens_per_s", num(r.tokens_per_s), "peak_rss_mb",
+				  num(peak_rss_mb()), "matmul_frac", num(r.matmul_frac), "checkpoint",
+				  o.out_path));
+	if (rc)
+		rc = cli_report(prog, rc);
 out:
 	free(sets);
 	return rc;
