@@ -36,9 +36,9 @@ static void usage(FILE *f)
 "  -E, --experts=N          number of experts E, >= 1 (default 16)\n"
 "  -k, --top-k=N            experts per token, 1..E (default 2)\n"
 "Routing:\n"
-"  -c, --capacity=X         capacity setting: X > 0 fixed factor, C = ceil(k*T*X/E);\n"
-"                           0: smallest C that drops nothing; X < 0: that, capped at\n"
-"                           ceil(k*T*|X|/E) (default 1.0)\n"
+"  -c, --capacity=X         capacity setting, as Tutel: X > 0 fixed factor,\n"
+"                           C = k*int(X*ceil(T/E)); 0: smallest C that drops nothing;\n"
+"                           X < 0: that, capped at k*int(|X|*ceil(T/E)) (default 1.0)\n"
 "      --capacity-align=N   round C up to a multiple of N (default 1)\n"
 "      --bpr                batch-prioritized routing (Tutel default: off)\n"
 "      --no-bpr             route tokens in their order (default)\n"
@@ -846,10 +846,9 @@ int main(int argc, char **argv)
 		long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
 		double phys = (double)pages * (double)psz;
 		if (o.cfg.capacity_setting > 0.0 && !o.trace) {
-			double cv = ceil((double)o.cfg.k * o.dense_T * o.cfg.capacity_setting /
-					 o.cfg.E);
-			need = moe_dense_bytes(&o.cfg, o.dense_T, o.cfg.k, (int64_t)cv,
-					       !o.forward_only);
+			int64_t cv = moe_capacity_fixed(o.cfg.E, o.dense_T, o.cfg.k,
+							o.cfg.capacity_setting);
+			need = moe_dense_bytes(&o.cfg, o.dense_T, o.cfg.k, cv, !o.forward_only);
 		}
 		if ((double)need > 0.6 * phys)
 			rc = err_set(CORE_ENOMEM, NULL, "the dense formulation needs %.1f GiB at "

@@ -449,6 +449,10 @@ int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, i
 	moe_route_count(r);
 	r->C = moe_capacity(r->count, E, T, k, capacity_setting, cfg->capacity_align);
 	const int64_t C = r->C;
+	if (C < 1)
+		return err_set(CORE_EUSAGE, NULL, "capacity setting %g leaves no slot per expert "
+			       "(k*int(%g*ceil(T/E)) = 0 at T=%lld, E=%d, k=%d)", capacity_setting,
+			       fabs(capacity_setting), (long long)T, E, k);
 	if ((double)E * (double)C * (double)(M > H ? M : H) > 1e15)
 		return err_set(CORE_EUSAGE, NULL, "capacity %lld is too large", (long long)C);
 	ERR_FORWARD(grow(l, &l->slot_tok, sizeof(int64_t) * (size_t)(E * C)));

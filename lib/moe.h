@@ -33,12 +33,14 @@
  *     token order); otherwise in token order.
  *  4. Capacity from the setting x (Tutel capacity_setting, sec. 3.4.9), n_e = number of
  *     (token, rank) choices of expert e, before dropping:
- *       x > 0:  C = ceil(k * T * x / E)   (computed in double, then rounded up, forgiving a
- *               relative 1e-9 of rounding error so that 1000 * 1.1 gives 1100; Tutel's
- *               code rounds ceil(T/E) first, we round once)
+ *       x > 0:  C = k * int(x * ceil(T / E))   exactly Tutel's extract_critical: T/E rounded
+ *               up in integers, times x in double, truncated toward zero (Python's int()),
+ *               times k. So 1.1 with ceil(T/E) = 1000 gives 1100 (the product is
+ *               1100.0000000000002), and x = 1 with T = 5, E = 2, k = 2 gives 6.
  *       x == 0: C = max_e n_e             (smallest C that drops nothing)
- *       x < 0:  C = min(max_e n_e, ceil(k * T * |x| / E))
- *     then C is rounded up to a multiple of capacity_align (1 = no alignment) and C >= 1.
+ *       x < 0:  C = min(max_e n_e, k * int(|x| * ceil(T / E)))
+ *     then C is rounded up to a multiple of capacity_align (1 = no alignment). A setting
+ *     that leaves C = 0 (Tutel would drop every token) is refused as a usage error.
  *  5. Locations: one pass over rank r = 0..k-1 (outer) and tokens in BPR order (inner) with
  *     one counter per expert: loc = counter[e]++; the choice is kept when loc < C, else
  *     dropped (loc = -1). So every first choice is placed before any second choice, and
@@ -183,9 +185,12 @@ void moe_gate_backward(const struct moe_config *cfg, const float *logits, const 
 		       float aux_weight, float *dlogits);
 /* n_e into r->count from r->idx. */
 void moe_route_count(struct moe_routing *r);
-/* C for the given counts [E] and setting (4. above); align >= 1. */
+/* C for the given counts [E] and setting (4. above); align >= 1. 0 when the setting leaves
+ * no slot (moe_route refuses that). */
 int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setting,
 		     int align);
+/* Tutel's fixed capacity for a factor x > 0, before alignment: k * int(x * ceil(T / E)). */
+int64_t moe_capacity_fixed(int E, int64_t T, int k, double x);
 /* Steps 3 and 5 with r->C already set and r->count filled: loc, used, slot_tok (E*C
  * entries), dropped. top[T] is the BPR key (ignored when bpr is 0). */
 int moe_route_locations(struct moe_routing *r, const float *top, int bpr);

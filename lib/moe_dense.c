@@ -173,17 +173,23 @@ int moe_dense_step(const struct moe_config *cfg, const struct moe_params *p, con
 		need = base > need ? base : need;
 	}
 	free(ord);
-	int64_t C;
+	/* Tutel: samples_per_expert = ceil(T/E); capacity = k * int(|x| * samples_per_expert),
+	 * or max location + 1 for x = 0, capped by that for x < 0; then aligned up. */
+	int64_t C, samples_per_expert = (T + E - 1) / E;
 	if (capacity_setting == 0.0) {
 		C = need;
 	} else {
-		double v = (double)k * (double)T * fabs(capacity_setting) / (double)E;
-		C = (int64_t)ceil(v * (1.0 - 1e-9));
+		C = k * (int64_t)trunc(fabs(capacity_setting) * (double)samples_per_expert);
 		if (capacity_setting < 0.0 && need < C)
 			C = need;
 	}
-	C = C < 1 ? 1 : C;
-	C = (C + cfg->capacity_align - 1) / cfg->capacity_align * cfg->capacity_align;
+	if (C % cfg->capacity_align)
+		C += cfg->capacity_align - C % cfg->capacity_align;
+	if (C < 1) {
+		rc = err_set(CORE_EUSAGE, NULL, "capacity setting %g leaves no slot per expert",
+			     capacity_setting);
+		goto out;
+	}
 	int64_t ndrop = 0;
 	for (int64_t i = 0; i < (int64_t)k * T * E; i++)
 		if (mask[i] != 0.0f && locs[i] >= C) {

@@ -277,6 +277,14 @@ void moe_route_count(struct moe_routing *r)
 		r->count[r->idx[i]]++;
 }
 
+int64_t moe_capacity_fixed(int E, int64_t T, int k, double x)
+{
+	int64_t per_expert = (T + E - 1) / E;
+	/* Python's int() of the double product: truncation toward zero. x <= 1e6 and
+	 * per_expert < 2^31 keep the product far below 2^63. */
+	return (int64_t)k * (int64_t)(x * (double)per_expert);
+}
+
 int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setting, int align)
 {
 	int64_t need = 0, C;
@@ -286,18 +294,12 @@ int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setti
 	if (setting == 0.0) {
 		C = need;
 	} else {
-		double x = fabs(setting);
-		/* Forgive a relative 1e-9 of rounding error: 1.1 * 1000 is 1100.0000000000002
-		 * in binary, and C should be 1100. */
-		double v = (double)k * (double)T * x / (double)E;
-		C = (int64_t)ceil(v - 1e-9 * v);
+		C = moe_capacity_fixed(E, T, k, fabs(setting));
 		if (setting < 0.0 && need < C)
 			C = need;
 	}
-	if (C < 1)
-		C = 1;
-	if (align > 1)
-		C = (C + align - 1) / align * align;
+	if (align > 1 && C % align)
+		C += align - C % align;
 	return C;
 }
 

@@ -18,6 +18,9 @@ expect_fail 2 "moe-bench: option '--dense-tokens': 64 is above T = 32" \
 expect_fail 2 "moe-bench: .*load-importance loss needs gate noise" \
 	"$B" -T 8 -M 4 -H 4 -E 2 --aux-loss=load-importance
 expect_fail 2 "moe-bench: unexpected argument 'extra'" "$B" extra
+# ceil(8/2) = 4 tokens per expert, 0.2 * 4 = 0.8 truncates to 0 slots: Tutel would drop all.
+expect_fail 2 "moe-bench: capacity setting 0.2 leaves no slot per expert" \
+	"$B" -T 8 -M 4 -H 4 -E 2 -k 1 -c 0.2
 printf '1.0\n# a comment\n\n0\n1.2.3\n' >bad.trace
 expect_fail 2 "moe-bench: 'bad.trace': line 5: '1.2.3' is not a capacity setting" \
 	"$B" -T 8 -M 4 -H 4 -E 2 --trace bad.trace

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "err.h"
 #include "moe.h"
 #include "rng.h"
 #include "banned.h"
@@ -23,6 +24,7 @@
 struct tcase {
 	int64_t T, M, H;
 	int E, k, bpr, gelu, li;
+	int refused; /* set by run_case: the setting left no slot and both refused it */
 	double cap;
 	float noise;
 	char name[200];
@@ -61,6 +63,12 @@ static double rel_err(const float *a, const float *b, int64_t n)
 
 /* ---- naive capacity and drop reference ---- */
 
+/* Tutel's extract_critical: k * int(|x| * ceil(T / E)), Python's int() truncating. */
+static int64_t tutel_fixed(int64_t T, int E, int k, double x)
+{
+	return k * (int64_t)trunc(fabs(x) * (double)((T + E - 1) / E));
+}
+
 static int64_t naive_capacity(const int64_t *count, int E, int64_t T, int k, double x)
 {
 	int64_t need = 0;
@@ -68,11 +76,9 @@ static int64_t naive_capacity(const int64_t *count, int E, int64_t T, int k, dou
 		if (count[e] > need)
 			need = count[e];
 	if (x == 0.0)
-		return need < 1 ? 1 : need;
-	double v = k * (double)T * fabs(x) / E;
-	int64_t fixed = (int64_t)ceil(v - v * 1e-9); /* moe.h: rounding error forgiven */
-	int64_t C = x > 0.0 ? fixed : (need < fixed ? need : fixed);
-	return C < 1 ? 1 : C;
+		return need;
+	int64_t fixed = tutel_fixed(T, E, k, x);
+	return x > 0.0 ? fixed : (need < fixed ? need : fixed);
 }
 
 /* Stable descending insertion sort of tokens by key. */
@@ -309,8 +315,23 @@ static __attribute__((noinline)) void run_case(struct tcase *c, int fd)
 	rng_fill_normal(b.dy, T * M, 0.0f, 1.0f, 4, RNG_STREAM_TEST, 0);
 
 	cr_assert_eq(moe_layer_init(&l, &cfg), 0, "%s", c->name);
-	/* A first call with other settings, so the real one runs on grown, dirty buffers. */
-	cr_assert_eq(moe_forward(l, &b.p, b.x, b.y, T, c->k, 0.3, 5), 0, "%s", c->name);
+	/* A first call with other settings, so the real one runs on grown, dirty buffers: top-1
+	 * and one slot per expert (1 * int(1.5)), below anything the real call needs, so that
+	 * the layer's peak is the real call's. */
+	cr_assert_eq(moe_forward(l, &b.p, b.x, b.y, T, 1, 1.5 / (double)((T + c->E - 1) / c->E),
+				 5), 0, "%s", c->name);
+	cr_assert_eq(moe_layer_routing(l)->C, 1, "%s", c->name);
+	if (c->cap != 0.0 && tutel_fixed(T, c->E, c->k, c->cap) == 0) {
+		/* The setting leaves no slot (Tutel would drop every token): both refuse. */
+		cr_assert_eq(moe_forward(l, &b.p, b.x, b.y, T, c->k, c->cap, 0), CORE_EUSAGE,
+			     "%s: a capacity of 0 is not refused", c->name);
+		cr_assert_eq(moe_dense_step(&cfg, &b.p, b.x, b.yd, T, c->k, c->cap, 0, b.dy,
+					    b.dxd, &b.gd, aux_w, NULL, NULL, NULL, NULL, NULL),
+			     CORE_EUSAGE, "%s: the dense formulation takes a capacity of 0",
+			     c->name);
+		c->refused = 1;
+		goto done;
+	}
 	cr_assert_eq(moe_forward(l, &b.p, b.x, b.y, T, c->k, c->cap, 0), 0, "%s", c->name);
 	const struct moe_routing *r = moe_layer_routing(l);
 	int64_t dropped_s = r->dropped, C_s = r->C;
@@ -473,6 +494,7 @@ static __attribute__((noinline)) void run_case(struct tcase *c, int fd)
 		free(sel1);
 	}
 
+done:
 	moe_layer_free(l);
 	moe_params_free(&b.p);
 	moe_params_free(&b.gs);
@@ -499,7 +521,7 @@ static void grid(double cap, int fd)
 	static const int64_t Ts[] = { 1, 6, 37 };
 	static const int Es[] = { 1, 2, 5 };
 	static const int64_t Ms[] = { 3, 8 };
-	int n = 0;
+	int n = 0, refused = 0;
 
 	one_thread();
 	for (size_t a = 0; a < 3; a++)
@@ -515,8 +537,10 @@ static void grid(double cap, int fd)
 						c.li = c.noise > 0.0f && c.E >= 2 && n % 4 == 1;
 						n++;
 						run_case(&c, fd && c.T <= 6);
+						refused += c.refused;
 					}
 	cr_assert_eq(n, 72, "the grid ran %d cases, not 72", n);
+	cr_assert(refused < n / 2, "%d of %d cases left no slot", refused, n);
 }
 
 Test(moe, grid_factor_1)

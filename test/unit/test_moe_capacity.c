@@ -44,15 +44,17 @@ Test(moe_capacity, three_modes)
 		int align;
 		int64_t C;
 	} cases[] = {
-		{ 1.0, 1, 4 },  /* ceil(2*4*1/2) = 4 */
-		{ 0.5, 1, 2 },  /* ceil(2) = 2 */
-		{ 0.3, 1, 2 },  /* ceil(1.2) = 2: rounded up */
-		{ 0.3, 4, 4 },  /* 2 aligned up to 4 */
-		{ 1.6, 1, 7 },  /* ceil(6.4) = 7, above the need: fixed mode does not cap */
+		/* Tutel: C = k * int(x * ceil(T/E)), ceil(T/E) = 2 here. */
+		{ 1.0, 1, 4 },  /* 2 * int(2.0) = 4 */
+		{ 0.5, 1, 2 },  /* 2 * int(1.0) = 2 */
+		{ 0.7, 1, 2 },  /* 2 * int(1.4) = 2: truncated, not rounded up */
+		{ 0.7, 4, 4 },  /* 2 aligned up to 4 */
+		{ 1.6, 1, 6 },  /* 2 * int(3.2) = 6, above the need: fixed mode does not cap */
 		{ 0.0, 1, 4 },  /* max n_e = 4 */
-		{ -0.5, 1, 2 }, /* min(4, 2) */
-		{ -3.0, 1, 4 }, /* min(4, 12) */
-		{ 0.01, 1, 1 }, /* ceil(0.08) = 1 */
+		{ -0.5, 1, 2 }, /* min(4, 2 * int(1.0)) */
+		{ -3.0, 1, 4 }, /* min(4, 2 * int(6.0)) */
+		{ 0.3, 1, 0 },  /* 2 * int(0.6) = 0: no slot (moe_forward refuses it) */
+		{ 0.3, 4, 0 },  /* 0 stays 0 under alignment, as in Tutel */
 	};
 
 	setup(&b, 4, 2, 2, idx_a);
@@ -66,7 +68,7 @@ Test(moe_capacity, three_modes)
 	/* Adaptive with an uneven load: n = {3, 1}, k = 1, T = 4, E = 2. */
 	int64_t cnt[2] = { 3, 1 };
 	cr_assert_eq(moe_capacity(cnt, 2, 4, 1, 0.0, 1), 3, "no-drop mode: need is 3");
-	cr_assert_eq(moe_capacity(cnt, 2, 4, 1, -1.0, 1), 2, "min(3, ceil(1*4*1/2) = 2)");
+	cr_assert_eq(moe_capacity(cnt, 2, 4, 1, -1.0, 1), 2, "min(3, 1 * int(1 * 2) = 2)");
 	cr_assert_eq(moe_capacity(cnt, 2, 4, 1, -2.0, 1), 3, "min(3, 4)");
 }
 
@@ -207,10 +209,25 @@ Test(moe_capacity, encode_decode_by_hand)
 				   wdx[i]);
 }
 
-Test(moe_capacity, rounding_error_forgiven)
+Test(moe_capacity, float_product_truncated_as_python_int)
 {
 	int64_t cnt[1] = { 1000 };
-	/* 1000 * 1.1 is 1100.0000000000002 in binary; C must be 1100, not 1101. */
+	/* 1.1 * 1000 is 1100.0000000000002 in binary; Python's int() truncates it to 1100. */
 	cr_assert_eq(moe_capacity(cnt, 1, 1000, 1, 1.1, 1), 1100);
-	cr_assert_eq(moe_capacity(cnt, 1, 1000, 1, 1.1001, 1), 1101);
+	cr_assert_eq(moe_capacity(cnt, 1, 1000, 1, 1.1009, 1), 1100, "int(1100.9) = 1100");
+	cr_assert_eq(moe_capacity(cnt, 1, 1000, 1, 1.101, 1), 1101);
+	/* 0.29 * 100 is 28.999999999999996 in binary: Tutel's int() gives 28, and so do we. */
+	cr_assert_eq(moe_capacity(cnt, 1, 100, 1, 0.29, 1), 28);
+}
+
+Test(moe_capacity, tokens_not_divisible_by_experts)
+{
+	/* Tutel rounds T/E up before the factor: T = 5, E = 2 -> 3 samples per expert. */
+	int64_t cnt[2] = { 5, 5 };
+	cr_assert_eq(moe_capacity(cnt, 2, 5, 2, 1.0, 1), 6, "2 * int(1.0 * 3)");
+	cr_assert_eq(moe_capacity(cnt, 2, 5, 2, 0.7, 1), 4, "2 * int(2.1)");
+	cr_assert_eq(moe_capacity(cnt, 2, 5, 2, -0.7, 1), 4, "min(5, 4)");
+	cr_assert_eq(moe_capacity(cnt, 2, 5, 2, -2.0, 1), 5, "min(5, 12)");
+	cr_assert_eq(moe_capacity_fixed(3, 7, 1, 1.0), 3, "1 * int(ceil(7/3))");
+	cr_assert_eq(moe_capacity_fixed(16, 16384, 2, 1.25), 2560, "2 * int(1.25 * 1024)");
 }
