@@ -610,30 +610,42 @@ static int is_null_scalar(const yaml_event_t *ev)
 	       is_yaml_null((const char *)ev->data.scalar.value);
 }
 
+/* The next key of a mapping whose MAPPING_START has been consumed: its text (cut to 64
+ * bytes, longer than any schema name) into key[65] and its line into w->line; *end = 1 at
+ * the mapping's end instead. what names the key in the error for a non-scalar key. */
+static int next_key(struct loader *L, struct where *w, const char *what, char key[65], int *end)
+{
+	yaml_event_t ev;
+	int rc = 0;
+
+	ERR_FORWARD(next_event(L, &ev));
+	*end = ev.type == YAML_MAPPING_END_EVENT;
+	if (!*end) {
+		w->line = ev_line(&ev);
+		if (ev.type == YAML_SCALAR_EVENT)
+			snprintf(key, 65, "%.64s", (const char *)ev.data.scalar.value);
+		else
+			rc = fail(w, "%s must be a scalar, found %s", what, node_kind(&ev));
+	}
+	yaml_event_delete(&ev);
+	return rc;
+}
+
 /* The keys of one section: a mapping whose MAPPING_START has been consumed. */
 static int load_keys(struct loader *L, const char *section)
 {
 	yaml_event_t ev;
 	struct where w = { L->path, NULL, 0 };
-	char name[128], sugg[200];
+	char key[65], what[96], name[160], sugg[200];
+	int end;
 
+	snprintf(what, sizeof what, "a key of section '%s'", section);
 	for (;;) {
-		ERR_FORWARD(next_event(L, &ev));
-		if (ev.type == YAML_MAPPING_END_EVENT) {
-			yaml_event_delete(&ev);
+		ERR_FORWARD(next_key(L, &w, what, key, &end));
+		if (end)
 			return 0;
-		}
-		w.line = ev_line(&ev);
-		if (ev.type != YAML_SCALAR_EVENT) {
-			int rc = fail(&w, "a key of section '%s' must be a scalar, found %s",
-				      section, node_kind(&ev));
-			yaml_event_delete(&ev);
-			return rc;
-		}
-		const char *key = (const char *)ev.data.scalar.value;
 		const struct cfg_key *k = find_key(L->s, section, key);
-		snprintf(name, sizeof name, "%s.%.64s", section, key);
-		yaml_event_delete(&ev);
+		snprintf(name, sizeof name, "%s.%s", section, key);
 		if (!k) {
 			suggest_key(L->s, name, sugg, sizeof sugg);
 			return fail(&w, "unknown key '%s'%s", name, sugg);
@@ -670,26 +682,15 @@ static int load_sections(struct loader *L)
 {
 	yaml_event_t ev;
 	struct where w = { L->path, NULL, 0 };
-	char name[72], sugg[200];
+	char name[65], sugg[200];
 	size_t first;
+	int end;
 
 	for (;;) {
-		ERR_FORWARD(next_event(L, &ev));
-		if (ev.type == YAML_MAPPING_END_EVENT) {
-			yaml_event_delete(&ev);
+		ERR_FORWARD(next_key(L, &w, "a section name", name, &end));
+		if (end)
 			return 0;
-		}
-		w.line = ev_line(&ev);
-		if (ev.type != YAML_SCALAR_EVENT) {
-			int rc = fail(&w, "a section name must be a scalar, found %s",
-				      node_kind(&ev));
-			yaml_event_delete(&ev);
-			return rc;
-		}
-		snprintf(name, sizeof name, "%.64s", (const char *)ev.data.scalar.value);
-		int known = section_exists(L->s, (const char *)ev.data.scalar.value, &first);
-		yaml_event_delete(&ev);
-		if (!known) {
+		if (!section_exists(L->s, name, &first)) {
 			suggest_section(L->s, name, sugg, sizeof sugg);
 			return fail(&w, "unknown section '%s'%s", name, sugg);
 		}
