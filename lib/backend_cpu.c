@@ -20,9 +20,6 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 #include "banned.h"
 
@@ -625,67 +622,26 @@ struct adamw_consts {
 	float decay, b1, c1, b2, c2, bc2s, eps, step, scale;
 };
 
-/* One thread's share of the update. GCC does not vectorise sqrtf without -fno-math-errno
- * (sqrtf may set errno), and the optimize attribute does not lift that, so the x86 vector
- * paths are written with intrinsics; each computes exactly the scalar loop's operations (FMA
- * where the scalar loop has fmaf; sqrt and division are correctly rounded in both). */
-#define ADAMW_SCALAR(i)                                                                            \
-	do {                                                                                       \
-		float gi = g[i] * scale;                                                           \
-		float pi = p[i] * decay;                                                           \
-		float mi = fmaf(c1, gi, m[i] * b1);                                                \
-		float vi = fmaf(c2 * gi, gi, v[i] * b2);                                           \
-		float den = sqrtf(vi) / bc2s + eps;                                                \
-		p[i] = pi + (step * mi) / den;                                                     \
-		m[i] = mi;                                                                         \
-		v[i] = vi;                                                                         \
-	} while (0)
-
+/* One thread's share of the update. The Makefile builds with -fno-math-errno, so GCC
+ * vectorises sqrtf here (vsqrtps); vector sqrt, division and FMA round exactly as the scalar
+ * ones, so every width gives the same bits. */
 static void adamw_range(float *restrict p, const float *restrict g, float *restrict m,
 			float *restrict v, size_t i0, size_t i1, const struct adamw_consts *k)
 {
 	const float decay = k->decay, b1 = k->b1, c1 = k->c1, b2 = k->b2, c2 = k->c2;
 	const float bc2s = k->bc2s, eps = k->eps, step = k->step, scale = k->scale;
-	size_t i = i0;
-#if defined(__AVX512F__)
-	const __m512 vdecay = _mm512_set1_ps(decay), vb1 = _mm512_set1_ps(b1),
-		     vc1 = _mm512_set1_ps(c1), vb2 = _mm512_set1_ps(b2), vc2 = _mm512_set1_ps(c2),
-		     vbc2s = _mm512_set1_ps(bc2s), veps = _mm512_set1_ps(eps),
-		     vstep = _mm512_set1_ps(step), vscale = _mm512_set1_ps(scale);
-	for (; i + 16 <= i1; i += 16) {
-		__m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), vscale);
-		__m512 pi = _mm512_mul_ps(_mm512_loadu_ps(p + i), vdecay);
-		__m512 mi = _mm512_fmadd_ps(vc1, gi, _mm512_mul_ps(_mm512_loadu_ps(m + i), vb1));
-		__m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(vc2, gi), gi,
-					    _mm512_mul_ps(_mm512_loadu_ps(v + i), vb2));
-		__m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), vbc2s), veps);
-		_mm512_storeu_ps(p + i,
-				 _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(vstep, mi), den)));
-		_mm512_storeu_ps(m + i, mi);
-		_mm512_storeu_ps(v + i, vi);
+#pragma omp simd
+	for (size_t i = i0; i < i1; i++) {
+		float gi = g[i] * scale;
+		float pi = p[i] * decay;
+		float mi = fmaf(c1, gi, m[i] * b1);
+		float vi = fmaf(c2 * gi, gi, v[i] * b2);
+		float den = sqrtf(vi) / bc2s + eps;
+		p[i] = pi + (step * mi) / den;
+		m[i] = mi;
+		v[i] = vi;
 	}
-#elif defined(__AVX2__) && defined(__FMA__)
-	const __m256 vdecay = _mm256_set1_ps(decay), vb1 = _mm256_set1_ps(b1),
-		     vc1 = _mm256_set1_ps(c1), vb2 = _mm256_set1_ps(b2), vc2 = _mm256_set1_ps(c2),
-		     vbc2s = _mm256_set1_ps(bc2s), veps = _mm256_set1_ps(eps),
-		     vstep = _mm256_set1_ps(step), vscale = _mm256_set1_ps(scale);
-	for (; i + 8 <= i1; i += 8) {
-		__m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), vscale);
-		__m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), vdecay);
-		__m256 mi = _mm256_fmadd_ps(vc1, gi, _mm256_mul_ps(_mm256_loadu_ps(m + i), vb1));
-		__m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(vc2, gi), gi,
-					    _mm256_mul_ps(_mm256_loadu_ps(v + i), vb2));
-		__m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), vbc2s), veps);
-		_mm256_storeu_ps(p + i,
-				 _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(vstep, mi), den)));
-		_mm256_storeu_ps(m + i, mi);
-		_mm256_storeu_ps(v + i, vi);
-	}
-#endif
-	for (; i < i1; i++)
-		ADAMW_SCALAR(i);
 }
-#undef ADAMW_SCALAR
 
 /* One parallel region for all segments (a model has dozens; a region each would put a
  * fork and a barrier per segment on the step): every thread takes its share of each
