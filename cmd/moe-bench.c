@@ -311,8 +311,12 @@ static json_t *base_json(const struct opts *o, const char *impl, int64_t T)
 	return j;
 }
 
-static void add_step_stats(json_t *j, const struct samples *s, int fwd_only)
+/* Steps' times, drops and capacities; T and k are the run's (E is the config's). */
+static void add_step_stats(json_t *j, const struct opts *o, const struct samples *s, int64_t T,
+			   int k)
 {
+	const int fwd_only = o->forward_only;
+	const int64_t per_expert = (T + o->cfg.E - 1) / o->cfg.E;
 	double mn, mx, md = median(s->step, s->n, &mn, &mx);
 	json_t *st = json_object();
 	json_object_set_new(st, "median", json_real(1e3 * md));
@@ -334,6 +338,9 @@ static void add_step_stats(json_t *j, const struct samples *s, int fwd_only)
 	json_object_set_new(j, "capacity_last", json_integer(s->C[s->n - 1]));
 	json_object_set_new(j, "capacity_min", json_integer(cmin));
 	json_object_set_new(j, "capacity_max", json_integer(cmax));
+	/* What Tutel logs as the real-time capacity factor: C / (k * ceil(T / E)). */
+	json_object_set_new(j, "capacity_factor_last",
+			    json_real((double)s->C[s->n - 1] / (double)(k * per_expert)));
 	json_object_set_new(j, "stage_ms", times_json(s));
 }
 
@@ -462,7 +469,7 @@ static int run_layer(const struct opts *o, struct data *d)
 		ref_t[i] = s.step[i] - s.st[i].gemm_fwd - s.st[i].gemm_bwd;
 	double nongemm = median(ref_t, s.n, NULL, NULL);
 	json_t *j = base_json(o, "sparse", c->T);
-	add_step_stats(j, &s, o->forward_only);
+	add_step_stats(j, o, &s, c->T, c->k);
 	json_object_set_new(j, "flops_per_step", json_real(fl));
 	json_object_set_new(j, "gflops", json_real(fl / md / 1e9));
 	json_object_set_new(j, "flops_formula", json_string(flops_formula));
@@ -572,7 +579,7 @@ static int run_encdec(const struct opts *o, struct data *d)
 	double cp = copy_rate((size_t)bytes, o->iters > 3 ? o->iters : 3);
 	size_t rss = peak_rss();
 	json_t *j = base_json(o, "sparse", T);
-	add_step_stats(j, &s, o->forward_only);
+	add_step_stats(j, o, &s, T, c->k);
 	json_object_set_new(j, "bytes_moved", json_real(bytes));
 	json_object_set_new(j, "bytes_formula", json_string(
 		"rows of M floats read + written: encode T + E*C, decode R + T, decode backward "
@@ -644,7 +651,7 @@ static int run_dense(const struct opts *o, struct data *d)
 			json_object_set_new(j, "note", json_string(
 				"dense run with fewer tokens (--dense-tokens): its [T,E,C] tensors "
 				"grow as T^2"));
-		add_step_stats(j, &s, o->forward_only);
+		add_step_stats(j, o, &s, T, c->k);
 		json_object_set_new(j, "flops_per_step", json_real(fl));
 		json_object_set_new(j, "gflops", json_real(fl / md / 1e9));
 		json_object_set_new(j, "flops_formula", json_string(flops_formula));

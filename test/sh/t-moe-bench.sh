@@ -43,8 +43,11 @@ for line in open("out.stdout"):
     if o["impl"] == "dry-run":
         assert o["dense_bytes_analytic"] > o["sparse_bytes_analytic"]; continue
     for f in ("impl", "T", "step_ms", "dropped_last", "capacity_last", "stage_ms",
-              "peak_rss_bytes", "layer_bytes_peak"):
+              "peak_rss_bytes", "layer_bytes_peak", "capacity_factor_last"):
         assert f in o, "missing field %s in %s" % (f, line)
+    per_expert = -(-o["T"] // o["E"])
+    want = o["capacity_last"] / (o["k"] * per_expert)
+    assert abs(o["capacity_factor_last"] - want) < 1e-6, "capacity factor %s" % line
     assert o["step_ms"]["min"] <= o["step_ms"]["median"] <= o["step_ms"]["max"]
 ' || die "invalid JSON: $(cat out.stdout)"
 	else
@@ -64,6 +67,13 @@ expect_ok "$B" -T 64 -M 8 -H 16 -E 4 -n 3 -w 0 -t 1 --trace ok.trace --activatio
 	--gate-noise=1 --aux-loss=load-importance --forward-only
 check_json 1
 grep -q '"trace":"ok.trace"' out.stdout || die "trace not recorded"
+# Tutel: C = k * int(x * ceil(T/E)) = 2 * int(1.0 * 13) = 26 at T = 100, E = 8 (not
+# ceil(2 * 100 / 8) = 25), and 2 * int(0.9 * 13) = 2 * int(11.7) = 22 at x = 0.9.
+expect_ok "$B" -T 100 -M 8 -H 8 -E 8 -k 2 -n 1 -w 0 -t 1 -c 1.0
+check_json 1
+grep -q '"capacity_last":26,' out.stdout || die "C at x = 1.0 is not 26: $(cat out.stdout)"
+expect_ok "$B" -T 100 -M 8 -H 8 -E 8 -k 2 -n 1 -w 0 -t 1 -c 0.9
+grep -q '"capacity_last":22,' out.stdout || die "C at x = 0.9 is not 22: $(cat out.stdout)"
 expect_ok "$B" -T 64 -M 8 -H 16 -E 4 --dry-run
 check_json 1
 grep -q '"sparse_below_dense":' out.stdout || die "no dry-run figures"
