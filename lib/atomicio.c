@@ -181,13 +181,15 @@ static int fsync_dir(const char *path)
 	return rc;
 }
 
-int afile_commit(struct afile *a)
+int afile_prepare(struct afile *a)
 {
 	FILE *fp;
 	int rc;
 
-	if (!a->fp || !a->tmp)
+	if (!a->tmp)
 		return err_set(CORE_EUSAGE, a->path, "commit of a file that is not open");
+	if (!a->fp)
+		return 0; /* prepared already */
 	if (a->failed) {
 		rc = err_set(CORE_EIO, a->path, "not replaced: an earlier write failed");
 		afile_abort(a);
@@ -207,17 +209,27 @@ int afile_commit(struct afile *a)
 		rc = io_error(a->path, "cannot close", errno);
 		goto fail;
 	}
+	return 0;
+fail:
+	afile_abort(a);
+	return rc;
+}
+
+int afile_commit(struct afile *a)
+{
+	int rc = afile_prepare(a);
+
+	if (rc < 0)
+		return rc;
 	if (rename(a->tmp, a->path) != 0) {
 		rc = io_error(a->path, "cannot rename temporary file into place", errno);
-		goto fail;
+		afile_abort(a);
+		return rc;
 	}
 	free(a->tmp);
 	a->tmp = NULL;
 	rc = fsync_dir(a->path);
 	afile_abort(a); /* frees the names; nothing left to remove */
-	return rc;
-fail:
-	afile_abort(a);
 	return rc;
 }
 

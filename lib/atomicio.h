@@ -4,6 +4,12 @@
  * atomic); afile_commit() flushes, fsyncs, renames over the target and fsyncs the directory.
  * afile_abort() removes the temporary file; the target is untouched. Every output file of
  * every program goes through here.
+ *
+ * afile_prepare() is the first half of afile_commit(): flush, fsync and close, leaving the
+ * complete file under its temporary name for a later afile_commit() or afile_abort(). A
+ * writer of several files prepares them all before it commits any, so that a failure to
+ * write (a full disk) leaves every target as it was; only a failing rename(2) can still
+ * leave some targets new and others old. On failure both functions abort the file.
  */
 #ifndef CORE_ATOMICIO_H
 #define CORE_ATOMICIO_H
@@ -26,6 +32,7 @@ int afile_write(struct afile *a, const void *buf, size_t n);
 /* Overwrite bytes already written at offset (for headers patched at the end); does not
  * change crc or nbytes. */
 int afile_pwrite(struct afile *a, const void *buf, size_t n, uint64_t offset);
+int afile_prepare(struct afile *a);
 int afile_commit(struct afile *a);
 void afile_abort(struct afile *a);
 

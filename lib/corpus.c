@@ -429,7 +429,13 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 	}
 	if (rc < 0)
 		goto out;
-	/* The whole input is in; now make the three files real. */
+	/* The whole input is in. Complete and sync all three files before renaming any, so that
+	 * a failure to write the tail of one of them (a full disk) leaves all the old ones. */
+	for (s = 0; s < CORPUS_NSPLITS; s++) {
+		rc = tokw_prepare(w[s]);
+		if (rc < 0)
+			goto out;
+	}
 	for (s = 0; s < CORPUS_NSPLITS; s++) {
 		rc = tokw_commit(w[s]);
 		w[s] = NULL;

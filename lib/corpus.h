@@ -102,9 +102,11 @@ struct corpus_prepare_result {
 };
 
 /* Read every document, tokenize it and append it to the token file of its split; the three
- * files are written through atomicio and committed only after the whole input was read, so
- * an error leaves the old outputs (or none) in place, never a partial file. Existing outputs
- * are replaced: refusing to overwrite is the caller's decision. */
+ * files are written through atomicio, completed and synced only after the whole input was
+ * read, and renamed into place only once all three are complete. So an error leaves the old
+ * outputs (or none) in place, never a partial file, nor a mix of old and new (short of a
+ * failing rename). Existing outputs are replaced: refusing to overwrite is the caller's
+ * decision. */
 int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_result *res);
 
 #endif

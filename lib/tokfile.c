@@ -283,6 +283,7 @@ struct tokfile_writer {
 	char *meta;
 	size_t meta_len, meta_cap;
 	unsigned char *buf; /* conversion buffer for one chunk of tokens */
+	int prepared;       /* tokw_prepare succeeded: complete and synced, not yet renamed */
 };
 
 #define TOKW_CHUNK 65536
@@ -422,9 +423,22 @@ static int tokw_finish(struct tokfile_writer *w)
 	return afile_pwrite(&w->af, h, sizeof h, 0);
 }
 
+int tokw_prepare(struct tokfile_writer *w)
+{
+	int rc = 0;
+
+	if (!w->prepared) {
+		rc = tokw_finish(w);
+		if (rc == 0)
+			rc = afile_prepare(&w->af);
+		w->prepared = rc == 0;
+	}
+	return rc;
+}
+
 int tokw_commit(struct tokfile_writer *w)
 {
-	int rc = tokw_finish(w);
+	int rc = tokw_prepare(w);
 
 	if (rc < 0) {
 		tokw_abort(w);

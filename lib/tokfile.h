@@ -72,7 +72,10 @@ struct tokfile_writer;
 int tokw_open(struct tokfile_writer **w, const char *path, uint32_t vocab);
 int tokw_add_doc(struct tokfile_writer *w, const uint32_t *tokens, uint64_t n,
 		 const char *meta_json, size_t meta_len);
-int tokw_commit(struct tokfile_writer *w); /* frees w */
+/* Write the offsets, metadata and header and sync the file under its temporary name (see
+ * afile_prepare); then only tokw_commit or tokw_abort. On failure w must be aborted. */
+int tokw_prepare(struct tokfile_writer *w);
+int tokw_commit(struct tokfile_writer *w); /* prepares if not yet done; frees w */
 void tokw_abort(struct tokfile_writer *w); /* frees w, removes the temporary file */
 
 #endif

@@ -3,9 +3,11 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -356,4 +358,80 @@ Test(corpus, prepare_failure_leaves_nothing)
 	cr_assert_eq(n, 1, "%d entries in the output directory", n);
 	cr_assert_eq(stat(old, &st), 0);
 	cr_assert_eq(st.st_size, 3);
+}
+
+static char *slurp(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert(f, "%s", path);
+	char *b = malloc(1 << 16);
+	*n = fread(b, 1, 1 << 16, f);
+	cr_assert(feof(f), "%s is larger than expected", path);
+	fclose(f);
+	return b;
+}
+
+Test(corpus, prepare_write_failure_keeps_every_old_output)
+{
+	/* A token file's tail (offsets, metadata, header) is written after the whole input.
+	 * Here val's tail cannot be written (its documents carry 6 KB of metadata each, over a
+	 * 16 KiB file-size limit) while train's can: train must not be replaced either, nor
+	 * router, and no temporary file may be left. */
+	enum { N = 40, SEED = 9 };
+	const double vf = 0.25, rf = 0.1;
+	char out[160], p[200], *buf = malloc(1 << 17);
+	size_t k = 0;
+	int nval = 0;
+
+	/* Old outputs, from a small first corpus. */
+	snprintf(out, sizeof out, "%s/out", dir);
+	const char *in0 = PUTS("old.jsonl", "{\"text\":\"one\"}\n{\"text\":\"two\"}\n"
+				     "{\"text\":\"three\"}\n{\"text\":\"four\"}\n");
+	struct corpus_prepare_opts o = { .input = in0, .outdir = out, .tokenizer = "byte",
+					 .seed = SEED, .val_frac = vf, .router_frac = rf };
+	struct corpus_prepare_result res;
+	cr_assert_eq(corpus_prepare(&o, &res), 0, "%s", err_detail());
+	char *old[CORPUS_NSPLITS];
+	size_t oldn[CORPUS_NSPLITS];
+	for (int s = 0; s < CORPUS_NSPLITS; s++) {
+		cr_assert_eq(corpus_split_path(p, sizeof p, out, (enum corpus_split)s), 0);
+		old[s] = slurp(p, &oldn[s]);
+	}
+
+	/* The new corpus: small train documents, val documents with big metadata. */
+	for (int i = 0; i < N; i++) {
+		int v = corpus_split_of(SEED, (uint64_t)i, vf, rf) == CORPUS_SPLIT_VAL;
+		k += (size_t)snprintf(buf + k, (1 << 17) - k, "{\"text\":\"doc %d\",\"m\":\"", i);
+		for (int j = 0; v && j < 6000; j++)
+			buf[k++] = 'x';
+		k += (size_t)snprintf(buf + k, (1 << 17) - k, "\"}\n");
+		nval += v;
+	}
+	cr_assert(nval >= 3, "only %d val documents: the limit would not be reached", nval);
+	o.input = put("new.jsonl", buf, k);
+
+	signal(SIGXFSZ, SIG_IGN); /* a write past the limit fails with EFBIG instead */
+	struct rlimit rl = { 16384, 16384 };
+	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+	int rc = corpus_prepare(&o, &res);
+	cr_assert_lt(rc, 0, "prepare did not fail");
+	cr_assert(err_file() && strstr(err_file(), "val.tok"), "the error names %s: %s",
+		  err_file() ? err_file() : "no file", err_detail());
+
+	for (int s = 0; s < CORPUS_NSPLITS; s++) {
+		size_t n;
+		cr_assert_eq(corpus_split_path(p, sizeof p, out, (enum corpus_split)s), 0);
+		char *now = slurp(p, &n);
+		cr_assert(n == oldn[s] && !memcmp(now, old[s], n), "%s was replaced", p);
+		free(now);
+		free(old[s]);
+	}
+	DIR *d = opendir(out);
+	struct dirent *e;
+	int entries = 0;
+	while ((e = readdir(d)))
+		entries += e->d_name[0] != '.';
+	closedir(d);
+	cr_assert_eq(entries, CORPUS_NSPLITS, "%d entries in the output directory", entries);
+	free(buf);
 }
