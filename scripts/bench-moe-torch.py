@@ -26,6 +26,13 @@ and one invocation:
            buffer each time, page faults included, as encode's torch.zeros pays them), then
            dst.copy_(x) into a buffer allocated once (the memcpy ceiling): the memory
            bandwidth figures (GB/s counted as bytes read + bytes written).
+  tutel-encdec, tutel-layer
+           Tutel itself, when it can be imported (put its checkout, with its CPU extension
+           tutel_custom_kernel built, on PYTHONPATH; it is not in Debian): the encdec case
+           with Tutel's own extract_critical, fast_encode and fast_decode, and the layer case
+           with tutel.moe.moe_layer built as examples/helloworld.py builds it and the same
+           step (log_softmax of the sum over M, nll_loss, backward, SGD). Only Tutel's public
+           API is called.
 
 One JSON object per measurement on stdout (first an "env" object); progress on stderr.
 Times are medians over --iters timed runs after --warmup untimed ones.
@@ -47,7 +54,7 @@ import subprocess
 import sys
 import time
 
-CASES = ("encdec", "dense", "layer", "expert", "copy")
+CASES = ("encdec", "dense", "layer", "expert", "copy", "tutel-encdec", "tutel-layer")
 
 
 def parse_args(argv):
@@ -59,7 +66,7 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, default=5, help="timed runs per measurement")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first")
     p.add_argument("--cases", default="encdec,layer,expert,copy",
-                   help="comma list of: " + ",".join(CASES) + " (or 'all')")
+                   help="comma list of: " + ",".join(CASES) + " (or 'all': all but tutel-*)")
     p.add_argument("--seed", type=int, default=1)
     # encode/decode (and dense, and copy) sizes: the case
     p.add_argument("-T", "--tokens", type=int, default=16384, help="encdec tokens T")
@@ -89,7 +96,8 @@ def parse_args(argv):
         a.tokens, a.model_dim, a.dense_T = 2048, 256, 1024
         a.hw_T, a.hw_M, a.hw_H = 1024, 512, 512
         a.iters = min(a.iters, 3)
-    a.cases = list(CASES) if a.cases == "all" else [c for c in a.cases.split(",") if c]
+    a.cases = ([c for c in CASES if not c.startswith("tutel")] if a.cases == "all"
+               else [c for c in a.cases.split(",") if c])
     for c in a.cases:
         if c not in CASES:
             p.error("unknown case '%s' (choose from %s)" % (c, ",".join(CASES)))
@@ -493,6 +501,83 @@ def case_copy(torch, a, base):
     emit(rec, ts)
 
 
+def tutel_case_rec(base, case, **kw):
+    import tutel
+    return dict(base, case=case, impl="tutel", tutel_path=os.path.dirname(
+        os.path.dirname(os.path.abspath(tutel.__file__))), **kw)
+
+
+def case_tutel_encdec(torch, a, base):
+    from tutel.impls.fast_dispatch import extract_critical, fast_encode, fast_decode
+    T, E, k, M = a.tokens, a.experts, a.top_k, a.model_dim
+    g = torch.Generator().manual_seed(a.seed + 1)
+    x = torch.randn(T, M, generator=g)
+    logits = torch.randn(T, E, generator=torch.Generator().manual_seed(a.seed))
+    crit, _ = extract_critical(torch.softmax(logits, dim=1), top_k=k, capacity_factor=a.factor)
+    idx, loc, scores, C = crit[1], crit[2], crit[3], crit[4]
+    kept = sum(int((l < C).sum()) for l in loc)
+    rec0 = tutel_case_rec(base, "tutel-encdec", T=T, E=E, k=k, M=M, f=a.factor, C=C,
+                          dropped=k * T - kept, bytes_dispatch=E * C * M * 4)
+    log("tutel encdec T=%d E=%d k=%d M=%d C=%d threads=%d" % (T, E, k, M, C, base["threads"]))
+
+    def fwd():
+        with torch.no_grad():
+            return fast_decode(fast_encode(x, crit), crit)
+    emit(dict(rec0, **{"pass": "fwd"}), timeit(fwd, a.iters, a.warmup))
+
+    xg = x.clone().requires_grad_(True)
+    sg = [s.detach().clone().requires_grad_(True) for s in scores]
+    cg = tuple(crit[:3]) + (sg,) + tuple(crit[4:])
+    gy = torch.randn(T, M, generator=g)
+
+    def fwdbwd():
+        xg.grad = None
+        for s in sg:
+            s.grad = None
+        fast_decode(fast_encode(xg, cg), cg).backward(gy)
+    emit(dict(rec0, **{"pass": "fwdbwd"}), timeit(fwdbwd, a.iters, a.warmup))
+
+    # sanity: with identity experts, token t comes back as (its kept gate scores summed) * x[t]
+    with torch.no_grad():
+        y = fwd()
+        for t in (0, T // 2, T - 1):
+            s = sum(float(scores[j][t]) for j in range(k) if int(loc[j][t]) < C)
+            assert torch.allclose(y[t], s * x[t], atol=1e-5), "tutel decode at token %d" % t
+
+
+def case_tutel_layer(torch, a, base):
+    from tutel import moe as tutel_moe
+    T, M, H, E, k = a.hw_T, a.hw_M, a.hw_H, a.hw_E, a.hw_k
+    layer = tutel_moe.moe_layer(
+        gate_type={"type": "top", "k": k, "capacity_factor": a.hw_f},
+        experts={"type": "ffn", "count_per_node": E, "hidden_size_per_expert": H,
+                 "activation_fn": torch.relu},
+        model_dim=M, seeds=(a.seed, a.seed, a.seed),
+        scan_expert_func=lambda name, p: setattr(p, "skip_allreduce", True))
+    batch = 16 if T % 16 == 0 else 1
+    g = torch.Generator().manual_seed(a.seed + 2)
+    x = torch.randn(batch, T // batch, M, generator=g).requires_grad_(a.hw_x_grad)
+    target = torch.zeros(batch, dtype=torch.long)
+    opt = torch.optim.SGD(layer.parameters(), lr=1e-5)
+
+    def step():
+        opt.zero_grad()
+        res = torch.log_softmax(layer(x).sum(dim=2), dim=1)
+        torch.nn.functional.nll_loss(res, target).backward()
+        opt.step()
+    C = k * int(a.hw_f * ((T + E - 1) // E)) if a.hw_f > 0 else None
+    gemm = hw_flops(a, C, a.hw_x_grad)[0] if C else None
+    rec = tutel_case_rec(base, "tutel-layer", T=T, M=M, H=H, E=E, k=k, f=a.hw_f, C=C,
+                         x_grad=a.hw_x_grad, gemm_flop=gemm)
+    rec["pass"] = "fwdbwd"
+    log("tutel layer T=%d M=%d H=%d E=%d k=%d threads=%d" % (T, M, H, E, k, base["threads"]))
+    step()
+    ts = timeit(step, a.iters, max(a.warmup - 1, 0))
+    if gemm:
+        rec["gemm_gflops"] = round(gemm / statistics.median(ts) / 1e6, 2)
+    emit(rec, ts)
+
+
 def child(a):
     import torch
     t = a.thread_list[0]
@@ -506,7 +591,8 @@ def child(a):
                load1=round(os.getloadavg()[0], 2), ncpu=os.cpu_count())
     print(json.dumps(env), flush=True)
     fns = {"encdec": case_encdec, "dense": case_dense, "layer": case_layer,
-           "expert": case_expert, "copy": case_copy}
+           "expert": case_expert, "copy": case_copy, "tutel-encdec": case_tutel_encdec,
+           "tutel-layer": case_tutel_layer}
     for c in a.cases:
         fns[c](torch, a, base)
     return 0

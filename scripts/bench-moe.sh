@@ -9,13 +9,21 @@
 #   scripts/bench-moe-torch.py       the PyTorch peers of both (Tutel-style index_add
 #                                    encode/decode, the helloworld step, its expert GEMMs
 #                                    alone, a copy of the same bytes)
-# and prints one table: ours, PyTorch measured here, Tutel's figures as the issue measured
-# them on this machine (Tutel cannot be installed here, so they are quoted anchors), the
-# ratios, the copy bandwidth, the expert-GEMM efficiency against the sgemm rate moe-bench
-# reports, and the non-GEMM time against Tutel's (its expert GEMMs are ~90% of its step).
+# and prints one table: ours, PyTorch measured here, Tutel, the ratios, the copy bandwidth,
+# the expert-GEMM efficiency against the sgemm rate moe-bench reports, and the non-GEMM time
+# against Tutel's.
 #
 #   sh scripts/bench-moe.sh [--quick] [--threads "1 2"] [--iters N] [--dense]
-#                           [--dense-T N] [--out DIR]
+#                           [--dense-T N] [--tutel DIR] [--out DIR]
+#
+# --tutel DIR: Tutel itself is measured in the same run, from DIR, a checkout of
+# microsoft/tutel (0.3) whose CPU extension tutel_custom_kernel is built there (Tutel is not
+# in Debian, and nothing of it is in this repository): its fast_encode/fast_decode on the
+# encode+decode case and its moe_layer on the helloworld step (bench-moe-torch.py cases
+# tutel-encdec and tutel-layer). Tutel's non-GEMM time is then its step minus PyTorch's
+# expert GEMMs of the same shapes, timed in the same run. Without --tutel the Tutel column
+# quotes the issue's measurements of Tutel on this machine, and its non-GEMM time is taken
+# as ~10% of its step (its expert GEMMs are ~90%).
 #
 # --quick: small sizes and 2 timed iterations, well under a minute. The full run (3 timed
 # iterations after 1 warm-up, medians) takes ~3-4 minutes on the quiet 2-core machine, about
@@ -36,6 +44,7 @@ iters=""
 dense=0
 dense_T=""
 out=""
+tutel=""
 
 usage() {
 	sed -n '/^#   sh /,/^#  *\[--dense-T/p' "$0" | sed 's/^#   sh/usage: sh/; s/^#   /       /'
@@ -57,6 +66,8 @@ while [ $# -gt 0 ]; do
 	--dense-T=*) dense=1; dense_T=${1#*=} ;;
 	--out) out=$2; shift ;;
 	--out=*) out=${1#*=} ;;
+	--tutel) tutel=$2; shift ;;
+	--tutel=*) tutel=${1#*=} ;;
 	-h|--help) usage; exit 0 ;;
 	*) usage >&2; die 2 "unknown option '$1'" ;;
 	esac
@@ -86,6 +97,13 @@ for t in $threads; do
 done
 [ -x "$BIN/moe-bench" ] || die 1 "'$BIN/moe-bench': not built (run make, or set BIN)"
 "$PY" -c 'import torch' 2>/dev/null || die 1 "'$PY': cannot import torch"
+if [ -n "$tutel" ]; then
+	[ -d "$tutel" ] || die 1 "'$tutel': no such directory (--tutel wants a Tutel checkout)"
+	tutel=$(cd "$tutel" && pwd)
+	export PYTHONPATH="$tutel${PYTHONPATH:+:$PYTHONPATH}"
+	"$PY" -c 'import tutel.moe, tutel.impls.fast_dispatch' >/dev/null 2>&1 ||
+		die 1 "'$tutel': cannot import tutel from it with $PY (is tutel_custom_kernel built?)"
+fi
 
 if [ -z "$out" ]; then
 	out=$(mktemp -d "${TMPDIR:-/tmp}/bench-moe.XXXXXX")
@@ -93,7 +111,7 @@ fi
 mkdir -p "$out"
 echo "bench-moe.sh: results in $out" >&2
 # Reused results must come from the same sizes: the directory records them.
-params="quick=$quick iters=$iters dense=$dense dense_T=$dense_T"
+params="quick=$quick iters=$iters dense=$dense dense_T=$dense_T tutel=$tutel"
 if [ -f "$out/params" ]; then
 	[ "$(cat "$out/params")" = "$params" ] ||
 		die 2 "'$out/params': holds results for '$(cat "$out/params")', not '$params'"
@@ -116,6 +134,7 @@ run() {
 
 pycases=encdec,layer,expert,copy
 [ $dense = 1 ] && pycases=$pycases,dense
+[ -n "$tutel" ] && pycases=$pycases,tutel-encdec,tutel-layer
 for t in $threads; do
 	# shellcheck disable=SC2086
 	run "ours-encdec-t$t" "$BIN/moe-bench" $ed -c 1.0 --only=encode-decode -t "$t" \
@@ -133,13 +152,14 @@ for t in $threads; do
 		--iters "$iters" --warmup "$warm" --dense-T "$dense_T"
 done
 
-# The table. Anchors are the issue's measurements of Tutel on this machine (2-core Xeon):
-# Tutel itself cannot be installed here, so they are quoted, not re-measured.
+# The table. Tutel's figures are measured in this run with --tutel; otherwise they are the
+# issue's measurements of Tutel on this machine, quoted as anchors.
 # shellcheck disable=SC2086
-"$PY" - "$out" "$quick" "$dense_T" $threads <<'EOF'
+"$PY" - "$out" "$quick" "$dense_T" "$tutel" $threads <<'EOF'
 import json, os, sys
 
-out, quick, dense_T, threads = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4:]
+out, quick, dense_T = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+tutel, threads = sys.argv[4], sys.argv[5:]
 
 
 def load(name):
@@ -185,6 +205,12 @@ A_LAYER = {"1": (6700.0, 6700.0), "2": (3500.0, 4500.0)}
 TUTEL_GEMM_SHARE = 0.90  # Tutel's expert GEMMs are ~90% of its helloworld step
 
 
+def tut(tr, case, pas):
+    """Tutel measured in this run (--tutel), as a (low, high) pair like the anchors."""
+    r = find(tr, case=case, **{"pass": pas})
+    return None if r is None else (r["ms_median"], r["ms_median"])
+
+
 def afmt(a, unit=1.0, nd=0):
     if a is None:
         return "-"
@@ -201,10 +227,16 @@ def aratio(a, ours):
 
 W = "%-8s %-8s %10s %10s %11s %11s %11s"
 print()
-print("moe-bench vs PyTorch (measured in this run) vs Tutel (the issue's anchors, same machine)")
+if tutel:
+    print("moe-bench vs PyTorch vs Tutel, all measured in this run (Tutel from %s)" % tutel)
+else:
+    print("moe-bench vs PyTorch (measured in this run) vs Tutel (the issue's anchors, same "
+          "machine; --tutel DIR measures Tutel itself)")
 print("medians; ratios are peer time / our time, above 1 = moe-bench faster; raw JSON in " + out)
-if quick:
+if quick and not tutel:
     print("QUICK MODE: small sizes; the Tutel anchors are for the full sizes, so not shown.")
+elif quick:
+    print("QUICK MODE: small sizes, another regime than the full ones.")
 loads = [str(r.get("load1")) for t in threads for r in load("torch-t" + t)
          if r.get("case") == "env"]
 if loads:
@@ -230,12 +262,14 @@ for t in threads:
     tb = find(tr, case="encdec", **{"pass": "fwdbwd"})
     of = o and o.get("forward_ms")
     ob = o and o["step_ms"]["median"]
-    af = None if quick else A_ED_FWD.get(t)
-    ab = None if quick else A_ED_FB.get(t)
+    af = tut(tr, "tutel-encdec", "fwd") if tutel else None if quick else A_ED_FWD.get(t)
+    ab = tut(tr, "tutel-encdec", "fwdbwd") if tutel else None if quick else A_ED_FB.get(t)
     pf = tf and tf["ms_median"]
     pb = tb and tb["ms_median"]
-    print(W % (t, "fwd", fmt(of), fmt(pf), afmt(af), ratio(pf, of), aratio(af, of)))
-    print(W % (t, "fwd+bwd", fmt(ob), fmt(pb), afmt(ab), ratio(pb, ob), aratio(ab, ob)))
+    nd = 1 if tutel else 0
+    print(W % (t, "fwd", fmt(of), fmt(pf), afmt(af, 1.0, nd), ratio(pf, of), aratio(af, of)))
+    print(W % (t, "fwd+bwd", fmt(ob), fmt(pb), afmt(ab, 1.0, nd), ratio(pb, ob),
+               aratio(ab, ob)))
     cl = find(tr, case="copy", impl="clone")
     cp = find(tr, case="copy", impl="copy_")
     bw.append((t, o and o.get("encdec_gbps"), o and o.get("copy_gbps"),
@@ -295,8 +329,8 @@ for t in threads:
     tl, te, ts = find(tr, case="layer"), find(tr, case="expert"), find(tr, case="sgemm")
     ol = o and o["step_ms"]["median"]
     pl = tl and tl["ms_median"]
-    a = None if quick else A_LAYER.get(t)
-    print(W % (t, "step", fmt(ol, 1e3, 2), fmt(pl, 1e3, 2), afmt(a, 1e3, 1), ratio(pl, ol),
+    a = tut(tr, "tutel-layer", "fwdbwd") if tutel else None if quick else A_LAYER.get(t)
+    print(W % (t, "step", fmt(ol, 1e3, 2), fmt(pl, 1e3, 2), afmt(a, 1e3, 2), ratio(pl, ol),
                aratio(a, ol)))
     lrows.append((t, o, tl, te, ts, a))
 print("   expert GEMMs, GFLOP/s; efficiency = rate inside the layer / a plain sgemm of the "
@@ -312,18 +346,26 @@ for t, o, tl, te, ts, a in lrows:
     pm = ts and ts.get("gflops")
     print(G % (t, fmt(ef), fmt(eb), fmt(sg), pct(ef, sg), pct(eb, sg), fmt(pg), fmt(pm),
                pct(pg, pm)))
-print("   non-GEMM time per step, s (the step minus its expert GEMMs; Tutel: ~%d%% of its "
-      "step):" % round(100 * (1 - TUTEL_GEMM_SHARE)))
+if tutel:
+    print("   non-GEMM time per step, s (the step minus its expert GEMMs; for Tutel, its step "
+          "minus torch's\n   expert GEMMs of the same shapes, timed in this run):")
+else:
+    print("   non-GEMM time per step, s (the step minus its expert GEMMs; Tutel: ~%d%% of its "
+          "step):" % round(100 * (1 - TUTEL_GEMM_SHARE)))
 N = "   %-8s %9s %11s %16s %10s %11s"
 print(N % ("threads", "ours", "ours share", "torch", "Tutel", "Tutel/ours"))
 for t, o, tl, te, ts, a in lrows:
     on = o and o.get("non_gemm_ms")
     share = None if not o or on is None else on / o["step_ms"]["median"]
     pn = None if not (tl and te) else tl["ms_median"] - te["ms_median"]
-    an = None if a is None else (a[0] * (1 - TUTEL_GEMM_SHARE), a[1] * (1 - TUTEL_GEMM_SHARE))
+    if tutel:
+        an = None if a is None or not te else (a[0] - te["ms_median"], a[1] - te["ms_median"])
+    else:
+        an = None if a is None else (a[0] * (1 - TUTEL_GEMM_SHARE),
+                                     a[1] * (1 - TUTEL_GEMM_SHARE))
     print(N % (t, fmt(on, 1e3, 3), "-" if share is None else "%.1f%%" % (100 * share),
-               "-" if pn is None else fmt(pn, 1e3, 3) + " (noisy)", afmt(an, 1e3, 2),
-               aratio(an, on)))
+               "-" if pn is None else fmt(pn, 1e3, 3) + " (noisy)",
+               afmt(an, 1e3, 3 if tutel else 2), aratio(an, on)))
 print("   (torch's is the difference of two separately timed runs: noisy, can even be "
       "negative)")
 EOF
