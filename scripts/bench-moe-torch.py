@@ -514,7 +514,7 @@ def case_tutel_encdec(torch, a, base):
     x = torch.randn(T, M, generator=g)
     logits = torch.randn(T, E, generator=torch.Generator().manual_seed(a.seed))
     crit, _ = extract_critical(torch.softmax(logits, dim=1), top_k=k, capacity_factor=a.factor)
-    idx, loc, scores, C = crit[1], crit[2], crit[3], crit[4]
+    loc, scores, C = crit[2], crit[3], crit[4]
     kept = sum(int((l < C).sum()) for l in loc)
     rec0 = tutel_case_rec(base, "tutel-encdec", T=T, E=E, k=k, M=M, f=a.factor, C=C,
                           dropped=k * T - kept, bytes_dispatch=E * C * M * 4)
