@@ -110,4 +110,9 @@ struct backend_ops {
 /* The CPU backend: OpenMP loops and CBLAS sgemm. */
 const struct backend_ops *backend_cpu(void);
 
+/* out[j] = sum over i < rows of a[i * n + j]. OpenMP-parallel over slices of columns, each
+ * column summed in row order by one thread, so the bits do not depend on the thread count.
+ * The CPU backend's bias gradients, and the MoE layer's (which calls CBLAS directly). */
+void cpu_column_sums(float *out, const float *a, int64_t rows, int64_t n);
+
 #endif

@@ -32,6 +32,16 @@
 
 static inline int min_int(int a, int b) { return a < b ? a : b; }
 
+/* The calling thread's share [*d0, *d1) of D items in a parallel region: contiguous, and a
+ * multiple of 16 long (whole 64-byte lines of floats, so no two threads write one line). */
+static inline void thread_share(int64_t D, int64_t *d0, int64_t *d1)
+{
+	int64_t n = omp_get_num_threads(), per = ((D + n - 1) / n + 15) / 16 * 16;
+	int64_t lo = omp_get_thread_num() * per;
+	*d0 = lo < D ? lo : D;
+	*d1 = lo + per < D ? lo + per : D;
+}
+
 /* exp(x) for x in float range, ~1 ulp: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2,
  * Cephes minimax polynomial for e^r, 2^n built in the exponent bits. Branch-free so that a
  * loop calling it vectorises. */
@@ -89,23 +99,20 @@ static void add_bias(float *y, const float *bias, int N, int C)
 	}
 }
 
-/* out[c] = sum over rows of d[n, c], each column summed in row order by one thread. */
-static void column_sums(float *out, const float *d, int N, int C)
+void cpu_column_sums(float *out, const float *a, int64_t rows, int64_t n)
 {
 #pragma omp parallel
 	{
-		int nth = omp_get_num_threads(), tid = omp_get_thread_num();
-		int per = (C + nth - 1) / nth;
-		per = (per + 15) / 16 * 16;
-		int c0 = min_int(C, tid * per), c1 = min_int(C, c0 + per);
+		int64_t c0, c1;
+		thread_share(n, &c0, &c1);
 		if (c1 > c0) {
 			float *o = out + c0;
-			int w = c1 - c0;
+			const int64_t w = c1 - c0;
 			memset(o, 0, sizeof(float) * (size_t)w);
-			for (int n = 0; n < N; n++) {
-				const float *row = d + (size_t)n * C + c0;
+			for (int64_t i = 0; i < rows; i++) {
+				const float *row = a + i * n + c0;
 #pragma omp simd
-				for (int c = 0; c < w; c++)
+				for (int64_t c = 0; c < w; c++)
 					o[c] += row[c];
 			}
 		}
@@ -170,10 +177,9 @@ static void sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N
 	const int by_rows = M >= N;
 #pragma omp parallel num_threads(nth)
 	{
-		int n = omp_get_num_threads(), tid = omp_get_thread_num();
-		int D = by_rows ? M : N;
-		int per = ((D + n - 1) / n + 15) / 16 * 16; /* blocks of whole 16-wide panels */
-		int d0 = min_int(D, tid * per), d1 = min_int(D, d0 + per);
+		int64_t s0, s1; /* blocks of whole 16-wide panels */
+		thread_share(by_rows ? M : N, &s0, &s1);
+		const int d0 = (int)s0, d1 = (int)s1;
 		if (d1 > d0) {
 			if (by_rows) /* rows d0..d1 of C come from rows of op(A) */
 				gemm_call(ta, tb, d1 - d0, N, K, alpha,
@@ -219,7 +225,7 @@ static void cpu_matmul_backward(float *dx, float *dw, float *dbias, const float 
 			      IC);
 	}
 	if (dbias)
-		column_sums(dbias, dy, N, OC);
+		cpu_column_sums(dbias, dy, N, OC);
 }
 
 /* ---- embeddings --------------------------------------------------------------------- */
@@ -244,11 +250,9 @@ static void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, co
 	 * the tokens in order, so every sum has a fixed order and no two threads collide. */
 #pragma omp parallel
 	{
-		int nth = omp_get_num_threads(), tid = omp_get_thread_num();
-		int per = (C + nth - 1) / nth;
-		per = (per + 15) / 16 * 16;
-		int c0 = min_int(C, tid * per), c1 = min_int(C, c0 + per);
-		int w = c1 - c0;
+		int64_t s0, s1;
+		thread_share(C, &s0, &s1);
+		const int c0 = (int)s0, w = (int)(s1 - s0);
 		if (w > 0) {
 			for (int v = 0; v < V; v++)
 				memset(dwte + (size_t)v * C + c0, 0, sizeof(float) * (size_t)w);
@@ -407,11 +411,9 @@ static void cpu_gelu_backward(float *d, float *dbias, const float *pre, int N, i
 {
 #pragma omp parallel
 	{
-		int nth = omp_get_num_threads(), tid = omp_get_thread_num();
-		int per = (C + nth - 1) / nth;
-		per = (per + 15) / 16 * 16;
-		int c0 = min_int(C, tid * per), c1 = min_int(C, c0 + per);
-		int w = c1 - c0;
+		int64_t s0, s1;
+		thread_share(C, &s0, &s1);
+		const int c0 = (int)s0, w = (int)(s1 - s0);
 		if (w > 0) {
 			float *db = dbias + c0;
 			memset(db, 0, sizeof(float) * (size_t)w);

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "backend.h"
 #include "err.h"
 #include "rng.h"
 #include "banned.h"
@@ -259,23 +260,6 @@ static float gelu_grad(float x)
 	const float c = 0.7978845608028654f;
 	float th = tanhf(c * (x + 0.044715f * x * x * x));
 	return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * c * (1.0f + 0.134145f * x * x);
-}
-
-/* out[j] = sum_i a[i*n + j] for i < rows: column sums, parallel over column blocks. */
-static void colsum(const float *a, int64_t rows, int64_t n, float *out)
-{
-#pragma omp parallel for schedule(static) if (rows * n >= PAR_MIN)
-	for (int64_t j0 = 0; j0 < n; j0 += 256) {
-		int64_t j1 = j0 + 256 < n ? j0 + 256 : n;
-		for (int64_t j = j0; j < j1; j++)
-			out[j] = 0.0f;
-		for (int64_t i = 0; i < rows; i++) {
-			const float *row = a + i * n;
-#pragma omp simd
-			for (int64_t j = j0; j < j1; j++)
-				out[j] += row[j];
-		}
-	}
 }
 
 /* dh *= act'(pre) in place and db1 = column sums of the result, in one pass over dh
@@ -575,7 +559,7 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 		}
 		float *a = disp + (int64_t)e * C * M, *de = d_eo + (int64_t)e * C * M;
 		float *he = h + (int64_t)e * C * H, *pe = hpre ? hpre + (int64_t)e * C * H : NULL;
-		colsum(de, rows, M, db2);
+		cpu_column_sums(db2, de, rows, M);
 		double g0 = now();
 		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)H, (int)M, (int)rows,
 			    1.0f, he, (int)H, de, (int)M, 0.0f, dw2, (int)M);
