@@ -138,7 +138,7 @@ size_t moe_layer_bytes_for(const struct moe_config *cfg, int64_t T, int k, int64
 	const size_t h = (size_t)cfg->H, kk = (size_t)k;
 	size_t n[] = {
 		t * e * 4, t * e * 4, cfg->loss == MOE_LOSS_LOAD_IMPORTANCE ? t * e * 4 : 0,
-		t * 4, kk * t * 4, kk * t * 4, kk * t * 4, e * 8, e * 8, e * c * 8,
+		t * 4, kk * t * 4, kk * t * 4, kk * t * 4, e * 8, e * 8,
 		e * c * m * 4, e * c * m * 4, e * c * h * 4,
 		cfg->act == MOE_ACT_GELU ? e * c * h * 4 : 0,
 		backward ? kk * t * 4 : 0, backward ? t * e * 4 : 0, backward ? c * h * 4 : 0,
@@ -164,7 +164,7 @@ struct buf {
 struct moe_layer {
 	struct moe_config cfg;
 	size_t bytes, peak;
-	struct buf logits, probs, clean, top, idx, loc, score, dscore, count, used, slot_tok;
+	struct buf logits, probs, clean, top, idx, loc, score, dscore, count, used;
 	struct buf disp, eo, hpre, h, dh, dlogits, wgt;
 	struct moe_routing r;
 	struct moe_times times;
@@ -221,7 +221,7 @@ void moe_layer_free(struct moe_layer *l)
 	if (!l)
 		return;
 	struct buf *all[] = { &l->logits, &l->probs, &l->clean, &l->top, &l->idx, &l->loc,
-			      &l->score, &l->dscore, &l->count, &l->used, &l->slot_tok,
+			      &l->score, &l->dscore, &l->count, &l->used,
 			      &l->disp, &l->eo, &l->hpre, &l->h, &l->dh, &l->dlogits,
 			      &l->wgt };
 	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -439,8 +439,6 @@ int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, i
 			       fabs(capacity_setting), (long long)T, E, k);
 	if ((double)E * (double)C * (double)(M > H ? M : H) > 1e15)
 		return err_set(CORE_EUSAGE, NULL, "capacity %lld is too large", (long long)C);
-	ERR_FORWARD(grow(l, &l->slot_tok, sizeof(int64_t) * (size_t)(E * C)));
-	r->slot_tok = l->slot_tok.p;
 	ERR_FORWARD(moe_route_locations(r, l->top.p, cfg->bpr));
 	l->times.scan = now() - t0;
 	return 0;

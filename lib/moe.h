@@ -119,7 +119,6 @@ struct moe_routing {
 	float *score;     /* [k*T] gate score (renormalised, see 1.) */
 	int64_t *count;   /* [E] n_e: choices of expert e before dropping */
 	int64_t *used;    /* [E] min(n_e, C): kept rows of expert e */
-	int64_t *slot_tok; /* [E*C] token of slot (e,c) * k + rank, -1 for padding */
 };
 
 /* Per-stage wall times of the last call, seconds. gemm_fwd / gemm_bwd: the part of experts /
@@ -191,8 +190,7 @@ int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setti
 		     int align);
 /* Tutel's fixed capacity for a factor x > 0, before alignment: k * int(x * ceil(T / E)). */
 int64_t moe_capacity_fixed(int E, int64_t T, int k, double x);
-/* Steps 3 and 5 with r->C already set and r->count filled: loc, used, slot_tok (E*C
- * entries), dropped. top[T] is the BPR key (ignored when bpr is 0). */
+/* Steps 3 and 5 with r->C already set and r->count filled: loc, used and dropped. top[T] is the BPR key (ignored when bpr is 0). */
 int moe_route_locations(struct moe_routing *r, const float *top, int bpr);
 /* K0: disp[E,C,M] from x (padding zeroed). */
 void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_t M);

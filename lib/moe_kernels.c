@@ -2,10 +2,9 @@
  * auxiliary losses and their backward), capacity, locations, and Tutel's encode/decode
  * kernels K0/K1/K2 (arXiv 2206.03382 sec. 3.4.7). Contract and math in moe.h.
  *
- * The kernels are organised around the slot -> token table slot_tok built by the scan, so
- * that encode and decode-backward walk the [E,C,M] buffer in order (sequential writes, every
- * slot written exactly once, padding zeroed in the same pass), while decode and
- * encode-backward walk the tokens in order and gather their k rows in one pass.
+ * Every kernel walks the tokens in order: encode and decode-backward read each token's row
+ * once and write its (up to k) slots, decode and encode-backward gather its k rows in one
+ * pass. Each slot has one owner, so no two threads write the same row.
  */
 #include "moe.h"
 
@@ -376,18 +375,14 @@ int moe_route_locations(struct moe_routing *r, const float *top, int bpr)
 			int64_t l = fill[e]++;
 			if (l < C) {
 				loc[t] = (int32_t)l;
-				r->slot_tok[(int64_t)e * C + l] = t * k + j;
 			} else {
 				loc[t] = -1;
 				dropped++;
 			}
 		}
 	}
-	for (int e = 0; e < E; e++) {
+	for (int e = 0; e < E; e++)
 		r->used[e] = fill[e] < C ? fill[e] : C;
-		for (int64_t c = r->used[e]; c < C; c++)
-			r->slot_tok[(int64_t)e * C + c] = -1;
-	}
 	r->dropped = dropped;
 	free(fill);
 	free(order);

@@ -11,8 +11,17 @@ struct routing_buf {
 	struct moe_routing r;
 	int32_t idx[16], loc[16];
 	float score[16];
-	int64_t count[8], used[8], slot_tok[64];
+	int64_t count[8], used[8];
 };
+
+/* The (token * k + rank) holding slot c of expert e, from idx and loc; -1 for padding. */
+static int64_t slot_holder(const struct routing_buf *b, int e, int32_t c)
+{
+	for (int64_t i = 0; i < b->r.T * b->r.k; i++)
+		if (b->idx[i] == e && b->loc[i] == c)
+			return (i % b->r.T) * b->r.k + i / b->r.T;
+	return -1;
+}
 
 static void setup(struct routing_buf *b, int64_t T, int E, int k, const int32_t *idx)
 {
@@ -25,7 +34,6 @@ static void setup(struct routing_buf *b, int64_t T, int E, int k, const int32_t 
 	b->r.score = b->score;
 	b->r.count = b->count;
 	b->r.used = b->used;
-	b->r.slot_tok = b->slot_tok;
 	memcpy(b->idx, idx, sizeof(int32_t) * (size_t)(T * k));
 	for (int64_t i = 0; i < T * k; i++)
 		b->score[i] = 1.0f;
@@ -89,11 +97,11 @@ Test(moe_capacity, first_choices_before_second)
 	cr_assert_eq(b.r.dropped, 4);
 	cr_assert_eq(b.used[0], 2);
 	cr_assert_eq(b.used[1], 2);
-	/* slot_tok = token * k + rank. */
+	/* The holder of slot (e, c) = token * k + rank. */
 	const int64_t st[4] = { 0 * 2 + 0, 1 * 2 + 0, 3 * 2 + 0, 0 * 2 + 1 };
 	for (int i = 0; i < 4; i++)
-		cr_assert_eq(b.slot_tok[i], st[i], "slot %d: %lld, expected %lld", i,
-			     (long long)b.slot_tok[i], (long long)st[i]);
+		cr_assert_eq(slot_holder(&b, i / 2, i % 2), st[i], "slot %d: %lld, expected %lld",
+			     i, (long long)slot_holder(&b, i / 2, i % 2), (long long)st[i]);
 
 	/* C = 4: nothing dropped; e1: t3 (rank 0) at 0, then t0, t1, t2 (rank 1) at 1..3;
 	 * e0: t0, t1, t2 at 0..2, t3 (rank 1) at 3. */
@@ -110,8 +118,8 @@ Test(moe_capacity, first_choices_before_second)
 	setup(&b, 4, 2, 2, idx_a);
 	b.r.C = 5;
 	cr_assert_eq(moe_route_locations(&b.r, NULL, 0), 0);
-	cr_assert_eq(b.slot_tok[4], -1);
-	cr_assert_eq(b.slot_tok[9], -1);
+	cr_assert_eq(slot_holder(&b, 0, 4), -1);
+	cr_assert_eq(slot_holder(&b, 1, 4), -1);
 	cr_assert_eq(b.used[0], 4);
 }
 
