@@ -279,9 +279,13 @@ void moe_route_count(struct moe_routing *r)
 int64_t moe_capacity_fixed(int E, int64_t T, int k, double x)
 {
 	int64_t per_expert = (T + E - 1) / E;
-	/* Python's int() of the double product: truncation toward zero. x <= 1e6 and
-	 * per_expert < 2^31 keep the product far below 2^63. */
-	return (int64_t)k * (int64_t)(x * (double)per_expert);
+	/* Python's int() of the double product: truncation toward zero. A product beyond any
+	 * real capacity (a trace may hold 1e30) saturates at 2^53 instead of overflowing the
+	 * conversion; moe_route then refuses the capacity as too large. */
+	double v = x * (double)per_expert;
+	if (!(v * k < 9007199254740992.0))
+		return (int64_t)1 << 53;
+	return (int64_t)k * (int64_t)v;
 }
 
 int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setting, int align)

@@ -238,4 +238,7 @@ Test(moe_capacity, tokens_not_divisible_by_experts)
 	cr_assert_eq(moe_capacity(cnt, 2, 5, 2, -2.0, 1), 5, "min(5, 12)");
 	cr_assert_eq(moe_capacity_fixed(3, 7, 1, 1.0), 3, "1 * int(ceil(7/3))");
 	cr_assert_eq(moe_capacity_fixed(16, 16384, 2, 1.25), 2560, "2 * int(1.25 * 1024)");
+	/* Beyond any real capacity the product saturates at 2^53 rather than overflow. */
+	cr_assert_eq(moe_capacity_fixed(2, 1000, 2, 1e30), (int64_t)1 << 53);
+	cr_assert_eq(moe_capacity(cnt, 2, 5, 2, -1e30, 1), 5, "min(5, saturated)");
 }
