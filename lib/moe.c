@@ -587,8 +587,8 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 
 	/* Gate backward: dlogits, then dwg = x^T dlogits and dx += dlogits wg^T. */
 	float *dlogits = l->dlogits.p;
-	moe_gate_backward(cfg, l->logits.p, l->probs.p, l->clean.p, r, dscore, aux_weight,
-			  dlogits);
+	ERR_FORWARD(moe_gate_backward(cfg, l->logits.p, l->probs.p, l->clean.p, r, dscore,
+				      aux_weight, dlogits));
 	if (E <= GATE_E_MAX) {
 		/* wgt still holds wg transposed from the forward. */
 		ERR_FORWARD(gate_backward_products(x, dlogits, l->wgt.p, T, M, E, dx, g->wg));

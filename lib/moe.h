@@ -179,9 +179,9 @@ int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t 
 		     struct moe_routing *r);
 /* Backward of moe_gate_forward: dlogits [T,E] (overwritten) from dscore [k*T] (the gradient
  * of the objective w.r.t. r->score) plus aux_weight times the gradient of r->aux_loss. */
-void moe_gate_backward(const struct moe_config *cfg, const float *logits, const float *probs,
-		       const float *clean, const struct moe_routing *r, const float *dscore,
-		       float aux_weight, float *dlogits);
+int moe_gate_backward(const struct moe_config *cfg, const float *logits, const float *probs,
+		      const float *clean, const struct moe_routing *r, const float *dscore,
+		      float aux_weight, float *dlogits);
 /* n_e into r->count from r->idx. */
 void moe_route_count(struct moe_routing *r);
 /* C for the given counts [E] and setting (4. above); align >= 1. 0 when the setting leaves

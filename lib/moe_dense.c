@@ -332,7 +332,9 @@ int moe_dense_step(const struct moe_config *cfg, const struct moe_params *p, con
 	t0 = t1;
 
 	float *dlogits = b[D_DLOGITS];
-	moe_gate_backward(cfg, logits, probs, clean, &r, dscore, aux_weight, dlogits);
+	rc = moe_gate_backward(cfg, logits, probs, clean, &r, dscore, aux_weight, dlogits);
+	if (rc < 0)
+		goto out;
 	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, E, (int)T, 1.0f, x, (int)M,
 		    dlogits, E, 0.0f, g->wg, E);
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)M, E, 1.0f, dlogits,

@@ -10,6 +10,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,15 +99,23 @@ int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t 
 		return err_set(CORE_EUSAGE, NULL,
 			       "the load-importance loss needs gate noise > 0 and E >= 2");
 	r->noise_step = step;
+	/* Per-thread scratch, allocated before the region so that a failure is an error, not
+	 * tokens silently skipped. */
+	const size_t nth = (size_t)omp_get_max_threads();
+	float *bufs = malloc(sizeof(float) * (size_t)E * nth);
+	unsigned char *takens = malloc((size_t)E * nth);
+	if (!bufs || !takens) {
+		free(bufs);
+		free(takens);
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the gate's scratch");
+	}
 	/* Per token: noisy logits -> softmax -> top-k (ties: lower index) -> renormalise. */
 #pragma omp parallel if (T * E * 16 >= PAR_MIN)
 	{
-		float *buf = malloc(sizeof(float) * (size_t)E);
-		unsigned char *taken = malloc((size_t)E);
+		float *buf = bufs + (size_t)E * (size_t)omp_get_thread_num();
+		unsigned char *taken = takens + (size_t)E * (size_t)omp_get_thread_num();
 #pragma omp for schedule(static)
 		for (int64_t t = 0; t < T; t++) {
-			if (!buf || !taken)
-				continue;
 			for (int e = 0; e < E; e++)
 				buf[e] = routed_logit(cfg, logits, T, step, t, e);
 			float *p = probs + t * E;
@@ -132,9 +141,9 @@ int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t 
 			}
 			top[t] = p[r->idx[t]];
 		}
-		free(buf);
-		free(taken);
 	}
+	free(bufs);
+	free(takens);
 
 	/* Auxiliary loss: reductions over T in double, serially (T*E adds; deterministic). */
 	double *acc = calloc((size_t)E * 4, sizeof(double));
@@ -169,19 +178,24 @@ int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t 
 	return 0;
 }
 
-void moe_gate_backward(const struct moe_config *cfg, const float *logits, const float *probs,
-		       const float *clean, const struct moe_routing *r, const float *dscore,
-		       float aux_weight, float *dlogits)
+int moe_gate_backward(const struct moe_config *cfg, const float *logits, const float *probs,
+		      const float *clean, const struct moe_routing *r, const float *dscore,
+		      float aux_weight, float *dlogits)
 {
 	const int E = cfg->E, k = r->k;
 	const int64_t T = r->T;
 	const int li = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE;
+	const size_t nth = (size_t)omp_get_max_threads();
 	double *acc = calloc((size_t)E * 4, sizeof(double));
+	float *dps = malloc(sizeof(float) * (size_t)E * 2 * nth); /* per thread: dp, dq */
 	double sigma = cfg->gate_noise / (double)E;
 	uint64_t step = 0;
 
-	if (!acc)
-		return; /* cannot happen in practice; leave dlogits as it is */
+	if (!acc || !dps) {
+		free(acc);
+		free(dps);
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the gate's scratch");
+	}
 	/* Per-expert factors of the auxiliary-loss gradient. */
 	if (!li) {
 		/* d l / d p[t,e] = E * ce_e / T, ce_e = mean_t mask1[t,e]. */
@@ -209,11 +223,9 @@ void moe_gate_backward(const struct moe_config *cfg, const float *logits, const 
 	}
 #pragma omp parallel if (T * E * 16 >= PAR_MIN)
 	{
-		float *dp = malloc(sizeof(float) * (size_t)E * 2);
+		float *dp = dps + (size_t)E * 2 * (size_t)omp_get_thread_num();
 #pragma omp for schedule(static)
 		for (int64_t t = 0; t < T; t++) {
-			if (!dp)
-				continue;
 			const float *p = probs + t * E;
 			float *dq = dp + E;
 			float *dl = dlogits + t * E;
@@ -262,9 +274,10 @@ void moe_gate_backward(const struct moe_config *cfg, const float *logits, const 
 				dl[ek] += (float)dthr;
 			}
 		}
-		free(dp);
 	}
+	free(dps);
 	free(acc);
+	return 0;
 }
 
 /* ---- capacity and locations ------------------------------------------------------------- */
@@ -495,7 +508,7 @@ static int token_rows(const struct moe_routing *r, int64_t t, const float *buf, 
 	return n;
 }
 
-/* Scratch for k row pointers and weights: on the stack for k <= 16. */
+/* Row pointers and weights of one token's choices, on the stack, for k up to this. */
 #define KSTACK 16
 
 /* ---- encode / decode -------------------------------------------------------------------- */
@@ -553,28 +566,35 @@ static void gather_tokens(const struct moe_routing *r, const float *buf, float *
 	const int k = r->k;
 	const int st = streamable(out, M) && streamable(buf, M);
 
+	if (k > KSTACK) {
+		/* Rare: more choices than the stack holds; accumulate the rows one at a time. */
+#pragma omp parallel for schedule(dynamic, ROW_CHUNK) if (T * M * k >= PAR_MIN)
+		for (int64_t t = 0; t < T; t++) {
+			float *o = out + t * M;
+			memset(o, 0, sizeof(float) * (size_t)M);
+			for (int j = 0; j < k; j++) {
+				int64_t i = (int64_t)j * T + t;
+				if (r->loc[i] < 0)
+					continue;
+				const float *s = buf + ((int64_t)r->idx[i] * r->C + r->loc[i]) * M;
+				const float wj = weighted ? r->score[i] : 1.0f;
+#pragma omp simd
+				for (int64_t m = 0; m < M; m++)
+					o[m] += wj * s[m];
+			}
+		}
+		return;
+	}
 #pragma omp parallel if (T * M * k >= PAR_MIN)
 	{
-		const float *rows_s[KSTACK];
-		float w_s[KSTACK];
-		const float **rows = rows_s;
-		float *w = w_s;
-		if (k > KSTACK) {
-			rows = malloc(sizeof(*rows) * (size_t)k);
-			w = malloc(sizeof(*w) * (size_t)k);
-		}
+		const float *rows[KSTACK];
+		float w[KSTACK];
 #pragma omp for schedule(dynamic, ROW_CHUNK) nowait
 		for (int64_t t = 0; t < T; t++) {
-			if (!rows || !w)
-				continue;
 			int n = token_rows(r, t, buf, M, rows, w);
 			row_combine(out + t * M, rows, weighted ? w : NULL, n, M, st);
 		}
 		fence();
-		if (k > KSTACK) {
-			free(rows);
-			free(w);
-		}
 	}
 }
 

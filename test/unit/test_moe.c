@@ -586,6 +586,9 @@ Test(moe, larger_case)
 	/* More experts than the gate's own loops take: the BLAS path. */
 	struct tcase f = { .T = 40, .M = 4, .H = 4, .E = 70, .k = 2, .bpr = 1, .cap = 1.5 };
 	run_case(&f, 0);
+	/* More choices per token than the kernels keep on the stack (k > 16). */
+	struct tcase h = { .T = 30, .M = 16, .H = 8, .E = 20, .k = 18, .bpr = 1, .cap = -0.8 };
+	run_case(&h, 0);
 }
 
 Test(moe, bad_config)
