@@ -101,7 +101,9 @@ static void add_bias(float *y, const float *bias, int N, int C)
 
 void cpu_column_sums(float *out, const float *a, int64_t rows, int64_t n)
 {
-#pragma omp parallel
+	/* Below 32K elements a parallel region costs more than the sums (the MoE layer calls
+	 * this per expert, some with a handful of rows). */
+#pragma omp parallel if (rows * n >= 32768)
 	{
 		int64_t c0, c1;
 		thread_share(n, &c0, &c1);

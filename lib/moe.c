@@ -4,8 +4,9 @@
  * Memory: the layer keeps only what backward needs and reuses buffers in place where the data
  * flow allows it: decode-backward writes d_eo over eo (K2 reads each row before K0
  * overwrites it), and each expert's d_disp overwrites its disp rows after dW1 has read them.
- * The experts run their GEMMs over the kept rows min(n_e, C) only; padding rows of disp are
- * zero (encode) but never multiplied.
+ * The experts run their GEMMs over the kept rows min(n_e, C) only, so the layer's encode and
+ * decode-backward leave the padding rows as they are (moe_encode_kept and
+ * moe_decode_backward_kept): nothing reads them.
  */
 #include "moe.h"
 
@@ -71,14 +72,30 @@ int moe_config_check(const struct moe_config *cfg)
 	return 0;
 }
 
+/* Allocations of 4 MiB and more sit on 2 MiB boundaries with transparent huge pages
+ * requested: the kernels jump between rows of [E,C,M], and 4 KiB pages would cost a TLB miss
+ * per row. Smaller ones are 64-byte aligned. alloc_round gives the bytes really taken. */
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static size_t alloc_round(size_t bytes)
+{
+	size_t align = bytes >= 2 * HUGE_PAGE ? HUGE_PAGE : 64;
+	return (bytes + align - 1) / align * align;
+}
+
+static void *alloc_rounded(size_t bytes) /* bytes from alloc_round, > 0 */
+{
+	size_t align = bytes >= 2 * HUGE_PAGE ? HUGE_PAGE : 64;
+	void *p = aligned_alloc(align, bytes);
+	if (p && align == HUGE_PAGE)
+		madvise(p, bytes, MADV_HUGEPAGE);
+	return p;
+}
+
 void *moe_alloc(size_t bytes)
 {
-	const size_t huge = (size_t)2 << 20;
-	size_t align = bytes >= 2 * huge ? huge : 64;
-	bytes = bytes ? (bytes + align - 1) / align * align : 64;
-	void *p = aligned_alloc(align, bytes);
-	if (p && align == huge)
-		madvise(p, bytes, MADV_HUGEPAGE);
+	bytes = bytes ? alloc_round(bytes) : 64;
+	void *p = alloc_rounded(bytes);
 	if (p)
 		memset(p, 0, bytes);
 	return p;
@@ -145,11 +162,8 @@ size_t moe_layer_bytes_for(const struct moe_config *cfg, int64_t T, int k, int64
 		cfg->E <= GATE_E_MAX ? m * e * 4 : 0,
 	};
 	size_t total = 0;
-	for (size_t i = 0; i < sizeof n / sizeof n[0]; i++) {
-		const size_t huge = (size_t)2 << 20;
-		size_t align = n[i] >= 2 * huge ? huge : 64;
-		total += (n[i] + align - 1) / align * align;
-	}
+	for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
+		total += alloc_round(n[i]);
 	return total;
 }
 
@@ -175,17 +189,11 @@ static int grow(struct moe_layer *l, struct buf *b, size_t bytes)
 {
 	if (bytes <= b->bytes)
 		return 0;
-	/* Large buffers on 2 MiB boundaries with transparent huge pages requested: the
-	 * kernels jump between rows of [E,C,M] and 4 KiB pages would cost a TLB miss per row. */
-	const size_t huge = (size_t)2 << 20;
-	size_t align = bytes >= 2 * huge ? huge : 64;
-	bytes = (bytes + align - 1) / align * align;
+	bytes = alloc_round(bytes);
 	free(b->p);
 	l->bytes -= b->bytes;
 	b->bytes = 0;
-	b->p = aligned_alloc(align, bytes);
-	if (b->p && align == huge)
-		madvise(b->p, bytes, MADV_HUGEPAGE);
+	b->p = alloc_rounded(bytes);
 	if (!b->p)
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes of MoE workspace",
 			       bytes);
@@ -463,7 +471,7 @@ int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x,
 	if (cfg->act == MOE_ACT_GELU)
 		ERR_FORWARD(grow(l, &l->hpre, sizeof(float) * (size_t)(E * C * H)));
 	float *disp = l->disp.p, *eo = l->eo.p, *h = l->h.p, *hpre = l->hpre.p;
-	moe_encode(r, x, disp, M);
+	moe_encode_kept(r, x, disp, M);
 	t1 = now();
 	l->times.encode = t1 - t0;
 	t0 = t1;
@@ -537,7 +545,7 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 	float *dscore = l->dscore.p;
 
 	/* Decode backward (K0 + K2), d_eo written over eo. */
-	moe_decode_backward(r, dy, eo, eo, dscore, M);
+	moe_decode_backward_kept(r, dy, eo, eo, dscore, M);
 	float *d_eo = eo;
 	t1 = now();
 	l->times.bwd_decode = t1 - t0;

@@ -200,6 +200,11 @@ void moe_decode(const struct moe_routing *r, const float *eo, float *y, int64_t 
  * dscore[r*T+t] = <dy[t], eo[idx_r, loc_r]> (K2; 0 for dropped choices). */
 void moe_decode_backward(const struct moe_routing *r, const float *dy, const float *eo,
 			 float *d_eo, float *dscore, int64_t M);
+/* moe_encode and moe_decode_backward without zeroing the padding rows, for the layer: its
+ * expert GEMMs run over the kept rows min(n_e, C) only and never read the padding. */
+void moe_encode_kept(const struct moe_routing *r, const float *x, float *disp, int64_t M);
+void moe_decode_backward_kept(const struct moe_routing *r, const float *dy, const float *eo,
+			      float *d_eo, float *dscore, int64_t M);
 /* Encode backward (K1 unweighted): dx[t] = sum_r kept d_disp[idx_r, loc_r]. */
 void moe_encode_backward(const struct moe_routing *r, const float *d_disp, float *dx,
 			 int64_t M);

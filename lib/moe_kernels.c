@@ -532,7 +532,8 @@ static void zero_padding(const struct moe_routing *r, float *buf, int64_t M, int
 
 /* K0 in token order: each token row is read once and written to its (up to k) slots, so
  * the input is read T times, not k*T times. Each slot has one owner: no write conflicts. */
-void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_t M)
+static void encode(const struct moe_routing *r, const float *x, float *disp, int64_t M,
+		   int zero_pad)
 {
 	const int64_t T = r->T, C = r->C;
 	const int k = r->k;
@@ -540,7 +541,8 @@ void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_
 
 #pragma omp parallel if ((T + (int64_t)r->E * C) * M >= PAR_MIN)
 	{
-		zero_padding(r, disp, M, st);
+		if (zero_pad)
+			zero_padding(r, disp, M, st);
 #pragma omp for schedule(dynamic, ROW_CHUNK) nowait
 		for (int64_t t = 0; t < T; t++) {
 			const float *src = x + t * M;
@@ -554,6 +556,16 @@ void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_
 		}
 		fence();
 	}
+}
+
+void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_t M)
+{
+	encode(r, x, disp, M, 1);
+}
+
+void moe_encode_kept(const struct moe_routing *r, const float *x, float *disp, int64_t M)
+{
+	encode(r, x, disp, M, 0);
 }
 
 /* Decode and encode-backward share one gather: out[t] = sum over t's kept choices of
@@ -603,8 +615,8 @@ void moe_decode(const struct moe_routing *r, const float *eo, float *y, int64_t 
 	gather_tokens(r, eo, y, M, 1);
 }
 
-void moe_decode_backward(const struct moe_routing *r, const float *dy, const float *eo,
-			 float *d_eo, float *dscore, int64_t M)
+static void decode_backward(const struct moe_routing *r, const float *dy, const float *eo,
+			    float *d_eo, float *dscore, int64_t M, int zero_pad)
 {
 	const int64_t T = r->T, C = r->C;
 	const int k = r->k;
@@ -614,7 +626,8 @@ void moe_decode_backward(const struct moe_routing *r, const float *dy, const flo
 	 * to save E*C*M floats); then the row is in cache and plain stores are right. */
 #pragma omp parallel if ((T + (int64_t)r->E * C) * M >= PAR_MIN)
 	{
-		zero_padding(r, d_eo, M, 0);
+		if (zero_pad)
+			zero_padding(r, d_eo, M, 0);
 #pragma omp for schedule(dynamic, ROW_CHUNK) nowait
 		for (int64_t t = 0; t < T; t++) {
 			const float *g = dy + t * M;
@@ -640,6 +653,18 @@ void moe_decode_backward(const struct moe_routing *r, const float *dy, const flo
 			}
 		}
 	}
+}
+
+void moe_decode_backward(const struct moe_routing *r, const float *dy, const float *eo,
+			 float *d_eo, float *dscore, int64_t M)
+{
+	decode_backward(r, dy, eo, d_eo, dscore, M, 1);
+}
+
+void moe_decode_backward_kept(const struct moe_routing *r, const float *dy, const float *eo,
+			      float *d_eo, float *dscore, int64_t M)
+{
+	decode_backward(r, dy, eo, d_eo, dscore, M, 0);
 }
 
 void moe_encode_backward(const struct moe_routing *r, const float *d_disp, float *dx,
