@@ -21,8 +21,8 @@ struct ckpt_info {
 	char config_hash_model[17];
 };
 
-/* Open path, check it is one of ours (verifying the crc32 of the whole data section), and
- * read the model shape and step from its metadata. */
+/* Open path, check it is one of ours, and read the model shape and step from its metadata.
+ * Reads the header only: the data is verified by ckpt_load. */
 int ckpt_info(const char *path, struct ckpt_info *info);
 /* Load every parameter (and the moments when with_optim) into g, whose shape must match
  * the file's; verifies the whole file first. */
