@@ -25,6 +25,16 @@ double train_lr(const struct train_config *t, long s)
 	return t->lr * (t->min_lr_frac + (1.0 - t->min_lr_frac) * 0.5 * (1.0 + cos(M_PI * p)));
 }
 
+/* Tokens start..start+T-1 as inputs and start+1..start+T as their targets. */
+static void fill_window(const struct tokfile *tf, uint64_t start, int T, int32_t *in,
+			int32_t *tg)
+{
+	for (int t = 0; t < T; t++) {
+		in[t] = (int32_t)tokfile_token(tf, start + (uint64_t)t);
+		tg[t] = (int32_t)tokfile_token(tf, start + (uint64_t)t + 1);
+	}
+}
+
 void train_sample_batch(const struct tokfile *tf, uint64_t seed, uint64_t stream, long s, int B,
 			int T, int32_t *inputs, int32_t *targets)
 {
@@ -32,10 +42,7 @@ void train_sample_batch(const struct tokfile *tf, uint64_t seed, uint64_t stream
 
 	for (int b = 0; b < B; b++) {
 		uint64_t start = rng_below(seed, stream, (uint64_t)s * (uint64_t)B + (uint64_t)b, span);
-		for (int t = 0; t < T; t++) {
-			inputs[(size_t)b * T + t] = (int32_t)tokfile_token(tf, start + (uint64_t)t);
-			targets[(size_t)b * T + t] = (int32_t)tokfile_token(tf, start + (uint64_t)t + 1);
-		}
+		fill_window(tf, start, T, inputs + (size_t)b * T, targets + (size_t)b * T);
 	}
 }
 
@@ -43,33 +50,37 @@ int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, do
 		   long *ntokens)
 {
 	const int T = g->cfg.seq_len, B = g->B;
+	/* Consecutive windows of T tokens from the start (window w predicts tokens wT+1 ..
+	 * wT+T), as many as the file holds, at most max_tokens / T of them when max_tokens > 0. */
+	uint64_t nwin = tf->ntokens > (uint64_t)T ? (tf->ntokens - 1) / (uint64_t)T : 0;
+	if (max_tokens > 0 && (uint64_t)(max_tokens / T) < nwin)
+		nwin = (uint64_t)(max_tokens / T);
+	if (nwin == 0 && max_tokens > 0 && max_tokens < T)
+		return err_set(CORE_EUSAGE, NULL, "--max-tokens %ld is less than one window of %d "
+			       "tokens", max_tokens, T);
+	if (nwin == 0)
+		return err_set(CORE_EFORMAT, tf->path, "%llu tokens is too few to evaluate a model "
+			       "of context %d", (unsigned long long)tf->ntokens, T);
+
 	int32_t *in = malloc(sizeof *in * (size_t)B * T), *tg = malloc(sizeof *tg * (size_t)B * T);
 	double sum = 0.0;
 	long count = 0;
-	uint64_t start = 0;
 	int rc = 0;
 
 	if (!in || !tg) {
 		rc = err_set(CORE_ENOMEM, tf->path, "out of memory for evaluation batch");
 		goto out;
 	}
-	while (start + (uint64_t)T + 1 <= tf->ntokens && (max_tokens <= 0 || count < max_tokens)) {
-		int rows = 0;
-		for (; rows < B && start + (uint64_t)T + 1 <= tf->ntokens &&
-		       (max_tokens <= 0 || count + (long)(rows + 1) * T <= max_tokens);
-		     rows++, start += (uint64_t)T) {
-			for (int t = 0; t < T; t++) {
-				in[(size_t)rows * T + t] = (int32_t)tokfile_token(tf, start + (uint64_t)t);
-				tg[(size_t)rows * T + t] = (int32_t)tokfile_token(tf, start + (uint64_t)t + 1);
-			}
-		}
-		if (rows == 0)
-			break;
+	for (uint64_t w = 0; w < nwin; w += (uint64_t)B) {
+		const int rows = nwin - w < (uint64_t)B ? (int)(nwin - w) : B;
+		for (int b = 0; b < rows; b++)
+			fill_window(tf, (w + (uint64_t)b) * (uint64_t)T, T, in + (size_t)b * T,
+				    tg + (size_t)b * T);
 		float mean;
 		rc = gpt2_forward(g, in, tg, rows, T, &mean);
 		if (rc == CORE_ENAN)
 			rc = err_set(CORE_ENAN, tf->path, "evaluation loss is not finite at token %llu",
-				     (unsigned long long)(start - (uint64_t)rows * T));
+				     (unsigned long long)(w * (uint64_t)T));
 		if (rc)
 			goto out;
 		/* Sum the per-position losses in double so the mean does not depend on batching. */
@@ -77,16 +88,6 @@ int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, do
 		for (long i = 0; i < (long)rows * T; i++)
 			sum += l[i];
 		count += (long)rows * T;
-	}
-	if (count == 0 && max_tokens > 0 && max_tokens < T) {
-		rc = err_set(CORE_EUSAGE, NULL, "--max-tokens %ld is less than one window of %d tokens",
-			     max_tokens, T);
-		goto out;
-	}
-	if (count == 0) {
-		rc = err_set(CORE_EFORMAT, tf->path, "%llu tokens is too few to evaluate a model of "
-			     "context %d", (unsigned long long)tf->ntokens, T);
-		goto out;
 	}
 	*loss = sum / (double)count;
 	if (ntokens)
@@ -186,16 +187,14 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 
 		train_sample_batch(&data, tc->seed, RNG_STREAM_BATCH, s, B, T, in, tg);
 		loss = NAN;
-		rc = gpt2_forward(&g, in, tg, B, T, &loss);
-		if (rc && rc != CORE_ENAN)
-			goto out;
-		if (rc || !isfinite(loss)) {
+		rc = gpt2_forward(&g, in, tg, B, T, &loss); /* CORE_ENAN: loss not finite */
+		if (rc == CORE_ENAN)
 			rc = err_set(CORE_ENAN, o->init_path ? o->init_path : o->data_path,
 				     "training loss is %s at step %ld; "
 				     "nothing written after step %ld", isnan(loss) ? "NaN" : "infinite",
 				     s + 1, s);
+		if (rc)
 			goto out;
-		}
 		rc = gpt2_backward(&g);
 		if (rc)
 			goto out;
@@ -218,9 +217,11 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 		}
 		r->loss = loss;
 		r->final_step = s + 1;
-		metrics_event(&mx, "train", "step", 'i', (long long)(s + 1), "loss", 'f',
-			      (double)loss, "lr", 'f', lr, "grad_norm", 'f', (double)norm,
-			      "tokens_per_s", 'f', (double)B * T / dt, NULL);
+		rc = metrics_event(&mx, "train", "step", 'i', (long long)(s + 1), "loss", 'f',
+				   (double)loss, "lr", 'f', lr, "grad_norm", 'f', (double)norm,
+				   "tokens_per_s", 'f', (double)B * T / dt, NULL);
+		if (rc)
+			goto out;
 
 		char extra[64];
 		snprintf(extra, sizeof extra, "loss %.4f", loss);
@@ -234,8 +235,10 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 			if (rc)
 				goto out;
 			r->val_loss = vl;
-			metrics_event(&mx, "eval", "step", 'i', (long long)(s + 1), "val_loss", 'f', vl,
-				      NULL);
+			rc = metrics_event(&mx, "eval", "step", 'i', (long long)(s + 1), "val_loss",
+					   'f', vl, NULL);
+			if (rc)
+				goto out;
 		}
 		if (o->out_path && (last || (tc->checkpoint_every > 0 &&
 					     (s + 1) % tc->checkpoint_every == 0))) {
