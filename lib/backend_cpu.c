@@ -157,8 +157,14 @@ static void gemm_call(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, i
 	double t0 = omp_get_wtime();
 	cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	int tid = omp_get_thread_num();
-	if (tid < PROF_THREADS)
-		prof_gemm[tid].s += (omp_get_wtime() - t0) / omp_get_num_threads();
+	/* Threads past the table share its last slot, atomically (a rare thread count). */
+	double dt = (omp_get_wtime() - t0) / omp_get_num_threads();
+	if (tid < PROF_THREADS - 1) {
+		prof_gemm[tid].s += dt;
+	} else {
+#pragma omp atomic
+		prof_gemm[PROF_THREADS - 1].s += dt;
+	}
 }
 
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C with the threads splitting C into blocks of
