@@ -18,7 +18,6 @@
 #include <sys/stat.h>
 #include <threads.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include "err.h"
 #include "banned.h"
@@ -88,7 +87,6 @@ int afile_open(struct afile *a, const char *path)
 		memset(a, 0, sizeof *a);
 		return io_error(path, "cannot open temporary file", e);
 	}
-	a->crc = (uint32_t)crc32(0L, Z_NULL, 0);
 	return 0;
 }
 
@@ -104,7 +102,6 @@ int afile_write(struct afile *a, const void *buf, size_t n)
 		a->failed = 1;
 		return io_error(a->path, "cannot write", errno ? errno : EIO);
 	}
-	a->crc = (uint32_t)crc32_z(a->crc, buf, n);
 	a->nbytes += n;
 	return 0;
 }

@@ -22,7 +22,6 @@ struct afile {
 	FILE *fp;        /* write through this or afile_write() */
 	char *path;      /* final name */
 	char *tmp;       /* temporary name, NULL after commit/abort */
-	uint32_t crc;    /* zlib crc32 of every byte written through afile_write() */
 	uint64_t nbytes; /* bytes written through afile_write() */
 	int failed;      /* a write failed; commit will refuse */
 };
@@ -30,7 +29,7 @@ struct afile {
 int afile_open(struct afile *a, const char *path);
 int afile_write(struct afile *a, const void *buf, size_t n);
 /* Overwrite bytes already written at offset (for headers patched at the end); does not
- * change crc or nbytes. */
+ * change nbytes. */
 int afile_pwrite(struct afile *a, const void *buf, size_t n, uint64_t offset);
 int afile_prepare(struct afile *a);
 int afile_commit(struct afile *a);
