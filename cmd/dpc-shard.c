@@ -51,12 +51,12 @@ static int version(void)
 	return 0;
 }
 
-static int bad_option(const char *cmd, char **argv, int c)
+static int bad_option(const char *cmd, const struct option *longopts, char **argv, int c)
 {
 	char help[64];
 
 	snprintf(help, sizeof help, "%s %s", prog, cmd);
-	return cli_bad_option(prog, help, argv, c);
+	return cli_bad_option(prog, help, longopts, argv, c);
 }
 
 static int print_json(json_t *j)
@@ -156,7 +156,7 @@ static int cmd_prepare(int argc, char **argv)
 		case 'V':
 			return version();
 		default:
-			return bad_option("prepare", argv, c);
+			return bad_option("prepare", longopts, argv, c);
 		}
 	}
 	if (argc - optind != 2)
@@ -236,7 +236,7 @@ static int cmd_info(int argc, char **argv)
 		case 'V':
 			return version();
 		default:
-			return bad_option("info", argv, c);
+			return bad_option("info", longopts, argv, c);
 		}
 	}
 	if (argc - optind != 1)

@@ -141,7 +141,7 @@ int main(int argc, char **argv)
 		case 'h': fputs(usage, stdout); goto out;
 		case 'V': printf("%s %s\n", prog, CORE_VERSION); goto out;
 		default:
-			rc = cli_bad_option(prog, prog, argv, opt);
+			rc = cli_bad_option(prog, prog, longopts, argv, opt);
 			goto out;
 		}
 		if (rc) {

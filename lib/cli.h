@@ -11,10 +11,13 @@ int cli_parse_long(const char *opt, const char *s, long lo, long hi, long *out);
 int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out);
 /* Print "prog: <message of code>" on stderr; returns err_exit_status(code). */
 int cli_report(const char *prog, int code);
+struct option;
+
 /* One stderr line for an option getopt_long rejected, and 2. Call with opterr = 0 and an
- * optstring starting with ':'; c is getopt's return value ('?' or ':'); help names what
- * to run for help ("dpc-shard prepare"). */
-int cli_bad_option(const char *prog, const char *help, char **argv, int c);
+ * optstring starting with ':'; c is getopt's return value ('?' or ':'); longopts is the
+ * table given to getopt_long; help names what to run for help ("dpc-shard prepare"). */
+int cli_bad_option(const char *prog, const char *help, const struct option *longopts,
+		   char **argv, int c);
 /* Print "prog: <printf message>" on stderr and return 2 (usage error). */
 int cli_usage_error(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

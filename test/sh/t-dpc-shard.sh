@@ -97,6 +97,8 @@ expect_fail 1 "'in.jsonl': not a token file" "$S" info in.jsonl
 expect_fail 2 "^dpc-shard: unknown command 'frobnicate' \(see dpc-shard --help\)$" "$S" frobnicate
 expect_fail 2 "missing command" "$S"
 expect_fail 2 "unknown option '--bogus'" "$S" prepare --bogus in.jsonl o3
+expect_fail 2 "^dpc-shard: option '--force' takes no argument \(see dpc-shard prepare --help\)$" \
+	"$S" prepare --force=1 in.jsonl o3
 expect_fail 2 "'--val-frac'" "$S" prepare --val-frac 2 in.jsonl o3
 expect_fail 2 "add up to" "$S" prepare --val-frac 0.6 --router-frac 0.6 in.jsonl o3
 expect_fail 2 "expected INPUT and OUTDIR" "$S" prepare in.jsonl
