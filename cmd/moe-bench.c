@@ -738,7 +738,8 @@ int main(int argc, char **argv)
 		setenv("OMP_WAIT_POLICY", "active", 1);
 		execv("/proc/self/exe", argv);
 	}
-	while ((c = getopt_long(argc, argv, "T:M:H:E:k:c:n:w:s:t:hV", lopts, NULL)) != -1) {
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":T:M:H:E:k:c:n:w:s:t:hV", lopts, NULL)) != -1) {
 		switch (c) {
 		case 'T': rc = cli_parse_long("--tokens", optarg, 1, 1L << 30, &T); break;
 		case 'M': rc = cli_parse_long("--model-dim", optarg, 1, 1L << 20, &M); break;
@@ -806,7 +807,7 @@ int main(int argc, char **argv)
 			printf("moe-bench %s\n", CORE_VERSION);
 			return 0;
 		default:
-			return cli_usage_error(prog, "try 'moe-bench --help'");
+			return cli_bad_option(prog, prog, lopts, argv, c);
 		}
 		if (rc < 0)
 			return cli_report(prog, rc);

@@ -18,6 +18,10 @@ expect_fail 2 "moe-bench: option '--dense-tokens': 64 is above T = 32" \
 expect_fail 2 "moe-bench: .*load-importance loss needs gate noise" \
 	"$B" -T 8 -M 4 -H 4 -E 2 --aux-loss=load-importance
 expect_fail 2 "moe-bench: unexpected argument 'extra'" "$B" extra
+expect_fail 2 "^moe-bench: unknown option '--bogus' \(see moe-bench --help\)$" "$B" --bogus
+expect_fail 2 "^moe-bench: unknown option '-x' \(see moe-bench --help\)$" "$B" -x
+expect_fail 2 "^moe-bench: option '--tokens' requires an argument" "$B" --tokens
+expect_fail 2 "^moe-bench: option '--bpr' takes no argument" "$B" --bpr=1
 # ceil(8/2) = 4 tokens per expert, 0.2 * 4 = 0.8 truncates to 0 slots: Tutel would drop all.
 expect_fail 2 "moe-bench: capacity setting 0.2 leaves no slot per expert" \
 	"$B" -T 8 -M 4 -H 4 -E 2 -k 1 -c 0.2
