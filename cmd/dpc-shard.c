@@ -59,16 +59,12 @@ static int bad_option(const char *cmd, const struct option *longopts, char **arg
 	return cli_bad_option(prog, help, longopts, argv, c);
 }
 
+/* The JSON result on stdout; takes the reference. 0, or the exit status after the report. */
 static int print_json(json_t *j)
 {
-	int rc = j ? json_dumpf(j, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) : -1;
+	int rc = cli_print_json(j, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
 
-	json_decref(j);
-	if (rc == 0)
-		putchar('\n');
-	if (rc != 0 || fflush(stdout) != 0)
-		return cli_report(prog, err_set(CORE_EIO, "<stdout>", "write failed"));
-	return 0;
+	return rc < 0 ? cli_report(prog, rc) : 0;
 }
 
 /* ---- prepare ------------------------------------------------------------------------------ */

@@ -54,18 +54,8 @@ static double peak_rss_mb(void)
 /* A finite number, or JSON null (NaN: not measured). */
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
-/* One JSON object on a line of stdout; takes the reference. */
-static int print_json(json_t *j)
-{
-	int rc = j ? json_dumpf(j, stdout, JSON_COMPACT | JSON_REAL_PRECISION(9)) : -1;
-
-	json_decref(j);
-	if (rc == 0)
-		putchar('\n');
-	if (rc != 0 || fflush(stdout) != 0)
-		return err_set(CORE_EIO, "<stdout>", "cannot write the result");
-	return 0;
-}
+/* The results: one JSON object on a line of stdout (cli_print_json). */
+static const size_t json_flags = JSON_COMPACT | JSON_REAL_PRECISION(9);
 
 static int run_eval(const char *ckpt, const char *data, long max_tokens)
 {
@@ -95,10 +85,10 @@ static int run_eval(const char *ckpt, const char *data, long max_tokens)
 	tokfile_close(&tf);
 	if (rc)
 		return rc;
-	return print_json(json_pack("{s:s, s:s, s:I, s:I, s:o, s:o}", "checkpoint", ckpt,
-				    "data", data, "step", (json_int_t)info.step, "tokens",
-				    (json_int_t)ntok, "loss", num(loss), "perplexity",
-				    num(exp(loss))));
+	return cli_print_json(json_pack("{s:s, s:s, s:I, s:I, s:o, s:o}", "checkpoint", ckpt,
+					"data", data, "step", (json_int_t)info.step, "tokens",
+					(json_int_t)ntok, "loss", num(loss), "perplexity",
+					num(exp(loss))), json_flags);
 }
 
 int main(int argc, char **argv)
@@ -191,12 +181,13 @@ int main(int argc, char **argv)
 		rc = cli_report(prog, rc);
 		goto out;
 	}
-	rc = print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s}", "steps",
-				  (json_int_t)(r.final_step - r.start_step), "step",
-				  (json_int_t)r.final_step, "loss", num(r.loss), "val_loss",
-				  num(r.val_loss), "tokens_per_s", num(r.tokens_per_s), "peak_rss_mb",
-				  num(peak_rss_mb()), "matmul_frac", num(r.matmul_frac), "checkpoint",
-				  o.out_path));
+	rc = cli_print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s}", "steps",
+				      (json_int_t)(r.final_step - r.start_step), "step",
+				      (json_int_t)r.final_step, "loss", num(r.loss), "val_loss",
+				      num(r.val_loss), "tokens_per_s", num(r.tokens_per_s),
+				      "peak_rss_mb", num(peak_rss_mb()), "matmul_frac",
+				      num(r.matmul_frac), "checkpoint", o.out_path),
+			    json_flags);
 	if (rc)
 		rc = cli_report(prog, rc);
 out:

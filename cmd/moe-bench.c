@@ -344,15 +344,10 @@ static void add_step_stats(json_t *j, const struct opts *o, const struct samples
 	json_object_set_new(j, "stage_ms", times_json(s));
 }
 
-static void print_json(json_t *j)
+/* One JSON object per run on a line of stdout; takes the reference. */
+static int print_json(json_t *j)
 {
-	char *txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
-	if (txt) {
-		printf("%s\n", txt);
-		fflush(stdout);
-	}
-	free(txt);
-	json_decref(j);
+	return cli_print_json(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
 }
 
 static void print_table(const char *impl, const struct samples *s, double gflops, size_t bytes)
@@ -495,7 +490,7 @@ static int run_layer(const struct opts *o, struct data *d)
 		"[%lld,%lld]x[%lld,%lld] %.1f GFLOP/s (ratio %.2f); non-GEMM %.2f ms\n",
 		ex_rate, bex_rate, (long long)rows, (long long)c->M, (long long)c->M,
 		(long long)c->H, ref_rate, ex_rate / ref_rate, 1e3 * nongemm);
-	print_json(j);
+	rc = print_json(j);
 out:
 	moe_layer_free(l);
 	samples_free(&s);
@@ -598,7 +593,7 @@ static int run_encdec(const struct opts *o, struct data *d)
 	fprintf(stderr, "        %.1f MB moved: %.2f GB/s; plain copy of the same bytes %.2f GB/s "
 		"(%.2f ms); ratio %.2f\n", bytes / 1e6, bytes / md / 1e9, cp,
 		1e3 * bytes / cp / 1e9, md / (bytes / cp / 1e9));
-	print_json(j);
+	rc = print_json(j);
 out:
 	free(disp);
 	free(dscore);
@@ -658,7 +653,7 @@ static int run_dense(const struct opts *o, struct data *d)
 		json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)rss));
 		json_object_set_new(j, "layer_bytes_peak", json_integer((json_int_t)peak));
 		print_table("dense", &s, fl / md / 1e9, peak);
-		print_json(j);
+		rc = print_json(j);
 	}
 	samples_free(&s);
 	return rc;
@@ -688,7 +683,7 @@ static int run_dry(const struct opts *o, struct data *d)
 		fprintf(stderr, "dry run: C %lld; sparse layer %.1f MiB, dense formulation "
 			"%.1f MiB (T=%lld): %.1f%% below\n", (long long)r->C, sp / 1048576.0,
 			dn / 1048576.0, (long long)o->dense_T, 100.0 * (1.0 - (double)sp / dn));
-		print_json(j);
+		rc = print_json(j);
 	}
 	moe_layer_free(l);
 	return rc;

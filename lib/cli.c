@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -87,4 +88,23 @@ int cli_bad_option(const char *prog, const char *help, const struct option *long
 	if (optopt && optopt != '?')
 		return cli_usage_error(prog, "unknown option '-%c' (see %s --help)", optopt, help);
 	return cli_usage_error(prog, "unknown option '%s' (see %s --help)", what, help);
+}
+
+int cli_print_json(json_t *j, size_t flags)
+{
+	int rc, e;
+
+	if (!j)
+		return err_set(CORE_ENOMEM, NULL, "cannot build the JSON result");
+	errno = 0;
+	rc = json_dumpf(j, stdout, flags);
+	json_decref(j);
+	if (rc == 0)
+		putchar('\n');
+	if (rc != 0 || fflush(stdout) != 0 || ferror(stdout)) {
+		e = errno;
+		return err_set(CORE_EIO, "<stdout>", "write failed%s%s", e ? ": " : "",
+			       e ? strerror(e) : "");
+	}
+	return 0;
 }

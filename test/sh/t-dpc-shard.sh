@@ -92,6 +92,9 @@ b=$(od -An -tu1 -j70 -N1 flip.tok | tr -d ' ')
 printf "\\$(printf %o $(((b + 1) % 256)))" | dd of=flip.tok bs=1 seek=70 conv=notrunc 2>/dev/null
 expect_fail 1 "'flip.tok': body checksum mismatch" "$S" info flip.tok
 expect_fail 1 "'in.jsonl': not a token file" "$S" info in.jsonl
+if [ -w /dev/full ]; then
+	expect_fail 1 "^dpc-shard: '<stdout>': write failed" sh -c '"$0" info out/train.tok >/dev/full' "$S"
+fi
 
 # --- usage
 expect_fail 2 "^dpc-shard: unknown command 'frobnicate' \(see dpc-shard --help\)$" "$S" frobnicate

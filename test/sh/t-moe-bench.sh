@@ -81,4 +81,11 @@ grep -q '"capacity_last":22,' out.stdout || die "C at x = 0.9 is not 22: $(cat o
 expect_ok "$B" -T 64 -M 8 -H 16 -E 4 --dry-run
 check_json 1
 grep -q '"sparse_below_dense":' out.stdout || die "no dry-run figures"
+# A result that cannot be written is a failure (exit 1), its error the last stderr line.
+if [ -w /dev/full ]; then
+	"$B" -T 64 -M 8 -H 16 -E 4 --dry-run >/dev/full 2>out.stderr && rc=0 || rc=$?
+	[ "$rc" = 1 ] || { cat out.stderr; die "--dry-run >/dev/full exited $rc, expected 1"; }
+	tail -n 1 out.stderr | grep -Eq "^moe-bench: '<stdout>': write failed" ||
+		die "--dry-run >/dev/full: stderr '$(cat out.stderr)' names no write error"
+fi
 echo "moe-bench: all checks passed"
