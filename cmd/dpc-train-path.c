@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -15,6 +14,7 @@
 #include "config.h"
 #include "err.h"
 #include "gpt2.h"
+#include "progress.h"
 #include "tokfile.h"
 #include "train.h"
 #include "banned.h"
@@ -43,13 +43,6 @@ static const char usage[] =
 	"  -q, --quiet              no progress line\n"
 	"  -h, --help               show this help and exit\n"
 	"  -V, --version            show the version and exit\n";
-
-static double peak_rss_mb(void)
-{
-	struct rusage ru;
-	getrusage(RUSAGE_SELF, &ru);
-	return (double)ru.ru_maxrss / 1024.0;
-}
 
 /* A finite number, or JSON null (NaN: not measured). */
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
@@ -181,11 +174,12 @@ int main(int argc, char **argv)
 		rc = cli_report(prog, rc);
 		goto out;
 	}
+	double rss_mb = (double)peak_rss_bytes() / 1048576.0;
 	rc = cli_print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s}", "steps",
 				      (json_int_t)(r.final_step - r.start_step), "step",
 				      (json_int_t)r.final_step, "loss", num(r.loss), "val_loss",
 				      num(r.val_loss), "tokens_per_s", num(r.tokens_per_s),
-				      "peak_rss_mb", num(peak_rss_mb()), "matmul_frac",
+				      "peak_rss_mb", num(rss_mb), "matmul_frac",
 				      num(r.matmul_frac), "checkpoint", o.out_path),
 			    json_flags);
 	if (rc)

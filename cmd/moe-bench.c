@@ -11,12 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "err.h"
 #include "moe.h"
+#include "progress.h"
 #include "rng.h"
 #include "banned.h"
 
@@ -152,13 +152,6 @@ static double stage_median(const struct samples *s, size_t off)
 	m = median(v, s->n, NULL, NULL);
 	free(v);
 	return m;
-}
-
-static size_t peak_rss(void)
-{
-	struct rusage ru;
-	getrusage(RUSAGE_SELF, &ru);
-	return (size_t)ru.ru_maxrss * 1024;
 }
 
 static double setting_at(const struct opts *o, long step)
@@ -445,7 +438,7 @@ static int run_layer(const struct opts *o, struct data *d)
 	}
 	if (rc < 0)
 		goto out;
-	size_t rss = peak_rss();
+	uint64_t rss = peak_rss_bytes();
 	double R = 0.0, fl, md = median(s.step, s.n, NULL, NULL);
 	for (long i = 0; i < s.n; i++)
 		R += (double)s.rows[i] / (double)s.n;
@@ -572,7 +565,7 @@ static int run_encdec(const struct opts *o, struct data *d)
 	double bytes = bytes_sum / (double)o->iters;
 	double md = median(s.step, s.n, NULL, NULL);
 	double cp = copy_rate((size_t)bytes, o->iters > 3 ? o->iters : 3);
-	size_t rss = peak_rss();
+	uint64_t rss = peak_rss_bytes();
 	json_t *j = base_json(o, "sparse", T);
 	add_step_stats(j, o, &s, T, c->k);
 	json_object_set_new(j, "bytes_moved", json_real(bytes));
@@ -634,7 +627,7 @@ static int run_dense(const struct opts *o, struct data *d)
 		s.rows[j] = (int64_t)c->k * T - dropped;
 	}
 	if (rc == 0) {
-		size_t rss = peak_rss();
+		uint64_t rss = peak_rss_bytes();
 		double R = 0.0, md = median(s.step, s.n, NULL, NULL);
 		for (long i = 0; i < s.n; i++)
 			R += (double)s.rows[i] / (double)s.n;
