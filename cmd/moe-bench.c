@@ -92,6 +92,18 @@ struct samples {
 	int64_t *dropped, *C, *rows;
 };
 
+static void samples_free(struct samples *s)
+{
+	free(s->step);
+	free(s->fwd);
+	free(s->bwd);
+	free(s->st);
+	free(s->dropped);
+	free(s->C);
+	free(s->rows);
+}
+
+/* On failure nothing stays allocated. */
 static int samples_alloc(struct samples *s, long n)
 {
 	memset(s, 0, sizeof *s);
@@ -103,20 +115,11 @@ static int samples_alloc(struct samples *s, long n)
 	s->dropped = calloc((size_t)n, sizeof(int64_t));
 	s->C = calloc((size_t)n, sizeof(int64_t));
 	s->rows = calloc((size_t)n, sizeof(int64_t));
-	if (!s->step || !s->fwd || !s->bwd || !s->st || !s->dropped || !s->C || !s->rows)
+	if (!s->step || !s->fwd || !s->bwd || !s->st || !s->dropped || !s->C || !s->rows) {
+		samples_free(s);
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the timing samples");
+	}
 	return 0;
-}
-
-static void samples_free(struct samples *s)
-{
-	free(s->step);
-	free(s->fwd);
-	free(s->bwd);
-	free(s->st);
-	free(s->dropped);
-	free(s->C);
-	free(s->rows);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -405,9 +408,10 @@ static int run_layer(const struct opts *o, struct data *d)
 	int rc;
 
 	struct sgemm_ref ref = { 0 };
-	double *ref_t = calloc((size_t)o->iters, sizeof(double));
+	double *ref_t;
 
 	ERR_FORWARD(samples_alloc(&s, o->iters));
+	ref_t = calloc((size_t)o->iters, sizeof(double));
 	rc = moe_layer_init(&l, c);
 	if (rc == 0 && !ref_t)
 		rc = err_set(CORE_ENOMEM, NULL, "cannot allocate the timing samples");
