@@ -51,24 +51,20 @@ static int version(void)
 	return 0;
 }
 
-static int bad_option(const char *cmd, char **argv, int c)
+static int bad_option(const char *cmd, const struct option *longopts, char **argv, int c)
 {
 	char help[64];
 
 	snprintf(help, sizeof help, "%s %s", prog, cmd);
-	return cli_bad_option(prog, help, argv, c);
+	return cli_bad_option(prog, help, longopts, argv, c);
 }
 
+/* The JSON result on stdout; takes the reference. 0, or the exit status after the report. */
 static int print_json(json_t *j)
 {
-	int rc = j ? json_dumpf(j, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) : -1;
+	int rc = cli_print_json(j, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
 
-	json_decref(j);
-	if (rc == 0)
-		putchar('\n');
-	if (rc != 0 || fflush(stdout) != 0)
-		return cli_report(prog, err_set(CORE_EIO, "<stdout>", "write failed"));
-	return 0;
+	return rc < 0 ? cli_report(prog, rc) : 0;
 }
 
 /* ---- prepare ------------------------------------------------------------------------------ */
@@ -156,7 +152,7 @@ static int cmd_prepare(int argc, char **argv)
 		case 'V':
 			return version();
 		default:
-			return bad_option("prepare", argv, c);
+			return bad_option("prepare", longopts, argv, c);
 		}
 	}
 	if (argc - optind != 2)
@@ -236,7 +232,7 @@ static int cmd_info(int argc, char **argv)
 		case 'V':
 			return version();
 		default:
-			return bad_option("info", argv, c);
+			return bad_option("info", longopts, argv, c);
 		}
 	}
 	if (argc - optind != 1)

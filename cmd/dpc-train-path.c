@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -15,6 +14,7 @@
 #include "config.h"
 #include "err.h"
 #include "gpt2.h"
+#include "progress.h"
 #include "tokfile.h"
 #include "train.h"
 #include "banned.h"
@@ -44,28 +44,11 @@ static const char usage[] =
 	"  -h, --help               show this help and exit\n"
 	"  -V, --version            show the version and exit\n";
 
-static double peak_rss_mb(void)
-{
-	struct rusage ru;
-	getrusage(RUSAGE_SELF, &ru);
-	return (double)ru.ru_maxrss / 1024.0;
-}
-
 /* A finite number, or JSON null (NaN: not measured). */
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
-/* One JSON object on a line of stdout; takes the reference. */
-static int print_json(json_t *j)
-{
-	int rc = j ? json_dumpf(j, stdout, JSON_COMPACT | JSON_REAL_PRECISION(9)) : -1;
-
-	json_decref(j);
-	if (rc == 0)
-		putchar('\n');
-	if (rc != 0 || fflush(stdout) != 0)
-		return err_set(CORE_EIO, "<stdout>", "cannot write the result");
-	return 0;
-}
+/* The results: one JSON object on a line of stdout (cli_print_json). */
+static const size_t json_flags = JSON_COMPACT | JSON_REAL_PRECISION(9);
 
 static int run_eval(const char *ckpt, const char *data, long max_tokens)
 {
@@ -95,10 +78,10 @@ static int run_eval(const char *ckpt, const char *data, long max_tokens)
 	tokfile_close(&tf);
 	if (rc)
 		return rc;
-	return print_json(json_pack("{s:s, s:s, s:I, s:I, s:o, s:o}", "checkpoint", ckpt,
-				    "data", data, "step", (json_int_t)info.step, "tokens",
-				    (json_int_t)ntok, "loss", num(loss), "perplexity",
-				    num(exp(loss))));
+	return cli_print_json(json_pack("{s:s, s:s, s:I, s:I, s:o, s:o}", "checkpoint", ckpt,
+					"data", data, "step", (json_int_t)info.step, "tokens",
+					(json_int_t)ntok, "loss", num(loss), "perplexity",
+					num(exp(loss))), json_flags);
 }
 
 int main(int argc, char **argv)
@@ -141,7 +124,7 @@ int main(int argc, char **argv)
 		case 'h': fputs(usage, stdout); goto out;
 		case 'V': printf("%s %s\n", prog, CORE_VERSION); goto out;
 		default:
-			rc = cli_bad_option(prog, prog, argv, opt);
+			rc = cli_bad_option(prog, prog, longopts, argv, opt);
 			goto out;
 		}
 		if (rc) {
@@ -191,12 +174,14 @@ int main(int argc, char **argv)
 		rc = cli_report(prog, rc);
 		goto out;
 	}
-	rc = print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s}", "steps",
-				  (json_int_t)(r.final_step - r.start_step), "step",
-				  (json_int_t)r.final_step, "loss", num(r.loss), "val_loss",
-				  num(r.val_loss), "tokens_per_s", num(r.tokens_per_s), "peak_rss_mb",
-				  num(peak_rss_mb()), "matmul_frac", num(r.matmul_frac), "checkpoint",
-				  o.out_path));
+	double rss_mb = (double)peak_rss_bytes() / 1048576.0;
+	rc = cli_print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s}", "steps",
+				      (json_int_t)(r.final_step - r.start_step), "step",
+				      (json_int_t)r.final_step, "loss", num(r.loss), "val_loss",
+				      num(r.val_loss), "tokens_per_s", num(r.tokens_per_s),
+				      "peak_rss_mb", num(rss_mb), "matmul_frac",
+				      num(r.matmul_frac), "checkpoint", o.out_path),
+			    json_flags);
 	if (rc)
 		rc = cli_report(prog, rc);
 out:

@@ -11,12 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "err.h"
 #include "moe.h"
+#include "progress.h"
 #include "rng.h"
 #include "banned.h"
 
@@ -92,6 +92,18 @@ struct samples {
 	int64_t *dropped, *C, *rows;
 };
 
+static void samples_free(struct samples *s)
+{
+	free(s->step);
+	free(s->fwd);
+	free(s->bwd);
+	free(s->st);
+	free(s->dropped);
+	free(s->C);
+	free(s->rows);
+}
+
+/* On failure nothing stays allocated. */
 static int samples_alloc(struct samples *s, long n)
 {
 	memset(s, 0, sizeof *s);
@@ -103,20 +115,11 @@ static int samples_alloc(struct samples *s, long n)
 	s->dropped = calloc((size_t)n, sizeof(int64_t));
 	s->C = calloc((size_t)n, sizeof(int64_t));
 	s->rows = calloc((size_t)n, sizeof(int64_t));
-	if (!s->step || !s->fwd || !s->bwd || !s->st || !s->dropped || !s->C || !s->rows)
+	if (!s->step || !s->fwd || !s->bwd || !s->st || !s->dropped || !s->C || !s->rows) {
+		samples_free(s);
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the timing samples");
+	}
 	return 0;
-}
-
-static void samples_free(struct samples *s)
-{
-	free(s->step);
-	free(s->fwd);
-	free(s->bwd);
-	free(s->st);
-	free(s->dropped);
-	free(s->C);
-	free(s->rows);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -152,13 +155,6 @@ static double stage_median(const struct samples *s, size_t off)
 	m = median(v, s->n, NULL, NULL);
 	free(v);
 	return m;
-}
-
-static size_t peak_rss(void)
-{
-	struct rusage ru;
-	getrusage(RUSAGE_SELF, &ru);
-	return (size_t)ru.ru_maxrss * 1024;
 }
 
 static double setting_at(const struct opts *o, long step)
@@ -344,15 +340,10 @@ static void add_step_stats(json_t *j, const struct opts *o, const struct samples
 	json_object_set_new(j, "stage_ms", times_json(s));
 }
 
-static void print_json(json_t *j)
+/* One JSON object per run on a line of stdout; takes the reference. */
+static int print_json(json_t *j)
 {
-	char *txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
-	if (txt) {
-		printf("%s\n", txt);
-		fflush(stdout);
-	}
-	free(txt);
-	json_decref(j);
+	return cli_print_json(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
 }
 
 static void print_table(const char *impl, const struct samples *s, double gflops, size_t bytes)
@@ -417,9 +408,10 @@ static int run_layer(const struct opts *o, struct data *d)
 	int rc;
 
 	struct sgemm_ref ref = { 0 };
-	double *ref_t = calloc((size_t)o->iters, sizeof(double));
+	double *ref_t;
 
 	ERR_FORWARD(samples_alloc(&s, o->iters));
+	ref_t = calloc((size_t)o->iters, sizeof(double));
 	rc = moe_layer_init(&l, c);
 	if (rc == 0 && !ref_t)
 		rc = err_set(CORE_ENOMEM, NULL, "cannot allocate the timing samples");
@@ -450,7 +442,7 @@ static int run_layer(const struct opts *o, struct data *d)
 	}
 	if (rc < 0)
 		goto out;
-	size_t rss = peak_rss();
+	uint64_t rss = peak_rss_bytes();
 	double R = 0.0, fl, md = median(s.step, s.n, NULL, NULL);
 	for (long i = 0; i < s.n; i++)
 		R += (double)s.rows[i] / (double)s.n;
@@ -495,7 +487,7 @@ static int run_layer(const struct opts *o, struct data *d)
 		"[%lld,%lld]x[%lld,%lld] %.1f GFLOP/s (ratio %.2f); non-GEMM %.2f ms\n",
 		ex_rate, bex_rate, (long long)rows, (long long)c->M, (long long)c->M,
 		(long long)c->H, ref_rate, ex_rate / ref_rate, 1e3 * nongemm);
-	print_json(j);
+	rc = print_json(j);
 out:
 	moe_layer_free(l);
 	samples_free(&s);
@@ -577,7 +569,7 @@ static int run_encdec(const struct opts *o, struct data *d)
 	double bytes = bytes_sum / (double)o->iters;
 	double md = median(s.step, s.n, NULL, NULL);
 	double cp = copy_rate((size_t)bytes, o->iters > 3 ? o->iters : 3);
-	size_t rss = peak_rss();
+	uint64_t rss = peak_rss_bytes();
 	json_t *j = base_json(o, "sparse", T);
 	add_step_stats(j, o, &s, T, c->k);
 	json_object_set_new(j, "bytes_moved", json_real(bytes));
@@ -598,7 +590,7 @@ static int run_encdec(const struct opts *o, struct data *d)
 	fprintf(stderr, "        %.1f MB moved: %.2f GB/s; plain copy of the same bytes %.2f GB/s "
 		"(%.2f ms); ratio %.2f\n", bytes / 1e6, bytes / md / 1e9, cp,
 		1e3 * bytes / cp / 1e9, md / (bytes / cp / 1e9));
-	print_json(j);
+	rc = print_json(j);
 out:
 	free(disp);
 	free(dscore);
@@ -639,7 +631,7 @@ static int run_dense(const struct opts *o, struct data *d)
 		s.rows[j] = (int64_t)c->k * T - dropped;
 	}
 	if (rc == 0) {
-		size_t rss = peak_rss();
+		uint64_t rss = peak_rss_bytes();
 		double R = 0.0, md = median(s.step, s.n, NULL, NULL);
 		for (long i = 0; i < s.n; i++)
 			R += (double)s.rows[i] / (double)s.n;
@@ -658,7 +650,7 @@ static int run_dense(const struct opts *o, struct data *d)
 		json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)rss));
 		json_object_set_new(j, "layer_bytes_peak", json_integer((json_int_t)peak));
 		print_table("dense", &s, fl / md / 1e9, peak);
-		print_json(j);
+		rc = print_json(j);
 	}
 	samples_free(&s);
 	return rc;
@@ -688,7 +680,7 @@ static int run_dry(const struct opts *o, struct data *d)
 		fprintf(stderr, "dry run: C %lld; sparse layer %.1f MiB, dense formulation "
 			"%.1f MiB (T=%lld): %.1f%% below\n", (long long)r->C, sp / 1048576.0,
 			dn / 1048576.0, (long long)o->dense_T, 100.0 * (1.0 - (double)sp / dn));
-		print_json(j);
+		rc = print_json(j);
 	}
 	moe_layer_free(l);
 	return rc;
@@ -738,7 +730,8 @@ int main(int argc, char **argv)
 		setenv("OMP_WAIT_POLICY", "active", 1);
 		execv("/proc/self/exe", argv);
 	}
-	while ((c = getopt_long(argc, argv, "T:M:H:E:k:c:n:w:s:t:hV", lopts, NULL)) != -1) {
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":T:M:H:E:k:c:n:w:s:t:hV", lopts, NULL)) != -1) {
 		switch (c) {
 		case 'T': rc = cli_parse_long("--tokens", optarg, 1, 1L << 30, &T); break;
 		case 'M': rc = cli_parse_long("--model-dim", optarg, 1, 1L << 20, &M); break;
@@ -806,7 +799,7 @@ int main(int argc, char **argv)
 			printf("moe-bench %s\n", CORE_VERSION);
 			return 0;
 		default:
-			return cli_usage_error(prog, "try 'moe-bench --help'");
+			return cli_bad_option(prog, prog, lopts, argv, c);
 		}
 		if (rc < 0)
 			return cli_report(prog, rc);

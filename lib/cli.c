@@ -3,10 +3,12 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "err.h"
 #include "banned.h"
@@ -62,14 +64,47 @@ int cli_usage_error(const char *prog, const char *fmt, ...)
 	return 2;
 }
 
-int cli_bad_option(const char *prog, const char *help, char **argv, int c)
+int cli_bad_option(const char *prog, const char *help, const struct option *longopts,
+		   char **argv, int c)
 {
 	const char *what = argv[optind - 1];
 
 	if (c == ':')
 		return cli_usage_error(prog, "option '%s' requires an argument (see %s --help)",
 				       what, help);
+	/* A no-argument long option given "=VALUE": getopt sets optopt to the option's value
+	 * (as 'f' for --force), which is no option the user typed. An error in the middle of a
+	 * cluster of short options leaves optind on the cluster, so what may then be an
+	 * earlier "--name=VALUE"; only a no-argument option's name makes it this error. */
+	const char *eq = strchr(what, '=');
+	if (strncmp(what, "--", 2) == 0 && eq && optopt) {
+		size_t n = (size_t)(eq - what) - 2;
+		for (const struct option *o = longopts; o && o->name; o++)
+			if (o->has_arg == no_argument && o->val == optopt &&
+			    strncmp(o->name, what + 2, n) == 0)
+				return cli_usage_error(prog, "option '--%s' takes no argument "
+						       "(see %s --help)", o->name, help);
+	}
 	if (optopt && optopt != '?')
 		return cli_usage_error(prog, "unknown option '-%c' (see %s --help)", optopt, help);
 	return cli_usage_error(prog, "unknown option '%s' (see %s --help)", what, help);
+}
+
+int cli_print_json(json_t *j, size_t flags)
+{
+	int rc, e;
+
+	if (!j)
+		return err_set(CORE_ENOMEM, NULL, "cannot build the JSON result");
+	errno = 0;
+	rc = json_dumpf(j, stdout, flags);
+	json_decref(j);
+	if (rc == 0)
+		putchar('\n');
+	if (rc != 0 || fflush(stdout) != 0 || ferror(stdout)) {
+		e = errno;
+		return err_set(CORE_EIO, "<stdout>", "write failed%s%s", e ? ": " : "",
+			       e ? strerror(e) : "");
+	}
+	return 0;
 }

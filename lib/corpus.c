@@ -31,6 +31,7 @@ struct corpus_reader {
 	char *line;
 	size_t line_cap;
 	uint64_t lineno, size;
+	uint64_t pos; /* bytes read so far: the progress, without an lseek per document */
 	json_t *obj;
 	char *meta;
 	/* directory */
@@ -110,8 +111,7 @@ void corpus_progress(const struct corpus_reader *r, uint64_t *done, uint64_t *to
 		*done = (uint64_t)r->next;
 		*total = (uint64_t)r->nnames;
 	} else {
-		long pos = ftell(r->fp);
-		*done = pos < 0 ? 0 : (uint64_t)pos;
+		*done = r->pos;
 		*total = r->size;
 	}
 }
@@ -145,6 +145,7 @@ static int next_jsonl(struct corpus_reader *r, struct corpus_doc *doc)
 			return 0;
 		}
 		r->lineno++;
+		r->pos += (uint64_t)n;
 	} while (blank(r->line, (size_t)n));
 	ln = (unsigned long long)r->lineno;
 

@@ -18,5 +18,7 @@ void progress_update(struct progress *p, int64_t done, const char *extra);
 void progress_done(struct progress *p);
 /* Monotonic seconds. */
 double now_seconds(void);
+/* The process's peak resident set size in bytes (getrusage ru_maxrss); 0 if unknown. */
+uint64_t peak_rss_bytes(void);
 
 #endif

@@ -252,15 +252,14 @@ static int open_checked(struct tokfile *tf, const char *path)
 int tokfile_open(struct tokfile *tf, const char *path)
 {
 	memset(tf, 0, sizeof *tf);
+	/* Set before the checks: check_structure() names the file through tf->path. */
+	tf->path = strdup(path);
+	if (!tf->path)
+		return err_set(CORE_ENOMEM, path, "out of memory");
 	int rc = open_checked(tf, path);
 	if (rc < 0) {
 		tokfile_close(tf);
 		return rc;
-	}
-	tf->path = strdup(path);
-	if (!tf->path) {
-		tokfile_close(tf);
-		return err_set(CORE_ENOMEM, path, "out of memory");
 	}
 	return 0;
 }

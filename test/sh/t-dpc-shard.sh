@@ -92,11 +92,16 @@ b=$(od -An -tu1 -j70 -N1 flip.tok | tr -d ' ')
 printf "\\$(printf %o $(((b + 1) % 256)))" | dd of=flip.tok bs=1 seek=70 conv=notrunc 2>/dev/null
 expect_fail 1 "'flip.tok': body checksum mismatch" "$S" info flip.tok
 expect_fail 1 "'in.jsonl': not a token file" "$S" info in.jsonl
+if [ -w /dev/full ]; then
+	expect_fail 1 "^dpc-shard: '<stdout>': write failed" sh -c '"$0" info out/train.tok >/dev/full' "$S"
+fi
 
 # --- usage
 expect_fail 2 "^dpc-shard: unknown command 'frobnicate' \(see dpc-shard --help\)$" "$S" frobnicate
 expect_fail 2 "missing command" "$S"
 expect_fail 2 "unknown option '--bogus'" "$S" prepare --bogus in.jsonl o3
+expect_fail 2 "^dpc-shard: option '--force' takes no argument \(see dpc-shard prepare --help\)$" \
+	"$S" prepare --force=1 in.jsonl o3
 expect_fail 2 "'--val-frac'" "$S" prepare --val-frac 2 in.jsonl o3
 expect_fail 2 "add up to" "$S" prepare --val-frac 0.6 --router-frac 0.6 in.jsonl o3
 expect_fail 2 "expected INPUT and OUTDIR" "$S" prepare in.jsonl

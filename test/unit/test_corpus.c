@@ -106,6 +106,36 @@ Test(corpus, jsonl_escapes_unicode_and_metadata)
 	corpus_close(r);
 }
 
+Test(corpus, jsonl_progress_counts_bytes_read)
+{
+	static const char l0[] = "{\"text\":\"ab\"}\n", l1[] = "\n  \r\n",
+			  l2[] = "{\"text\":\"c\",\"id\":1}\r\n", l3[] = "{\"text\":\"\"}";
+	char all[128];
+	struct corpus_reader *r;
+	struct corpus_doc d;
+	uint64_t done, total;
+
+	snprintf(all, sizeof all, "%s%s%s%s", l0, l1, l2, l3);
+	const char *p = put("p.jsonl", all, strlen(all));
+	cr_assert_eq(corpus_open(&r, p), 0, "%s", err_detail());
+	corpus_progress(r, &done, &total);
+	cr_assert_eq(done, 0);
+	cr_assert_eq(total, strlen(all));
+	cr_assert_eq(corpus_next(r, &d), 1, "%s", err_detail());
+	corpus_progress(r, &done, &total);
+	cr_assert_eq(done, strlen(l0), "after the first line: %llu", (unsigned long long)done);
+	/* blank lines are read past on the way to the next document */
+	cr_assert_eq(corpus_next(r, &d), 1, "%s", err_detail());
+	corpus_progress(r, &done, &total);
+	cr_assert_eq(done, strlen(l0) + strlen(l1) + strlen(l2), "%llu", (unsigned long long)done);
+	cr_assert_eq(corpus_next(r, &d), 1, "%s", err_detail());
+	cr_assert_eq(corpus_next(r, &d), 0);
+	corpus_progress(r, &done, &total);
+	cr_assert_eq(done, total, "at the end %llu of %llu", (unsigned long long)done,
+		     (unsigned long long)total);
+	corpus_close(r);
+}
+
 struct bad_case {
 	const char *content;
 	const char *detail; /* a substring of the expected detail */

@@ -75,3 +75,18 @@ Test(progress, now_seconds_is_monotonic)
 	double b = now_seconds();
 	cr_assert(b - a >= 0.019 && b - a < 1.0, "slept 20 ms, clock moved %.6f s", b - a);
 }
+
+Test(progress, peak_rss_counts_touched_memory_in_bytes)
+{
+	size_t n = (size_t)64 << 20;
+	unsigned char *b = malloc(n);
+
+	cr_assert_not_null(b);
+	volatile unsigned char *v = b; /* every page written: no store the compiler may drop */
+	for (size_t i = 0; i < n; i += 4096)
+		v[i] = 1;
+	uint64_t rss = peak_rss_bytes();
+	free(b);
+	cr_assert(rss >= n, "peak RSS %llu bytes after touching %zu", (unsigned long long)rss, n);
+	cr_assert_eq(rss % 1024, 0, "peak RSS %llu is not whole KiB", (unsigned long long)rss);
+}

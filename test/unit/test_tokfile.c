@@ -114,6 +114,7 @@ static void expect_open_fails(const char *p, int code, const char *detail_part, 
 		     err_detail(), code);
 	cr_assert(strstr(err_detail(), detail_part), "%s: detail '%s' lacks '%s'", what,
 		  err_detail(), detail_part);
+	cr_assert_str_eq(err_file(), p, "%s: error names '%s', not the file", what, err_file());
 	cr_assert_null(tf.map, "%s: failed open left a mapping", what);
 	tokfile_close(&tf);
 }
