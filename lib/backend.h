@@ -110,10 +110,6 @@ struct backend_ops {
 /* The CPU backend: OpenMP loops and CBLAS sgemm. */
 const struct backend_ops *backend_cpu(void);
 
-/* The calling thread's share [*d0, *d1) of D items inside an OpenMP parallel region:
- * contiguous, and a multiple of 16 long (whole 64-byte lines of floats, so no two threads
- * write one cache line). */
-void cpu_thread_share(int64_t D, int64_t *d0, int64_t *d1);
 /* out[j] = sum over i < rows of a[i * n + j]. OpenMP-parallel over slices of columns, each
  * column summed in row order by one thread, so the bits do not depend on the thread count.
  * The CPU backend's bias gradients, and the MoE layer's (which calls CBLAS directly). */

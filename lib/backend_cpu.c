@@ -32,7 +32,9 @@
 
 static inline int min_int(int a, int b) { return a < b ? a : b; }
 
-void cpu_thread_share(int64_t D, int64_t *d0, int64_t *d1)
+/* The calling thread's share [*d0, *d1) of D items in a parallel region: contiguous, and a
+ * multiple of 16 long (whole 64-byte lines of floats, so no two threads write one line). */
+static inline void thread_share(int64_t D, int64_t *d0, int64_t *d1)
 {
 	int64_t n = omp_get_num_threads(), per = ((D + n - 1) / n + 15) / 16 * 16;
 	int64_t lo = omp_get_thread_num() * per;
@@ -104,7 +106,7 @@ void cpu_column_sums(float *out, const float *a, int64_t rows, int64_t n)
 #pragma omp parallel if (rows * n >= 32768)
 	{
 		int64_t c0, c1;
-		cpu_thread_share(n, &c0, &c1);
+		thread_share(n, &c0, &c1);
 		if (c1 > c0) {
 			float *o = out + c0;
 			const int64_t w = c1 - c0;
@@ -184,7 +186,7 @@ static void sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N
 #pragma omp parallel num_threads(nth)
 	{
 		int64_t s0, s1; /* blocks of whole 16-wide panels */
-		cpu_thread_share(by_rows ? M : N, &s0, &s1);
+		thread_share(by_rows ? M : N, &s0, &s1);
 		const int d0 = (int)s0, d1 = (int)s1;
 		if (d1 > d0) {
 			if (by_rows) /* rows d0..d1 of C come from rows of op(A) */
@@ -257,7 +259,7 @@ static void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, co
 #pragma omp parallel
 	{
 		int64_t s0, s1;
-		cpu_thread_share(C, &s0, &s1);
+		thread_share(C, &s0, &s1);
 		const int c0 = (int)s0, w = (int)(s1 - s0);
 		if (w > 0) {
 			for (int v = 0; v < V; v++)
@@ -418,7 +420,7 @@ static void cpu_gelu_backward(float *d, float *dbias, const float *pre, int N, i
 #pragma omp parallel
 	{
 		int64_t s0, s1;
-		cpu_thread_share(C, &s0, &s1);
+		thread_share(C, &s0, &s1);
 		const int c0 = (int)s0, w = (int)(s1 - s0);
 		if (w > 0) {
 			float *db = dbias + c0;

@@ -335,29 +335,27 @@ static void gate_logits(const float *x, const float *wgt, int64_t T, int64_t M, 
 }
 
 /* One pass over the tokens: dx[t] += dlogits[t] wg^T (when dx is not NULL) and
- * dwg = x^T dlogits. The threads split the M columns (each owns dwg rows and dx columns
- * [m0, m1)), so nothing is reduced across threads: every dwg element is summed over t in
- * order, in double, and the bits do not depend on the thread count. */
+ * dwg = x^T dlogits, reduced over T in per-thread double partials that are summed in
+ * thread order (deterministic for a fixed thread count). */
 static int gate_backward_products(const float *x, const float *dlogits, const float *wgt,
 				  int64_t T, int64_t M, int E, float *dx, float *dwg)
 {
-	double *acc = malloc(sizeof(double) * (size_t)E * (size_t)M); /* [E, M] */
+	int nt = T * M * E >= PAR_MIN ? omp_get_max_threads() : 1;
+	double *part = calloc((size_t)nt * (size_t)E * (size_t)M, sizeof(double));
 
-	if (!acc)
-		return err_set(CORE_ENOMEM, NULL, "cannot allocate the gate gradient sums");
-#pragma omp parallel if (T * M * E >= PAR_MIN)
+	if (!part)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the gate gradient partials");
+#pragma omp parallel num_threads(nt)
 	{
-		int64_t m0, m1;
-		cpu_thread_share(M, &m0, &m1);
-		for (int e = 0; e < E && m1 > m0; e++)
-			memset(acc + (int64_t)e * M + m0, 0, sizeof(double) * (size_t)(m1 - m0));
-		for (int64_t t = 0; t < T && m1 > m0; t++) {
+		double *acc = part + (size_t)omp_get_thread_num() * (size_t)E * (size_t)M;
+#pragma omp for schedule(static)
+		for (int64_t t = 0; t < T; t++) {
 			const float *xt = x + t * M, *dl = dlogits + t * E;
 			for (int e = 0; e < E; e++) {
 				const double g = dl[e];
 				double *a = acc + (int64_t)e * M;
 #pragma omp simd
-				for (int64_t m = m0; m < m1; m++)
+				for (int64_t m = 0; m < M; m++)
 					a[m] += g * xt[m];
 			}
 			if (dx) {
@@ -365,16 +363,20 @@ static int gate_backward_products(const float *x, const float *dlogits, const fl
 				for (int e = 0; e < E; e++) {
 					const float g = dl[e], *w = wgt + (int64_t)e * M;
 #pragma omp simd
-					for (int64_t m = m0; m < m1; m++)
+					for (int64_t m = 0; m < M; m++)
 						d[m] += g * w[m];
 				}
 			}
 		}
-		for (int64_t m = m0; m < m1; m++)
-			for (int e = 0; e < E; e++)
-				dwg[m * E + e] = (float)acc[(int64_t)e * M + m];
 	}
-	free(acc);
+	for (int64_t m = 0; m < M; m++)
+		for (int e = 0; e < E; e++) {
+			double v = 0.0;
+			for (int i = 0; i < nt; i++)
+				v += part[((size_t)i * (size_t)E + (size_t)e) * (size_t)M + (size_t)m];
+			dwg[m * E + e] = (float)v;
+		}
+	free(part);
 	return 0;
 }
 
