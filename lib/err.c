@@ -3,7 +3,6 @@
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "banned.h"
 
@@ -58,8 +57,6 @@ void err_format(char *buf, size_t n, int code)
 
 	if (last_code != code || !last_file[0])
 		snprintf(buf, n, "%s", last_code == code ? what : err_name(code));
-	else if (code == CORE_ETRUNC && !strstr(what, "truncated"))
-		snprintf(buf, n, "'%s': truncated file: %s", last_file, what);
 	else
 		snprintf(buf, n, "'%s': %s", last_file, what);
 }

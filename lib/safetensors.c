@@ -360,7 +360,8 @@ static int check_coverage(struct st_file *f, const char *path)
 		pos = e->end;
 	}
 	if (pos > f->data_size)
-		rc = err_set(CORE_ETRUNC, path, "data section has %llu bytes, header needs %llu",
+		rc = err_set(CORE_ETRUNC, path, "truncated file: data section has %llu bytes, "
+			     "header needs %llu",
 			     (unsigned long long)f->data_size, (unsigned long long)pos);
 	else if (pos < f->data_size)
 		rc = err_set(CORE_EFORMAT, path, "%llu bytes after the last tensor",
@@ -413,7 +414,7 @@ static int read_at(struct st_file *f, void *buf, size_t n, uint64_t off)
 	if (fread(buf, 1, n, f->fp) != n) {
 		if (ferror(f->fp))
 			return err_set(CORE_EIO, f->path, "cannot read: %s", strerror(errno));
-		return err_set(CORE_ETRUNC, f->path, "file ends before byte %llu",
+		return err_set(CORE_ETRUNC, f->path, "truncated file: it ends before byte %llu",
 			       (unsigned long long)(off + n));
 	}
 	return 0;
@@ -459,7 +460,8 @@ static int verify_data(struct st_file *f)
 						     strerror(errno));
 				else
 					rc = err_set(CORE_ETRUNC, f->path,
-						     "file ends inside tensor '%s'", e->name);
+						     "truncated file: it ends inside tensor '%s'",
+						     e->name);
 				goto out;
 			}
 			c = (uint32_t)crc32_z(c, buf, k);
@@ -514,8 +516,8 @@ int st_open(struct st_file *f, const char *path, int verify)
 	}
 	fsize = (uint64_t)st.st_size;
 	if (fsize < 8) {
-		rc = err_set(CORE_ETRUNC, path, "file has %llu bytes, less than the 8-byte header "
-			     "length", (unsigned long long)fsize);
+		rc = err_set(CORE_ETRUNC, path, "truncated file: %llu bytes, less than the "
+			     "8-byte header length", (unsigned long long)fsize);
 		goto fail;
 	}
 	rc = read_at(f, lenbuf, 8, 0);
@@ -529,7 +531,8 @@ int st_open(struct st_file *f, const char *path, int verify)
 		goto fail;
 	}
 	if (hlen > fsize - 8) {
-		rc = err_set(CORE_ETRUNC, path, "header length %llu exceeds file size %llu",
+		rc = err_set(CORE_ETRUNC, path, "truncated file: header length %llu exceeds "
+			     "file size %llu",
 			     (unsigned long long)hlen, (unsigned long long)fsize);
 		goto fail;
 	}

@@ -99,7 +99,7 @@ static int check_header(const unsigned char *h, size_t flen, const char *path)
 		return err_set(CORE_EFORMAT, path, "not a token file");
 	if (flen < TOKFILE_HEADER_BYTES)
 		return err_set(CORE_ETRUNC, path,
-			       "file is %zu bytes, shorter than the %d-byte header", flen,
+			       "truncated file: %zu bytes, shorter than the %d-byte header", flen,
 			       TOKFILE_HEADER_BYTES);
 	uint32_t version = get_u32(h + 8);
 	if (version != TOKFILE_VERSION)
@@ -223,7 +223,7 @@ static int open_checked(struct tokfile *tf, const char *path)
 		return err_set(CORE_EFORMAT, path, "header sizes overflow");
 	uint64_t want = TOKFILE_HEADER_BYTES + body;
 	if ((uint64_t)tf->maplen < want)
-		return err_set(CORE_ETRUNC, path, "file is %zu bytes, header says %llu",
+		return err_set(CORE_ETRUNC, path, "truncated file: %zu bytes, header says %llu",
 			       tf->maplen, (unsigned long long)want);
 	if ((uint64_t)tf->maplen > want)
 		return err_set(CORE_EFORMAT, path, "%llu bytes of trailing garbage",
