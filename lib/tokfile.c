@@ -154,17 +154,6 @@ static int check_structure(struct tokfile *tf)
 }
 
 /* crc32 of a buffer of any size: zlib takes at most 4 GiB - 1 per call on some builds. */
-static uint32_t crc_big(uint32_t crc, const unsigned char *p, uint64_t n)
-{
-	while (n) {
-		uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
-		crc = (uint32_t)crc32(crc, p, chunk);
-		p += chunk;
-		n -= chunk;
-	}
-	return crc;
-}
-
 static int map_file(struct tokfile *tf, const char *path)
 {
 	struct stat st;
@@ -229,7 +218,7 @@ static int open_checked(struct tokfile *tf, const char *path)
 		return err_set(CORE_EFORMAT, path, "%llu bytes of trailing garbage",
 			       (unsigned long long)((uint64_t)tf->maplen - want));
 
-	uint32_t crc = crc_big((uint32_t)crc32(0, NULL, 0), h + TOKFILE_HEADER_BYTES, body);
+	uint32_t crc = (uint32_t)crc32_z(crc32(0, NULL, 0), h + TOKFILE_HEADER_BYTES, (size_t)body);
 	if (crc != tf->crc)
 		return err_set(CORE_ECHECKSUM, path,
 			       "body checksum mismatch (stored %08x, computed %08x)", tf->crc, crc);
@@ -290,7 +279,7 @@ struct tokfile_writer {
 static int tokw_body(struct tokfile_writer *w, const void *p, size_t n)
 {
 	ERR_FORWARD(afile_write(&w->af, p, n));
-	w->crc = (uint32_t)crc_big(w->crc, p, n);
+	w->crc = (uint32_t)crc32_z(w->crc, p, n);
 	return 0;
 }
 
