@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "atomicio.h"
 #include "err.h"
 #include "rng.h"
 #include "tokfile.h"
@@ -176,40 +177,6 @@ static int next_jsonl(struct corpus_reader *r, struct corpus_doc *doc)
 	return 1;
 }
 
-static int read_file(const char *path, char **out, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	size_t cap = 1 << 16, n = 0;
-	char *b = NULL;
-
-	if (!f)
-		return err_set(CORE_EIO, path, "cannot open: %s", strerror(errno));
-	for (;;) {
-		if (!b || n == cap) {
-			char *nb = realloc(b, b ? (cap *= 2) : cap);
-			if (!nb) {
-				free(b);
-				fclose(f);
-				return err_set(CORE_ENOMEM, path, "out of memory");
-			}
-			b = nb;
-		}
-		size_t k = fread(b + n, 1, cap - n, f);
-		n += k;
-		if (k == 0)
-			break;
-	}
-	if (ferror(f)) {
-		free(b);
-		fclose(f);
-		return err_set(CORE_EIO, path, "read failed");
-	}
-	fclose(f);
-	*out = b;
-	*len = n;
-	return 0;
-}
-
 static int next_file(struct corpus_reader *r, struct corpus_doc *doc)
 {
 	struct stat st;
@@ -231,7 +198,7 @@ static int next_file(struct corpus_reader *r, struct corpus_doc *doc)
 			continue;
 		free(r->buf);
 		r->buf = NULL;
-		ERR_FORWARD(read_file(r->file, &r->buf, &len));
+		ERR_FORWARD(file_read_all(r->file, &r->buf, &len));
 		json_t *m = json_pack("{s:s}", "file", name);
 		free(r->meta);
 		r->meta = m ? json_dumps(m, JSON_COMPACT) : NULL;
