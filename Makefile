@@ -73,15 +73,27 @@ CFLAGS += -fopenmp $(BLAS_CFLAGS) $(shell $(PKG_CONFIG) --cflags yaml-0.1 zlib j
 LIBS := $(BLAS_LIBS) $(shell $(PKG_CONFIG) --libs yaml-0.1 zlib jansson) -fopenmp -lm
 
 # ---- sources ------------------------------------------------------------------------------
-LIB_SRC := $(sort $(wildcard lib/*.c))
+# libcore is every .c file under lib/, one folder per layer (README, LAYOUT). Objects mirror
+# the source tree under $(BUILD); -MMD -MP writes each object's header dependencies next to it.
+LIB_SRC := $(sort $(shell find lib -name '*.c'))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CMD_SRC := $(sort $(wildcard cmd/*.c))
 PROGS := $(CMD_SRC:cmd/%.c=$(BUILD)/bin/%)
 TEST_SRC := $(sort $(wildcard test/unit/test_*.c))
 TESTS := $(TEST_SRC:test/unit/%.c=$(BUILD)/test/%)
-CU_SRC := $(sort $(wildcard kernels/*.cu))
+CU_SRC := $(sort $(shell find kernels -name '*.cu' 2>/dev/null))
 CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.o)
 MANS := $(sort $(wildcard man/*.1 man/*.5))
+DEPS := $(LIB_OBJ:.o=.d) $(CMD_SRC:%.c=$(BUILD)/%.d) $(TEST_SRC:%.c=$(BUILD)/%.d)
+
+# One short line per step; V=1 prints the full commands.
+ifeq ($(V),1)
+Q :=
+say = @true
+else
+Q := @
+say = @printf '  %-6s %s\n' $(1) $(2)
+endif
 
 .PHONY: all probe test test-unit test-sh test-man check install clean kernels
 all: probe $(BUILD)/libcore.a $(PROGS) $(if $(filter 1,$(HAVE_CUDA)),kernels)
@@ -96,25 +108,36 @@ probe:
 	@echo "==> PyTorch (reference tests): $(if $(filter 1,$(HAVE_PYTORCH)),found,not found; reference tests will be skipped)"
 	@echo "==> build: $(BUILD) $(if $(filter 1,$(SAN)),(ASan + UBSan))"
 
-$(BUILD)/%.o: %.c $(wildcard lib/*.h) | $(BUILD)/lib $(BUILD)/cmd $(BUILD)/test/unit
-	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libcore.a: $(LIB_OBJ)
-	rm -f $@ && ar rcs $@ $^
+	$(call say,AR,$@)
+	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/bin/%: $(BUILD)/cmd/%.o $(BUILD)/libcore.a | $(BUILD)/bin
-	$(CC) $(LDFLAGS) $< $(BUILD)/libcore.a $(LIBS) -o $@
+$(BUILD)/bin/%: $(BUILD)/cmd/%.o $(BUILD)/libcore.a
+	@mkdir -p $(@D)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $< $(BUILD)/libcore.a $(LIBS) -o $@
 
-$(BUILD)/test/%: $(BUILD)/test/unit/%.o $(BUILD)/libcore.a | $(BUILD)/test
-	$(CC) $(LDFLAGS) $< $(BUILD)/libcore.a $(LIBS) $(shell $(PKG_CONFIG) --libs criterion) -o $@
+$(BUILD)/test/%: $(BUILD)/test/unit/%.o $(BUILD)/libcore.a
+	@mkdir -p $(@D)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $< $(BUILD)/libcore.a $(LIBS) $(shell $(PKG_CONFIG) --libs criterion) -o $@
 
-$(BUILD)/kernels/%.o: kernels/%.cu | $(BUILD)/kernels
-	$(NVCC) -O3 -Ilib -Xcompiler -Wall -c $< -o $@
+$(BUILD)/kernels/%.o: kernels/%.cu
+	@mkdir -p $(@D)
+	$(call say,NVCC,$<)
+	$(Q)$(NVCC) -O3 -Ilib -Xcompiler -Wall -c $< -o $@
 
 kernels: $(CU_OBJ)
 
-$(BUILD)/lib $(BUILD)/cmd $(BUILD)/bin $(BUILD)/test $(BUILD)/test/unit $(BUILD)/kernels:
-	mkdir -p $@
+# Objects of programs and tests are kept (make would delete them as intermediates).
+.SECONDARY:
+
+-include $(DEPS)
 
 # ---- tests --------------------------------------------------------------------------------
 # Each Criterion binary runs its tests in parallel processes; a failing test makes it exit 1.

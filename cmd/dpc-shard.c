@@ -11,12 +11,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cli.h"
-#include "corpus.h"
-#include "err.h"
-#include "progress.h"
-#include "tokfile.h"
-#include "banned.h"
+#include "cli/cli.h"
+#include "io/corpus.h"
+#include "common/err.h"
+#include "common/progress.h"
+#include "io/tokfile.h"
+#include "common/banned.h"
 
 static const char prog[] = "dpc-shard";
 

@@ -9,15 +9,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
-#include "cli.h"
-#include "config.h"
-#include "err.h"
-#include "gpt2.h"
-#include "progress.h"
-#include "tokfile.h"
-#include "train.h"
-#include "banned.h"
+#include "model/checkpoint.h"
+#include "cli/cli.h"
+#include "io/config.h"
+#include "common/err.h"
+#include "model/gpt2.h"
+#include "common/progress.h"
+#include "io/tokfile.h"
+#include "model/train.h"
+#include "common/banned.h"
 
 static const char *prog = "dpc-train-path";
 

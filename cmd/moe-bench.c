@@ -13,12 +13,13 @@
 #include <stddef.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "err.h"
-#include "moe.h"
-#include "progress.h"
-#include "rng.h"
-#include "banned.h"
+#include "cli/cli.h"
+#include "common/err.h"
+#include "io/trace.h"
+#include "moe/moe.h"
+#include "common/progress.h"
+#include "common/rng.h"
+#include "common/banned.h"
 
 static const char *prog = "moe-bench";
 
@@ -823,7 +824,7 @@ int main(int argc, char **argv)
 				       dense_T, T);
 	o.dense_T = dense_T ? dense_T : T;
 	if (o.trace_path) {
-		rc = moe_trace_read(o.trace_path, &o.trace, &o.trace_n);
+		rc = trace_read(o.trace_path, &o.trace, &o.trace_n);
 		if (rc < 0)
 			return cli_report(prog, rc);
 	}

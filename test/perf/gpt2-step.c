@@ -21,7 +21,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "gpt2.h"
+#include "model/gpt2.h"
 
 #define MAXTH 64
 static double sg_serial, sg_par[MAXTH], sg_flops;

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """gpt2_torch.py - an independent PyTorch reference for dpc-train-path (test/ref, not shipped).
 
-Written from DESIGN.md "The model", the dpc-train-path contract (TRAIN-CLI.md: batch
+Written from DESIGN.md "The model", the dpc-train-path contract (dpc-train-path(1): batch
 sampling, LR schedule, clipping, AdamW groups, checkpoint names) and the Philox mapping of
-lib/rng.h, not from the model or trainer code, so that the C trainer can be checked against it:
+lib/common/rng.h, not from the model or trainer code, so that the C trainer can be checked
+against it:
 GPT-2 with pre-LayerNorm blocks (eps 1e-5), causal multi-head attention (c_attn output is
 [q | k | v], each C wide, head h = columns h*hs .. (h+1)*hs of each), tanh-GELU MLP of width
 4C, final LayerNorm, untied lm_head, Hugging Face Conv1D layout y = x W + b with W [in, out];
@@ -11,7 +12,8 @@ logits = x lm_head^T.
 
 Subcommands (run with /usr/bin/python3, which has torch 1.13 and numpy):
   loss CKPT TOKENS [--max-tokens N]          mean loss over the --eval windows, JSON on stdout
-  step CKPT TOKENS -c CONFIG [-s K=V]... OUT one training step from CKPT as TRAIN-CLI.md says;
+  step CKPT TOKENS -c CONFIG [-s K=V]... OUT one training step from CKPT as dpc-train-path(1)
+                                             says;
                                              OUT holds the parameters and moments, step + 1.
                                              Train keys: the checkpoint's config dump, then
                                              CONFIG, then -s; model sizes from the checkpoint
@@ -28,7 +30,7 @@ Subcommands (run with /usr/bin/python3, which has torch 1.13 and numpy):
   make-ckpt CONFIG OUT [-s K=V]... [--tokens TOKENS --steps K]
                                              a checkpoint made by this reference (for testing
                                              this file without the C programs)
-Token files: the DPCTOKS format of lib/tokfile.h, or a .npy array (for tests of this file).
+Token files: the DPCTOKS format of lib/io/tokfile.h, or a .npy array (for tests of this file).
 Exit status: 0 ok / comparison passed, 1 comparison failed or runtime error, 2 usage error.
 """
 import argparse
@@ -57,7 +59,7 @@ def die(msg, code=1):
     sys.exit(code)
 
 
-# ---- Philox4x32-10 (Salmon et al., SC'11), the mapping of lib/rng.c and TRAIN-CLI.md ---------
+# ---- Philox4x32-10 (Salmon et al., SC'11), the mapping of lib/common/rng.c -------------------
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 
@@ -97,7 +99,7 @@ def rng_below(seed, stream, index, n):
 
 
 def rng_normal(seed, stream, index):
-    """Box-Muller on one block as lib/rng.c: u1 = (w0 + 1) / 2^32, u2 = w1 / 2^32, in double."""
+    """Box-Muller on one block as lib/common/rng.c: u1 = (w0 + 1) / 2^32, u2 = w1 / 2^32, in double."""
     w = rng_philox(seed, stream, index)
     u1 = (w[0].astype(np.float64) + 1.0) / 4294967296.0
     u2 = w[1].astype(np.float64) / 4294967296.0
@@ -180,7 +182,7 @@ def st_read(path):
 
 
 def st_write(path, tensors, meta=None):
-    """Tensors in the given order, float32 little-endian; crc32 keys as lib/safetensors.h."""
+    """Tensors in the given order, float32 little-endian; crc32 keys as lib/io/safetensors.h."""
     header, blobs, off = {}, [], 0
     inv = {np.dtype(v): k for k, v in ST_DTYPES.items()}
     meta = dict(meta or {})
@@ -207,7 +209,7 @@ def st_write(path, tensors, meta=None):
 def read_tokens(path):
     """All tokens, documents concatenated in file order, as int64.
 
-    DPCTOKS layout of dpc-tokens(5) / lib/tokfile.h: 64-byte header (magic "DPCTOKS\0",
+    DPCTOKS layout of dpc-tokens(5) / lib/io/tokfile.h: 64-byte header (magic "DPCTOKS\0",
     u32 version, u32 vocab, u64 ndocs, u64 ntokens, u32 width, u32 crc32 of the body,
     u64 meta_bytes, 12 reserved bytes, u32 crc32 of header bytes 0..59), then the tokens
     (zero-padded to 8 bytes), u64 offsets[ndocs + 1], u64 meta_offsets[ndocs + 1], metadata.
@@ -335,7 +337,7 @@ def model_from_meta(meta, path):
 
 # ---- the model --------------------------------------------------------------------------------
 def param_shapes(m):
-    """HF GPT-2 names and shapes, in the order of lib/gpt2.h."""
+    """HF GPT-2 names and shapes, in the order of lib/model/gpt2.h."""
     L, C, T, V = m["n_layer"], m["n_embd"], m["seq_len"], m["vocab_size"]
     s = [("wte.weight", (V, C)), ("wpe.weight", (T, C))]
     for i in range(L):
@@ -351,7 +353,7 @@ def param_shapes(m):
 
 
 def init_params(m, seed):
-    """GPT-2 init of TRAIN-CLI.md with the draws of lib/gpt2.h (element i of the flat buffer,
+    """GPT-2 init of dpc-train-path(1) with the draws of lib/model/gpt2.h (element i of the flat buffer,
     views in HF order, uses draw i of RNG_STREAM_INIT). Matrices and embeddings N(0, 0.02),
     residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1."""
     out, base = {}, 0
@@ -406,7 +408,7 @@ def forward(P, idx, targets, m, mutate=None):
 
 
 def lr_at(cfg, s, mutate=None):
-    """TRAIN-CLI.md: linear warmup to lr, then cosine to lr*min_lr_frac at train.steps."""
+    """dpc-train-path(1): linear warmup to lr, then cosine to lr*min_lr_frac at train.steps."""
     if mutate == "lr_off_by_one":
         s += 1
     lr, w, n = cfg["lr"], cfg["warmup_steps"], cfg["steps"]
@@ -438,7 +440,7 @@ def to_torch(arrs, dtype):
 
 
 def train_step(P, M, V, step, toks, cfg, m, dtype, mutate=None):
-    """One step of TRAIN-CLI.md from parameters P, moments M, V (numpy, by name) after `step`
+    """One step of dpc-train-path(1) from parameters P, moments M, V (numpy, by name) after `step`
     steps. Returns (new params, new exp_avg, new exp_avg_sq, info)."""
     import torch
     T = m["seq_len"]

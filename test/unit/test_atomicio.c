@@ -9,10 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "atomicio.h"
-#include "err.h"
-#include "rng.h"
-#include "banned.h"
+#include "io/atomicio.h"
+#include "common/err.h"
+#include "common/rng.h"
+#include "common/banned.h"
 
 static char dir[64];
 

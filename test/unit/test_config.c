@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.c"
+#include "io/config.c"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 

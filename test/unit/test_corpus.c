@@ -11,11 +11,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "corpus.h"
-#include "err.h"
-#include "rng.h"
-#include "tokfile.h"
-#include "banned.h"
+#include "io/corpus.h"
+#include "common/err.h"
+#include "common/rng.h"
+#include "io/tokfile.h"
+#include "common/banned.h"
 
 static char dir[64];
 

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "gpt2.h"
-#include "rng.h"
+#include "backend/backend.h"
+#include "model/gpt2.h"
+#include "common/rng.h"
 
 static const struct backend_ops *be;
 

@@ -8,9 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "err.h"
-#include "metrics.h"
-#include "banned.h"
+#include "common/err.h"
+#include "io/metrics.h"
+#include "common/banned.h"
 
 static char dir[64], path[128];
 

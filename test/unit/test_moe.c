@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "err.h"
-#include "moe.h"
-#include "rng.h"
-#include "banned.h"
+#include "common/err.h"
+#include "moe/moe.h"
+#include "common/rng.h"
+#include "common/banned.h"
 
 struct tcase {
 	int64_t T, M, H;

@@ -4,8 +4,8 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "moe.h"
-#include "banned.h"
+#include "moe/moe.h"
+#include "common/banned.h"
 
 struct routing_buf {
 	struct moe_routing r;

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "progress.h"
-#include "banned.h"
+#include "common/progress.h"
+#include "common/banned.h"
 
 TestSuite(progress, .timeout = 20);
 

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h"
-#include "banned.h"
+#include "common/rng.h"
+#include "common/banned.h"
 
 TestSuite(rng, .timeout = 20);
 

@@ -17,11 +17,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "err.h"
-#include "rng.h"
-#include "safetensors.h"
-#include "tensor.h"
-#include "banned.h"
+#include "common/err.h"
+#include "common/rng.h"
+#include "io/safetensors.h"
+#include "common/tensor.h"
+#include "common/banned.h"
 
 /* ---- scratch directory -------------------------------------------------------------------- */
 

@@ -9,9 +9,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "err.h"
-#include "tokfile.h"
-#include "banned.h"
+#include "common/err.h"
+#include "io/tokfile.h"
+#include "common/banned.h"
 
 static char dir[64];
 static char path[128];

@@ -5,7 +5,7 @@
  * redrawn in place with \r and cleared to its end, at most ten times a second, so that the
  * display costs nothing measurable inside a training loop.
  */
-#include "progress.h"
+#include "common/progress.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "banned.h"
+#include "common/banned.h"
 
 #define PROGRESS_INTERVAL 0.1 /* seconds between redraws */
 

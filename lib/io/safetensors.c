@@ -7,7 +7,7 @@
  * must tile the data section exactly (no gaps, no overlap, nothing after the last tensor), and
  * the crc32 values we store in "__metadata__" are checked when present.
  */
-#include "safetensors.h"
+#include "io/safetensors.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
-#include "atomicio.h"
-#include "err.h"
-#include "banned.h"
+#include "io/atomicio.h"
+#include "common/err.h"
+#include "common/banned.h"
 
 /* Tensor bytes go to and from disk as they are in memory, which is the format's byte order
  * only on a little-endian host. */

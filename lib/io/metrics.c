@@ -5,7 +5,7 @@
  * or a second writer cannot interleave half lines. JSON has no NaN or infinity, so those are
  * written as null rather than as text no parser accepts.
  */
-#include "metrics.h"
+#include "io/metrics.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,8 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "err.h"
-#include "banned.h"
+#include "common/err.h"
+#include "common/banned.h"
 
 int metrics_open(struct metrics *m, const char *path)
 {

@@ -10,18 +10,18 @@
  * projection with it). The backward runs on three reusable buffers: the residual-stream
  * gradient [N,C], one [N,C] and one [N,4C] scratch, plus the attention workspace.
  */
-#include "gpt2.h"
+#include "model/gpt2.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "err.h"
-#include "rng.h"
+#include "backend/backend.h"
+#include "common/err.h"
+#include "common/rng.h"
 
-#include "banned.h"
+#include "common/banned.h"
 
 /* Parameter tensors of one block, in Hugging Face order. */
 enum {

@@ -8,7 +8,7 @@
  * decode-backward leave the padding rows as they are (moe_encode_kept and
  * moe_decode_backward_kept): nothing reads them.
  */
-#include "moe.h"
+#include "moe/moe.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -17,10 +17,10 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "backend.h"
-#include "err.h"
-#include "rng.h"
-#include "banned.h"
+#include "backend/backend.h"
+#include "common/err.h"
+#include "common/rng.h"
+#include "common/banned.h"
 
 /* Up to this many experts the gate products run in moe.c's own loops (see gate_logits). */
 #define GATE_E_MAX 64

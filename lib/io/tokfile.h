@@ -32,7 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "atomicio.h"
+#include "io/atomicio.h"
 
 #define TOKFILE_VERSION 1
 #define TOKFILE_HEADER_BYTES 64

@@ -1,7 +1,5 @@
-/* moe_trace.c - read a capacity trace for moe-bench: one capacity setting per line, replayed
- * one per step (moe.h). Strict: a line that is not exactly one finite number is an error
- * naming the file and the line, so a typo never silently becomes a different workload. */
-#include "moe.h"
+/* trace.c - read a capacity trace; see trace.h. */
+#include "io/trace.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -10,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "err.h"
-#include "banned.h"
+#include "common/err.h"
+#include "common/banned.h"
 
-int moe_trace_read(const char *path, double **out, size_t *n)
+int trace_read(const char *path, double **out, size_t *n)
 {
 	FILE *f = fopen(path, "r");
 	char *line = NULL;

@@ -1,5 +1,5 @@
 /* train.c - the training loop of dpc-train-path; see train.h for the semantics. */
-#include "train.h"
+#include "model/train.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -7,12 +7,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "checkpoint.h"
-#include "err.h"
-#include "metrics.h"
-#include "progress.h"
-#include "rng.h"
-#include "banned.h"
+#include "model/checkpoint.h"
+#include "common/err.h"
+#include "io/metrics.h"
+#include "common/progress.h"
+#include "common/rng.h"
+#include "common/banned.h"
 
 double train_lr(const struct train_config *t, long s)
 {

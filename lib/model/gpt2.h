@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tensor.h"
+#include "common/tensor.h"
 
 struct gpt2_config {
 	int n_layer, n_embd, n_head, seq_len, vocab_size;

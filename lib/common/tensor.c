@@ -1,11 +1,11 @@
 /* tensor.c - tensor bookkeeping; the arithmetic lives in the backends. */
-#include "tensor.h"
+#include "common/tensor.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "err.h"
-#include "banned.h"
+#include "common/err.h"
+#include "common/banned.h"
 
 static const struct {
 	const char *name;

@@ -6,7 +6,7 @@
  * once and write its (up to k) slots, decode and encode-backward gather its k rows in one
  * pass. Each slot has one owner, so no two threads write the same row.
  */
-#include "moe.h"
+#include "moe/moe.h"
 
 #include <float.h>
 #include <math.h>
@@ -14,12 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "err.h"
-#include "rng.h"
+#include "common/err.h"
+#include "common/rng.h"
 #if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
-#include "banned.h"
+#include "common/banned.h"
 
 /* Below this many elements a kernel runs on one thread: a parallel region costs more. */
 #define PAR_MIN 32768

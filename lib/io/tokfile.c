@@ -6,7 +6,7 @@
  * as a truncated file; the version comes before the header crc because another version may
  * lay the header out differently.
  */
-#include "tokfile.h"
+#include "io/tokfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,8 +17,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "err.h"
-#include "banned.h"
+#include "common/err.h"
+#include "common/banned.h"
 
 static const char tokfile_magic[8] = "DPCTOKS";
 

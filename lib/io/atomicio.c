@@ -7,7 +7,7 @@
  * afile_abort() the struct holds nothing, so calling afile_abort() again (a cleanup path that
  * runs on every exit) is harmless.
  */
-#include "atomicio.h"
+#include "io/atomicio.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -19,8 +19,8 @@
 #include <threads.h>
 #include <unistd.h>
 
-#include "err.h"
-#include "banned.h"
+#include "common/err.h"
+#include "common/banned.h"
 
 /* strerror text with a lower-case first letter, as our details are lower-case. */
 static const char *errtext(int e, char *buf, size_t n)

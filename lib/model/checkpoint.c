@@ -1,5 +1,5 @@
 /* checkpoint.c - GPT-2 checkpoints over lib/safetensors; see checkpoint.h. */
-#include "checkpoint.h"
+#include "model/checkpoint.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "err.h"
-#include "safetensors.h"
-#include "banned.h"
+#include "common/err.h"
+#include "io/safetensors.h"
+#include "common/banned.h"
 
 static const char *const optim_prefix[2] = {"optim.exp_avg.", "optim.exp_avg_sq."};
 

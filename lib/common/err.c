@@ -1,10 +1,10 @@
 /* err.c - thread-local error detail; see err.h. */
-#include "err.h"
+#include "common/err.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "banned.h"
+#include "common/banned.h"
 
 static _Thread_local int last_code;
 static _Thread_local char last_file[512];

@@ -7,7 +7,7 @@
  * order, locations, dispatch, combine and the expert FFN are written again here, the plain
  * way. The einsums are GEMMs over the [T, E*C] view of the combine tensor, as in GShard.
  */
-#include "moe.h"
+#include "moe/moe.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "err.h"
-#include "banned.h"
+#include "common/err.h"
+#include "common/banned.h"
 
 enum {
 	D_LOGITS, D_PROBS, D_CLEAN, D_DLOGITS, /* [T,E] floats */

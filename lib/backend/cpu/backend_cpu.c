@@ -14,14 +14,14 @@
  * columns (each output column summed in row order) or over BACKEND_CHUNKS fixed row chunks
  * summed in chunk order, so results do not depend on how OpenMP schedules the loop.
  */
-#include "backend.h"
+#include "backend/backend.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
-#include "banned.h"
+#include "common/banned.h"
 
 /* Attention row/key block: rows of block r attend to keys of blocks 0..r only, so the
  * products skip all but (nb + 1) / (2 nb) of the T x T scores (nb = T / ATT_BLOCK blocks).

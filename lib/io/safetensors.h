@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "tensor.h"
+#include "common/tensor.h"
 
 struct st_kv {
 	const char *key;

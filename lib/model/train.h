@@ -12,9 +12,9 @@
 
 #include <stdint.h>
 
-#include "config.h"
-#include "gpt2.h"
-#include "tokfile.h"
+#include "io/config.h"
+#include "model/gpt2.h"
+#include "io/tokfile.h"
 
 struct train_opts {
 	const struct run_config *cfg;

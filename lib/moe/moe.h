@@ -163,11 +163,6 @@ size_t moe_layer_peak_bytes(const struct moe_layer *l);
 size_t moe_layer_bytes_for(const struct moe_config *cfg, int64_t T, int k, int64_t C,
 			   int backward);
 
-/* Read a capacity trace: one capacity setting (a finite number) per line; blank lines and
- * lines starting with '#' are skipped. *out (malloc'd, caller frees) gets *n >= 1 values.
- * CORE_EIO if unreadable, CORE_ECONFIG naming the file and the line if malformed or empty. */
-int moe_trace_read(const char *path, double **out, size_t *n);
-
 /* ---- building blocks (used by moe_forward/backward, exposed for tests and moe-bench) ---- */
 
 /* Steps 1-2 for T tokens: from logits [T,E] (x wg), fill probs [T,E] (softmax of the

@@ -5,8 +5,8 @@
 #ifndef CORE_CHECKPOINT_H
 #define CORE_CHECKPOINT_H
 
-#include "config.h"
-#include "gpt2.h"
+#include "io/config.h"
+#include "model/gpt2.h"
 
 #define CKPT_FORMAT "dpc-checkpoint"
 

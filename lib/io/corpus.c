@@ -4,7 +4,7 @@
  * message and memory stays bounded by the longest line. Tokens stream into the token files as
  * documents arrive (tokfile.h), so the corpus itself never has to fit in memory.
  */
-#include "corpus.h"
+#include "io/corpus.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -15,11 +15,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "atomicio.h"
-#include "err.h"
-#include "rng.h"
-#include "tokfile.h"
-#include "banned.h"
+#include "io/atomicio.h"
+#include "common/err.h"
+#include "common/rng.h"
+#include "io/tokfile.h"
+#include "common/banned.h"
 
 /* ---- readers ------------------------------------------------------------------------------ */
 

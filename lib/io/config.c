@@ -12,7 +12,7 @@
  * rather than half-supported; numbers for numeric keys must be plain (unquoted) scalars, as a
  * YAML reader in another language would otherwise see a string where we see a number.
  */
-#include "config.h"
+#include "io/config.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -26,8 +26,8 @@
 #include <strings.h>
 #include <yaml.h>
 
-#include "err.h"
-#include "banned.h"
+#include "common/err.h"
+#include "common/banned.h"
 
 enum cfg_type { CFG_INT, CFG_LONG, CFG_DOUBLE, CFG_U64, CFG_BOOL, CFG_STRING, CFG_ENUM };
 

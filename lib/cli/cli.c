@@ -1,5 +1,5 @@
 /* cli.c - checked number parsing and error reporting for programs; see cli.h. */
-#include "cli.h"
+#include "cli/cli.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "err.h"
-#include "banned.h"
+#include "common/err.h"
+#include "common/banned.h"
 
 int cli_parse_long(const char *opt, const char *s, long lo, long hi, long *out)
 {

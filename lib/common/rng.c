@@ -1,10 +1,10 @@
 /* rng.c - Philox4x32-10; constants from Salmon et al., "Parallel random numbers: as easy as
  * 1, 2, 3" (SC'11), the same generator as curand's and numpy's Philox. */
-#include "rng.h"
+#include "common/rng.h"
 
 #include <math.h>
 
-#include "banned.h"
+#include "common/banned.h"
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
