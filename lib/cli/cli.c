@@ -103,8 +103,8 @@ int cli_print_json(json_t *j, size_t flags)
 		putchar('\n');
 	if (rc != 0 || fflush(stdout) != 0 || ferror(stdout)) {
 		e = errno;
-		return err_set(CORE_EIO, "<stdout>", "write failed%s%s", e ? ": " : "",
-			       e ? strerror(e) : "");
+		return e ? err_errno(CORE_EIO, "<stdout>", "write failed", e)
+			 : err_set(CORE_EIO, "<stdout>", "write failed");
 	}
 	return 0;
 }

@@ -1,8 +1,10 @@
 /* err.c - thread-local error detail; see err.h. */
 #include "common/err.h"
 
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "common/banned.h"
 
@@ -20,6 +22,15 @@ int err_set(int code, const char *file, const char *fmt, ...)
 	vsnprintf(last_detail, sizeof last_detail, fmt, ap);
 	va_end(ap);
 	return code;
+}
+
+int err_errno(int code, const char *file, const char *what, int errnum)
+{
+	char text[128];
+
+	snprintf(text, sizeof text, "%s", strerror(errnum));
+	text[0] = (char)tolower((unsigned char)text[0]);
+	return err_set(code, file, "%s: %s", what, text);
 }
 
 const char *err_file(void) { return last_file; }

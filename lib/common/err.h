@@ -30,6 +30,9 @@ enum core_err {
 /* Record code, file (may be NULL) and a printf-style detail; returns code. */
 int err_set(int code, const char *file, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* err_set(code, file, "what: <strerror(errnum)>"), the system's text with a lower-case first
+ * letter as every detail is: the one way to report an errno. */
+int err_errno(int code, const char *file, const char *what, int errnum);
 /* The last recorded file ("" if none) and detail ("" if none), for this thread. */
 const char *err_file(void);
 const char *err_detail(void);

@@ -22,18 +22,9 @@
 #include "common/err.h"
 #include "common/banned.h"
 
-/* strerror text with a lower-case first letter, as our details are lower-case. */
-static const char *errtext(int e, char *buf, size_t n)
-{
-	snprintf(buf, n, "%s", strerror(e));
-	buf[0] = (char)tolower((unsigned char)buf[0]);
-	return buf;
-}
-
 static int io_error(const char *path, const char *what, int e)
 {
-	char b[128];
-	return err_set(CORE_EIO, path, "%s: %s", what, errtext(e, b, sizeof b));
+	return err_errno(CORE_EIO, path, what, e);
 }
 
 /* mkstemp() creates files with mode 0600; a finished output file should get the mode a plain
@@ -230,7 +221,7 @@ int afile_commit(struct afile *a)
 	return rc;
 }
 
-int file_read_all(const char *path, char **out, size_t *len)
+int file_read_all(const char *path, size_t max, char **out, size_t *len)
 {
 	char *buf = NULL;
 	size_t cap = 0, n = 0;
@@ -266,6 +257,10 @@ int file_read_all(const char *path, char **out, size_t *len)
 		n += got;
 		if (got == 0)
 			break;
+		if (max && n > max) {
+			rc = err_set(CORE_EFORMAT, path, "larger than %zu bytes", max);
+			goto out;
+		}
 	}
 	if (ferror(fp)) {
 		rc = io_error(path, "cannot read", errno ? errno : EIO);

@@ -35,8 +35,10 @@ int afile_prepare(struct afile *a);
 int afile_commit(struct afile *a);
 void afile_abort(struct afile *a);
 
-/* Whole small file into a malloc'd, NUL-terminated buffer (for configs and headers). */
-int file_read_all(const char *path, char **out, size_t *len);
+/* Whole small file into a malloc'd, NUL-terminated buffer (for configs and headers).
+ * CORE_ENOTFOUND when it does not exist; CORE_EFORMAT when it is longer than max bytes
+ * (max 0: no limit). */
+int file_read_all(const char *path, size_t max, char **out, size_t *len);
 /* Write a whole buffer atomically. */
 int file_write_atomic(const char *path, const void *buf, size_t n);
 

@@ -27,6 +27,7 @@
 #include <yaml.h>
 
 #include "common/err.h"
+#include "io/atomicio.h"
 #include "common/banned.h"
 
 enum cfg_type { CFG_INT, CFG_LONG, CFG_DOUBLE, CFG_U64, CFG_BOOL, CFG_STRING, CFG_ENUM };
@@ -755,49 +756,6 @@ static int load_stream(struct loader *L)
 /* Config files are small; anything larger than this is not a config. */
 #define CONFIG_MAX_BYTES (16u << 20)
 
-static int read_file(const char *path, char **out, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL;
-	size_t n = 0, cap = 0;
-
-	if (!f)
-		return err_set(CORE_EIO, path, "cannot open: %s", strerror(errno));
-	for (;;) {
-		if (n == cap) {
-			if (cap >= CONFIG_MAX_BYTES) {
-				fclose(f);
-				free(buf);
-				return err_set(CORE_ECONFIG, path, "larger than %u bytes",
-					       CONFIG_MAX_BYTES);
-			}
-			cap = cap ? 2 * cap : 4096;
-			char *nb = realloc(buf, cap + 1);
-			if (!nb) {
-				fclose(f);
-				free(buf);
-				return err_set(CORE_ENOMEM, path, "cannot allocate %zu bytes", cap);
-			}
-			buf = nb;
-		}
-		size_t got = fread(buf + n, 1, cap - n, f);
-		n += got;
-		if (got == 0)
-			break;
-	}
-	if (ferror(f)) {
-		int e = errno;
-		fclose(f);
-		free(buf);
-		return err_set(CORE_EIO, path, "cannot read: %s", strerror(e));
-	}
-	fclose(f);
-	buf[n] = '\0';
-	*out = buf;
-	*len = n;
-	return 0;
-}
-
 /* Parse into a scratch copy so that a failed load leaves the caller's config untouched. */
 static int schema_load(const struct cfg_schema *s, void *base, const char *path)
 {
@@ -805,7 +763,7 @@ static int schema_load(const struct cfg_schema *s, void *base, const char *path)
 	char *text = NULL;
 	int rc;
 
-	ERR_FORWARD(read_file(path, &text, &L.len));
+	ERR_FORWARD(file_read_all(path, CONFIG_MAX_BYTES, &text, &L.len));
 	L.text = text;
 	L.base = malloc(s->struct_size);
 	L.key_line = calloc(2 * s->n, sizeof *L.key_line);
@@ -1026,6 +984,12 @@ static void hash_hex(uint64_t h, char out[17])
 void config_defaults(struct run_config *c)
 {
 	schema_defaults(&run_schema, c);
+}
+
+int config_model_equal(const struct model_config *a, const struct model_config *b)
+{
+	return a->n_layer == b->n_layer && a->n_embd == b->n_embd && a->n_head == b->n_head &&
+	       a->seq_len == b->seq_len && a->vocab_size == b->vocab_size;
 }
 
 int config_load(struct run_config *c, const char *path)

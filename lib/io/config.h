@@ -40,6 +40,8 @@ struct run_config {
 };
 
 void config_defaults(struct run_config *c);
+/* 1 when both describe the same model (every field equal). */
+int config_model_equal(const struct model_config *a, const struct model_config *b);
 /* Load path over the defaults; CORE_ECONFIG (detail names path and line) or CORE_EIO. */
 int config_load(struct run_config *c, const char *path);
 /* Apply "section.key=value" from the command line with the same checks. */

@@ -60,7 +60,7 @@ int corpus_open(struct corpus_reader **out, const char *path)
 
 	*out = NULL;
 	if (stat(path, &st) != 0)
-		return err_set(CORE_EIO, path, "cannot open: %s", strerror(errno));
+		return err_errno(CORE_EIO, path, "cannot open", errno);
 	r = calloc(1, sizeof *r);
 	if (!r || !(r->path = strdup(path))) {
 		free(r);
@@ -73,14 +73,14 @@ int corpus_open(struct corpus_reader **out, const char *path)
 			int e = errno;
 			r->nnames = 0;
 			corpus_close(r);
-			return err_set(CORE_EIO, path, "cannot list directory: %s", strerror(e));
+			return err_errno(CORE_EIO, path, "cannot list directory", e);
 		}
 	} else {
 		r->fp = fopen(path, "rb");
 		if (!r->fp) {
 			int e = errno;
 			corpus_close(r);
-			return err_set(CORE_EIO, path, "cannot open: %s", strerror(e));
+			return err_errno(CORE_EIO, path, "cannot open", e);
 		}
 		r->size = (uint64_t)st.st_size;
 	}
@@ -141,8 +141,7 @@ static int next_jsonl(struct corpus_reader *r, struct corpus_doc *doc)
 		n = getline(&r->line, &r->line_cap, r->fp);
 		if (n < 0) {
 			if (ferror(r->fp))
-				return err_set(CORE_EIO, r->path, "read failed: %s",
-					       strerror(errno));
+				return err_errno(CORE_EIO, r->path, "read failed", errno);
 			return 0;
 		}
 		r->lineno++;
@@ -193,12 +192,12 @@ static int next_file(struct corpus_reader *r, struct corpus_doc *doc)
 			return err_set(CORE_ENOMEM, r->path, "out of memory");
 		snprintf(r->file, n, "%s/%s", r->path, name);
 		if (stat(r->file, &st) != 0)
-			return err_set(CORE_EIO, r->file, "cannot stat: %s", strerror(errno));
+			return err_errno(CORE_EIO, r->file, "cannot stat", errno);
 		if (!S_ISREG(st.st_mode))
 			continue;
 		free(r->buf);
 		r->buf = NULL;
-		ERR_FORWARD(file_read_all(r->file, &r->buf, &len));
+		ERR_FORWARD(file_read_all(r->file, 0, &r->buf, &len));
 		json_t *m = json_pack("{s:s}", "file", name);
 		free(r->meta);
 		r->meta = m ? json_dumps(m, JSON_COMPACT) : NULL;
@@ -340,7 +339,7 @@ static int make_outdir(const char *dir, int *created)
 		return 0;
 	}
 	if (errno != EEXIST)
-		return err_set(CORE_EIO, dir, "cannot create directory: %s", strerror(errno));
+		return err_errno(CORE_EIO, dir, "cannot create directory", errno);
 	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
 		return err_set(CORE_EIO, dir, "not a directory");
 	return 0;

@@ -33,7 +33,7 @@ int metrics_open(struct metrics *m, const char *path)
 		int e = errno;
 		free(m->path);
 		m->path = NULL;
-		return err_set(CORE_EIO, path, "cannot open for appending: %s", strerror(e));
+		return err_errno(CORE_EIO, path, "cannot open for appending", e);
 	}
 	/* A run killed mid-line leaves a last line without its newline; start on a fresh line
 	 * so that the first new event is not glued onto the broken one. */
@@ -45,7 +45,7 @@ int metrics_open(struct metrics *m, const char *path)
 		close(fd);
 		free(m->path);
 		m->path = NULL;
-		return err_set(CORE_EIO, path, "cannot write: %s", strerror(e));
+		return err_errno(CORE_EIO, path, "cannot write", e);
 	}
 	m->fp = fdopen(fd, "a");
 	if (!m->fp) {
@@ -53,7 +53,7 @@ int metrics_open(struct metrics *m, const char *path)
 		close(fd);
 		free(m->path);
 		m->path = NULL;
-		return err_set(CORE_EIO, path, "cannot open for appending: %s", strerror(e));
+		return err_errno(CORE_EIO, path, "cannot open for appending", e);
 	}
 	return 0;
 }
@@ -121,7 +121,7 @@ int metrics_event(struct metrics *m, const char *event, ...)
 	size_t n = strlen(s);
 	s[n] = '\n'; /* replaces the NUL; the buffer is not used as a string again */
 	if (fwrite(s, 1, n + 1, m->fp) != n + 1 || fflush(m->fp) != 0)
-		rc = err_set(CORE_EIO, m->path, "cannot write: %s", strerror(errno));
+		rc = err_errno(CORE_EIO, m->path, "cannot write", errno);
 	free(s);
 	return rc;
 nomem:

@@ -410,10 +410,10 @@ static int parse_metadata(struct st_file *f, const char *path, const json_t *md)
 static int read_at(struct st_file *f, void *buf, size_t n, uint64_t off)
 {
 	if (fseeko(f->fp, (off_t)off, SEEK_SET) != 0)
-		return err_set(CORE_EIO, f->path, "cannot seek: %s", strerror(errno));
+		return err_errno(CORE_EIO, f->path, "cannot seek", errno);
 	if (fread(buf, 1, n, f->fp) != n) {
 		if (ferror(f->fp))
-			return err_set(CORE_EIO, f->path, "cannot read: %s", strerror(errno));
+			return err_errno(CORE_EIO, f->path, "cannot read", errno);
 		return err_set(CORE_ETRUNC, f->path, "truncated file: it ends before byte %llu",
 			       (unsigned long long)(off + n));
 	}
@@ -445,7 +445,7 @@ static int verify_data(struct st_file *f)
 		by[i] = &f->entries[i];
 	qsort(by, (size_t)f->n, sizeof *by, cmp_range);
 	if (fseeko(f->fp, (off_t)f->data_offset, SEEK_SET) != 0) {
-		rc = err_set(CORE_EIO, f->path, "cannot seek: %s", strerror(errno));
+		rc = err_errno(CORE_EIO, f->path, "cannot seek", errno);
 		goto out;
 	}
 	for (int i = 0; i < f->n; i++) {
@@ -456,8 +456,7 @@ static int verify_data(struct st_file *f)
 			size_t k = left < ST_CHUNK ? (size_t)left : ST_CHUNK;
 			if (fread(buf, 1, k, f->fp) != k) {
 				if (ferror(f->fp))
-					rc = err_set(CORE_EIO, f->path, "cannot read: %s",
-						     strerror(errno));
+					rc = err_errno(CORE_EIO, f->path, "cannot read", errno);
 				else
 					rc = err_set(CORE_ETRUNC, f->path,
 						     "truncated file: it ends inside tensor '%s'",
@@ -507,7 +506,7 @@ int st_open(struct st_file *f, const char *path, int verify)
 	if (!f->fp) {
 		int e = errno;
 		rc = e == ENOENT ? err_set(CORE_ENOTFOUND, path, "no such file")
-				 : err_set(CORE_EIO, path, "cannot open: %s", strerror(e));
+				 : err_errno(CORE_EIO, path, "cannot open", e);
 		goto fail;
 	}
 	if (fstat(fileno(f->fp), &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -160,11 +160,11 @@ static int map_file(struct tokfile *tf, const char *path)
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 
 	if (fd < 0)
-		return err_set(CORE_EIO, path, "cannot open: %s", strerror(errno));
+		return err_errno(CORE_EIO, path, "cannot open", errno);
 	if (fstat(fd, &st) != 0) {
 		int e = errno;
 		close(fd);
-		return err_set(CORE_EIO, path, "cannot stat: %s", strerror(e));
+		return err_errno(CORE_EIO, path, "cannot stat", e);
 	}
 	if (!S_ISREG(st.st_mode)) {
 		close(fd);
@@ -176,7 +176,7 @@ static int map_file(struct tokfile *tf, const char *path)
 		if (m == MAP_FAILED) {
 			int e = errno;
 			close(fd);
-			return err_set(CORE_EIO, path, "cannot map: %s", strerror(e));
+			return err_errno(CORE_EIO, path, "cannot map", e);
 		}
 		tf->map = m;
 	}

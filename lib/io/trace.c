@@ -23,7 +23,7 @@ int trace_read(const char *path, double **out, size_t *n)
 	*out = NULL;
 	*n = 0;
 	if (!f)
-		return err_set(CORE_EIO, path, "cannot open: %s", strerror(errno));
+		return err_errno(CORE_EIO, path, "cannot open", errno);
 	while (getline(&line, &cap, f) >= 0) {
 		char *s = line, *end;
 		lineno++;

@@ -154,7 +154,7 @@ Test(atomicio, pieces_arrive_whole)
 
 	size_t n;
 	char *got;
-	cr_assert(file_read_all(path, &got, &n) == 0, "%s", err_detail());
+	cr_assert(file_read_all(path, 0, &got, &n) == 0, "%s", err_detail());
 	cr_assert_eq(n, sizeof bytes);
 	memcpy(bytes + 10, "HEAD", 4);
 	cr_assert(memcmp(got, bytes, n) == 0, "file content differs after pwrite");
@@ -190,7 +190,7 @@ Test(atomicio, errors_name_the_path)
 	cr_assert_str_eq(err_file(), path);
 	cr_assert(strstr(err_detail(), "no such file"), "detail '%s'", err_detail());
 	cr_assert_eq(file_write_atomic(path, "x", 1), CORE_EIO);
-	cr_assert_eq(file_read_all(path, &buf, &n), CORE_ENOTFOUND);
+	cr_assert_eq(file_read_all(path, 0, &buf, &n), CORE_ENOTFOUND);
 	cr_assert_str_eq(err_file(), path);
 	cr_assert_null(buf);
 	cr_assert_eq(n, 0);
@@ -204,12 +204,12 @@ Test(atomicio, read_all_of_empty_and_special_files)
 
 	snprintf(path, sizeof path, "%s/empty", dir);
 	put(path, "");
-	cr_assert(file_read_all(path, &buf, &n) == 0);
+	cr_assert(file_read_all(path, 0, &buf, &n) == 0);
 	cr_assert_eq(n, 0);
 	cr_assert_str_eq(buf, "");
 	free(buf);
 	/* /proc files report size 0 but have content: read to EOF, not to st_size. */
-	cr_assert(file_read_all("/proc/self/status", &buf, &n) == 0, "%s", err_detail());
+	cr_assert(file_read_all("/proc/self/status", 0, &buf, &n) == 0, "%s", err_detail());
 	cr_assert(n > 0 && strstr(buf, "Pid:"), "read %zu bytes", n);
 	free(buf);
 }

@@ -354,15 +354,18 @@ Test(config, program_message_format)
 	cr_expect_eq(err_exit_status(rc), 2);
 }
 
-Test(config, missing_file_is_io_error)
+Test(config, missing_file_is_not_found)
 {
 	struct run_config c;
 
 	config_defaults(&c);
 	int rc = config_load(&c, "/nonexistent/dir/x.yaml");
-	cr_expect_eq(rc, CORE_EIO, "got %d", rc);
+	cr_expect_eq(rc, CORE_ENOTFOUND, "got %d", rc);
 	cr_expect_str_eq(err_file(), "/nonexistent/dir/x.yaml");
-	cr_expect(strstr(err_detail(), "cannot open") != NULL, "detail: %s", err_detail());
+	cr_expect(strstr(err_detail(), "no such file") != NULL, "detail: %s", err_detail());
+	/* a directory cannot be read: an i/o error */
+	rc = config_load(&c, "/");
+	cr_expect_eq(rc, CORE_EIO, "got %d", rc);
 }
 
 Test(config, nul_byte_in_value)
