@@ -3,19 +3,16 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "model/checkpoint.h"
+#include "backend/backend.h"
 #include "cli/cli.h"
-#include "io/config.h"
 #include "common/err.h"
-#include "model/gpt2.h"
 #include "common/progress.h"
-#include "io/tokfile.h"
+#include "io/config.h"
 #include "model/train.h"
 #include "common/banned.h"
 
@@ -38,6 +35,8 @@ static const char usage[] =
 	"  -u, --until STEP         stop after global step STEP (default train.steps)\n"
 	"  -m, --metrics FILE       append JSON Lines metrics to FILE\n"
 	"  -t, --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
+	"      --device NAME        where the model runs: cpu (default), ref (the slow\n"
+	"                           reference backend), cuda (when built)\n"
 	"  -e, --eval CKPT          evaluate CKPT on --data; print JSON on stdout\n"
 	"  -n, --max-tokens N       evaluate at most N predicted tokens (default all)\n"
 	"  -q, --quiet              no progress line\n"
@@ -50,38 +49,15 @@ static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); 
 /* The results: one JSON object on a line of stdout (cli_print_json). */
 static const size_t json_flags = JSON_COMPACT | JSON_REAL_PRECISION(9);
 
-static int run_eval(const char *ckpt, const char *data, long max_tokens)
+static int run_eval(struct backend *be, const char *ckpt, const char *data, long max_tokens)
 {
-	struct ckpt_info info;
-	struct tokfile tf;
-	struct gpt2 g;
-	double loss = NAN;
-	long ntok = 0;
-	int rc;
+	struct eval_result r;
 
-	ERR_FORWARD(ckpt_info(ckpt, &info));
-	ERR_FORWARD(tokfile_open(&tf, data));
-	if (tf.vocab > (uint32_t)info.model.vocab_size) {
-		rc = err_set(CORE_ESHAPE, data, "token vocabulary %u exceeds the model's %d", tf.vocab,
-			     info.model.vocab_size);
-		tokfile_close(&tf);
-		return rc;
-	}
-	/* Evaluate in batches of 8 windows: enough to keep the matrix products efficient. */
-	rc = gpt2_create(&g, &info.model, 8, info.model.seq_len);
-	if (!rc) {
-		rc = ckpt_load(ckpt, &g, 0, NULL);
-		if (!rc)
-			rc = train_evaluate(&g, &tf, max_tokens, &loss, &ntok);
-		gpt2_free(&g);
-	}
-	tokfile_close(&tf);
-	if (rc)
-		return rc;
+	ERR_FORWARD(train_eval_checkpoint(be, ckpt, data, max_tokens, &r));
 	return cli_print_json(json_pack("{s:s, s:s, s:I, s:I, s:o, s:o}", "checkpoint", ckpt,
-					"data", data, "step", (json_int_t)info.step, "tokens",
-					(json_int_t)ntok, "loss", num(loss), "perplexity",
-					num(exp(loss))), json_flags);
+					"data", data, "step", (json_int_t)r.step, "tokens",
+					(json_int_t)r.tokens, "loss", num(r.loss), "perplexity",
+					num(exp(r.loss))), json_flags);
 }
 
 int main(int argc, char **argv)
@@ -94,9 +70,11 @@ int main(int argc, char **argv)
 		{"metrics", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
 		{"eval", required_argument, NULL, 'e'},   {"max-tokens", required_argument, NULL, 'n'},
 		{"quiet", no_argument, NULL, 'q'},        {"help", no_argument, NULL, 'h'},
-		{"version", no_argument, NULL, 'V'},      {NULL, 0, NULL, 0},
+		{"version", no_argument, NULL, 'V'},      {"device", required_argument, NULL, 'D'},
+		{NULL, 0, NULL, 0},
 	};
-	const char *config_path = NULL, *eval_path = NULL;
+	const char *config_path = NULL, *eval_path = NULL, *device = "cpu";
+	struct backend *be = NULL;
 	const char **sets = calloc((size_t)argc, sizeof *sets);
 	int nsets = 0, resume = 0, quiet = 0, rc = 0, opt;
 	long threads = 0, until = 0, max_tokens = 0;
@@ -121,6 +99,7 @@ int main(int argc, char **argv)
 		case 'e': eval_path = optarg; break;
 		case 'n': rc = cli_parse_long("--max-tokens", optarg, 1, 1L << 50, &max_tokens); break;
 		case 'q': quiet = 1; break;
+		case 'D': device = optarg; break;
 		case 'h': fputs(usage, stdout); goto out;
 		case 'V': printf("%s %s\n", prog, CORE_VERSION); goto out;
 		default:
@@ -136,14 +115,17 @@ int main(int argc, char **argv)
 		rc = cli_usage_error(prog, "unexpected argument '%s'", argv[optind]);
 		goto out;
 	}
-	if (threads > 0)
-		omp_set_num_threads((int)threads);
+	rc = backend_open(&be, device, &(struct backend_params){.threads = (int)threads});
+	if (rc) {
+		rc = cli_report(prog, rc);
+		goto out;
+	}
 	if (!o.data_path) {
 		rc = cli_usage_error(prog, "--data is required");
 		goto out;
 	}
 	if (eval_path) {
-		rc = run_eval(eval_path, o.data_path, max_tokens);
+		rc = run_eval(be, eval_path, o.data_path, max_tokens);
 		if (rc)
 			rc = cli_report(prog, rc);
 		goto out;
@@ -165,6 +147,7 @@ int main(int argc, char **argv)
 	if (resume && !o.init_path && access(o.out_path, F_OK) == 0)
 		o.init_path = o.out_path;
 	o.cfg = &cfg;
+	o.be = be;
 	o.until = until;
 	o.progress = !quiet;
 
@@ -185,6 +168,7 @@ int main(int argc, char **argv)
 	if (rc)
 		rc = cli_report(prog, rc);
 out:
+	backend_close(be);
 	free(sets);
 	return rc;
 }

@@ -1,15 +1,35 @@
-/* backend.h - the table of operations the model is written against.
+/* backend.h - the seam between the math and the machine: a backend object, taken by name from
+ * a registry, that owns its memory and runs every operation the model and the MoE layer need.
  *
- * gpt2.c calls only these ops, so a device backend (CUDA, later) fills the same table with
- * its own kernels and the model code does not change. Pointers are to float32 buffers in the
- * backend's memory, row-major, contiguous unless a leading dimension is given. Shapes use the
- * model's letters: N rows (= B*T tokens), C channels, OC/IC output/input width, V vocab,
- * NH heads. Every op is deterministic for a given thread count: reductions over rows use
- * fixed chunks summed in a fixed order, never atomics.
+ * The model (lib/model) and the MoE layer (lib/moe) are written against this table only, so a
+ * device backend (CUDA: a later issue) is added by filling the same table with its own kernels
+ * and registering it; nothing above this layer changes. Built in:
+ *   cpu   OpenMP loops and OpenBLAS sgemm: what every program runs by default;
+ *   ref   plain C loops accumulating in double, no BLAS, no threads: the oracle every other
+ *         backend is tested against, op by op (test/unit/test_backend.c), as ggml's
+ *         test-backend-ops does. Written from the contracts below, not from the CPU code.
  *
- * Conventions: "forward" ops overwrite their outputs. "backward" ops overwrite parameter
- * gradients (each parameter is used once per step) and overwrite or accumulate the input
- * gradient as the `accumulate` flag says (the residual stream accumulates).
+ * Memory. Every pointer an op takes is backend memory from be->op->alloc (or an offset into
+ * it), except where a parameter says "host": segment tables, argument structs. Data moves
+ * in and out with upload and download. When be->host_visible is 1 (cpu, ref) backend memory
+ * is ordinary host memory and the host may read and write it directly; code that must run on
+ * any backend uses upload/download. Buffers hold float32 (or int32 tokens and slots, int64
+ * counts, double sums), row-major, contiguous unless a leading dimension is given; they need
+ * no alignment beyond their element's (ops must give the same bits at any such address).
+ *
+ * Errors. Every op returns 0 or a negative CORE_E* code (common/err.h) with the detail set.
+ * A backend that queues work (a GPU) may report an op's failure at the next sync instead.
+ * Ops only fail for reasons outside the caller's control (memory for internal workspace, a
+ * device fault); argument errors are the caller's to prevent.
+ *
+ * Determinism. Same inputs and thread count give the same bits; the built-in backends also
+ * give the same bits at any thread count and alignment. Reductions use fixed splits summed in
+ * a fixed order, never atomics.
+ *
+ * Conventions: "forward" ops overwrite their outputs; "backward" ops overwrite parameter
+ * gradients and overwrite or accumulate the input gradient as `accumulate` says. Shapes use
+ * the model's letters: N rows (= B*T tokens), C channels, IC/OC input/output width, V vocab,
+ * NH heads, and the MoE layer's: T tokens, M model dim, E experts, k choices, C slots.
  */
 #ifndef CORE_BACKEND_H
 #define CORE_BACKEND_H
@@ -17,13 +37,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Rows of a row-reduction are split into this many fixed chunks, whatever the thread count;
- * ops that reduce over rows take a partials buffer of BACKEND_CHUNKS * (what they say). */
-#define BACKEND_CHUNKS 32
+struct backend;
 
 /* Weight layouts for matmul: Conv1D (HF GPT-2 attn/mlp): w [IC,OC], y = x w.
  * Linear (lm_head): w [OC,IC], y = x w^T. */
 enum backend_wlayout { BACKEND_W_IO = 0, BACKEND_W_OI = 1 };
+
+/* Elementwise activations. GELU is the tanh approximation
+ *   gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ * (GPT-2's and Tutel's), relu(x) = max(x, 0). */
+enum backend_act { BACKEND_ACT_GELU = 0, BACKEND_ACT_RELU = 1 };
 
 /* A run [offset, offset + n) of a flat parameter buffer and the weight decay it gets. */
 struct backend_segment {
@@ -31,88 +54,247 @@ struct backend_segment {
 	double weight_decay;
 };
 
-struct backend_ops {
-	const char *name;
-
-	/* y[N,OC] = x[N,IC] w + bias (bias may be NULL). */
-	void (*matmul_forward)(float *y, const float *x, const float *w, const float *bias, int N,
-			       int IC, int OC, enum backend_wlayout layout);
-	/* dx[N,IC] (+)= dy w^T; dw = x^T dy (layout of w); dbias[OC] = column sums of dy.
-	 * dx, dw, dbias may each be NULL (not wanted). */
-	void (*matmul_backward)(float *dx, float *dw, float *dbias, const float *dy, const float *x,
-				const float *w, int N, int IC, int OC, enum backend_wlayout layout,
-				int accumulate);
-
-	/* out[N,C] = wte[tok] + wpe[t] for tokens tok[B*T] at positions t = row % T. */
-	void (*encoder_forward)(float *out, const int32_t *tok, const float *wte, const float *wpe,
-				int B, int T, int C);
-	/* dwte[V,C] and dwpe[T,C] overwritten (rows not hit are zero). */
-	void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
-				 int B, int T, int C, int V);
-
-	/* out = (x - mean) * rstd * w + b per row (eps 1e-5, biased variance); mean and rstd
-	 * [N] are kept for the backward. */
-	void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *x,
-				  const float *w, const float *b, int N, int C);
-	/* Fused residual + layernorm: res = res + skip + bias (res holds a branch output on
-	 * entry; bias may be NULL), then out = layernorm(res). */
-	void (*residual_layernorm_forward)(float *res, float *out, float *mean, float *rstd,
-					   const float *skip, const float *bias, const float *w,
-					   const float *b, int N, int C);
-	/* dx (+)= layernorm input gradient; dw, db overwritten. partials: 2*C floats each of
-	 * BACKEND_CHUNKS. */
-	void (*layernorm_backward)(float *dx, float *dw, float *db, float *partials,
-				   const float *dout, const float *x, const float *w,
-				   const float *mean, const float *rstd, int N, int C,
-				   int accumulate);
-
-	/* pre[N,C] += bias (in place); out = gelu_tanh(pre). */
-	void (*bias_gelu_forward)(float *pre, float *out, const float *bias, int N, int C);
-	/* d[N,C]: on entry dL/d gelu output, on exit dL/d pre; dbias[C] = column sums of it. */
-	void (*gelu_backward)(float *d, float *dbias, const float *pre, int N, int C);
-
-	/* Causal multi-head attention over qkv [B,T,3C] (q | k | v, head h at columns
-	 * h*hs..(h+1)*hs of each third), scale 1/sqrt(hs): out [B,T,C]; att [B,NH,T,T] keeps
-	 * the probabilities for the backward (entries above the diagonal are unspecified). */
-	void (*attention_forward)(float *out, float *att, float *ws, const float *qkv, int B, int T,
-				  int C, int NH);
-	/* dqkv [B,T,3C] overwritten from dout [B,T,C]. */
-	void (*attention_backward)(float *dqkv, float *ws, const float *dout, const float *qkv,
-				   const float *att, int B, int T, int C, int NH);
-	/* Floats of the workspace ws both take, for sequence length T and head size hs, at the
-	 * current thread count (omp_get_max_threads()). */
-	size_t (*attention_ws_floats)(int T, int hs);
-
-	/* In place: logits [N,V] -> softmax probabilities; losses[n] = -log p[n, target[n]]
-	 * (targets may be NULL: probabilities only, losses untouched). */
-	void (*crossentropy_forward)(float *probs, float *losses, const int32_t *targets, int N,
-				     int V);
-	/* In place: probs -> dlogits = scale * (p - onehot(target)), scale = 1/N for a mean. */
-	void (*crossentropy_backward)(float *probs, const int32_t *targets, int N, int V,
-				      float scale);
-
-	/* One AdamW step on the segments of the flat buffers p, g, m, v (torch.optim.AdamW
-	 * arithmetic, see backend_cpu.c), each segment with its own weight decay wd:
-	 * g' = grad_scale * g; p *= 1 - lr*wd; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
-	 * p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). */
-	void (*adamw_update)(float *p, const float *g, float *m, float *v,
-			     const struct backend_segment *seg, int nseg, double lr, double beta1,
-			     double beta2, double eps, long t, float grad_scale);
-	/* Sum of squares of x[0..n) in double, fixed-order. */
-	double (*sum_squares)(const float *x, size_t n);
-
-	/* Profiling: enable (1) or disable (0) timing of matrix products, clearing the total;
-	 * gemm_seconds is the wall-clock time spent in them since. */
-	void (*profile)(int enable);
-	double (*gemm_seconds)(void);
+/* What the MoE gate ops need to know (host struct). */
+struct backend_moe_gate {
+	int64_t T;         /* tokens */
+	int E, k;          /* experts, choices per token (1 <= k <= E) */
+	float noise;       /* s >= 0: routed logit (t, e) = logit + s / E * rng_normal(seed,
+			    * RNG_STREAM_NOISE, (step * T + t) * E + e) (common/rng.h); 0: none */
+	uint64_t seed, step;
+	int load_importance; /* auxiliary loss: 0 GShard, 1 load-importance (needs noise > 0,
+			      * E >= 2) */
 };
 
-/* The CPU backend: OpenMP loops and CBLAS sgemm. */
-const struct backend_ops *backend_cpu(void);
+/* The routing of one step (host struct; the arrays are backend memory). */
+struct backend_moe_route {
+	int64_t T, C;           /* tokens, slots per expert */
+	int E, k;
+	const int32_t *idx;     /* [k*T] expert of choice r of token t, at r*T + t */
+	const int32_t *loc;     /* [k*T] its slot in [0, C), or -1 when dropped */
+	const float *score;     /* [k*T] its gate score */
+	const int64_t *count;   /* [E] choices of each expert before dropping (n_e); expert e
+				 * holds its kept choices in slots 0 .. min(n_e, C) - 1 */
+};
 
-/* out[j] = sum over i < rows of a[i * n + j]. OpenMP-parallel over slices of columns, each
- * column summed in row order by one thread, so the bits do not depend on the thread count.
- * The CPU backend's bias gradients, and the MoE layer's (which calls CBLAS directly). */
-void cpu_column_sums(float *out, const float *a, int64_t rows, int64_t n);
+struct backend_ops {
+	/* ---- lifetime and memory ------------------------------------------------------ */
+
+	/* Free the backend's own state (backend_close calls it; memory still allocated from
+	 * the backend is the caller's leak). */
+	void (*close)(struct backend *be);
+
+	/* *ptr = bytes of backend memory (contents undefined), at least 64-byte aligned;
+	 * bytes == 0 gives a valid pointer to free. */
+	int (*alloc)(struct backend *be, void **ptr, size_t bytes);
+	void (*free)(struct backend *be, void *ptr); /* NULL is allowed */
+	/* upload, download, copy: the source and destination ranges must not overlap. */
+	int (*upload)(struct backend *be, void *dst, const void *host_src, size_t bytes);
+	int (*download)(struct backend *be, void *host_dst, const void *src, size_t bytes);
+	int (*copy)(struct backend *be, void *dst, const void *src, size_t bytes);
+	int (*memset)(struct backend *be, void *dst, int byte, size_t bytes);
+	/* Wait for all queued work; returns the first error an op reported since the last
+	 * sync. Download waits by itself. */
+	int (*sync)(struct backend *be);
+	/* Bytes of workspace the backend holds for its ops (grown on demand, kept). */
+	size_t (*workspace_bytes)(struct backend *be);
+
+	/* ---- fills and reductions ------------------------------------------------------ */
+
+	/* x[i] = value, i < n. */
+	int (*fill)(struct backend *be, float *x, size_t n, float value);
+	/* x[i] = mean + std * rng_normal(seed, stream, base + i) (common/rng.h), i < n, in
+	 * float: a rounded product, then a rounded sum (no fused multiply-add), so every
+	 * backend gives the same bits. */
+	int (*fill_normal)(struct backend *be, float *x, size_t n, float mean, float std,
+			   uint64_t seed, uint64_t stream, uint64_t base);
+	/* *out (one double, backend memory) = sum over i < n of x[i] (squares = 0) or x[i]^2
+	 * (squares = 1), accumulated in double. */
+	int (*sum)(struct backend *be, double *out, const float *x, size_t n, int squares);
+
+	/* ---- matrix products ---------------------------------------------------------- */
+
+	/* Row-major C[M,N] = alpha op(A) op(B) + beta C, op(X) = X or X^T (transA, transB),
+	 * leading dimensions lda, ldb, ldc in elements (as CBLAS row-major). beta == 0: C is
+	 * not read (may hold NaN). */
+	int (*gemm)(struct backend *be, int transA, int transB, int M, int N, int K, float alpha,
+		    const float *A, int lda, const float *B, int ldb, float beta, float *C,
+		    int ldc);
+	/* y[N,OC] = x[N,IC] w + bias (bias [OC] may be NULL). */
+	int (*matmul_forward)(struct backend *be, float *y, const float *x, const float *w,
+			      const float *bias, int N, int IC, int OC,
+			      enum backend_wlayout layout);
+	/* dw = x^T dy in the layout of w; dbias[OC] = column sums of dy; dx[N,IC] = dy w^T,
+	 * added to dx when accumulate. dx, dw, dbias may each be NULL (not wanted). dw and
+	 * dbias are computed before dx is written, so dx may be the same buffer as x. */
+	int (*matmul_backward)(struct backend *be, float *dx, float *dw, float *dbias,
+			       const float *dy, const float *x, const float *w, int N, int IC,
+			       int OC, enum backend_wlayout layout, int accumulate);
+
+	/* ---- GPT-2 ---------------------------------------------------------------------- */
+
+	/* out[n,:] = wte[tok[n],:] + wpe[n % T,:] for the B*T tokens tok (int32 in [0, V)). */
+	int (*encoder_forward)(struct backend *be, float *out, const int32_t *tok,
+			       const float *wte, const float *wpe, int B, int T, int C);
+	/* dwte[V,C] = sum over n with tok[n] = v of dout[n,:] (rows no token hit are zero);
+	 * dwpe[t,:] = sum over b of dout[b*T + t,:] for t < T (rows T.. are not written). */
+	int (*encoder_backward)(struct backend *be, float *dwte, float *dwpe, const float *dout,
+				const int32_t *tok, int B, int T, int C, int V);
+	/* Per row: mean, biased variance var, rstd = 1/sqrt(var + 1e-5), out = (x - mean) *
+	 * rstd * w + b; mean[N] and rstd[N] are kept for the backward. */
+	int (*layernorm_forward)(struct backend *be, float *out, float *mean, float *rstd,
+				 const float *x, const float *w, const float *b, int N, int C);
+	/* res = res + skip + bias (res holds a branch output on entry; bias [C] may be NULL),
+	 * then out = layernorm(res) as above. */
+	int (*residual_layernorm_forward)(struct backend *be, float *res, float *out, float *mean,
+					  float *rstd, const float *skip, const float *bias,
+					  const float *w, const float *b, int N, int C);
+	/* With xhat = (x - mean) rstd from the forward: dw = sum_n dout xhat, db = sum_n dout
+	 * (overwritten); dx = rstd (w dout - mean_c(w dout) - xhat mean_c(w dout xhat)),
+	 * added to dx when accumulate. */
+	int (*layernorm_backward)(struct backend *be, float *dx, float *dw, float *db,
+				  const float *dout, const float *x, const float *w,
+				  const float *mean, const float *rstd, int N, int C,
+				  int accumulate);
+	/* pre[N,C] += bias (bias [C]; in place), out = act(pre). For relu out may be pre (then
+	 * only out is kept, which is all relu's backward needs). */
+	int (*bias_act_forward)(struct backend *be, float *pre, float *out, const float *bias,
+				int N, int C, enum backend_act act);
+	/* d[N,C]: on entry dL/d out, on exit dL/d pre = d * act'(pre); dbias[C] = column sums
+	 * of the result (may be NULL). x is pre (gelu) or pre or out (relu: out > 0 iff
+	 * pre > 0, and act'(0) = 0). */
+	int (*act_backward)(struct backend *be, float *d, float *dbias, const float *x, int N,
+			    int C, enum backend_act act);
+	/* Causal multi-head attention over qkv [B,T,3C] (q | k | v, head h at columns
+	 * h*hs..(h+1)*hs of each third, hs = C/NH): scores q.k / sqrt(hs) over keys j <= i,
+	 * softmax, out [B,T,C] = P v; att [B,NH,T,T] keeps P on and below the diagonal for
+	 * the backward. What att holds above the diagonal is the backend's own business (the
+	 * CPU backend's block products rely on the zeros its forward writes there), so the
+	 * backward must be given the att this backend's forward wrote. */
+	int (*attention_forward)(struct backend *be, float *out, float *att, const float *qkv,
+				 int B, int T, int C, int NH);
+	/* dqkv [B,T,3C] overwritten from dout [B,T,C], with att from attention_forward. */
+	int (*attention_backward)(struct backend *be, float *dqkv, const float *dout,
+				  const float *qkv, const float *att, int B, int T, int C, int NH);
+	/* In place: logits [N,V] -> softmax probabilities; losses[n] = -log p[n, target[n]]
+	 * (targets may be NULL: probabilities only, losses untouched). */
+	int (*crossentropy_forward)(struct backend *be, float *probs, float *losses,
+				    const int32_t *targets, int N, int V);
+	/* In place: probs -> scale * (p - onehot(target)) (scale 1/N for a mean loss); targets
+	 * are required here. */
+	int (*crossentropy_backward)(struct backend *be, float *probs, const int32_t *targets,
+				     int N, int V, float scale);
+	/* One AdamW step on the segments (host array) of the flat buffers p, g, m, v, each
+	 * segment with its own weight decay wd (elements between segments untouched):
+	 *   g' = grad_scale g; p *= 1 - lr wd; m = b1 m + (1 - b1) g'; v = b2 v + (1 - b2) g'^2;
+	 *   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+	 * Bit for bit as torch 1.13's _single_tensor_adamw on float tensors: the scalars
+	 * 1 - lr wd, b1, 1 - b1, b2, 1 - b2, sqrt(1 - b2^t), eps and -lr / (1 - b1^t) are
+	 * formed in double and rounded to float once; then per element, in float, with each
+	 * operation rounded: g' = g * grad_scale; p' = p * (1 - lr wd);
+	 * m = fma(1 - b1, g', m * b1); v = fma((1 - b2) * g', g', v * b2);
+	 * d = sqrt(v) / sqrt(1 - b2^t) + eps; p = p' + (-lr / (1 - b1^t) * m) / d.
+	 * (The reference backend computes the formula in double instead: it is the oracle
+	 * for the math, the torch test pins the rounding.) */
+	int (*adamw_update)(struct backend *be, float *p, const float *g, float *m, float *v,
+			    const struct backend_segment *seg, int nseg, double lr, double beta1,
+			    double beta2, double eps, long t, float grad_scale);
+
+	/* ---- the MoE layer (Tutel, arXiv 2206.03382 sec. 3.4; lib/moe/moe.h) -------------- */
+
+	/* Gating of g->T tokens from logits [T,E]:
+	 *  probs [T,E] = softmax over e of the routed logits (logit + noise, see
+	 *    backend_moe_gate), in float;
+	 *  clean [T,E] = softmax of the logits without noise (only when load_importance; else
+	 *    clean may be NULL);
+	 *  idx[r*T + t], r < k: the k largest probs of token t in descending order, ties to the
+	 *    lower expert index;
+	 *  score[r*T + t] = probs[t, idx]; when k > 1 divided by max(sum over the k chosen,
+	 *    FLT_EPSILON) (the k values renormalised);
+	 *  top[t] = probs[t, idx[t]] (the rank-0 probability, the BPR key);
+	 *  *aux (one float, backend memory) = the auxiliary loss, in double, rounded:
+	 *    GShard: E * sum_e (n1_e / T) (sum_t probs[t,e] / T), n1_e = tokens whose rank-0
+	 *      choice is e;
+	 *    load-importance: sigma = s/E, Imp_e = sum_t clean[t,e], thr_t = the routed logit
+	 *      of token t's rank-(k-1) choice, Load_e = sum_t Phi((clean[t,e] - thr_t) / sigma)
+	 *      (Phi the standard normal CDF), cv2(v) = var(v) / (mean(v)^2 + 1e-10) with the
+	 *      unbiased variance (divide by E-1); aux = (cv2(Imp) + cv2(Load)) / 2. */
+	int (*moe_gate_forward)(struct backend *be, const struct backend_moe_gate *g,
+				const float *logits, float *probs, float *clean, float *top,
+				int32_t *idx, float *score, float *aux);
+	/* dlogits [T,E] (overwritten) = the gradient w.r.t. the logits of
+	 *   sum_{r,t} dscore[r*T + t] * score[r*T + t] + aux_weight * aux
+	 * through the renormalisation (when the sum of the k chosen probs was clamped at
+	 * FLT_EPSILON the divisor is a constant) and the softmax; the noise is a constant; the
+	 * GShard n1_e carry no gradient; load-importance: the gradient flows through clean and
+	 * through thr_t, which is a routed logit (noise constant), and Phi' is the normal pdf.
+	 * logits, probs, clean (load-importance only), idx are the forward's. */
+	int (*moe_gate_backward)(struct backend *be, const struct backend_moe_gate *g,
+				 const float *logits, const float *probs, const float *clean,
+				 const int32_t *idx, const float *dscore, float aux_weight,
+				 float *dlogits);
+	/* count[e] (int64, backend memory) = number of i < n with idx[i] == e, e < E (every
+	 * idx[i] in [0, E)). */
+	int (*moe_count)(struct backend *be, const int32_t *idx, int64_t n, int E,
+			 int64_t *count);
+	/* Slots: visiting ranks r = 0..k-1 (outer) and, within a rank, the tokens in order of
+	 * top[t] descending, ties in token order (top NULL: token order), each choice takes
+	 * the next free slot of its expert: loc = the number of choices of that expert
+	 * visited before it, kept when loc < C, else loc = -1 (dropped). */
+	int (*moe_locations)(struct backend *be, const int32_t *idx, const float *top, int64_t T,
+			     int k, int E, int64_t C, int32_t *loc);
+	/* Encode (Tutel K0): disp[E,C,M] row (idx, loc) = x[t] for every kept choice of token t;
+	 * rows past min(n_e, C) of each expert are zeroed when zero_pad, else left as they
+	 * are. */
+	int (*moe_encode)(struct backend *be, const struct backend_moe_route *r, const float *x,
+			  float *disp, int64_t M, int zero_pad);
+	/* Decode (K1): y[t] = sum over t's kept choices, in rank order, of score * eo[idx, loc]
+	 * (fused multiply-adds from zero: y = fma(s_r, eo_r, y)); a token with no kept choice
+	 * gets zeros. */
+	int (*moe_decode)(struct backend *be, const struct backend_moe_route *r, const float *eo,
+			  float *y, int64_t M);
+	/* Decode backward: for every kept choice (r, t): dscore[r*T + t] = <dy[t], eo[idx, loc]>
+	 * (K2) and d_eo[idx, loc] = score * dy[t] (K0); dropped choices get dscore 0. Padding
+	 * rows of d_eo are zeroed when zero_pad. d_eo may be eo (each row is read before it is
+	 * written). */
+	int (*moe_decode_backward)(struct backend *be, const struct backend_moe_route *r,
+				   const float *dy, const float *eo, float *d_eo, float *dscore,
+				   int64_t M, int zero_pad);
+	/* Encode backward (K1 unweighted): dx[t] = sum over t's kept choices, in rank order, of
+	 * d_disp[idx, loc]; zeros when none. */
+	int (*moe_encode_backward)(struct backend *be, const struct backend_moe_route *r,
+				   const float *d_disp, float *dx, int64_t M);
+
+	/* ---- profiling ------------------------------------------------------------------ */
+
+	/* Time the matrix products from now on (enable = 1; clears the total) or stop. */
+	void (*profile)(struct backend *be, int enable);
+	/* Wall-clock seconds spent in matrix products since profile(be, 1) (NaN if the backend
+	 * cannot tell). */
+	double (*gemm_seconds)(struct backend *be);
+};
+
+struct backend {
+	const struct backend_ops *op;
+	const char *name;  /* the registry name */
+	int host_visible;  /* backend memory is host memory */
+	int threads;       /* threads the backend's ops use */
+	void *ctx;         /* the backend's own state */
+};
+
+/* Options for backend_open; zero means "the default". */
+struct backend_params {
+	int threads; /* cpu: OpenMP and BLAS threads (default: OMP_NUM_THREADS or all cores) */
+};
+
+/* Open the backend registered under name (params may be NULL). An unknown name, or one this
+ * binary was built without ("cuda" without nvcc), is CORE_EUSAGE naming the backends that
+ * are built; a backend that is built but cannot start (no device) is CORE_EUNSUPPORTED. */
+int backend_open(struct backend **out, const char *name, const struct backend_params *params);
+void backend_close(struct backend *be);
+/* The names built into this binary, comma-separated ("cpu, ref"). */
+const char *backend_names(void);
+
+/* alloc, then memset to zero; *ptr NULL on failure. */
+int backend_alloc_zero(struct backend *be, void **ptr, size_t bytes);
 
 #endif

@@ -33,6 +33,12 @@ uint64_t peak_rss_bytes(void)
 	return (uint64_t)ru.ru_maxrss * 1024; /* Linux counts ru_maxrss in KiB */
 }
 
+uint64_t phys_memory_bytes(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+	return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
 void progress_init(struct progress *p, const char *label, int64_t total)
 {
 	memset(p, 0, sizeof *p);

@@ -1,5 +1,6 @@
-/* progress.h - a one-line progress display on stderr, only when stderr is a terminal.
- * Redrawn at most ten times a second; progress_done() ends the line. */
+/* progress.h - a one-line progress display on stderr, only when stderr is a terminal, and
+ * the clock and memory figures programs report. The line is redrawn at most ten times a
+ * second; progress_done() ends it. */
 #ifndef CORE_PROGRESS_H
 #define CORE_PROGRESS_H
 
@@ -20,5 +21,7 @@ void progress_done(struct progress *p);
 double now_seconds(void);
 /* The process's peak resident set size in bytes (getrusage ru_maxrss); 0 if unknown. */
 uint64_t peak_rss_bytes(void);
+/* The machine's physical memory in bytes; 0 if unknown. */
+uint64_t phys_memory_bytes(void);
 
 #endif

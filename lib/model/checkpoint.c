@@ -11,44 +11,73 @@
 #include "io/safetensors.h"
 #include "common/banned.h"
 
-static const char *const optim_prefix[2] = {"optim.exp_avg.", "optim.exp_avg_sq."};
+/* The three flat buffers a checkpoint holds, and the prefix of their tensors' names. */
+enum { BUF_PARAMS, BUF_EXP_AVG, BUF_EXP_AVG_SQ, NBUF };
+static const char *const buf_prefix[NBUF] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
 
-/* The views of g over the moment buffers share the parameter views' shapes and offsets. */
-static void moment_view(const struct gpt2 *g, int i, int which, struct tensor *out)
+static float *model_buffer(const struct gpt2 *g, int which)
+{
+	return which == BUF_PARAMS ? g->params : which == BUF_EXP_AVG ? g->m : g->v;
+}
+
+/* View i of g over base, a host buffer laid out as g->params, named prefix + HF name. */
+static void view_over(const struct gpt2 *g, int i, float *base, int which, struct tensor *out)
 {
 	const struct tensor *p = &g->views[i];
-	float *base = which == 0 ? g->m : g->v;
 	size_t off = (size_t)((const float *)p->data - g->params);
 	char name[TENSOR_NAME_MAX];
 
-	snprintf(name, sizeof name, "%s%s", optim_prefix[which], p->name);
+	snprintf(name, sizeof name, "%s%s", buf_prefix[which], p->name);
 	tensor_view(out, DT_F32, p->ndim, p->ne, base + off, name);
+}
+
+/* The host memory holding buffer `which` of g: the buffer itself when the backend's memory
+ * is host memory, else a staging copy (*staged, which the caller frees; downloaded when
+ * fetch is set). */
+static int host_buffer(const struct gpt2 *g, int which, int fetch, float **host, float **staged)
+{
+	struct backend *be = g->be;
+	*staged = NULL;
+	if (be->host_visible) {
+		*host = model_buffer(g, which);
+		return 0;
+	}
+	*staged = malloc(sizeof(float) * g->nparams);
+	if (!*staged)
+		return err_set(CORE_ENOMEM, NULL, "cannot stage %zu parameters on the host",
+			       g->nparams);
+	*host = *staged;
+	return fetch ? be->op->download(be, *staged, model_buffer(g, which),
+					sizeof(float) * g->nparams)
+		     : 0;
 }
 
 int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c, long step,
 	      int with_optim)
 {
-	int n = g->nviews * (with_optim ? 3 : 1);
+	const int nbuf = with_optim ? NBUF : 1, n = g->nviews * nbuf;
 	const struct tensor **ts = calloc((size_t)n, sizeof *ts);
-	struct tensor *moments = with_optim ? calloc((size_t)2 * g->nviews, sizeof *moments) : NULL;
+	struct tensor *views = calloc((size_t)n, sizeof *views);
+	float *staged[NBUF] = {NULL};
 	size_t dumplen = config_dump(c, NULL, 0) + 1;
 	char *dump = malloc(dumplen);
-	int rc;
+	int rc = 0;
 
-	if (!ts || (with_optim && !moments) || !dump) {
+	if (!ts || !views || !dump) {
 		rc = err_set(CORE_ENOMEM, path, "out of memory");
 		goto out;
 	}
 	config_dump(c, dump, dumplen);
-	for (int i = 0; i < g->nviews; i++)
-		ts[i] = &g->views[i];
-	if (with_optim) {
-		for (int w = 0; w < 2; w++)
-			for (int i = 0; i < g->nviews; i++) {
-				moment_view(g, i, w, &moments[w * g->nviews + i]);
-				ts[g->nviews * (1 + w) + i] = &moments[w * g->nviews + i];
-			}
+	for (int w = 0; w < nbuf && rc == 0; w++) {
+		float *host = NULL;
+		rc = host_buffer(g, w, 1, &host, &staged[w]);
+		for (int i = 0; i < g->nviews && rc == 0; i++) {
+			view_over(g, i, host, w, &views[w * g->nviews + i]);
+			ts[w * g->nviews + i] = &views[w * g->nviews + i];
+		}
 	}
+	if (rc)
+		goto out;
 
 	char sstep[32], sl[16], sc[16], sh[16], st[16], sv[16], hm[17], ha[17];
 	snprintf(sstep, sizeof sstep, "%ld", step);
@@ -68,8 +97,10 @@ int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c
 	};
 	rc = st_write(path, ts, n, meta, (int)(sizeof meta / sizeof meta[0]));
 out:
+	for (int w = 0; w < NBUF; w++)
+		free(staged[w]);
 	free(ts);
-	free(moments);
+	free(views);
 	free(dump);
 	return rc;
 }
@@ -101,7 +132,7 @@ static int read_info(struct st_file *f, struct ckpt_info *info)
 			       fmt ? "'" : "", fmt ? fmt : "missing", fmt ? "'" : "");
 	for (int i = 0; i < 5; i++)
 		ERR_FORWARD(meta_long(f, keys[i], 1, INT_MAX, &v[i]));
-	info->model = (struct gpt2_config){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]};
+	info->model = (struct model_config){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]};
 	ERR_FORWARD(meta_long(f, "step", 0, 1L << 62, &info->step));
 	const char *opt = st_meta(f, "optimizer");
 	info->has_optim = opt && strcmp(opt, "adamw") == 0;
@@ -123,15 +154,17 @@ int ckpt_info(const char *path, struct ckpt_info *info)
 
 int ckpt_load(const char *path, struct gpt2 *g, int with_optim, long *step)
 {
+	struct backend *be = g->be;
 	struct st_file f;
 	struct ckpt_info info;
+	float *staged = NULL;
 	int rc;
 
 	ERR_FORWARD(st_open(&f, path, 1));
 	rc = read_info(&f, &info);
 	if (rc)
 		goto out;
-	if (memcmp(&info.model, &g->cfg, sizeof info.model) != 0) {
+	if (!config_model_equal(&info.model, &g->cfg)) {
 		rc = err_set(CORE_ESHAPE, path,
 			     "model is L=%d C=%d NH=%d T=%d V=%d, config says L=%d C=%d NH=%d T=%d V=%d",
 			     info.model.n_layer, info.model.n_embd, info.model.n_head,
@@ -143,17 +176,23 @@ int ckpt_load(const char *path, struct gpt2 *g, int with_optim, long *step)
 		rc = err_set(CORE_EFORMAT, path, "checkpoint has no optimizer state");
 		goto out;
 	}
-	for (int i = 0; i < g->nviews && !rc; i++)
-		rc = st_read(&f, g->views[i].name, &g->views[i]);
-	for (int w = 0; with_optim && w < 2 && !rc; w++)
+	for (int w = 0; w < (with_optim ? NBUF : 1) && !rc; w++) {
+		float *host = NULL;
+		free(staged);
+		rc = host_buffer(g, w, 0, &host, &staged);
 		for (int i = 0; i < g->nviews && !rc; i++) {
 			struct tensor t;
-			moment_view(g, i, w, &t);
+			view_over(g, i, host, w, &t);
 			rc = st_read(&f, t.name, &t);
 		}
+		if (!rc && staged)
+			rc = be->op->upload(be, model_buffer(g, w), staged,
+					    sizeof(float) * g->nparams);
+	}
 	if (!rc && step)
 		*step = info.step;
 out:
+	free(staged);
 	st_close(&f);
 	return rc;
 }

@@ -15,7 +15,7 @@ int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c
 	      int with_optim);
 
 struct ckpt_info {
-	struct gpt2_config model;
+	struct model_config model;
 	long step;
 	int has_optim;
 	char config_hash_model[17];
@@ -25,7 +25,8 @@ struct ckpt_info {
  * Reads the header only: the data is verified by ckpt_load. */
 int ckpt_info(const char *path, struct ckpt_info *info);
 /* Load every parameter (and the moments when with_optim) into g, whose shape must match
- * the file's; verifies the whole file first. */
+ * the file's; verifies the whole file first. Through host memory: the backend's own when it
+ * is host memory, else one staging buffer the size of the parameters. */
 int ckpt_load(const char *path, struct gpt2 *g, int with_optim, long *step);
 
 #endif

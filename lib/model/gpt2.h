@@ -1,4 +1,9 @@
-/* gpt2.h - the GPT-2 model of DESIGN.md on the CPU backend: forward, backward, AdamW.
+/* gpt2.h - the GPT-2 model of DESIGN.md: forward, backward, AdamW, on any backend.
+ *
+ * The model holds its backend and allocates everything through it: parameters, gradients,
+ * the AdamW moments and the activations live in backend memory, and every step is a
+ * sequence of backend ops (backend.h). Tokens come in from the host; the loss, the gradient
+ * norm and per-position losses go out to the host when the caller asks for them.
  *
  * Parameters live in one contiguous float buffer; each has a named tensor view with the
  * Hugging Face GPT-2 name and shape (wte.weight [V,C], wpe.weight [T,C], h.{i}.ln_1.weight [C],
@@ -15,11 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "common/tensor.h"
-
-struct gpt2_config {
-	int n_layer, n_embd, n_head, seq_len, vocab_size;
-};
+#include "io/config.h"
 
 /* Doubles, like the Python floats torch.optim.AdamW is given: 0.9 and 0.9f differ, and the
  * update is computed from these values exactly as torch computes it. */
@@ -30,43 +33,43 @@ struct adamw_config {
 struct gpt2_acts; /* activation buffers, private to gpt2.c */
 
 struct gpt2 {
-	struct gpt2_config cfg;
+	struct model_config cfg;
+	struct backend *be;            /* the caller's; outlives the model */
 	size_t nparams;
-	float *params, *grads, *m, *v; /* each nparams floats */
+	float *params, *grads, *m, *v; /* each nparams floats, backend memory */
 	int nviews;
-	struct tensor *views;      /* named views into params, HF order */
+	struct tensor *views;      /* named views into params, HF order (t->be = be) */
 	unsigned char *decay_mask; /* per view: 1 if weight decay applies (matrices) */
 	int B, T;                  /* activation capacity */
 	struct gpt2_acts *acts;
-	float loss;                /* mean loss of the last forward with targets */
 };
 
-/* Allocate parameters, grads, moments (zeroed) and activations for batches up to B x T. */
-int gpt2_create(struct gpt2 *g, const struct gpt2_config *cfg, int B, int T);
+/* Allocate, on be, parameters, grads, moments (zeroed) and activations for batches up to
+ * B x T. */
+int gpt2_create(struct gpt2 *g, const struct model_config *cfg, int B, int T,
+		struct backend *be);
 void gpt2_free(struct gpt2 *g);
 /* GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual projections
  * (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1. Counter-based:
  * element i of the flat buffer uses draw i of RNG_STREAM_INIT. */
-void gpt2_init_params(struct gpt2 *g, uint64_t seed);
-/* Forward over tokens [B,T] (int32 in [0,V)); with targets, returns the mean cross-entropy
- * in *loss (nats/token) and keeps what backward needs. B <= g->B, T <= g->T. */
+int gpt2_init_params(struct gpt2 *g, uint64_t seed);
+/* Forward over host tokens [B,T] (int32 in [0,V)); with targets, the mean cross-entropy
+ * (nats/token) goes to *loss when loss is not NULL (CORE_ENAN when it is not finite), and
+ * what backward needs is kept. B <= g->B, T <= g->T. */
 int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, int B, int T,
 		 float *loss);
-/* Per-position losses of the last forward with targets ([B*T], for evaluation). */
-const float *gpt2_losses(const struct gpt2 *g);
-/* Softmax probabilities [B*T, V] of the last forward (valid until gpt2_backward, which turns
- * them into logit gradients in place). */
-const float *gpt2_probs(const struct gpt2 *g);
+/* The per-position losses of the last forward with targets, [B*T] floats, into host out. */
+int gpt2_losses(const struct gpt2 *g, float *out);
 /* Gradient of the mean loss of the last forward into g->grads (overwrites). */
 int gpt2_backward(struct gpt2 *g);
-/* L2 norm of g->grads. */
-float gpt2_grad_norm(const struct gpt2 *g);
+/* L2 norm of g->grads, into *norm (host). */
+int gpt2_grad_norm(struct gpt2 *g, float *norm);
 /* One AdamW step (t is the 1-based step count for bias correction); grads are multiplied
  * by grad_scale first (global-norm clipping passes clip/norm or 1). */
-void gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, long t,
-		     float grad_scale);
+int gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, long t,
+		    float grad_scale);
 /* Bytes of activation memory held: what the backward keeps from the forward, the backward's
- * scratch buffers and the attention workspace (params, grads and moments are 16 * nparams
+ * scratch buffers and the backend's workspace (params, grads and moments are 16 * nparams
  * bytes on top). For memory accounting. */
 size_t gpt2_activation_bytes(const struct gpt2 *g);
 /* Time the matrix products from now on (enable = 1; clears the total) or stop timing. */

@@ -46,6 +46,11 @@ void train_sample_batch(const struct tokfile *tf, uint64_t seed, uint64_t stream
 	}
 }
 
+/* Evaluation runs this many windows per forward: enough rows (EVAL_BATCH x seq_len) to keep
+ * the matrix products efficient, few enough that a model of any context fits beside the
+ * training batch. */
+#define EVAL_BATCH 8
+
 int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, double *loss,
 		   long *ntokens)
 {
@@ -62,12 +67,14 @@ int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, do
 		return err_set(CORE_EFORMAT, tf->path, "%llu tokens is too few to evaluate a model "
 			       "of context %d", (unsigned long long)tf->ntokens, T);
 
-	int32_t *in = malloc(sizeof *in * (size_t)B * T), *tg = malloc(sizeof *tg * (size_t)B * T);
+	const size_t n = (size_t)B * T;
+	int32_t *in = malloc(sizeof *in * n), *tg = malloc(sizeof *tg * n);
+	float *l = malloc(sizeof *l * n);
 	double sum = 0.0;
 	long count = 0;
 	int rc = 0;
 
-	if (!in || !tg) {
+	if (!in || !tg || !l) {
 		rc = err_set(CORE_ENOMEM, tf->path, "out of memory for evaluation batch");
 		goto out;
 	}
@@ -76,27 +83,28 @@ int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, do
 		for (int b = 0; b < rows; b++)
 			fill_window(tf, (w + (uint64_t)b) * (uint64_t)T, T, in + (size_t)b * T,
 				    tg + (size_t)b * T);
-		float mean;
-		rc = gpt2_forward(g, in, tg, rows, T, &mean);
-		if (rc == CORE_ENAN)
-			rc = err_set(CORE_ENAN, tf->path, "evaluation loss is not finite at token %llu",
-				     (unsigned long long)(w * (uint64_t)T));
+		rc = gpt2_forward(g, in, tg, rows, T, NULL);
+		if (!rc)
+			rc = gpt2_losses(g, l);
 		if (rc)
 			goto out;
 		/* Sum the per-position losses in double so the mean does not depend on batching. */
-		const float *l = gpt2_losses(g);
 		for (long i = 0; i < (long)rows * T; i++)
 			sum += l[i];
 		count += (long)rows * T;
+		if (!isfinite(sum)) {
+			rc = err_set(CORE_ENAN, tf->path, "evaluation loss is not finite at token "
+				     "%llu", (unsigned long long)(w * (uint64_t)T));
+			goto out;
+		}
 	}
 	*loss = sum / (double)count;
 	if (ntokens)
 		*ntokens = count;
-	if (!isfinite(*loss))
-		rc = err_set(CORE_ENAN, tf->path, "evaluation loss is not finite");
 out:
 	free(in);
 	free(tg);
+	free(l);
 	return rc;
 }
 
@@ -111,113 +119,158 @@ static int check_data(const struct tokfile *tf, const struct model_config *m)
 	return 0;
 }
 
+int train_eval_checkpoint(struct backend *be, const char *ckpt, const char *data,
+			  long max_tokens, struct eval_result *r)
+{
+	struct ckpt_info info;
+	struct tokfile tf;
+	struct gpt2 g;
+	int rc;
+
+	memset(r, 0, sizeof *r);
+	r->loss = NAN;
+	ERR_FORWARD(ckpt_info(ckpt, &info));
+	ERR_FORWARD(tokfile_open(&tf, data));
+	rc = tf.vocab > (uint32_t)info.model.vocab_size
+		     ? err_set(CORE_ESHAPE, data, "token vocabulary %u exceeds the model's %d",
+			       tf.vocab, info.model.vocab_size)
+		     : gpt2_create(&g, &info.model, EVAL_BATCH, info.model.seq_len, be);
+	if (!rc) {
+		rc = ckpt_load(ckpt, &g, 0, NULL);
+		if (!rc)
+			rc = train_evaluate(&g, &tf, max_tokens, &r->loss, &r->tokens);
+		gpt2_free(&g);
+	}
+	tokfile_close(&tf);
+	r->step = info.step;
+	return rc;
+}
+
+/* What one run holds open. */
+struct run {
+	struct tokfile data, val;
+	int have_data, have_val, have_model;
+	struct gpt2 g;
+	struct metrics mx;
+	int32_t *in, *tg;
+};
+
+static void run_close(struct run *s)
+{
+	free(s->in);
+	free(s->tg);
+	metrics_close(&s->mx);
+	if (s->have_model)
+		gpt2_free(&s->g);
+	if (s->have_val)
+		tokfile_close(&s->val);
+	if (s->have_data)
+		tokfile_close(&s->data);
+}
+
+/* Open the data, build the model (fresh or from o->init_path: *step is its step), the
+ * metrics and the batch buffers. */
+static int run_open(struct run *s, const struct train_opts *o, long until, long *step)
+{
+	const struct model_config *mc = &o->cfg->model;
+	const int B = o->cfg->train.batch_size, T = mc->seq_len;
+
+	*step = 0;
+	ERR_FORWARD(tokfile_open(&s->data, o->data_path));
+	s->have_data = 1;
+	ERR_FORWARD(check_data(&s->data, mc));
+	if (o->val_path) {
+		ERR_FORWARD(tokfile_open(&s->val, o->val_path));
+		s->have_val = 1;
+		ERR_FORWARD(check_data(&s->val, mc));
+	}
+	ERR_FORWARD(gpt2_create(&s->g, mc, B, T, o->be));
+	s->have_model = 1;
+	if (o->init_path)
+		ERR_FORWARD(ckpt_load(o->init_path, &s->g, 1, step));
+	else
+		ERR_FORWARD(gpt2_init_params(&s->g, o->cfg->train.seed));
+	if (*step > until)
+		return err_set(CORE_EUSAGE, o->init_path, "checkpoint is at step %ld, past --until "
+			       "%ld", *step, until);
+	ERR_FORWARD(metrics_open(&s->mx, o->metrics_path));
+	s->in = malloc(sizeof *s->in * (size_t)B * T);
+	s->tg = malloc(sizeof *s->tg * (size_t)B * T);
+	if (!s->in || !s->tg)
+		return err_set(CORE_ENOMEM, NULL, "out of memory for the batch");
+	return 0;
+}
+
+/* Step index st: batch, forward, backward, clipping, AdamW. */
+static int train_step(struct run *s, const struct train_opts *o, long st, float *loss,
+		      float *norm, double *lr)
+{
+	const struct train_config *tc = &o->cfg->train;
+	const int B = tc->batch_size, T = o->cfg->model.seq_len;
+	const struct adamw_config opt = {tc->beta1, tc->beta2, tc->eps, tc->weight_decay};
+	int rc;
+
+	*lr = train_lr(tc, st);
+	train_sample_batch(&s->data, tc->seed, RNG_STREAM_BATCH, st, B, T, s->in, s->tg);
+	*loss = NAN;
+	rc = gpt2_forward(&s->g, s->in, s->tg, B, T, loss);
+	if (rc == CORE_ENAN)
+		return err_set(CORE_ENAN, o->init_path ? o->init_path : o->data_path,
+			       "training loss is %s at step %ld; nothing written after step %ld",
+			       isnan(*loss) ? "NaN" : "infinite", st + 1, st);
+	ERR_FORWARD(rc);
+	ERR_FORWARD(gpt2_backward(&s->g));
+	ERR_FORWARD(gpt2_grad_norm(&s->g, norm));
+	if (!isfinite(*norm))
+		return err_set(CORE_ENAN, o->data_path, "gradient norm is not finite at step %ld",
+			       st + 1);
+	float scale = (tc->grad_clip > 0 && *norm > tc->grad_clip) ?
+		(float)(tc->grad_clip / *norm) : 1.0f;
+	return gpt2_adamw_step(&s->g, &opt, *lr, st + 1, scale);
+}
+
 int train_path_run(const struct train_opts *o, struct train_result *r)
 {
 	const struct train_config *tc = &o->cfg->train;
-	const struct model_config *mc = &o->cfg->model;
-	const struct gpt2_config gc = {mc->n_layer, mc->n_embd, mc->n_head, mc->seq_len,
-				       mc->vocab_size};
-	const int B = tc->batch_size, T = mc->seq_len;
+	const int B = tc->batch_size, T = o->cfg->model.seq_len;
 	const long until = o->until > 0 ? o->until : tc->steps;
-	const struct adamw_config opt = {tc->beta1, tc->beta2, tc->eps, tc->weight_decay};
-	struct tokfile data = {0}, val = {0};
-	int have_data = 0, have_val = 0, have_model = 0;
-	struct gpt2 g;
-	struct metrics mx = {0};
+	struct run s;
 	struct progress pr;
-	int32_t *in = NULL, *tg = NULL;
 	long step = 0;
 	double timed = 0.0, eval_gemm = 0.0;
 	long timed_steps = 0;
 	int rc;
 
+	memset(&s, 0, sizeof s);
 	memset(r, 0, sizeof *r);
 	r->val_loss = NAN;
 	r->matmul_frac = NAN;
-	rc = tokfile_open(&data, o->data_path);
+	rc = run_open(&s, o, until, &step);
 	if (rc)
 		goto out;
-	have_data = 1;
-	rc = check_data(&data, mc);
-	if (rc)
-		goto out;
-	if (o->val_path) {
-		rc = tokfile_open(&val, o->val_path);
-		if (rc)
-			goto out;
-		have_val = 1;
-		rc = check_data(&val, mc);
-		if (rc)
-			goto out;
-	}
-	rc = gpt2_create(&g, &gc, B, T);
-	if (rc)
-		goto out;
-	have_model = 1;
-	if (o->init_path) {
-		rc = ckpt_load(o->init_path, &g, 1, &step);
-		if (rc)
-			goto out;
-	} else {
-		gpt2_init_params(&g, tc->seed);
-	}
 	r->start_step = r->final_step = step;
-	if (step > until) {
-		rc = err_set(CORE_EUSAGE, o->init_path, "checkpoint is at step %ld, past --until %ld",
-			     step, until);
-		goto out;
-	}
-	rc = metrics_open(&mx, o->metrics_path);
-	if (rc)
-		goto out;
-	in = malloc(sizeof *in * (size_t)B * T);
-	tg = malloc(sizeof *tg * (size_t)B * T);
-	if (!in || !tg) {
-		rc = err_set(CORE_ENOMEM, NULL, "out of memory for the batch");
-		goto out;
-	}
 
-	gpt2_profile(&g, 1);
+	gpt2_profile(&s.g, 1);
 	progress_init(&pr, "train", until - step);
 	if (!o->progress)
 		pr.enabled = 0;
-	for (long s = step; s < until; s++) {
-		double t0 = now_seconds();
-		float loss;
+	for (long st = step; st < until; st++) {
+		double t0 = now_seconds(), lr;
+		float loss, norm;
 
-		train_sample_batch(&data, tc->seed, RNG_STREAM_BATCH, s, B, T, in, tg);
-		loss = NAN;
-		rc = gpt2_forward(&g, in, tg, B, T, &loss); /* CORE_ENAN: loss not finite */
-		if (rc == CORE_ENAN)
-			rc = err_set(CORE_ENAN, o->init_path ? o->init_path : o->data_path,
-				     "training loss is %s at step %ld; "
-				     "nothing written after step %ld", isnan(loss) ? "NaN" : "infinite",
-				     s + 1, s);
+		rc = train_step(&s, o, st, &loss, &norm, &lr);
 		if (rc)
 			goto out;
-		rc = gpt2_backward(&g);
-		if (rc)
-			goto out;
-		float norm = gpt2_grad_norm(&g);
-		if (!isfinite(norm)) {
-			rc = err_set(CORE_ENAN, o->data_path, "gradient norm is not finite at step %ld",
-				     s + 1);
-			goto out;
-		}
-		float scale = (tc->grad_clip > 0 && norm > tc->grad_clip) ?
-			(float)(tc->grad_clip / norm) : 1.0f;
-		double lr = train_lr(tc, s);
-		gpt2_adamw_step(&g, &opt, lr, s + 1, scale);
 		double dt = now_seconds() - t0;
-		if (s > step) {
+		if (st > step) {
 			timed += dt;
 			timed_steps++;
 		} else {
-			gpt2_profile(&g, 1); /* the first step warms caches: not in the share */
+			gpt2_profile(&s.g, 1); /* the first step warms caches: not in the share */
 		}
 		r->loss = loss;
-		r->final_step = s + 1;
-		rc = metrics_event(&mx, "train", "step", 'i', (long long)(s + 1), "loss", 'f',
+		r->final_step = st + 1;
+		rc = metrics_event(&s.mx, "train", "step", 'i', (long long)(st + 1), "loss", 'f',
 				   (double)loss, "lr", 'f', lr, "grad_norm", 'f', (double)norm,
 				   "tokens_per_s", 'f', (double)B * T / dt, NULL);
 		if (rc)
@@ -225,24 +278,24 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 
 		char extra[64];
 		snprintf(extra, sizeof extra, "loss %.4f", loss);
-		progress_update(&pr, s + 1 - step, extra);
+		progress_update(&pr, st + 1 - step, extra);
 
-		int last = s + 1 == until;
-		if (have_val && tc->eval_every > 0 && ((s + 1) % tc->eval_every == 0 || last)) {
-			double vl, ge = gpt2_gemm_seconds(&g);
-			rc = train_evaluate(&g, &val, tc->eval_batches * (long)B * T, &vl, NULL);
-			eval_gemm += gpt2_gemm_seconds(&g) - ge;
+		int last = st + 1 == until;
+		if (s.have_val && tc->eval_every > 0 && ((st + 1) % tc->eval_every == 0 || last)) {
+			double vl, ge = gpt2_gemm_seconds(&s.g);
+			rc = train_evaluate(&s.g, &s.val, tc->eval_batches * (long)B * T, &vl, NULL);
+			eval_gemm += gpt2_gemm_seconds(&s.g) - ge;
 			if (rc)
 				goto out;
 			r->val_loss = vl;
-			rc = metrics_event(&mx, "eval", "step", 'i', (long long)(s + 1), "val_loss",
-					   'f', vl, NULL);
+			rc = metrics_event(&s.mx, "eval", "step", 'i', (long long)(st + 1),
+					   "val_loss", 'f', vl, NULL);
 			if (rc)
 				goto out;
 		}
 		if (o->out_path && (last || (tc->checkpoint_every > 0 &&
-					     (s + 1) % tc->checkpoint_every == 0))) {
-			rc = ckpt_save(o->out_path, &g, o->cfg, s + 1, 1);
+					     (st + 1) % tc->checkpoint_every == 0))) {
+			rc = ckpt_save(o->out_path, &s.g, o->cfg, st + 1, 1);
 			if (rc)
 				goto out;
 		}
@@ -250,20 +303,12 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 	progress_done(&pr);
 	if (timed_steps > 0) {
 		r->tokens_per_s = (double)timed_steps * B * T / timed;
-		r->matmul_frac = (gpt2_gemm_seconds(&g) - eval_gemm) / timed;
+		r->matmul_frac = (gpt2_gemm_seconds(&s.g) - eval_gemm) / timed;
 	}
-	gpt2_profile(&g, 0);
+	gpt2_profile(&s.g, 0);
 	if (o->out_path && until == step) /* nothing to train: still leave the checkpoint */
-		rc = ckpt_save(o->out_path, &g, o->cfg, step, 1);
+		rc = ckpt_save(o->out_path, &s.g, o->cfg, step, 1);
 out:
-	free(in);
-	free(tg);
-	metrics_close(&mx);
-	if (have_model)
-		gpt2_free(&g);
-	if (have_val)
-		tokfile_close(&val);
-	if (have_data)
-		tokfile_close(&data);
+	run_close(&s);
 	return rc;
 }

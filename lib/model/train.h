@@ -12,12 +12,14 @@
 
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "io/config.h"
-#include "model/gpt2.h"
 #include "io/tokfile.h"
+#include "model/gpt2.h"
 
 struct train_opts {
 	const struct run_config *cfg;
+	struct backend *be;       /* where the model lives and runs */
 	const char *data_path;    /* training tokens (required) */
 	const char *val_path;     /* validation tokens for periodic evaluation, or NULL */
 	const char *out_path;     /* checkpoint written every checkpoint_every and at the end */
@@ -44,6 +46,18 @@ void train_sample_batch(const struct tokfile *tf, uint64_t seed, uint64_t stream
  * start + T + 1 <= ntokens, at most max_tokens predicted tokens (0 = all). */
 int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, double *loss,
 		   long *ntokens);
+/* Train as the options say: from a fresh init or o->init_path, to step `until`, writing
+ * checkpoints and metrics. */
 int train_path_run(const struct train_opts *o, struct train_result *r);
+
+struct eval_result {
+	long step;   /* the checkpoint's step */
+	long tokens; /* predicted tokens evaluated */
+	double loss; /* mean, nats/token */
+};
+/* Evaluate the checkpoint ckpt on the token file data (train_evaluate's windows, at most
+ * max_tokens predicted tokens, 0 = all) with the model on be. */
+int train_eval_checkpoint(struct backend *be, const char *ckpt, const char *data,
+			  long max_tokens, struct eval_result *r);
 
 #endif

@@ -1,31 +1,81 @@
-/* moe.c - the sparse MoE layer: configuration, parameters, the per-expert FFN and the forward
- * and backward passes that chain gating, scan, encode, experts and decode (moe.h).
+/* moe.c - the sparse MoE layer: configuration, parameters, capacity, and the forward and
+ * backward passes that chain the backend's gate, count, locations, encode, expert GEMMs and
+ * decode ops (moe.h, backend.h).
  *
  * Memory: the layer keeps only what backward needs and reuses buffers in place where the data
  * flow allows it: decode-backward writes d_eo over eo (K2 reads each row before K0
- * overwrites it), and each expert's d_disp overwrites its disp rows after dW1 has read them.
- * The experts run their GEMMs over the kept rows min(n_e, C) only, so the layer's encode and
- * decode-backward leave the padding rows as they are (moe_encode_kept and
- * moe_decode_backward_kept): nothing reads them.
+ * overwrites it), and each expert's d_disp overwrites its disp rows after dW1 has read them
+ * (matmul_backward computes dw before dx). The experts run their GEMMs over the kept rows
+ * min(n_e, C) only, so the layer's encode and decode-backward leave the padding rows as they
+ * are (zero_pad = 0): nothing reads them.
  */
 #include "moe/moe.h"
 
-#include <cblas.h>
 #include <math.h>
-#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
-#include "backend/backend.h"
 #include "common/err.h"
+#include "common/progress.h"
 #include "common/rng.h"
 #include "common/banned.h"
 
-/* Up to this many experts the gate products run in moe.c's own loops (see gate_logits). */
-#define GATE_E_MAX 64
-/* Below this many elements a loop runs on one thread: a parallel region costs more. */
-#define PAR_MIN 32768
+/* The largest buffer the layer will size, in elements (E * C * max(M, H)): 4 PB of floats.
+ * A capacity beyond it is a mistake in the setting (a trace line of 1e30), refused before
+ * any size_t product could overflow. */
+#define MOE_MAX_ELEMS 1e15
+
+static const char *const act_names[] = {[MOE_ACT_RELU] = "relu", [MOE_ACT_GELU] = "gelu"};
+static const char *const loss_names[] = {[MOE_LOSS_GSHARD] = "gshard",
+					 [MOE_LOSS_LOAD_IMPORTANCE] = "load-importance"};
+#define NAMES(a) (int)(sizeof(a) / sizeof(a[0]))
+
+static int name_index(const char *const *names, int n, const char *name)
+{
+	for (int i = 0; i < n; i++)
+		if (strcmp(names[i], name) == 0)
+			return i;
+	return -1;
+}
+
+const char *moe_act_name(enum moe_act a)
+{
+	return (unsigned)a < NAMES(act_names) ? act_names[a] : "?";
+}
+
+/* "a, b, c" from the table, into buf (static: the tables never change). */
+static const char *join_names(const char *const *names, int n, char *buf, size_t size)
+{
+	size_t used = 0;
+	for (int i = 0; i < n && used < size; i++)
+		used += (size_t)snprintf(buf + used, size - used, "%s%s", i ? ", " : "", names[i]);
+	return buf;
+}
+
+int moe_act_from_name(const char *name) { return name_index(act_names, NAMES(act_names), name); }
+
+const char *moe_act_names(void)
+{
+	static char buf[64];
+	return join_names(act_names, NAMES(act_names), buf, sizeof buf);
+}
+
+const char *moe_loss_name(enum moe_loss l)
+{
+	return (unsigned)l < NAMES(loss_names) ? loss_names[l] : "?";
+}
+
+int moe_loss_from_name(const char *name)
+{
+	return name_index(loss_names, NAMES(loss_names), name);
+}
+
+const char *moe_loss_names(void)
+{
+	static char buf[64];
+	return join_names(loss_names, NAMES(loss_names), buf, sizeof buf);
+}
 
 void moe_config_default(struct moe_config *cfg, int64_t T, int64_t M, int64_t H, int E)
 {
@@ -55,6 +105,9 @@ int moe_config_check(const struct moe_config *cfg)
 	if ((int64_t)cfg->k * cfg->T > INT32_MAX || cfg->T * (int64_t)cfg->E > INT32_MAX)
 		return err_set(CORE_EUSAGE, NULL, "T=%lld is too large for 32-bit slot indices",
 			       (long long)cfg->T);
+	if (cfg->M > INT32_MAX || cfg->H > INT32_MAX)
+		return err_set(CORE_EUSAGE, NULL, "M=%lld or H=%lld is too large for the GEMMs",
+			       (long long)cfg->M, (long long)cfg->H);
 	if (!isfinite(cfg->capacity_setting))
 		return err_set(CORE_EUSAGE, NULL, "capacity setting is not finite");
 	if (cfg->capacity_align < 1)
@@ -72,104 +125,106 @@ int moe_config_check(const struct moe_config *cfg)
 	return 0;
 }
 
-/* Allocations of 4 MiB and more sit on 2 MiB boundaries with transparent huge pages
- * requested: the kernels jump between rows of [E,C,M], and 4 KiB pages would cost a TLB miss
- * per row. Smaller ones are 64-byte aligned. alloc_round gives the bytes really taken. */
-#define HUGE_PAGE ((size_t)2 << 20)
+/* ---- parameters ------------------------------------------------------------------------ */
 
-static size_t alloc_round(size_t bytes)
-{
-	size_t align = bytes >= 2 * HUGE_PAGE ? HUGE_PAGE : 64;
-	return (bytes + align - 1) / align * align;
-}
-
-static void *alloc_rounded(size_t bytes) /* bytes from alloc_round, > 0 */
-{
-	size_t align = bytes >= 2 * HUGE_PAGE ? HUGE_PAGE : 64;
-	void *p = aligned_alloc(align, bytes);
-	if (p && align == HUGE_PAGE)
-		madvise(p, bytes, MADV_HUGEPAGE);
-	return p;
-}
-
-void *moe_alloc(size_t bytes)
-{
-	bytes = bytes ? alloc_round(bytes) : 64;
-	void *p = alloc_rounded(bytes);
-	if (p)
-		memset(p, 0, bytes);
-	return p;
-}
-
-static float *falloc(size_t n)
-{
-	return moe_alloc(n * sizeof(float));
-}
-
-int moe_params_alloc(struct moe_params *p, const struct moe_config *cfg)
+int moe_params_alloc(struct moe_params *p, const struct moe_config *cfg, struct backend *be)
 {
 	const size_t M = (size_t)cfg->M, H = (size_t)cfg->H, E = (size_t)cfg->E;
+	const struct {
+		float **ptr;
+		size_t n;
+	} t[] = {{&p->wg, M * E}, {&p->w1, E * M * H}, {&p->b1, E * H}, {&p->w2, E * H * M},
+		 {&p->b2, E * M}};
 
 	memset(p, 0, sizeof *p);
-	p->wg = falloc(M * E);
-	p->w1 = falloc(E * M * H);
-	p->b1 = falloc(E * H);
-	p->w2 = falloc(E * H * M);
-	p->b2 = falloc(E * M);
-	if (!p->wg || !p->w1 || !p->b1 || !p->w2 || !p->b2) {
-		moe_params_free(p);
-		return err_set(CORE_ENOMEM, NULL, "cannot allocate the MoE parameters");
-	}
+	p->be = be;
+	for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+		if (backend_alloc_zero(be, (void **)t[i].ptr, t[i].n * sizeof(float)) < 0) {
+			moe_params_free(p);
+			return err_set(CORE_ENOMEM, NULL, "cannot allocate the MoE parameters");
+		}
 	return 0;
 }
 
 void moe_params_free(struct moe_params *p)
 {
-	free(p->wg);
-	free(p->w1);
-	free(p->b1);
-	free(p->w2);
-	free(p->b2);
+	struct backend *be = p->be;
+	if (be) {
+		be->op->free(be, p->wg);
+		be->op->free(be, p->w1);
+		be->op->free(be, p->b1);
+		be->op->free(be, p->w2);
+		be->op->free(be, p->b2);
+	}
 	memset(p, 0, sizeof *p);
 }
 
-void moe_params_init(struct moe_params *p, const struct moe_config *cfg, uint64_t seed)
+int moe_params_init(struct moe_params *p, const struct moe_config *cfg, uint64_t seed)
 {
+	struct backend *be = p->be;
 	const int64_t M = cfg->M, H = cfg->H, E = cfg->E;
+	/* One counter range: wg, w1, w2, b1, b2 draw consecutive indices of RNG_STREAM_INIT. */
+	const uint64_t o_w1 = (uint64_t)(M * E), o_w2 = o_w1 + (uint64_t)(E * M * H);
+	const uint64_t o_b1 = o_w2 + (uint64_t)(E * H * M), o_b2 = o_b1 + (uint64_t)(E * H);
 
-	rng_fill_normal(p->wg, M * E, 0.0f, 1.0f / sqrtf((float)M), seed, RNG_STREAM_INIT, 0);
-	rng_fill_normal(p->w1, E * M * H, 0.0f, 1.0f / sqrtf((float)M), seed, RNG_STREAM_INIT,
-			(uint64_t)(M * E));
-	rng_fill_normal(p->w2, E * H * M, 0.0f, 1.0f / sqrtf((float)H), seed, RNG_STREAM_INIT,
-			(uint64_t)(M * E + E * M * H));
-	rng_fill_normal(p->b1, E * H, 0.0f, 0.1f, seed, RNG_STREAM_INIT,
-			(uint64_t)(M * E + 2 * E * M * H));
-	rng_fill_normal(p->b2, E * M, 0.0f, 0.1f, seed, RNG_STREAM_INIT,
-			(uint64_t)(M * E + 2 * E * M * H + E * H));
+	ERR_FORWARD(be->op->fill_normal(be, p->wg, (size_t)(M * E), 0.0f, 1.0f / sqrtf((float)M),
+					seed, RNG_STREAM_INIT, 0));
+	ERR_FORWARD(be->op->fill_normal(be, p->w1, (size_t)(E * M * H), 0.0f,
+					1.0f / sqrtf((float)M), seed, RNG_STREAM_INIT, o_w1));
+	ERR_FORWARD(be->op->fill_normal(be, p->w2, (size_t)(E * H * M), 0.0f,
+					1.0f / sqrtf((float)H), seed, RNG_STREAM_INIT, o_w2));
+	ERR_FORWARD(be->op->fill_normal(be, p->b1, (size_t)(E * H), 0.0f, 0.1f, seed,
+					RNG_STREAM_INIT, o_b1));
+	return be->op->fill_normal(be, p->b2, (size_t)(E * M), 0.0f, 0.1f, seed, RNG_STREAM_INIT,
+				   o_b2);
 }
 
-size_t moe_layer_bytes_for(const struct moe_config *cfg, int64_t T, int k, int64_t C,
-			   int backward)
+/* ---- capacity -------------------------------------------------------------------------- */
+
+int64_t moe_capacity_fixed(int E, int64_t T, int k, double x)
 {
-	const size_t t = (size_t)T, e = (size_t)cfg->E, c = (size_t)C, m = (size_t)cfg->M;
-	const size_t h = (size_t)cfg->H, kk = (size_t)k;
-	size_t n[] = {
-		t * e * 4, t * e * 4, cfg->loss == MOE_LOSS_LOAD_IMPORTANCE ? t * e * 4 : 0,
-		t * 4, kk * t * 4, kk * t * 4, kk * t * 4, e * 8, e * 8,
-		e * c * m * 4, e * c * m * 4, e * c * h * 4,
-		cfg->act == MOE_ACT_GELU ? e * c * h * 4 : 0,
-		backward ? kk * t * 4 : 0, backward ? t * e * 4 : 0, backward ? c * h * 4 : 0,
-		cfg->E <= GATE_E_MAX ? m * e * 4 : 0,
-	};
-	size_t total = 0;
-	for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
-		total += alloc_round(n[i]);
-	return total;
+	int64_t per_expert = (T + E - 1) / E;
+	/* Python's int() of the double product: truncation toward zero. A product beyond any
+	 * real capacity (a trace may hold 1e30) saturates at 2^53 instead of overflowing the
+	 * conversion; moe_route then refuses the capacity as too large. */
+	double v = x * (double)per_expert;
+	if (!(v * k < 9007199254740992.0))
+		return (int64_t)1 << 53;
+	return (int64_t)k * (int64_t)v;
+}
+
+int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setting, int align)
+{
+	int64_t need = 0, C;
+
+	for (int e = 0; e < E; e++)
+		need = count[e] > need ? count[e] : need;
+	if (setting == 0.0) {
+		C = need;
+	} else {
+		C = moe_capacity_fixed(E, T, k, fabs(setting));
+		if (setting < 0.0 && need < C)
+			C = need;
+	}
+	if (align > 1 && C % align)
+		C += align - C % align;
+	return C;
+}
+
+double moe_step_flops(const struct moe_config *cfg, int64_t T, double R, int backward,
+		      int input_grad)
+{
+	const double gate = 2.0 * (double)T * (double)cfg->M * cfg->E;
+	const double experts = 4.0 * R * (double)cfg->M * (double)cfg->H;
+	if (!backward)
+		return gate + experts;
+	/* Without the input gradient the d_disp GEMM and the gate's dx term are skipped. */
+	return 3.0 * (gate + experts) - (input_grad ? 0.0 : 2.0 * R * cfg->M * cfg->H + gate);
 }
 
 /* ---- the layer ------------------------------------------------------------------------- */
 
-/* A buffer that grows on demand and is counted in the layer's bytes. */
+/* A buffer of backend memory that grows on demand and is counted in the layer's bytes. */
 struct buf {
 	void *p;
 	size_t bytes;
@@ -177,26 +232,34 @@ struct buf {
 
 struct moe_layer {
 	struct moe_config cfg;
+	struct backend *be;
 	size_t bytes, peak;
-	struct buf logits, probs, clean, top, idx, loc, score, dscore, count, used;
-	struct buf disp, eo, hpre, h, dh, dlogits, wgt;
+	struct buf logits, probs, clean, top, idx, loc, score, dscore, count, aux;
+	struct buf disp, eo, hpre, h, dh, dlogits;
+	int64_t *count_host, *used_host; /* [E] */
 	struct moe_routing r;
+	struct backend_moe_route route;
 	struct moe_times times;
 	int have_forward;
 };
 
+static size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
 static int grow(struct moe_layer *l, struct buf *b, size_t bytes)
 {
+	struct backend *be = l->be;
 	if (bytes <= b->bytes)
 		return 0;
-	bytes = alloc_round(bytes);
-	free(b->p);
+	bytes = round64(bytes);
+	be->op->free(be, b->p);
 	l->bytes -= b->bytes;
 	b->bytes = 0;
-	b->p = alloc_rounded(bytes);
-	if (!b->p)
+	b->p = NULL;
+	if (be->op->alloc(be, &b->p, bytes) < 0) {
+		b->p = NULL;
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes of MoE workspace",
 			       bytes);
+	}
 	b->bytes = bytes;
 	l->bytes += bytes;
 	if (l->bytes > l->peak)
@@ -204,22 +267,40 @@ static int grow(struct moe_layer *l, struct buf *b, size_t bytes)
 	return 0;
 }
 
-static void drop(struct moe_layer *l, struct buf *b)
+size_t moe_layer_bytes_for(const struct moe_config *cfg, int64_t T, int k, int64_t C,
+			   int backward)
 {
-	free(b->p);
-	l->bytes -= b->bytes;
-	b->p = NULL;
-	b->bytes = 0;
+	const size_t t = (size_t)T, e = (size_t)cfg->E, c = (size_t)C, m = (size_t)cfg->M;
+	const size_t h = (size_t)cfg->H, kk = (size_t)k;
+	/* The buffers of struct moe_layer, in its order. */
+	size_t n[] = {
+		t * e * 4, t * e * 4, cfg->loss == MOE_LOSS_LOAD_IMPORTANCE ? t * e * 4 : 0,
+		t * 4, kk * t * 4, kk * t * 4, kk * t * 4, backward ? kk * t * 4 : 0, e * 8, 4,
+		e * c * m * 4, e * c * m * 4, cfg->act == MOE_ACT_GELU ? e * c * h * 4 : 0,
+		e * c * h * 4, backward ? c * h * 4 : 0, backward ? t * e * 4 : 0,
+	};
+	size_t total = 0;
+	for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
+		total += round64(n[i]);
+	return total;
 }
 
-int moe_layer_init(struct moe_layer **out, const struct moe_config *cfg)
+int moe_layer_init(struct moe_layer **out, const struct moe_config *cfg, struct backend *be)
 {
 	*out = NULL;
 	ERR_FORWARD(moe_config_check(cfg));
 	struct moe_layer *l = calloc(1, sizeof *l);
-	if (!l)
+	if (l) {
+		l->count_host = calloc((size_t)cfg->E, sizeof(int64_t));
+		l->used_host = calloc((size_t)cfg->E, sizeof(int64_t));
+	}
+	if (!l || !l->count_host || !l->used_host) {
+		moe_layer_free(l);
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the MoE layer");
+	}
 	l->cfg = *cfg;
+	l->be = be;
+	be->op->profile(be, 1); /* the expert GEMM times of moe_times */
 	*out = l;
 	return 0;
 }
@@ -228,155 +309,62 @@ void moe_layer_free(struct moe_layer *l)
 {
 	if (!l)
 		return;
-	struct buf *all[] = { &l->logits, &l->probs, &l->clean, &l->top, &l->idx, &l->loc,
-			      &l->score, &l->dscore, &l->count, &l->used,
-			      &l->disp, &l->eo, &l->hpre, &l->h, &l->dh, &l->dlogits,
-			      &l->wgt };
-	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-		drop(l, all[i]);
+	struct buf *all[] = {&l->logits, &l->probs, &l->clean, &l->top, &l->idx,
+			     &l->loc, &l->score, &l->dscore, &l->count, &l->aux,
+			     &l->disp, &l->eo, &l->hpre, &l->h, &l->dh, &l->dlogits};
+	for (size_t i = 0; l->be && i < sizeof all / sizeof all[0]; i++)
+		l->be->op->free(l->be, all[i]->p);
+	free(l->count_host);
+	free(l->used_host);
 	free(l);
 }
 
-const struct moe_routing *moe_layer_routing(const struct moe_layer *l)
+const struct moe_routing *moe_layer_routing(const struct moe_layer *l) { return &l->r; }
+const struct backend_moe_route *moe_layer_route(const struct moe_layer *l) { return &l->route; }
+const struct moe_times *moe_layer_times(const struct moe_layer *l) { return &l->times; }
+size_t moe_layer_bytes(const struct moe_layer *l) { return l->bytes; }
+size_t moe_layer_peak_bytes(const struct moe_layer *l) { return l->peak; }
+
+/* Stage boundaries: a backend that queues work (a GPU) finishes it first, so that each
+ * stage's time is its own. */
+static double stage_clock(struct moe_layer *l)
 {
-	return &l->r;
+	l->be->op->sync(l->be);
+	return now_seconds();
 }
 
-const struct moe_times *moe_layer_times(const struct moe_layer *l)
+static enum backend_act backend_act(enum moe_act a)
 {
-	return &l->times;
+	return a == MOE_ACT_GELU ? BACKEND_ACT_GELU : BACKEND_ACT_RELU;
 }
 
-size_t moe_layer_bytes(const struct moe_layer *l)
+static int check_call(const struct moe_config *cfg, int64_t T, int k, double setting)
 {
-	return l->bytes;
+	if (k < 1 || k > cfg->E)
+		return err_set(CORE_EUSAGE, NULL, "top-k %d is outside [1, E = %d]", k, cfg->E);
+	if (T < 1 || T > cfg->T)
+		return err_set(CORE_EUSAGE, NULL, "token count %lld is outside [1, %lld]",
+			       (long long)T, (long long)cfg->T);
+	if (!isfinite(setting))
+		return err_set(CORE_EUSAGE, NULL, "capacity setting is not finite");
+	return 0;
 }
 
-size_t moe_layer_peak_bytes(const struct moe_layer *l)
+/* The buffers routing needs for T tokens and k choices, and the routing structs over them. */
+static int grow_routing(struct moe_layer *l, int64_t T, int k)
 {
-	return l->peak;
-}
+	const size_t TE = (size_t)(T * l->cfg.E), kT = (size_t)k * (size_t)T;
 
-static float gelu(float x)
-{
-	const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-	return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
-}
-
-static float gelu_grad(float x)
-{
-	const float c = 0.7978845608028654f;
-	float th = tanhf(c * (x + 0.044715f * x * x * x));
-	return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * c * (1.0f + 0.134145f * x * x);
-}
-
-/* dh *= act'(pre) in place and db1 = column sums of the result, in one pass over dh
- * (parallel over column blocks). relu takes its mask from h (h > 0 iff pre > 0). */
-static void act_backward_colsum(float *dh, const float *h, const float *pre, int64_t rows,
-				int64_t H, float *db1)
-{
-#pragma omp parallel for schedule(static) if (rows * H >= PAR_MIN)
-	for (int64_t j0 = 0; j0 < H; j0 += 256) {
-		int64_t j1 = j0 + 256 < H ? j0 + 256 : H;
-		for (int64_t j = j0; j < j1; j++)
-			db1[j] = 0.0f;
-		for (int64_t i = 0; i < rows; i++) {
-			float *d = dh + i * H;
-			if (pre) {
-				const float *pr = pre + i * H;
-				for (int64_t j = j0; j < j1; j++) {
-					d[j] *= gelu_grad(pr[j]);
-					db1[j] += d[j];
-				}
-			} else {
-				const float *hr = h + i * H;
-#pragma omp simd
-				for (int64_t j = j0; j < j1; j++) {
-					d[j] = hr[j] > 0.0f ? d[j] : 0.0f;
-					db1[j] += d[j];
-				}
-			}
-		}
-	}
-}
-
-static double now(void)
-{
-	return omp_get_wtime();
-}
-
-/* The gate's products have N = E columns only (a few experts): BLAS handles such skinny
- * shapes poorly, and they are memory-bound anyway (x is read once). Up to GATE_E_MAX experts
- * they run here, token-parallel, against wg transposed to [E, M] so that every inner loop
- * runs along M. */
-static void transpose_wg(const float *wg, int64_t M, int E, float *wgt)
-{
-	for (int64_t m = 0; m < M; m++)
-		for (int e = 0; e < E; e++)
-			wgt[(int64_t)e * M + m] = wg[m * E + e];
-}
-
-/* logits[t, e] = <x[t], wg[:, e]>. */
-static void gate_logits(const float *x, const float *wgt, int64_t T, int64_t M, int E,
-			float *logits)
-{
-#pragma omp parallel for schedule(static) if (T * M * E >= PAR_MIN)
-	for (int64_t t = 0; t < T; t++) {
-		const float *xt = x + t * M;
-		for (int e = 0; e < E; e++) {
-			const float *w = wgt + (int64_t)e * M;
-			float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-			for (int64_t m = 0; m < M; m++)
-				acc += xt[m] * w[m];
-			logits[t * E + e] = acc;
-		}
-	}
-}
-
-/* One pass over the tokens: dx[t] += dlogits[t] wg^T (when dx is not NULL) and
- * dwg = x^T dlogits, reduced over T in per-thread double partials that are summed in
- * thread order (deterministic for a fixed thread count). */
-static int gate_backward_products(const float *x, const float *dlogits, const float *wgt,
-				  int64_t T, int64_t M, int E, float *dx, float *dwg)
-{
-	int nt = T * M * E >= PAR_MIN ? omp_get_max_threads() : 1;
-	double *part = calloc((size_t)nt * (size_t)E * (size_t)M, sizeof(double));
-
-	if (!part)
-		return err_set(CORE_ENOMEM, NULL, "cannot allocate the gate gradient partials");
-#pragma omp parallel num_threads(nt)
-	{
-		double *acc = part + (size_t)omp_get_thread_num() * (size_t)E * (size_t)M;
-#pragma omp for schedule(static)
-		for (int64_t t = 0; t < T; t++) {
-			const float *xt = x + t * M, *dl = dlogits + t * E;
-			for (int e = 0; e < E; e++) {
-				const double g = dl[e];
-				double *a = acc + (int64_t)e * M;
-#pragma omp simd
-				for (int64_t m = 0; m < M; m++)
-					a[m] += g * xt[m];
-			}
-			if (dx) {
-				float *d = dx + t * M;
-				for (int e = 0; e < E; e++) {
-					const float g = dl[e], *w = wgt + (int64_t)e * M;
-#pragma omp simd
-					for (int64_t m = 0; m < M; m++)
-						d[m] += g * w[m];
-				}
-			}
-		}
-	}
-	for (int64_t m = 0; m < M; m++)
-		for (int e = 0; e < E; e++) {
-			double v = 0.0;
-			for (int i = 0; i < nt; i++)
-				v += part[((size_t)i * (size_t)E + (size_t)e) * (size_t)M + (size_t)m];
-			dwg[m * E + e] = (float)v;
-		}
-	free(part);
+	ERR_FORWARD(grow(l, &l->logits, sizeof(float) * TE));
+	ERR_FORWARD(grow(l, &l->probs, sizeof(float) * TE));
+	if (l->cfg.loss == MOE_LOSS_LOAD_IMPORTANCE)
+		ERR_FORWARD(grow(l, &l->clean, sizeof(float) * TE));
+	ERR_FORWARD(grow(l, &l->top, sizeof(float) * (size_t)T));
+	ERR_FORWARD(grow(l, &l->idx, sizeof(int32_t) * kT));
+	ERR_FORWARD(grow(l, &l->loc, sizeof(int32_t) * kT));
+	ERR_FORWARD(grow(l, &l->score, sizeof(float) * kT));
+	ERR_FORWARD(grow(l, &l->count, sizeof(int64_t) * (size_t)l->cfg.E));
+	ERR_FORWARD(grow(l, &l->aux, sizeof(float)));
 	return 0;
 }
 
@@ -384,71 +372,88 @@ int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, i
 	      double capacity_setting, uint64_t step)
 {
 	const struct moe_config *cfg = &l->cfg;
-	const int64_t M = cfg->M, H = cfg->H;
+	struct backend *be = l->be;
 	const int E = cfg->E;
-	const int li = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE;
 	struct moe_routing *r = &l->r;
-	double t0 = now(), t1;
 
 	if (k == 0)
 		k = cfg->k;
-	if (k < 1 || k > E)
-		return err_set(CORE_EUSAGE, NULL, "top-k %d is outside [1, E = %d]", k, E);
-	if (T < 1 || T > cfg->T)
-		return err_set(CORE_EUSAGE, NULL, "token count %lld is outside [1, %lld]",
-			       (long long)T, (long long)cfg->T);
-	if (!isfinite(capacity_setting))
-		return err_set(CORE_EUSAGE, NULL, "capacity setting is not finite");
+	ERR_FORWARD(check_call(cfg, T, k, capacity_setting));
 	l->have_forward = 0;
 	memset(&l->times, 0, sizeof l->times);
-	ERR_FORWARD(grow(l, &l->logits, sizeof(float) * (size_t)(T * E)));
-	ERR_FORWARD(grow(l, &l->probs, sizeof(float) * (size_t)(T * E)));
-	if (li)
-		ERR_FORWARD(grow(l, &l->clean, sizeof(float) * (size_t)(T * E)));
-	ERR_FORWARD(grow(l, &l->top, sizeof(float) * (size_t)T));
-	ERR_FORWARD(grow(l, &l->idx, sizeof(int32_t) * (size_t)(k * T)));
-	ERR_FORWARD(grow(l, &l->loc, sizeof(int32_t) * (size_t)(k * T)));
-	ERR_FORWARD(grow(l, &l->score, sizeof(float) * (size_t)(k * T)));
-	ERR_FORWARD(grow(l, &l->count, sizeof(int64_t) * (size_t)E));
-	ERR_FORWARD(grow(l, &l->used, sizeof(int64_t) * (size_t)E));
+	double t0 = stage_clock(l), t1;
+	ERR_FORWARD(grow_routing(l, T, k));
 	memset(r, 0, sizeof *r);
-	r->T = T;
-	r->E = E;
-	r->k = k;
-	r->idx = l->idx.p;
-	r->loc = l->loc.p;
-	r->score = l->score.p;
-	r->count = l->count.p;
-	r->used = l->used.p;
+	*r = (struct moe_routing){.T = T, .E = E, .k = k, .noise_step = step, .idx = l->idx.p,
+				  .loc = l->loc.p, .score = l->score.p, .count = l->count_host,
+				  .used = l->used_host};
 
-	/* 1-2. Gating. */
-	float *logits = l->logits.p;
-	if (E <= GATE_E_MAX) {
-		ERR_FORWARD(grow(l, &l->wgt, sizeof(float) * (size_t)(M * E)));
-		transpose_wg(wg, M, E, l->wgt.p);
-		gate_logits(x, l->wgt.p, T, M, E, logits);
-	} else {
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, E, (int)M, 1.0f, x,
-			    (int)M, wg, E, 0.0f, logits, E);
-	}
-	ERR_FORWARD(moe_gate_forward(cfg, logits, T, k, step, l->probs.p, li ? l->clean.p : NULL,
-				     l->top.p, r));
-	t1 = now();
+	/* 1-2. Gating: logits = x wg, then softmax, top-k, scores and the auxiliary loss. */
+	const struct backend_moe_gate g = {
+		.T = T, .E = E, .k = k, .noise = cfg->gate_noise, .seed = cfg->seed,
+		.step = step, .load_importance = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE,
+	};
+	ERR_FORWARD(be->op->matmul_forward(be, l->logits.p, x, wg, NULL, (int)T, (int)cfg->M, E,
+					   BACKEND_W_IO));
+	ERR_FORWARD(be->op->moe_gate_forward(be, &g, l->logits.p, l->probs.p,
+					     g.load_importance ? l->clean.p : NULL, l->top.p,
+					     l->idx.p, l->score.p, l->aux.p));
+	ERR_FORWARD(be->op->download(be, &r->aux_loss, l->aux.p, sizeof(float)));
+	t1 = stage_clock(l);
 	l->times.gate = t1 - t0;
 	t0 = t1;
 
-	/* 3-5. Capacity and locations. */
-	moe_route_count(r);
+	/* 3-5. Counts (read back: they size C), capacity, locations. */
+	ERR_FORWARD(be->op->moe_count(be, l->idx.p, (int64_t)k * T, E, l->count.p));
+	ERR_FORWARD(be->op->download(be, r->count, l->count.p, sizeof(int64_t) * (size_t)E));
 	r->C = moe_capacity(r->count, E, T, k, capacity_setting, cfg->capacity_align);
 	const int64_t C = r->C;
 	if (C < 1)
 		return err_set(CORE_EUSAGE, NULL, "capacity setting %g leaves no slot per expert "
 			       "(k*int(%g*ceil(T/E)) = 0 at T=%lld, E=%d, k=%d)", capacity_setting,
 			       fabs(capacity_setting), (long long)T, E, k);
-	if ((double)E * (double)C * (double)(M > H ? M : H) > 1e15)
+	if ((double)E * (double)C * (double)(cfg->M > cfg->H ? cfg->M : cfg->H) > MOE_MAX_ELEMS)
 		return err_set(CORE_EUSAGE, NULL, "capacity %lld is too large", (long long)C);
-	ERR_FORWARD(moe_route_locations(r, l->top.p, cfg->bpr));
-	l->times.scan = now() - t0;
+	ERR_FORWARD(be->op->moe_locations(be, l->idx.p, cfg->bpr ? l->top.p : NULL, T, k, E, C,
+					  l->loc.p));
+	/* Expert e keeps its first min(n_e, C) choices, so the drops follow from the counts. */
+	for (int e = 0; e < E; e++) {
+		r->used[e] = r->count[e] < C ? r->count[e] : C;
+		r->dropped += r->count[e] - r->used[e];
+	}
+	l->route = (struct backend_moe_route){.T = T, .C = C, .E = E, .k = k, .idx = l->idx.p,
+					      .loc = l->loc.p, .score = l->score.p,
+					      .count = l->count.p};
+	l->times.scan = stage_clock(l) - t0;
+	return 0;
+}
+
+/* 7. The experts over their kept rows: h = act(disp w1 + b1), eo = h w2 + b2. relu keeps
+ * only h (h > 0 is relu's mask); gelu also keeps the pre-activation. */
+static int experts_forward(struct moe_layer *l, const struct moe_params *p)
+{
+	const struct moe_config *cfg = &l->cfg;
+	struct backend *be = l->be;
+	const int64_t M = cfg->M, H = cfg->H, C = l->r.C;
+	const enum backend_act act = backend_act(cfg->act);
+	float *disp = l->disp.p, *eo = l->eo.p, *h = l->h.p, *hpre = l->hpre.p;
+
+	for (int e = 0; e < cfg->E; e++) {
+		const int rows = (int)l->r.used[e];
+		if (rows == 0)
+			continue;
+		float *he = h + (int64_t)e * C * H;
+		float *pe = cfg->act == MOE_ACT_GELU ? hpre + (int64_t)e * C * H : he;
+		ERR_FORWARD(be->op->matmul_forward(be, pe, disp + (int64_t)e * C * M,
+						   p->w1 + (int64_t)e * M * H, NULL, rows, (int)M,
+						   (int)H, BACKEND_W_IO));
+		ERR_FORWARD(be->op->bias_act_forward(be, pe, he, p->b1 + (int64_t)e * H, rows,
+						     (int)H, act));
+		ERR_FORWARD(be->op->matmul_forward(be, eo + (int64_t)e * C * M, he,
+						   p->w2 + (int64_t)e * H * M,
+						   p->b2 + (int64_t)e * M, rows, (int)H, (int)M,
+						   BACKEND_W_IO));
+	}
 	return 0;
 }
 
@@ -456,72 +461,74 @@ int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x,
 		int64_t T, int k, double capacity_setting, uint64_t step)
 {
 	const struct moe_config *cfg = &l->cfg;
+	struct backend *be = l->be;
 	const int64_t M = cfg->M, H = cfg->H;
 	const int E = cfg->E;
-	struct moe_routing *r = &l->r;
 
 	ERR_FORWARD(moe_route(l, p->wg, x, T, k, capacity_setting, step));
-	const int64_t C = r->C;
-	double t0 = now(), t1;
+	const int64_t C = l->r.C;
+	double t0 = stage_clock(l), t1;
 
 	/* 6. Encode. */
 	ERR_FORWARD(grow(l, &l->disp, sizeof(float) * (size_t)(E * C * M)));
 	ERR_FORWARD(grow(l, &l->eo, sizeof(float) * (size_t)(E * C * M)));
-	ERR_FORWARD(grow(l, &l->h, sizeof(float) * (size_t)(E * C * H)));
 	if (cfg->act == MOE_ACT_GELU)
 		ERR_FORWARD(grow(l, &l->hpre, sizeof(float) * (size_t)(E * C * H)));
-	float *disp = l->disp.p, *eo = l->eo.p, *h = l->h.p, *hpre = l->hpre.p;
-	moe_encode_kept(r, x, disp, M);
-	t1 = now();
+	ERR_FORWARD(grow(l, &l->h, sizeof(float) * (size_t)(E * C * H)));
+	ERR_FORWARD(be->op->moe_encode(be, &l->route, x, l->disp.p, M, 0));
+	t1 = stage_clock(l);
 	l->times.encode = t1 - t0;
 	t0 = t1;
 
-	/* 7. Experts over the kept rows. relu keeps only h (h > 0 is relu's mask); gelu also
-	 * keeps the pre-activation. */
-	for (int e = 0; e < E; e++) {
-		const int64_t rows = r->used[e];
-		if (rows == 0)
-			continue;
-		const float *a = disp + (int64_t)e * C * M;
-		float *he = h + (int64_t)e * C * H, *pe = hpre ? hpre + (int64_t)e * C * H : NULL;
-		float *oe = eo + (int64_t)e * C * M;
-		const float *b1 = p->b1 + (int64_t)e * H, *b2 = p->b2 + (int64_t)e * M;
-		double g0 = now();
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)H, (int)M,
-			    1.0f, a, (int)M, p->w1 + (int64_t)e * M * H, (int)H, 0.0f, he, (int)H);
-		l->times.gemm_fwd += now() - g0;
-#pragma omp parallel for schedule(static) if (rows * (H + M) >= PAR_MIN)
-		for (int64_t i = 0; i < rows; i++) {
-			float *hr = he + i * H;
-			if (pe) {
-				float *pr = pe + i * H;
-				for (int64_t j = 0; j < H; j++) {
-					pr[j] = hr[j] + b1[j];
-					hr[j] = gelu(pr[j]);
-				}
-			} else {
-#pragma omp simd
-				for (int64_t j = 0; j < H; j++) {
-					float v = hr[j] + b1[j];
-					hr[j] = v > 0.0f ? v : 0.0f;
-				}
-			}
-			float *orow = oe + i * M;
-			memcpy(orow, b2, sizeof(float) * (size_t)M);
-		}
-		g0 = now();
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)M, (int)H,
-			    1.0f, he, (int)H, p->w2 + (int64_t)e * H * M, (int)M, 1.0f, oe, (int)M);
-		l->times.gemm_fwd += now() - g0;
-	}
-	t1 = now();
+	/* 7. Experts. */
+	double g0 = be->op->gemm_seconds(be);
+	ERR_FORWARD(experts_forward(l, p));
+	t1 = stage_clock(l);
+	l->times.gemm_fwd = be->op->gemm_seconds(be) - g0;
 	l->times.experts = t1 - t0;
 	t0 = t1;
 
 	/* 8. Decode. */
-	moe_decode(r, eo, y, M);
-	l->times.decode = now() - t0;
+	ERR_FORWARD(be->op->moe_decode(be, &l->route, l->eo.p, y, M));
+	l->times.decode = stage_clock(l) - t0;
 	l->have_forward = 1;
+	return 0;
+}
+
+/* Expert backward over the kept rows, from d_eo (over eo): dW2, db2 and dh; act'; dW1, db1,
+ * and d_disp over disp when the input needs a gradient. Experts without rows get zero
+ * gradients. */
+static int experts_backward(struct moe_layer *l, const struct moe_params *p,
+			    struct moe_params *g, int input_grad)
+{
+	const struct moe_config *cfg = &l->cfg;
+	struct backend *be = l->be;
+	const int64_t M = cfg->M, H = cfg->H, C = l->r.C;
+	const enum backend_act act = backend_act(cfg->act);
+	float *disp = l->disp.p, *d_eo = l->eo.p, *h = l->h.p, *hpre = l->hpre.p, *dh = l->dh.p;
+
+	for (int e = 0; e < cfg->E; e++) {
+		const int rows = (int)l->r.used[e];
+		float *dw1 = g->w1 + (int64_t)e * M * H, *dw2 = g->w2 + (int64_t)e * H * M;
+		float *db1 = g->b1 + (int64_t)e * H, *db2 = g->b2 + (int64_t)e * M;
+		if (rows == 0) {
+			ERR_FORWARD(be->op->memset(be, dw1, 0, sizeof(float) * (size_t)(M * H)));
+			ERR_FORWARD(be->op->memset(be, dw2, 0, sizeof(float) * (size_t)(H * M)));
+			ERR_FORWARD(be->op->memset(be, db1, 0, sizeof(float) * (size_t)H));
+			ERR_FORWARD(be->op->memset(be, db2, 0, sizeof(float) * (size_t)M));
+			continue;
+		}
+		float *a = disp + (int64_t)e * C * M;
+		float *he = h + (int64_t)e * C * H;
+		const float *pe = cfg->act == MOE_ACT_GELU ? hpre + (int64_t)e * C * H : he;
+		ERR_FORWARD(be->op->matmul_backward(be, dh, dw2, db2, d_eo + (int64_t)e * C * M, he,
+						    p->w2 + (int64_t)e * H * M, rows, (int)H,
+						    (int)M, BACKEND_W_IO, 0));
+		ERR_FORWARD(be->op->act_backward(be, dh, db1, pe, rows, (int)H, act));
+		ERR_FORWARD(be->op->matmul_backward(be, input_grad ? a : NULL, dw1, NULL, dh, a,
+						    p->w1 + (int64_t)e * M * H, rows, (int)M,
+						    (int)H, BACKEND_W_IO, 0));
+	}
 	return 0;
 }
 
@@ -529,86 +536,77 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 		 const float *dy, float *dx, struct moe_params *g, float aux_weight)
 {
 	const struct moe_config *cfg = &l->cfg;
-	const int64_t M = cfg->M, H = cfg->H;
-	const int E = cfg->E;
+	struct backend *be = l->be;
 	struct moe_routing *r = &l->r;
-	const int64_t T = r->T, C = r->C;
-	const int k = r->k;
-	double t0 = now(), t1;
+	const int64_t M = cfg->M, H = cfg->H, T = r->T, C = r->C;
+	const int E = cfg->E, k = r->k;
 
 	if (!l->have_forward)
 		return err_set(CORE_EUSAGE, NULL, "moe_backward without a forward");
+	double t0 = stage_clock(l), t1;
 	ERR_FORWARD(grow(l, &l->dscore, sizeof(float) * (size_t)(k * T)));
 	ERR_FORWARD(grow(l, &l->dlogits, sizeof(float) * (size_t)(T * E)));
 	ERR_FORWARD(grow(l, &l->dh, sizeof(float) * (size_t)(C * H)));
-	float *disp = l->disp.p, *eo = l->eo.p, *h = l->h.p, *hpre = l->hpre.p, *dh = l->dh.p;
-	float *dscore = l->dscore.p;
 
 	/* Decode backward (K0 + K2), d_eo written over eo. */
-	moe_decode_backward_kept(r, dy, eo, eo, dscore, M);
-	float *d_eo = eo;
-	t1 = now();
+	ERR_FORWARD(be->op->moe_decode_backward(be, &l->route, dy, l->eo.p, l->eo.p,
+						l->dscore.p, M, 0));
+	t1 = stage_clock(l);
 	l->times.bwd_decode = t1 - t0;
 	t0 = t1;
 
-	/* Expert backward; d_disp written over disp after dW1 has read it. */
-	for (int e = 0; e < E; e++) {
-		const int64_t rows = r->used[e];
-		float *dw1 = g->w1 + (int64_t)e * M * H, *dw2 = g->w2 + (int64_t)e * H * M;
-		float *db1 = g->b1 + (int64_t)e * H, *db2 = g->b2 + (int64_t)e * M;
-		if (rows == 0) {
-			memset(dw1, 0, sizeof(float) * (size_t)(M * H));
-			memset(dw2, 0, sizeof(float) * (size_t)(H * M));
-			memset(db1, 0, sizeof(float) * (size_t)H);
-			memset(db2, 0, sizeof(float) * (size_t)M);
-			continue;
-		}
-		float *a = disp + (int64_t)e * C * M, *de = d_eo + (int64_t)e * C * M;
-		float *he = h + (int64_t)e * C * H, *pe = hpre ? hpre + (int64_t)e * C * H : NULL;
-		cpu_column_sums(db2, de, rows, M);
-		double g0 = now();
-		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)H, (int)M, (int)rows,
-			    1.0f, he, (int)H, de, (int)M, 0.0f, dw2, (int)M);
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)H, (int)M,
-			    1.0f, de, (int)M, p->w2 + (int64_t)e * H * M, (int)M, 0.0f, dh, (int)H);
-		l->times.gemm_bwd += now() - g0;
-		act_backward_colsum(dh, he, pe, rows, H, db1);
-		g0 = now();
-		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)H, (int)rows,
-			    1.0f, a, (int)M, dh, (int)H, 0.0f, dw1, (int)H);
-		if (dx)
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)M,
-				    (int)H, 1.0f, dh, (int)H, p->w1 + (int64_t)e * M * H, (int)H, 0.0f,
-				    a, (int)M);
-		l->times.gemm_bwd += now() - g0;
-	}
-	t1 = now();
+	double g0 = be->op->gemm_seconds(be);
+	ERR_FORWARD(experts_backward(l, p, g, dx != NULL));
+	t1 = stage_clock(l);
+	l->times.gemm_bwd = be->op->gemm_seconds(be) - g0;
 	l->times.bwd_experts = t1 - t0;
 	t0 = t1;
 
-	/* Encode backward (K1, unweighted). */
+	/* Encode backward (K1, unweighted) from d_disp (over disp). */
 	if (dx)
-		moe_encode_backward(r, disp, dx, M);
-	t1 = now();
+		ERR_FORWARD(be->op->moe_encode_backward(be, &l->route, l->disp.p, dx, M));
+	t1 = stage_clock(l);
 	l->times.bwd_encode = t1 - t0;
 	t0 = t1;
 
 	/* Gate backward: dlogits, then dwg = x^T dlogits and dx += dlogits wg^T. */
-	float *dlogits = l->dlogits.p;
-	ERR_FORWARD(moe_gate_backward(cfg, l->logits.p, l->probs.p, l->clean.p, r, dscore,
-				      aux_weight, dlogits));
-	if (E <= GATE_E_MAX) {
-		/* wgt still holds wg transposed from the forward. */
-		ERR_FORWARD(gate_backward_products(x, dlogits, l->wgt.p, T, M, E, dx, g->wg));
-	} else {
-		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, E, (int)T, 1.0f, x,
-			    (int)M, dlogits, E, 0.0f, g->wg, E);
-		if (dx)
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)M, E, 1.0f,
-				    dlogits, E, p->wg, E, 1.0f, dx, (int)M);
-	}
-	l->times.bwd_gate = now() - t0;
+	const struct backend_moe_gate gate = {
+		.T = T, .E = E, .k = k, .noise = cfg->gate_noise, .seed = cfg->seed,
+		.step = r->noise_step, .load_importance = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE,
+	};
+	ERR_FORWARD(be->op->moe_gate_backward(be, &gate, l->logits.p, l->probs.p, l->clean.p,
+					      l->idx.p, l->dscore.p, aux_weight, l->dlogits.p));
+	ERR_FORWARD(be->op->matmul_backward(be, dx, g->wg, NULL, l->dlogits.p, x, p->wg, (int)T,
+					    (int)M, E, BACKEND_W_IO, 1));
+	l->times.bwd_gate = stage_clock(l) - t0;
 	/* The saved activations were consumed in place. */
 	l->have_forward = 0;
+	return 0;
+}
+
+int moe_encode_decode(struct moe_layer *l, const float *x, float *disp, float *y,
+		      const float *dy, float *dscore, float *dx, int backward,
+		      struct moe_times *times)
+{
+	struct backend *be = l->be;
+	const int64_t M = l->cfg.M;
+	double t0 = stage_clock(l), t1;
+
+	ERR_FORWARD(be->op->moe_encode(be, &l->route, x, disp, M, 1));
+	t1 = stage_clock(l);
+	times->encode = t1 - t0;
+	t0 = t1;
+	ERR_FORWARD(be->op->moe_decode(be, &l->route, disp, y, M));
+	t1 = stage_clock(l);
+	times->decode = t1 - t0;
+	t0 = t1;
+	if (!backward)
+		return 0;
+	ERR_FORWARD(be->op->moe_decode_backward(be, &l->route, dy, disp, disp, dscore, M, 1));
+	t1 = stage_clock(l);
+	times->bwd_decode = t1 - t0;
+	t0 = t1;
+	ERR_FORWARD(be->op->moe_encode_backward(be, &l->route, disp, dx, M));
+	times->bwd_encode = stage_clock(l) - t0;
 	return 0;
 }

@@ -1,4 +1,4 @@
-/* moe.h - one Mixture-of-Experts layer on the CPU (Tutel, arXiv 2206.03382, sections 3.4.x).
+/* moe.h - one Mixture-of-Experts layer on any backend (Tutel, arXiv 2206.03382, sec. 3.4.x).
  *
  * Shapes follow Tutel: T tokens, model dim M, expert hidden dim H, E experts, top-k, capacity
  * C slots per expert. All tensors are float32, contiguous, row-major:
@@ -60,15 +60,21 @@
  * The dense GShard formulation (moe_dense_*) computes the same function with one-hot masks,
  * combine weights [T,E,C] and einsums; it is the baseline and the tests' oracle.
  *
- * Threads: OpenMP for our loops; BLAS is expected to share the OpenMP pool.
+ * Backend: the layer and its parameters live on a backend (backend.h) and every step is a
+ * sequence of its ops (gate, count, locations, encode, GEMMs, decode and their backwards);
+ * inputs, outputs and parameters are backend memory. The host reads back the expert counts
+ * (it sizes C from them), the auxiliary loss, and nothing else.
  * Errors: CORE_EUSAGE for inconsistent sizes (E < 1, k < 1, k > E, T/M/H < 1, bad setting),
- * CORE_ENOMEM. Determinism: same inputs, seed and thread count give identical outputs.
+ * CORE_ENOMEM. Determinism: same inputs and seed give identical outputs at any thread count
+ * and buffer alignment.
  */
 #ifndef CORE_MOE_H
 #define CORE_MOE_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "backend/backend.h"
 
 enum moe_act { MOE_ACT_RELU = 0, MOE_ACT_GELU = 1 };
 enum moe_loss { MOE_LOSS_GSHARD = 0, MOE_LOSS_LOAD_IMPORTANCE = 1 };
@@ -86,39 +92,46 @@ struct moe_config {
 	uint64_t seed;           /* key for the gate noise */
 };
 
+/* Names of the activations ("relu", "gelu") and losses ("gshard", "load-importance"), for
+ * options and reports; the _from_name functions return -1 for an unknown name. A list of the
+ * names, comma-separated, for messages. */
+const char *moe_act_name(enum moe_act a);
+int moe_act_from_name(const char *name);
+const char *moe_act_names(void);
+const char *moe_loss_name(enum moe_loss l);
+int moe_loss_from_name(const char *name);
+const char *moe_loss_names(void);
+
 /* Fill cfg with defaults: k 2, capacity 1.0, align 1, BPR off, no noise, relu, GShard loss. */
 void moe_config_default(struct moe_config *cfg, int64_t T, int64_t M, int64_t H, int E);
 /* CORE_EUSAGE with a detail naming the bad value when the config is inconsistent. */
 int moe_config_check(const struct moe_config *cfg);
 
-/* Zeroed memory for layer inputs and outputs, free with free(): 64-byte aligned (the
- * kernels use streaming stores only on 64-byte aligned rows with M % 16 == 0), and on 2 MiB
- * boundaries with transparent huge pages requested when large. NULL on failure. */
-void *moe_alloc(size_t bytes);
-
-/* Parameters and gradients of one layer, shapes as above. Owned by the caller. */
+/* Parameters and gradients of one layer, shapes as above, in backend memory. */
 struct moe_params {
+	struct backend *be;
 	float *wg, *w1, *b1, *w2, *b2;
 };
-/* Allocate (zeroed, 64-byte aligned) / free parameter-shaped storage. */
-int moe_params_alloc(struct moe_params *p, const struct moe_config *cfg);
+/* Allocate (zeroed) / free parameter-shaped storage on be. */
+int moe_params_alloc(struct moe_params *p, const struct moe_config *cfg, struct backend *be);
 void moe_params_free(struct moe_params *p);
 /* Deterministic init from seed: wg, w1, w2 ~ N(0, 1/sqrt(fan_in)), biases ~ N(0, 0.1). */
-void moe_params_init(struct moe_params *p, const struct moe_config *cfg, uint64_t seed);
+int moe_params_init(struct moe_params *p, const struct moe_config *cfg, uint64_t seed);
 
-/* Routing metadata of one step. Arrays are [k][T] (rank-major). */
+/* Routing metadata of one step: sizes and counts on the host, the per-choice arrays in
+ * backend memory ([k][T], rank-major). */
 struct moe_routing {
 	int64_t T;
 	int E, k;
 	int64_t C;        /* capacity used */
-	int64_t dropped;  /* dropped (token, rank) choices */
+	int64_t dropped;  /* dropped (token, rank) choices: sum_e max(n_e - C, 0) */
 	float aux_loss;   /* value of the configured auxiliary loss */
 	uint64_t noise_step; /* the step the gate noise was drawn for */
-	int32_t *idx;     /* [k*T] expert of choice r of token t, at r*T + t */
-	int32_t *loc;     /* [k*T] slot in that expert, -1 when dropped */
-	float *score;     /* [k*T] gate score (renormalised, see 1.) */
-	int64_t *count;   /* [E] n_e: choices of expert e before dropping */
-	int64_t *used;    /* [E] min(n_e, C): kept rows of expert e */
+	int32_t *idx;     /* [k*T] expert of choice r of token t, at r*T + t (backend) */
+	int32_t *loc;     /* [k*T] slot in that expert, -1 when dropped (backend) */
+	float *score;     /* [k*T] gate score, renormalised, see 1. (backend) */
+	int64_t *count;   /* [E] n_e: choices of expert e before dropping (host) */
+	int64_t *used;    /* [E] min(n_e, C): kept rows of expert e (host) */
 };
 
 /* Per-stage wall times of the last call, seconds. gemm_fwd / gemm_bwd: the part of experts /
@@ -131,8 +144,8 @@ struct moe_times {
 
 struct moe_layer; /* opaque: config, workspace, saved activations */
 
-/* A layer with workspace for up to cfg->T tokens. *out is NULL on failure. */
-int moe_layer_init(struct moe_layer **out, const struct moe_config *cfg);
+/* A layer on be with workspace for up to cfg->T tokens. *out is NULL on failure. */
+int moe_layer_init(struct moe_layer **out, const struct moe_config *cfg, struct backend *be);
 void moe_layer_free(struct moe_layer *l);
 
 /* Forward for T <= cfg->T tokens: y = MoE(x). k in 1..E (0 = config default); capacity
@@ -143,6 +156,14 @@ int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x,
  * moe_forward (which calls it); the routing is then in moe_layer_routing(). */
 int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, int k,
 	      double capacity_setting, uint64_t step);
+/* The layer's encode and decode kernels alone, as moe-bench --only=encode-decode times them
+ * on the routing of the last moe_route: disp = encode(x) (padding zeroed), y = decode(disp);
+ * with backward, dscore and d_disp from decode backward (d_disp over disp), then dx =
+ * encode-backward(d_disp). disp holds E*C*M floats; times->encode, decode, bwd_decode and
+ * bwd_encode are set. */
+int moe_encode_decode(struct moe_layer *l, const float *x, float *disp, float *y,
+		      const float *dy, float *dscore, float *dx, int backward,
+		      struct moe_times *times);
 /* Backward of the last forward: dx [T,M] and every gradient in g are overwritten. dx may be
  * NULL when the input needs no gradient: then the d_disp GEMM, encode-backward and the
  * gate's input term are skipped (as PyTorch skips them for an input without grad).
@@ -152,9 +173,13 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 
 /* The routing of the last forward (valid until the next forward). */
 const struct moe_routing *moe_layer_routing(const struct moe_layer *l);
+/* The same routing as the backend's MoE ops take it. */
+const struct backend_moe_route *moe_layer_route(const struct moe_layer *l);
 /* Stage times of the last forward / backward. */
 const struct moe_times *moe_layer_times(const struct moe_layer *l);
-/* Bytes the layer holds now (workspace, saved activations, routing), and its high-water. */
+/* Bytes the layer holds now (workspace, saved activations, routing), and its high-water;
+ * each buffer counted at its size rounded up to 64 bytes. The backend's own workspace
+ * (be->op->workspace_bytes) comes on top. */
 size_t moe_layer_bytes(const struct moe_layer *l);
 size_t moe_layer_peak_bytes(const struct moe_layer *l);
 
@@ -163,61 +188,42 @@ size_t moe_layer_peak_bytes(const struct moe_layer *l);
 size_t moe_layer_bytes_for(const struct moe_config *cfg, int64_t T, int k, int64_t C,
 			   int backward);
 
-/* ---- building blocks (used by moe_forward/backward, exposed for tests and moe-bench) ---- */
+/* ---- capacity (4. above), on the host ---- */
 
-/* Steps 1-2 for T tokens: from logits [T,E] (x wg), fill probs [T,E] (softmax of the
- * routed, noisy logits), clean [T,E] (softmax without noise; only for the load-importance
- * loss, else may be NULL), top [T] = probs[t, idx0], r->idx, r->score, r->aux_loss.
- * r->T, r->E, r->k must be set and r->idx, r->score hold k*T entries. */
-int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t T, int k,
-		     uint64_t step, float *probs, float *clean, float *top,
-		     struct moe_routing *r);
-/* Backward of moe_gate_forward: dlogits [T,E] (overwritten) from dscore [k*T] (the gradient
- * of the objective w.r.t. r->score) plus aux_weight times the gradient of r->aux_loss. */
-int moe_gate_backward(const struct moe_config *cfg, const float *logits, const float *probs,
-		      const float *clean, const struct moe_routing *r, const float *dscore,
-		      float aux_weight, float *dlogits);
-/* n_e into r->count from r->idx. */
-void moe_route_count(struct moe_routing *r);
-/* C for the given counts [E] and setting (4. above); align >= 1. 0 when the setting leaves
- * no slot (moe_route refuses that). */
+/* C for the given counts [E] and setting; align >= 1. 0 when the setting leaves no slot
+ * (moe_route refuses that). */
 int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setting,
 		     int align);
 /* Tutel's fixed capacity for a factor x > 0, before alignment: k * int(x * ceil(T / E)). */
 int64_t moe_capacity_fixed(int E, int64_t T, int k, double x);
-/* Steps 3 and 5 with r->C already set and r->count filled: loc, used and dropped. top[T] is the BPR key (ignored when bpr is 0). */
-int moe_route_locations(struct moe_routing *r, const float *top, int bpr);
-/* K0: disp[E,C,M] from x (padding zeroed). */
-void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_t M);
-/* K1: y[T,M] = sum_r score * eo[idx, loc]. */
-void moe_decode(const struct moe_routing *r, const float *eo, float *y, int64_t M);
-/* Decode backward, one pass: d_eo[e,c] = score * dy[t] (padding zeroed) (K0) and
- * dscore[r*T+t] = <dy[t], eo[idx_r, loc_r]> (K2; 0 for dropped choices). */
-void moe_decode_backward(const struct moe_routing *r, const float *dy, const float *eo,
-			 float *d_eo, float *dscore, int64_t M);
-/* moe_encode and moe_decode_backward without zeroing the padding rows, for the layer: its
- * expert GEMMs run over the kept rows min(n_e, C) only and never read the padding. */
-void moe_encode_kept(const struct moe_routing *r, const float *x, float *disp, int64_t M);
-void moe_decode_backward_kept(const struct moe_routing *r, const float *dy, const float *eo,
-			      float *d_eo, float *dscore, int64_t M);
-/* Encode backward (K1 unweighted): dx[t] = sum_r kept d_disp[idx_r, loc_r]. */
-void moe_encode_backward(const struct moe_routing *r, const float *d_disp, float *dx,
-			 int64_t M);
+
+/* The flops a forward (+ backward) step does usefully: the gate 2 T M E, the experts
+ * 4 R M H over the R = sum_e min(n_e, C) kept rows; a backward twice that, less 2 R M H +
+ * 2 T M E without the input gradient. The same count for the sparse and dense formulations
+ * (the dense one does more, on padding). */
+double moe_step_flops(const struct moe_config *cfg, int64_t T, double R, int backward,
+		      int input_grad);
 
 /* ---- the dense GShard formulation: baseline and oracle ---- */
 
 /* Forward and backward of the same function as moe_forward/moe_backward, written the GShard
  * way: masks [T,E] per rank, locations by cumulative sums of masks, combine [T,E,C],
  * dispatch = einsum("TEC,TM->ECM", combine != 0, x), y = einsum("TEC,ECM->TM", combine, eo),
- * backward by hand. Allocates everything per call; dropped and C are returned through the
- * optional pointers. g may be NULL for forward only (then dy, dx are ignored). */
+ * backward by hand. On p's backend (x, y, dy, dx are its memory); the masks and the combine
+ * tensor are built on the host. Allocates everything per call; dropped and C are returned
+ * through the optional pointers. g may be NULL for forward only (then dy, dx are ignored). */
+struct moe_dense_result {
+	int64_t dropped, C;
+	float aux_loss;
+	struct moe_times times;
+	size_t peak_bytes; /* what it allocated at its peak (= moe_dense_bytes) */
+};
 int moe_dense_step(const struct moe_config *cfg, const struct moe_params *p, const float *x,
 		   float *y, int64_t T, int k, double capacity_setting, uint64_t step,
 		   const float *dy, float *dx, struct moe_params *g, float aux_weight,
-		   int64_t *dropped, int64_t *capacity, float *aux_loss, struct moe_times *times,
-		   size_t *peak_bytes);
+		   struct moe_dense_result *res);
 /* Bytes the dense formulation allocates at its peak for this shape and capacity
- * (analytic; what moe_dense_step reports through peak_bytes). */
+ * (analytic; what moe_dense_step reports as peak_bytes). */
 size_t moe_dense_bytes(const struct moe_config *cfg, int64_t T, int k, int64_t C,
 		       int backward);
 

@@ -3,31 +3,35 @@
  * [T,E,C], dispatch = einsum("TEC,TM->ECM"), y = einsum("TEC,ECM->TM"), experts over all C
  * slots, and a hand-written backward. It is the baseline moe-bench runs next to the sparse
  * layer and the oracle the tests compare the sparse layer with, so it shares only the gating
- * (softmax/top-k, checked separately against finite differences) with moe.c: capacity, BPR
- * order, locations, dispatch, combine and the expert FFN are written again here, the plain
- * way. The einsums are GEMMs over the [T, E*C] view of the combine tensor, as in GShard.
+ * op and the backend's GEMM and activation ops (each tested against the reference backend)
+ * with moe.c: capacity, BPR order, locations, dispatch, combine and the score gradients are
+ * written again here, the plain way, on the host. The einsums are GEMMs over the [T, E*C]
+ * view of the combine tensor, as in GShard.
  */
 #include "moe/moe.h"
 
-#include <cblas.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
+#include "common/progress.h"
 #include "common/banned.h"
 
+/* The buffers of one step. The masks and locations live on the host; the rest in backend
+ * memory, the host reading or writing some of them through host_of(). */
 enum {
-	D_LOGITS, D_PROBS, D_CLEAN, D_DLOGITS, /* [T,E] floats */
-	D_TOP, D_IDX, D_SCORE, D_DSCORE,       /* [T] / [k*T] */
-	D_MASK, D_LOCS,                         /* [k,T,E] floats, int64 */
+	D_MASK, D_LOCS,                         /* host: [k,T,E] floats, int64 */
+	D_LOGITS, D_PROBS, D_CLEAN, D_DLOGITS,  /* [T,E] floats */
+	D_TOP, D_IDX, D_SCORE, D_DSCORE, D_AUX, /* [T] / [k*T] / 1 */
 	D_COMBINE, D_DMASK, D_DCOMBINE,         /* [T,E,C] floats */
 	D_DISP, D_EO, D_H, D_HPRE,              /* [E,C,M], [E,C,M], [E,C,H] x2 */
 	D_DEO, D_DH, D_DDISP,                   /* backward */
 	D_COUNT
 };
+#define D_FIRST_DEV D_LOGITS
 
+/* Sizes of every buffer; those after D_COMBINE depend on C. */
 static void dense_sizes(const struct moe_config *cfg, int64_t T, int k, int64_t C,
 			int backward, size_t sz[D_COUNT])
 {
@@ -35,13 +39,14 @@ static void dense_sizes(const struct moe_config *cfg, int64_t T, int k, int64_t 
 	const size_t h = (size_t)cfg->H, kk = (size_t)k, f = sizeof(float);
 
 	memset(sz, 0, sizeof(size_t) * D_COUNT);
-	sz[D_LOGITS] = sz[D_PROBS] = t * e * f;
-	sz[D_CLEAN] = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE ? t * e * f : 0;
-	sz[D_TOP] = t * f;
 	sz[D_IDX] = kk * t * sizeof(int32_t);
 	sz[D_SCORE] = kk * t * f;
+	sz[D_TOP] = t * f;
 	sz[D_MASK] = kk * t * e * f;
 	sz[D_LOCS] = kk * t * e * sizeof(int64_t);
+	sz[D_AUX] = f;
+	sz[D_LOGITS] = sz[D_PROBS] = t * e * f;
+	sz[D_CLEAN] = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE ? t * e * f : 0;
 	sz[D_COMBINE] = sz[D_DMASK] = t * e * c * f;
 	sz[D_DISP] = sz[D_EO] = e * c * m * f;
 	sz[D_H] = e * c * h * f;
@@ -55,6 +60,8 @@ static void dense_sizes(const struct moe_config *cfg, int64_t T, int k, int64_t 
 	}
 }
 
+/* Host copies of backend buffers (only on a backend whose memory is not host memory) are
+ * not counted. */
 size_t moe_dense_bytes(const struct moe_config *cfg, int64_t T, int k, int64_t C,
 		       int backward)
 {
@@ -64,6 +71,78 @@ size_t moe_dense_bytes(const struct moe_config *cfg, int64_t T, int k, int64_t C
 	for (int i = 0; i < D_COUNT; i++)
 		total += sz[i];
 	return total;
+}
+
+/* The buffers, host and backend, of one call. */
+struct dense {
+	const struct moe_config *cfg;
+	struct backend *be;
+	int64_t T, C;
+	int k;
+	size_t sz[D_COUNT];
+	void *b[D_COUNT];
+	/* Host views of backend buffers the host writes or reads: the buffer itself when the
+	 * backend's memory is host memory, else a host copy uploaded or downloaded. */
+	void *host[D_COUNT];
+};
+
+static int dense_alloc(struct dense *d, int from, int to)
+{
+	struct backend *be = d->be;
+	for (int i = from; i < to; i++) {
+		if (!d->sz[i])
+			continue;
+		if (i < D_FIRST_DEV) {
+			d->b[i] = calloc(1, d->sz[i]);
+			if (!d->b[i])
+				return err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes for the "
+					       "dense formulation", d->sz[i]);
+		} else {
+			ERR_FORWARD(backend_alloc_zero(be, &d->b[i], d->sz[i]));
+		}
+	}
+	return 0;
+}
+
+static void dense_free(struct dense *d)
+{
+	for (int i = 0; i < D_COUNT; i++) {
+		if (i < D_FIRST_DEV)
+			free(d->b[i]);
+		else if (d->b[i])
+			d->be->op->free(d->be, d->b[i]);
+		if (!d->be->host_visible)
+			free(d->host[i]);
+	}
+}
+
+/* A host pointer for backend buffer i (see struct dense). */
+static void *host_of(struct dense *d, int i)
+{
+	if (d->be->host_visible)
+		return d->b[i];
+	if (!d->host[i])
+		d->host[i] = calloc(1, d->sz[i] ? d->sz[i] : 1);
+	if (!d->host[i])
+		err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes for the dense formulation",
+			d->sz[i]);
+	return d->host[i];
+}
+
+/* Backend buffer i's content on the host (host_of, downloaded when it is a copy); NULL
+ * with the detail set on failure. */
+static void *fetch(struct dense *d, int i)
+{
+	void *h = host_of(d, i);
+	if (h && !d->be->host_visible && d->be->op->download(d->be, h, d->b[i], d->sz[i]) < 0)
+		return NULL;
+	return h;
+}
+
+/* The host's writes to buffer i (through host_of) into backend memory. */
+static int push(struct dense *d, int i)
+{
+	return d->be->host_visible ? 0 : d->be->op->upload(d->be, d->b[i], d->host[i], d->sz[i]);
 }
 
 struct keyed {
@@ -79,84 +158,49 @@ static int by_key_desc(const void *a, const void *b)
 	return x->t < y->t ? -1 : (x->t > y->t);
 }
 
-static float act_f(enum moe_act a, float v)
+/* Gating through the backend (the one piece shared with the sparse layer). */
+static int dense_gate(struct dense *d, const struct moe_params *p, const float *x,
+		      uint64_t step, float *aux)
 {
-	if (a == MOE_ACT_RELU)
-		return v > 0.0f ? v : 0.0f;
-	const float c = 0.7978845608028654f;
-	return 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
+	const struct moe_config *cfg = d->cfg;
+	struct backend *be = d->be;
+	const int64_t T = d->T;
+	const struct backend_moe_gate g = {
+		.T = T, .E = cfg->E, .k = d->k, .noise = cfg->gate_noise, .seed = cfg->seed,
+		.step = step, .load_importance = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE,
+	};
+	ERR_FORWARD(be->op->matmul_forward(be, d->b[D_LOGITS], x, p->wg, NULL, (int)T,
+					   (int)cfg->M, cfg->E, BACKEND_W_IO));
+	ERR_FORWARD(be->op->moe_gate_forward(be, &g, d->b[D_LOGITS], d->b[D_PROBS],
+					     d->b[D_CLEAN], d->b[D_TOP], d->b[D_IDX],
+					     d->b[D_SCORE], d->b[D_AUX]));
+	return be->op->download(be, aux, d->b[D_AUX], sizeof(float));
 }
 
-static float act_df(enum moe_act a, float v)
+/* One-hot masks per rank, in token order; then locations by cumulative sums over the tokens
+ * in (BPR) order, offset by the totals of the earlier ranks; the capacity (into d->C); the
+ * drops. */
+static int dense_locations(struct dense *d, double setting, int64_t *dropped)
 {
-	if (a == MOE_ACT_RELU)
-		return v > 0.0f ? 1.0f : 0.0f;
-	const float c = 0.7978845608028654f;
-	float th = tanhf(c * (v + 0.044715f * v * v * v));
-	return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * c * (1.0f + 0.134145f * v * v);
-}
+	const struct moe_config *cfg = d->cfg;
+	const int64_t T = d->T;
+	const int E = cfg->E, k = d->k;
+	const int32_t *idx = fetch(d, D_IDX);
+	const float *top = fetch(d, D_TOP);
+	float *mask = d->b[D_MASK];
+	int64_t *locs = d->b[D_LOCS];
 
-int moe_dense_step(const struct moe_config *cfg, const struct moe_params *p, const float *x,
-		   float *y, int64_t T, int k, double capacity_setting, uint64_t step,
-		   const float *dy, float *dx, struct moe_params *g, float aux_weight,
-		   int64_t *dropped, int64_t *capacity, float *aux_loss, struct moe_times *times,
-		   size_t *peak_bytes)
-{
-	const int64_t M = cfg->M, H = cfg->H;
-	const int E = cfg->E;
-	const int bwd = g != NULL;
-	void *b[D_COUNT] = { 0 };
-	size_t sz[D_COUNT];
-	struct moe_times tm = { 0 };
-	int rc = 0;
-	double t0 = omp_get_wtime(), t1;
+	if (!idx || !top)
+		return CORE_ENOMEM;
 
-	ERR_FORWARD(moe_config_check(cfg));
-	if (k == 0)
-		k = cfg->k;
-	if (k < 1 || k > E)
-		return err_set(CORE_EUSAGE, NULL, "top-k %d is outside [1, E = %d]", k, E);
-	if (T < 1)
-		return err_set(CORE_EUSAGE, NULL, "token count %lld is below 1", (long long)T);
-
-	/* Gating (shared with the sparse layer). */
-	dense_sizes(cfg, T, k, 1, bwd, sz);
-	for (int i = D_LOGITS; i <= D_LOCS; i++) {
-		if (!sz[i])
-			continue;
-		b[i] = calloc(1, sz[i]);
-		if (!b[i]) {
-			rc = err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes", sz[i]);
-			goto out;
-		}
-	}
-	float *logits = b[D_LOGITS], *probs = b[D_PROBS], *clean = b[D_CLEAN];
-	float *top = b[D_TOP], *mask = b[D_MASK];
-	int64_t *locs = b[D_LOCS];
-	struct moe_routing r = { .T = T, .E = E, .k = k, .idx = b[D_IDX], .score = b[D_SCORE] };
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, E, (int)M, 1.0f, x,
-		    (int)M, p->wg, E, 0.0f, logits, E);
-	rc = moe_gate_forward(cfg, logits, T, k, step, probs, clean, top, &r);
-	if (rc < 0)
-		goto out;
-	t1 = omp_get_wtime();
-	tm.gate = t1 - t0;
-	t0 = t1;
-
-	/* One-hot masks per rank, in token order; then locations by cumulative sums over the
-	 * tokens in (BPR) order, offset by the totals of the earlier ranks. */
 	for (int j = 0; j < k; j++)
 		for (int64_t t = 0; t < T; t++)
-			mask[((int64_t)j * T + t) * E + r.idx[(int64_t)j * T + t]] = 1.0f;
+			mask[((int64_t)j * T + t) * E + idx[(int64_t)j * T + t]] = 1.0f;
 	struct keyed *ord = malloc(sizeof *ord * (size_t)T);
-	if (!ord) {
-		rc = err_set(CORE_ENOMEM, NULL, "cannot allocate the token order");
-		goto out;
-	}
-	for (int64_t t = 0; t < T; t++) {
-		ord[t].key = cfg->bpr ? top[t] : 0.0f;
-		ord[t].t = t;
-	}
+	if (!ord)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the token order");
+	for (int64_t t = 0; t < T; t++)
+		ord[t] = (struct keyed){cfg->bpr ? top[t] : 0.0f, t};
 	qsort(ord, (size_t)T, sizeof *ord, by_key_desc);
 	int64_t need = 0;
 	for (int e = 0; e < E; e++) {
@@ -164,7 +208,7 @@ int moe_dense_step(const struct moe_config *cfg, const struct moe_params *p, con
 		for (int j = 0; j < k; j++) {
 			int64_t cum = 0;
 			for (int64_t i = 0; i < T; i++) {
-				int64_t t = ord[i].t, at = ((int64_t)j * T + t) * E + e;
+				int64_t at = ((int64_t)j * T + ord[i].t) * E + e;
 				cum += (int64_t)mask[at];
 				locs[at] = base + cum - 1;
 			}
@@ -176,108 +220,115 @@ int moe_dense_step(const struct moe_config *cfg, const struct moe_params *p, con
 	/* Tutel: samples_per_expert = ceil(T/E); capacity = k * int(|x| * samples_per_expert),
 	 * or max location + 1 for x = 0, capped by that for x < 0; then aligned up. */
 	int64_t C, samples_per_expert = (T + E - 1) / E;
-	if (capacity_setting == 0.0) {
+	if (setting == 0.0) {
 		C = need;
 	} else {
-		C = k * (int64_t)trunc(fabs(capacity_setting) * (double)samples_per_expert);
-		if (capacity_setting < 0.0 && need < C)
+		C = k * (int64_t)trunc(fabs(setting) * (double)samples_per_expert);
+		if (setting < 0.0 && need < C)
 			C = need;
 	}
 	if (C % cfg->capacity_align)
 		C += cfg->capacity_align - C % cfg->capacity_align;
-	if (C < 1) {
-		rc = err_set(CORE_EUSAGE, NULL, "capacity setting %g leaves no slot per expert",
-			     capacity_setting);
-		goto out;
-	}
-	int64_t ndrop = 0;
+	if (C < 1)
+		return err_set(CORE_EUSAGE, NULL, "capacity setting %g leaves no slot per expert",
+			       setting);
+	*dropped = 0;
 	for (int64_t i = 0; i < (int64_t)k * T * E; i++)
 		if (mask[i] != 0.0f && locs[i] >= C) {
 			mask[i] = 0.0f;
-			ndrop++;
+			(*dropped)++;
 		}
-	dense_sizes(cfg, T, k, C, bwd, sz);
-	for (int i = D_COMBINE; i < D_COUNT; i++) {
-		if (!sz[i])
-			continue;
-		b[i] = calloc(1, sz[i]);
-		if (!b[i]) {
-			rc = err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes for the dense "
-				     "formulation", sz[i]);
-			goto out;
-		}
-	}
-	/* combine[t,e,c] = sum_r score_r[t] mask_r[t,e] onehot(loc_r[t,e])[c]; the dispatch
-	 * mask is the same without the scores. */
-	float *combine = b[D_COMBINE], *dmask = b[D_DMASK];
-	const int64_t EC = (int64_t)E * C;
-	for (int j = 0; j < k; j++)
+	d->C = C;
+	return 0;
+}
+
+/* combine[t,e,c] = sum_r score_r[t] mask_r[t,e] onehot(loc_r[t,e])[c]; the dispatch mask is
+ * the same without the scores. Built on the host, then moved to the backend. */
+static int dense_combine(struct dense *d)
+{
+	const int64_t T = d->T, C = d->C, EC = (int64_t)d->cfg->E * C;
+	const int E = d->cfg->E;
+	const float *mask = d->b[D_MASK], *score = fetch(d, D_SCORE);
+	const int64_t *locs = d->b[D_LOCS];
+	float *combine = host_of(d, D_COMBINE), *dmask = host_of(d, D_DMASK);
+
+	if (!score || !combine || !dmask)
+		return CORE_ENOMEM;
+	for (int j = 0; j < d->k; j++)
 		for (int64_t t = 0; t < T; t++)
 			for (int e = 0; e < E; e++) {
 				int64_t at = ((int64_t)j * T + t) * E + e;
 				if (mask[at] == 0.0f)
 					continue;
-				combine[t * EC + e * C + locs[at]] += r.score[(int64_t)j * T + t];
+				combine[t * EC + e * C + locs[at]] += score[(int64_t)j * T + t];
 				dmask[t * EC + e * C + locs[at]] = 1.0f;
 			}
-	t1 = omp_get_wtime();
-	tm.scan = t1 - t0;
-	t0 = t1;
+	ERR_FORWARD(push(d, D_COMBINE));
+	return push(d, D_DMASK);
+}
+
+/* dispatch, the experts over all C slots, combine. */
+static int dense_forward(struct dense *d, const struct moe_params *p, const float *x, float *y,
+			 struct moe_times *tm)
+{
+	const struct moe_config *cfg = d->cfg;
+	struct backend *be = d->be;
+	const int64_t T = d->T, C = d->C, M = cfg->M, H = cfg->H, EC = (int64_t)cfg->E * C;
+	float *dmask = d->b[D_DMASK], *disp = d->b[D_DISP], *eo = d->b[D_EO], *h = d->b[D_H];
+	float *hpre = cfg->act == MOE_ACT_GELU ? d->b[D_HPRE] : h;
+	double t0 = now_seconds(), t1;
 
 	/* dispatch = einsum("TEC,TM->ECM", dmask, x): per expert, [C,T] x [T,M]. */
-	float *disp = b[D_DISP], *eo = b[D_EO], *h = b[D_H], *hpre = b[D_HPRE];
-	if (!hpre)
-		hpre = h; /* relu: the mask comes from h itself */
-	for (int e = 0; e < E; e++)
-		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)C, (int)M, (int)T, 1.0f,
-			    dmask + e * C, (int)EC, x, (int)M, 0.0f, disp + e * C * M, (int)M);
-	t1 = omp_get_wtime();
-	tm.encode = t1 - t0;
+	for (int e = 0; e < cfg->E; e++)
+		ERR_FORWARD(be->op->gemm(be, 1, 0, (int)C, (int)M, (int)T, 1.0f, dmask + e * C,
+					 (int)EC, x, (int)M, 0.0f, disp + e * C * M, (int)M));
+	be->op->sync(be);
+	t1 = now_seconds();
+	tm->encode = t1 - t0;
 	t0 = t1;
-
-	/* Experts over all C slots. */
-	for (int e = 0; e < E; e++) {
+	for (int e = 0; e < cfg->E; e++) {
 		float *he = h + e * C * H, *pe = hpre + e * C * H;
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)C, (int)H, (int)M, 1.0f,
-			    disp + e * C * M, (int)M, p->w1 + e * M * H, (int)H, 0.0f, pe, (int)H);
-		for (int64_t i = 0; i < C; i++)
-			for (int64_t j = 0; j < H; j++) {
-				float v = pe[i * H + j] + p->b1[e * H + j];
-				pe[i * H + j] = v;
-				he[i * H + j] = act_f(cfg->act, v);
-			}
-		for (int64_t i = 0; i < C; i++)
-			memcpy(eo + (e * C + i) * M, p->b2 + e * M, sizeof(float) * (size_t)M);
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)C, (int)M, (int)H, 1.0f,
-			    he, (int)H, p->w2 + e * H * M, (int)M, 1.0f, eo + e * C * M, (int)M);
+		ERR_FORWARD(be->op->matmul_forward(be, pe, disp + e * C * M, p->w1 + e * M * H,
+						   NULL, (int)C, (int)M, (int)H, BACKEND_W_IO));
+		ERR_FORWARD(be->op->bias_act_forward(be, pe, he, p->b1 + e * H, (int)C, (int)H,
+						     cfg->act == MOE_ACT_GELU ? BACKEND_ACT_GELU
+									      : BACKEND_ACT_RELU));
+		ERR_FORWARD(be->op->matmul_forward(be, eo + e * C * M, he, p->w2 + e * H * M,
+						   p->b2 + e * M, (int)C, (int)H, (int)M,
+						   BACKEND_W_IO));
 	}
-	t1 = omp_get_wtime();
-	tm.experts = t1 - t0;
+	be->op->sync(be);
+	t1 = now_seconds();
+	tm->experts = t1 - t0;
 	t0 = t1;
-
 	/* y = einsum("TEC,ECM->TM", combine, eo): [T, E*C] x [E*C, M]. */
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)M, (int)EC, 1.0f,
-		    combine, (int)EC, eo, (int)M, 0.0f, y, (int)M);
-	t1 = omp_get_wtime();
-	tm.decode = t1 - t0;
-	t0 = t1;
-	if (dropped)
-		*dropped = ndrop;
-	if (capacity)
-		*capacity = C;
-	if (aux_loss)
-		*aux_loss = r.aux_loss;
-	if (!bwd)
-		goto out;
+	ERR_FORWARD(be->op->gemm(be, 0, 0, (int)T, (int)M, (int)EC, 1.0f, d->b[D_COMBINE],
+				 (int)EC, eo, (int)M, 0.0f, y, (int)M));
+	be->op->sync(be);
+	tm->decode = now_seconds() - t0;
+	return 0;
+}
 
-	/* Backward of the combine einsum: d_eo = combine^T dy, dcombine = dy eo^T, and the
-	 * score gradient collects dcombine where combine was built from that score. */
-	float *d_eo = b[D_DEO], *dcomb = b[D_DCOMBINE], *dscore = b[D_DSCORE];
-	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)EC, (int)M, (int)T, 1.0f,
-		    combine, (int)EC, dy, (int)M, 0.0f, d_eo, (int)M);
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)EC, (int)M, 1.0f, dy,
-		    (int)M, eo, (int)M, 0.0f, dcomb, (int)EC);
-	for (int j = 0; j < k; j++)
+/* The combine einsum's backward: d_eo = combine^T dy, dcombine = dy eo^T, and each score's
+ * gradient collects dcombine where combine was built from that score (on the host). */
+static int dense_backward_combine(struct dense *d, const float *dy)
+{
+	const struct moe_config *cfg = d->cfg;
+	struct backend *be = d->be;
+	const int64_t T = d->T, C = d->C, M = cfg->M, EC = (int64_t)cfg->E * C;
+	const int E = cfg->E;
+	const float *mask = d->b[D_MASK];
+	const int64_t *locs = d->b[D_LOCS];
+
+	ERR_FORWARD(be->op->gemm(be, 1, 0, (int)EC, (int)M, (int)T, 1.0f, d->b[D_COMBINE],
+				 (int)EC, dy, (int)M, 0.0f, d->b[D_DEO], (int)M));
+	ERR_FORWARD(be->op->gemm(be, 0, 1, (int)T, (int)EC, (int)M, 1.0f, dy, (int)M,
+				 d->b[D_EO], (int)M, 0.0f, d->b[D_DCOMBINE], (int)EC));
+	const float *dcomb = fetch(d, D_DCOMBINE);
+	float *dscore = host_of(d, D_DSCORE);
+	if (!dcomb || !dscore)
+		return CORE_ENOMEM;
+	for (int j = 0; j < d->k; j++)
 		for (int64_t t = 0; t < T; t++) {
 			double s = 0.0;
 			for (int e = 0; e < E; e++) {
@@ -287,69 +338,126 @@ int moe_dense_step(const struct moe_config *cfg, const struct moe_params *p, con
 			}
 			dscore[(int64_t)j * T + t] = (float)s;
 		}
-	t1 = omp_get_wtime();
+	return push(d, D_DSCORE);
+}
+
+/* Expert backward over all C slots, then dx = dmask [T, E*C] x d_disp [E*C, M]. */
+static int dense_backward_experts(struct dense *d, const struct moe_params *p,
+				  struct moe_params *g, float *dx)
+{
+	const struct moe_config *cfg = d->cfg;
+	struct backend *be = d->be;
+	const int64_t T = d->T, C = d->C, M = cfg->M, H = cfg->H, EC = (int64_t)cfg->E * C;
+	float *d_eo = d->b[D_DEO], *h = d->b[D_H], *dh = d->b[D_DH], *d_disp = d->b[D_DDISP];
+	const float *pre = cfg->act == MOE_ACT_GELU ? d->b[D_HPRE] : h;
+
+	for (int e = 0; e < cfg->E; e++) {
+		float *dhe = dh + e * C * H;
+		ERR_FORWARD(be->op->matmul_backward(be, dhe, g->w2 + e * H * M, g->b2 + e * M,
+						    d_eo + e * C * M, h + e * C * H,
+						    p->w2 + e * H * M, (int)C, (int)H, (int)M,
+						    BACKEND_W_IO, 0));
+		ERR_FORWARD(be->op->act_backward(be, dhe, g->b1 + e * H, pre + e * C * H, (int)C,
+						 (int)H, cfg->act == MOE_ACT_GELU
+								 ? BACKEND_ACT_GELU
+								 : BACKEND_ACT_RELU));
+		ERR_FORWARD(be->op->matmul_backward(be, d_disp + e * C * M, g->w1 + e * M * H, NULL,
+						    dhe, (float *)d->b[D_DISP] + e * C * M,
+						    p->w1 + e * M * H, (int)C, (int)M, (int)H,
+						    BACKEND_W_IO, 0));
+	}
+	return be->op->gemm(be, 0, 0, (int)T, (int)M, (int)EC, 1.0f, d->b[D_DMASK], (int)EC,
+			    d_disp, (int)M, 0.0f, dx, (int)M);
+}
+
+int moe_dense_step(const struct moe_config *cfg, const struct moe_params *p, const float *x,
+		   float *y, int64_t T, int k, double capacity_setting, uint64_t step,
+		   const float *dy, float *dx, struct moe_params *g, float aux_weight,
+		   struct moe_dense_result *res)
+{
+	struct backend *be = p->be;
+	const int bwd = g != NULL;
+	struct dense d = {.cfg = cfg, .be = be, .T = T};
+	struct moe_times tm = {0};
+	int64_t dropped = 0;
+	float aux = 0.0f;
+	int rc;
+
+	ERR_FORWARD(moe_config_check(cfg));
+	if (k == 0)
+		k = cfg->k;
+	if (k < 1 || k > cfg->E)
+		return err_set(CORE_EUSAGE, NULL, "top-k %d is outside [1, E = %d]", k, cfg->E);
+	if (T < 1)
+		return err_set(CORE_EUSAGE, NULL, "token count %lld is below 1", (long long)T);
+	d.k = k;
+	double t0 = now_seconds(), t1;
+	dense_sizes(cfg, T, k, 1, bwd, d.sz);
+	rc = dense_alloc(&d, 0, D_COMBINE);
+	if (!rc)
+		rc = dense_gate(&d, p, x, step, &aux);
+	if (rc)
+		goto out;
+	t1 = now_seconds();
+	tm.gate = t1 - t0;
+	t0 = t1;
+
+	rc = dense_locations(&d, capacity_setting, &dropped);
+	if (!rc) {
+		dense_sizes(cfg, T, k, d.C, bwd, d.sz);
+		rc = dense_alloc(&d, D_COMBINE, D_COUNT);
+	}
+	if (!rc)
+		rc = dense_combine(&d);
+	if (rc)
+		goto out;
+	t1 = now_seconds();
+	tm.scan = t1 - t0;
+	t0 = t1;
+
+	rc = dense_forward(&d, p, x, y, &tm);
+	if (rc || !bwd)
+		goto out;
+	t0 = now_seconds();
+	rc = dense_backward_combine(&d, dy);
+	if (rc)
+		goto out;
+	t1 = now_seconds();
 	tm.bwd_decode = t1 - t0;
 	t0 = t1;
-
-	/* Expert backward over all C slots. */
-	float *dh = b[D_DH], *d_disp = b[D_DDISP];
-	for (int e = 0; e < E; e++) {
-		float *de = d_eo + e * C * M, *he = h + e * C * H, *pe = hpre + e * C * H;
-		float *dhe = dh + e * C * H;
-		for (int64_t j = 0; j < M; j++) {
-			double s = 0.0;
-			for (int64_t i = 0; i < C; i++)
-				s += de[i * M + j];
-			g->b2[e * M + j] = (float)s;
-		}
-		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)H, (int)M, (int)C, 1.0f,
-			    he, (int)H, de, (int)M, 0.0f, g->w2 + e * H * M, (int)M);
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)C, (int)H, (int)M, 1.0f,
-			    de, (int)M, p->w2 + e * H * M, (int)M, 0.0f, dhe, (int)H);
-		for (int64_t i = 0; i < C * H; i++)
-			dhe[i] *= act_df(cfg->act, pe[i]);
-		for (int64_t j = 0; j < H; j++) {
-			double s = 0.0;
-			for (int64_t i = 0; i < C; i++)
-				s += dhe[i * H + j];
-			g->b1[e * H + j] = (float)s;
-		}
-		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)H, (int)C, 1.0f,
-			    disp + e * C * M, (int)M, dhe, (int)H, 0.0f, g->w1 + e * M * H, (int)H);
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)C, (int)M, (int)H, 1.0f,
-			    dhe, (int)H, p->w1 + e * M * H, (int)H, 0.0f, d_disp + e * C * M,
-			    (int)M);
-	}
-	t1 = omp_get_wtime();
-	tm.bwd_experts = t1 - t0;
-	t0 = t1;
-
-	/* Backward of the dispatch einsum: dx = dmask [T, E*C] x d_disp [E*C, M]. */
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)M, (int)EC, 1.0f,
-		    dmask, (int)EC, d_disp, (int)M, 0.0f, dx, (int)M);
-	t1 = omp_get_wtime();
-	tm.bwd_encode = t1 - t0;
-	t0 = t1;
-
-	float *dlogits = b[D_DLOGITS];
-	rc = moe_gate_backward(cfg, logits, probs, clean, &r, dscore, aux_weight, dlogits);
-	if (rc < 0)
+	rc = dense_backward_experts(&d, p, g, dx);
+	if (rc)
 		goto out;
-	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, E, (int)T, 1.0f, x, (int)M,
-		    dlogits, E, 0.0f, g->wg, E);
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)M, E, 1.0f, dlogits,
-		    E, p->wg, E, 1.0f, dx, (int)M);
-	tm.bwd_gate = omp_get_wtime() - t0;
+	be->op->sync(be);
+	t1 = now_seconds();
+	tm.bwd_experts = t1 - t0; /* dx's dispatch GEMM included: one einsum with the experts' */
+	t0 = t1;
+
+	const struct backend_moe_gate gate = {
+		.T = T, .E = cfg->E, .k = k, .noise = cfg->gate_noise, .seed = cfg->seed,
+		.step = step, .load_importance = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE,
+	};
+	rc = be->op->moe_gate_backward(be, &gate, d.b[D_LOGITS], d.b[D_PROBS], d.b[D_CLEAN],
+				       d.b[D_IDX], d.b[D_DSCORE], aux_weight, d.b[D_DLOGITS]);
+	if (!rc)
+		rc = be->op->gemm(be, 1, 0, (int)cfg->M, cfg->E, (int)T, 1.0f, x, (int)cfg->M,
+				  d.b[D_DLOGITS], cfg->E, 0.0f, g->wg, cfg->E);
+	if (!rc)
+		rc = be->op->gemm(be, 0, 1, (int)T, (int)cfg->M, cfg->E, 1.0f, d.b[D_DLOGITS],
+				  cfg->E, p->wg, cfg->E, 1.0f, dx, (int)cfg->M);
+	be->op->sync(be);
+	tm.bwd_gate = now_seconds() - t0;
 out:
-	if (rc == 0 && peak_bytes) {
-		size_t total = 0;
-		for (int i = 0; i < D_COUNT; i++)
-			total += b[i] ? sz[i] : 0;
-		*peak_bytes = total;
+	if (res) {
+		memset(res, 0, sizeof *res);
+		res->dropped = dropped;
+		res->C = d.C;
+		res->aux_loss = aux;
+		res->times = tm;
+		if (rc == 0)
+			for (int i = 0; i < D_COUNT; i++)
+				res->peak_bytes += d.b[i] ? d.sz[i] : 0;
 	}
-	if (times)
-		*times = tm;
-	for (int i = 0; i < D_COUNT; i++)
-		free(b[i]);
+	dense_free(&d);
 	return rc;
 }

@@ -1,7 +1,10 @@
-/* test_gpt2_ops.c - every forward op of the CPU backend against a naive double-precision loop
- * written here (triple-loop matmul, softmax(QK^T)V with the causal mask spelled out, ...),
- * the AdamW update against the torch.optim.AdamW formula in double, and the GPT-2 model's
- * parameter layout against the Hugging Face names and shapes.
+/* test_gpt2_ops.c - every forward op of the host backends (cpu and the reference backend ref)
+ * against a naive double-precision loop written here (triple-loop matmul, softmax(QK^T)V with
+ * the causal mask spelled out, ...), the AdamW update against the torch.optim.AdamW formula
+ * in double (and the CPU backend's bit for bit against torch), and the GPT-2 model's
+ * parameter layout against the Hugging Face names and shapes. Buffers are host memory, which
+ * both backends take as theirs (host_visible); test_backend.c compares every backend with
+ * ref through upload and download.
  *
  * Shapes include sizes that are not multiples of the vector width or of the attention
  * block, so the remainder paths run. Each failure prints the case's shape and index.
@@ -14,14 +17,29 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "model/gpt2.h"
 #include "common/rng.h"
+#include "model/gpt2.h"
 
-static const struct backend_ops *be;
+/* The backend under test: each Test runs its body on cpu (2 threads, so the split paths
+ * run) and on ref. */
+static struct backend *be;
 
-static void setup(void) { be = backend_cpu(); }
+static void on_backend(const char *name, void (*body)(void))
+{
+	cr_assert_eq(backend_open(&be, name, &(struct backend_params){.threads = 2}), 0, "%s",
+		     name);
+	body();
+	backend_close(be);
+	be = NULL;
+}
 
-TestSuite(gpt2_ops, .init = setup, .timeout = 20);
+static void each_backend(void (*body)(void))
+{
+	on_backend("cpu", body);
+	on_backend("ref", body);
+}
+
+TestSuite(gpt2_ops, .timeout = 20);
 
 /* Floats drawn N(0, std) at stream RNG_STREAM_TEST from index base. */
 static float *randn(size_t n, float std, uint64_t base)
@@ -49,8 +67,8 @@ static void expect_close(const float *got, const double *want, size_t n, double 
 	for (size_t i = 0; i < n; i++) {
 		double d = fabs((double)got[i] - want[i]);
 		cr_assert(d <= atol + rtol * fabs(want[i]) && isfinite(got[i]),
-			  "%s: element %zu: got %.9g, want %.9g (diff %.3g)", what, i,
-			  (double)got[i], want[i], d);
+			  "%s on %s: element %zu: got %.9g, want %.9g (diff %.3g)", what, be->name,
+			  i, (double)got[i], want[i], d);
 	}
 }
 
@@ -61,7 +79,8 @@ static void check_matmul(int N, int IC, int OC, int layout, int with_bias)
 	float *x = randn((size_t)N * IC, 1.0f, 0), *w = randn((size_t)IC * OC, 0.5f, 100000);
 	float *b = randn((size_t)OC, 1.0f, 200000), *y = malloc(sizeof(float) * N * OC);
 	double *ref = malloc(sizeof(double) * N * OC);
-	be->matmul_forward(y, x, w, with_bias ? b : NULL, N, IC, OC, layout);
+	cr_assert_eq(be->op->matmul_forward(be, y, x, w, with_bias ? b : NULL, N, IC, OC,
+					    layout), 0);
 	for (int n = 0; n < N; n++)
 		for (int o = 0; o < OC; o++) {
 			double s = with_bias ? b[o] : 0.0;
@@ -79,7 +98,7 @@ static void check_matmul(int N, int IC, int OC, int layout, int with_bias)
 	free(x), free(w), free(b), free(y), free(ref);
 }
 
-Test(gpt2_ops, matmul_against_triple_loop)
+static void matmul_against_triple_loop_on(void)
 {
 	check_matmul(1, 1, 1, BACKEND_W_IO, 1);
 	check_matmul(7, 5, 9, BACKEND_W_IO, 1);
@@ -88,15 +107,24 @@ Test(gpt2_ops, matmul_against_triple_loop)
 	check_matmul(64, 32, 96, BACKEND_W_OI, 1);
 }
 
+Test(gpt2_ops, matmul_against_triple_loop)
+{
+	each_backend(matmul_against_triple_loop_on);
+}
+
 /* Products big enough for the backend to split them over threads, by rows of the output
  * (N >= OC) and by columns (OC > N), with sizes that are not multiples of the split. */
-Test(gpt2_ops, matmul_split_over_threads)
+static void matmul_split_over_threads_on(void)
 {
-	omp_set_num_threads(2);
 	check_matmul(301, 70, 130, BACKEND_W_IO, 1);
 	check_matmul(301, 70, 130, BACKEND_W_OI, 0);
 	check_matmul(41, 300, 263, BACKEND_W_IO, 0);
 	check_matmul(41, 300, 263, BACKEND_W_OI, 1);
+}
+
+Test(gpt2_ops, matmul_split_over_threads)
+{
+	each_backend(matmul_split_over_threads_on);
 }
 
 /* The backward's three products against loops, at split sizes: dx (N x IC, over K = OC)
@@ -127,7 +155,7 @@ static void check_matmul_backward_large(int N, int IC, int OC, int layout)
 	for (int n = 0; n < N; n++)
 		for (int o = 0; o < OC; o++)
 			rdb[o] += dy[(size_t)n * OC + o];
-	be->matmul_backward(dx, dw, db, dy, x, w, N, IC, OC, layout, 1);
+	cr_assert_eq(be->op->matmul_backward(be, dx, dw, db, dy, x, w, N, IC, OC, layout, 1), 0);
 	char what[96];
 	snprintf(what, sizeof what, "matmul_backward N=%d IC=%d OC=%d layout=%d", N, IC, OC,
 		 layout);
@@ -137,24 +165,28 @@ static void check_matmul_backward_large(int N, int IC, int OC, int layout)
 	free(x), free(w), free(dy), free(dx), free(dw), free(db), free(rdx), free(rdw), free(rdb);
 }
 
-Test(gpt2_ops, matmul_backward_split_over_threads)
+static void matmul_backward_split_over_threads_on(void)
 {
-	omp_set_num_threads(2);
 	check_matmul_backward_large(517, 40, 150, BACKEND_W_IO);
 	check_matmul_backward_large(517, 150, 40, BACKEND_W_OI);
 	check_matmul_backward_large(300, 33, 250, BACKEND_W_OI);
 }
 
+Test(gpt2_ops, matmul_backward_split_over_threads)
+{
+	each_backend(matmul_backward_split_over_threads_on);
+}
+
 /* ---- embeddings ----------------------------------------------------------------------- */
 
-Test(gpt2_ops, encoder_forward_adds_token_and_position_rows)
+static void encoder_forward_adds_token_and_position_rows_on(void)
 {
 	int B = 3, T = 5, C = 19, V = 11, S = 7; /* wpe has S >= T rows */
 	float *wte = randn((size_t)V * C, 1.0f, 0), *wpe = randn((size_t)S * C, 1.0f, 5000);
 	int32_t *tok = randtok((size_t)B * T, V, 9000);
 	float *out = malloc(sizeof(float) * B * T * C);
 	double *ref = malloc(sizeof(double) * B * T * C);
-	be->encoder_forward(out, tok, wte, wpe, B, T, C);
+	cr_assert_eq(be->op->encoder_forward(be, out, tok, wte, wpe, B, T, C), 0);
 	for (int b = 0; b < B; b++)
 		for (int t = 0; t < T; t++)
 			for (int c = 0; c < C; c++)
@@ -163,6 +195,11 @@ Test(gpt2_ops, encoder_forward_adds_token_and_position_rows)
 					wpe[(size_t)t * C + c];
 	expect_close(out, ref, (size_t)B * T * C, 0, 1e-7, "encoder B=3 T=5 C=19 V=11");
 	free(wte), free(wpe), free(tok), free(out), free(ref);
+}
+
+Test(gpt2_ops, encoder_forward_adds_token_and_position_rows)
+{
+	each_backend(encoder_forward_adds_token_and_position_rows_on);
 }
 
 /* ---- layernorm ------------------------------------------------------------------------ */
@@ -187,7 +224,7 @@ static void ref_layernorm(double *out, double *mean, double *rstd, const double 
 	}
 }
 
-Test(gpt2_ops, layernorm_against_naive)
+static void layernorm_against_naive_on(void)
 {
 	int shapes[][2] = {{1, 3}, {5, 17}, {40, 64}, {9, 256}};
 	for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
@@ -202,7 +239,7 @@ Test(gpt2_ops, layernorm_against_naive)
 		       *rm = malloc(sizeof(double) * N), *rr = malloc(sizeof(double) * N);
 		for (int i = 0; i < N * C; i++)
 			xd[i] = x[i];
-		be->layernorm_forward(out, mean, rstd, x, w, b, N, C);
+		cr_assert_eq(be->op->layernorm_forward(be, out, mean, rstd, x, w, b, N, C), 0);
 		ref_layernorm(ref, rm, rr, xd, w, b, N, C);
 		char what[64];
 		snprintf(what, sizeof what, "layernorm N=%d C=%d", N, C);
@@ -214,7 +251,12 @@ Test(gpt2_ops, layernorm_against_naive)
 	}
 }
 
-Test(gpt2_ops, residual_layernorm_against_naive)
+Test(gpt2_ops, layernorm_against_naive)
+{
+	each_backend(layernorm_against_naive_on);
+}
+
+static void residual_layernorm_against_naive_on(void)
 {
 	for (int with_bias = 0; with_bias < 2; with_bias++) {
 		int N = 13, C = 40;
@@ -232,8 +274,9 @@ Test(gpt2_ops, residual_layernorm_against_naive)
 				sum[i] = (double)res[i] + skip[i] + (with_bias ? bias[c] : 0.0);
 			}
 		ref_layernorm(ref, rm, rr, sum, w, b, N, C);
-		be->residual_layernorm_forward(res, out, mean, rstd, skip, with_bias ? bias : NULL,
-					       w, b, N, C);
+		cr_assert_eq(be->op->residual_layernorm_forward(be, res, out, mean, rstd, skip,
+								with_bias ? bias : NULL, w, b, N,
+								C), 0);
 		char what[64];
 		snprintf(what, sizeof what, "residual_layernorm N=%d C=%d bias=%d", N, C,
 			 with_bias);
@@ -245,9 +288,14 @@ Test(gpt2_ops, residual_layernorm_against_naive)
 	}
 }
 
+Test(gpt2_ops, residual_layernorm_against_naive)
+{
+	each_backend(residual_layernorm_against_naive_on);
+}
+
 /* ---- GELU ----------------------------------------------------------------------------- */
 
-Test(gpt2_ops, bias_gelu_against_tanh_formula)
+static void bias_gelu_against_tanh_formula_on(void)
 {
 	int N = 9, C = 37;
 	float *pre = randn((size_t)N * C, 3.0f, 0), *bias = randn(C, 1.0f, 999);
@@ -261,10 +309,15 @@ Test(gpt2_ops, bias_gelu_against_tanh_formula)
 			ro[n * C + c] = 0.5 * x *
 					(1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 		}
-	be->bias_gelu_forward(pre, out, bias, N, C);
+	cr_assert_eq(be->op->bias_act_forward(be, pre, out, bias, N, C, BACKEND_ACT_GELU), 0);
 	expect_close(pre, rp, (size_t)N * C, 1e-6, 1e-6, "bias_gelu pre N=9 C=37");
 	expect_close(out, ro, (size_t)N * C, 1e-6, 1e-5, "bias_gelu out N=9 C=37");
 	free(pre), free(bias), free(out), free(rp), free(ro);
+}
+
+Test(gpt2_ops, bias_gelu_against_tanh_formula)
+{
+	each_backend(bias_gelu_against_tanh_formula_on);
 }
 
 /* ---- attention ------------------------------------------------------------------------ */
@@ -277,8 +330,7 @@ static void check_attention(int B, int T, int C, int NH)
 	float *att = malloc(sizeof(float) * B * NH * T * T);
 	double *ref = malloc(sizeof(double) * B * T * C), *p = malloc(sizeof(double) * T);
 	double *rp = malloc(sizeof(double) * B * NH * T * T);
-	float *ws = malloc(sizeof(float) * be->attention_ws_floats(T, hs));
-	be->attention_forward(out, att, ws, qkv, B, T, C, NH);
+	cr_assert_eq(be->op->attention_forward(be, out, att, qkv, B, T, C, NH), 0);
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < NH; h++)
 			for (int i = 0; i < T; i++) {
@@ -320,10 +372,10 @@ static void check_attention(int B, int T, int C, int NH)
 					  "%s: att[bh=%d, %d, %d] = %.9g, want %.9g", what, bh, i,
 					  j, (double)att[at], rp[at]);
 			}
-	free(qkv), free(out), free(att), free(ref), free(p), free(rp), free(ws);
+	free(qkv), free(out), free(att), free(ref), free(p), free(rp);
 }
 
-Test(gpt2_ops, attention_against_naive_causal_softmax)
+static void attention_against_naive_causal_softmax_on(void)
 {
 	check_attention(1, 1, 4, 1);
 	check_attention(2, 5, 12, 3);
@@ -332,9 +384,14 @@ Test(gpt2_ops, attention_against_naive_causal_softmax)
 	check_attention(1, 130, 24, 2); /* three blocks, the last of 2 rows */
 }
 
+Test(gpt2_ops, attention_against_naive_causal_softmax)
+{
+	each_backend(attention_against_naive_causal_softmax_on);
+}
+
 /* ---- cross-entropy -------------------------------------------------------------------- */
 
-Test(gpt2_ops, crossentropy_against_log_softmax)
+static void crossentropy_against_log_softmax_on(void)
 {
 	int N = 11, V = 37;
 	float *logits = randn((size_t)N * V, 4.0f, 0);
@@ -352,15 +409,20 @@ Test(gpt2_ops, crossentropy_against_log_softmax)
 			rp[n * V + j] = exp(logits[n * V + j] - mx) / s;
 		rl[n] = -(logits[n * V + tgt[n]] - mx - log(s));
 	}
-	be->crossentropy_forward(logits, losses, tgt, N, V);
+	cr_assert_eq(be->op->crossentropy_forward(be, logits, losses, tgt, N, V), 0);
 	expect_close(logits, rp, (size_t)N * V, 1e-12, 2e-6, "crossentropy probs N=11 V=37");
 	expect_close(losses, rl, N, 1e-5, 1e-5, "crossentropy losses N=11 V=37");
 	free(logits), free(tgt), free(losses), free(rp), free(rl);
 }
 
+Test(gpt2_ops, crossentropy_against_log_softmax)
+{
+	each_backend(crossentropy_against_log_softmax_on);
+}
+
 /* ---- optimizer ------------------------------------------------------------------------ */
 
-Test(gpt2_ops, adamw_against_formula_over_steps)
+static void adamw_against_formula_over_steps_on(void)
 {
 	size_t n = 1000;
 	float *p = randn(n, 1.0f, 0), *g = malloc(sizeof(float) * n);
@@ -374,7 +436,8 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
 		for (size_t i = 0; i < n; i++)
 			g[i] = rng_normal(7, RNG_STREAM_TEST, 10000 * (uint64_t)t + i);
 		struct backend_segment seg = {0, n, wd};
-		be->adamw_update(p, g, m, v, &seg, 1, lr, b1, b2, eps, t, (float)scale);
+		cr_assert_eq(be->op->adamw_update(be, p, g, m, v, &seg, 1, lr, b1, b2, eps, t,
+						  (float)scale), 0);
 		for (size_t i = 0; i < n; i++) {
 			double gi = g[i] * scale;
 			rp[i] *= 1 - lr * wd;
@@ -392,10 +455,16 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
 	/* wd = 0 leaves a zero-gradient parameter exactly where it was */
 	float q = 1.2345f, zg = 0.0f, zm = 0.0f, zv = 0.0f;
 	struct backend_segment one = {0, 1, 0.0};
-	be->adamw_update(&q, &zg, &zm, &zv, &one, 1, 0.1, 0.9, 0.95, 1e-8, 1, 1.0f);
+	cr_assert_eq(be->op->adamw_update(be, &q, &zg, &zm, &zv, &one, 1, 0.1, 0.9, 0.95, 1e-8, 1,
+					  1.0f), 0);
 	cr_assert(q == 1.2345f, "adamw without decay moved a zero-gradient parameter to %.9g",
 		  (double)q);
 	free(p), free(g), free(m), free(v), free(rp), free(rm), free(rv);
+}
+
+Test(gpt2_ops, adamw_against_formula_over_steps)
+{
+	each_backend(adamw_against_formula_over_steps_on);
 }
 
 /* Known answers from torch 1.13: torch.optim.AdamW(lr=3e-3, betas=(0.9, 0.95), eps=1e-8,
@@ -403,7 +472,7 @@ Test(gpt2_ops, adamw_against_formula_over_steps)
  * 0.5 as gradient clipping would, two steps; results printed with float.hex(). Equal bit for
  * bit, not approximately: the p values were picked so that computing m without the fused
  * multiply-add, or the update as step * (m / denom), changes at least one of them. */
-Test(gpt2_ops, adamw_bit_identical_to_torch)
+static void adamw_bit_identical_to_torch_on(void)
 {
 	float x[10] = {
 		-0x1.144b1ep+0f, -0x1.6f68a2p-2f, -0x1.1e35ccp-2f, 0x1.336f68p-1f, 0x1.24c3dcp+0f,
@@ -425,7 +494,8 @@ Test(gpt2_ops, adamw_bit_identical_to_torch)
 	for (int t = 1; t <= 2; t++) {
 		memcpy(gx, gp[t - 1], sizeof gp[0]);
 		memcpy(gx + 8, gq[t - 1], sizeof gq[0]);
-		be->adamw_update(x, gx, mx, vx, seg, 2, 3e-3, 0.9, 0.95, 1e-8, t, 0.5f);
+		cr_assert_eq(be->op->adamw_update(be, x, gx, mx, vx, seg, 2, 3e-3, 0.9, 0.95, 1e-8,
+						  t, 0.5f), 0);
 		for (int i = 0; i < 8; i++)
 			cr_assert(x[i] == wp[t - 1][i], "adamw step %d p[%d] = %a, torch %a", t, i,
 				  (double)x[i], (double)wp[t - 1][i]);
@@ -435,25 +505,42 @@ Test(gpt2_ops, adamw_bit_identical_to_torch)
 	}
 }
 
-Test(gpt2_ops, sum_squares_in_double)
+Test(gpt2_ops, adamw_bit_identical_to_torch)
+{
+	on_backend("cpu", adamw_bit_identical_to_torch_on);
+}
+
+static void sums_in_double_on(void)
 {
 	size_t n = 100003;
 	float *x = randn(n, 1.0f, 0);
-	double s = 0;
-	for (size_t i = 0; i < n; i++)
-		s += (double)x[i] * x[i];
-	double got = be->sum_squares(x, n);
-	cr_assert(fabs(got - s) <= 1e-9 * s, "sum_squares n=%zu: %.12g, want %.12g", n, got, s);
+	double s = 0, s2 = 0;
+	for (size_t i = 0; i < n; i++) {
+		s += x[i];
+		s2 += (double)x[i] * x[i];
+	}
+	double got, got2;
+	cr_assert_eq(be->op->sum(be, &got, x, n, 0), 0);
+	cr_assert_eq(be->op->sum(be, &got2, x, n, 1), 0);
+	cr_assert(fabs(got - s) <= 1e-9 * s2, "sum n=%zu on %s: %.12g, want %.12g", n, be->name,
+		  got, s);
+	cr_assert(fabs(got2 - s2) <= 1e-9 * s2, "sum of squares n=%zu on %s: %.12g, want %.12g",
+		  n, be->name, got2, s2);
 	free(x);
+}
+
+Test(gpt2_ops, sums_in_double)
+{
+	each_backend(sums_in_double_on);
 }
 
 /* ---- the model's parameter layout ----------------------------------------------------- */
 
-Test(gpt2_ops, parameters_follow_hugging_face_names_order_and_shapes)
+static void parameters_follow_hugging_face_names_order_and_shapes_on(void)
 {
-	struct gpt2_config cfg = {2, 16, 2, 8, 32};
+	struct model_config cfg = {2, 16, 2, 8, 32};
 	struct gpt2 g;
-	cr_assert_eq(gpt2_create(&g, &cfg, 2, 8), 0);
+	cr_assert_eq(gpt2_create(&g, &cfg, 2, 8, be), 0);
 	const int C = 16, V = 32, S = 8;
 	struct {
 		const char *name;
@@ -506,7 +593,7 @@ Test(gpt2_ops, parameters_follow_hugging_face_names_order_and_shapes)
 	cr_assert_null(gpt2_find(&g, "h.2.ln_1.weight"));
 
 	/* initialisation: LN weights 1, biases 0, matrices with the documented std */
-	gpt2_init_params(&g, 42);
+	cr_assert_eq(gpt2_init_params(&g, 42), 0);
 	float *lw = gpt2_find(&g, "h.1.ln_2.weight")->data;
 	float *fb = gpt2_find(&g, "h.0.mlp.c_fc.bias")->data;
 	for (int c = 0; c < C; c++)
@@ -528,14 +615,19 @@ Test(gpt2_ops, parameters_follow_hugging_face_names_order_and_shapes)
 	gpt2_free(&g);
 }
 
-Test(gpt2_ops, rejects_bad_config_and_tokens)
+Test(gpt2_ops, parameters_follow_hugging_face_names_order_and_shapes)
+{
+	each_backend(parameters_follow_hugging_face_names_order_and_shapes_on);
+}
+
+static void rejects_bad_config_and_tokens_on(void)
 {
 	struct gpt2 g;
-	struct gpt2_config bad = {2, 15, 2, 8, 32};
-	cr_assert_lt(gpt2_create(&g, &bad, 2, 8), 0, "n_embd 15 with 2 heads accepted");
-	struct gpt2_config cfg = {1, 8, 2, 4, 16};
-	cr_assert_lt(gpt2_create(&g, &cfg, 1, 5), 0, "T 5 > seq_len 4 accepted");
-	cr_assert_eq(gpt2_create(&g, &cfg, 1, 4), 0);
+	struct model_config bad = {2, 15, 2, 8, 32};
+	cr_assert_lt(gpt2_create(&g, &bad, 2, 8, be), 0, "n_embd 15 with 2 heads accepted");
+	struct model_config cfg = {1, 8, 2, 4, 16};
+	cr_assert_lt(gpt2_create(&g, &cfg, 1, 5, be), 0, "T 5 > seq_len 4 accepted");
+	cr_assert_eq(gpt2_create(&g, &cfg, 1, 4, be), 0);
 	int32_t tok[4] = {1, 2, 16, 3}, ok[4] = {1, 2, 3, 4};
 	float loss;
 	cr_assert_lt(gpt2_forward(&g, tok, ok, 1, 4, &loss), 0, "token 16 with V=16 accepted");
@@ -546,4 +638,9 @@ Test(gpt2_ops, rejects_bad_config_and_tokens)
 	/* zero weights: uniform logits, loss log V */
 	cr_assert(fabsf(loss - logf(16.0f)) < 1e-5f, "loss %.7f with zero weights", (double)loss);
 	gpt2_free(&g);
+}
+
+Test(gpt2_ops, rejects_bad_config_and_tokens)
+{
+	each_backend(rejects_bad_config_and_tokens_on);
 }

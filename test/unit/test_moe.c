@@ -8,18 +8,27 @@
  *    weights, the input and a sample of the expert weights.
  * Every case prints its parameters when it fails.
  */
-#include <cblas.h>
 #include <criterion/criterion.h>
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "common/err.h"
-#include "moe/moe.h"
 #include "common/rng.h"
+#include "moe/moe.h"
 #include "common/banned.h"
+
+/* The backend the cases run on (its memory is host memory: the test reads it directly). */
+static struct backend *be;
+
+static void use_backend(const char *name, int threads)
+{
+	backend_close(be);
+	cr_assert_eq(backend_open(&be, name, &(struct backend_params){.threads = threads}), 0,
+		     "%s", name);
+}
 
 struct tcase {
 	int64_t T, M, H;
@@ -33,9 +42,10 @@ struct tcase {
 static void case_name(struct tcase *c)
 {
 	snprintf(c->name, sizeof c->name,
-		 "T=%lld E=%d k=%d M=%lld H=%lld cap=%g bpr=%d act=%s noise=%g loss=%s",
-		 (long long)c->T, c->E, c->k, (long long)c->M, (long long)c->H, c->cap, c->bpr,
-		 c->gelu ? "gelu" : "relu", (double)c->noise, c->li ? "load-importance" : "gshard");
+		 "%s: T=%lld E=%d k=%d M=%lld H=%lld cap=%g bpr=%d act=%s noise=%g loss=%s",
+		 be->name, (long long)c->T, c->E, c->k, (long long)c->M, (long long)c->H, c->cap,
+		 c->bpr, c->gelu ? "gelu" : "relu", (double)c->noise,
+		 c->li ? "load-importance" : "gshard");
 }
 
 static void make_cfg(const struct tcase *c, struct moe_config *cfg)
@@ -299,10 +309,10 @@ static __attribute__((noinline)) void run_case(struct tcase *c, int fd)
 
 	case_name(c);
 	make_cfg(c, &cfg);
-	cr_assert_eq(moe_params_alloc(&b.p, &cfg), 0);
-	cr_assert_eq(moe_params_alloc(&b.gs, &cfg), 0);
-	cr_assert_eq(moe_params_alloc(&b.gd, &cfg), 0);
-	moe_params_init(&b.p, &cfg, 11);
+	cr_assert_eq(moe_params_alloc(&b.p, &cfg, be), 0);
+	cr_assert_eq(moe_params_alloc(&b.gs, &cfg, be), 0);
+	cr_assert_eq(moe_params_alloc(&b.gd, &cfg, be), 0);
+	cr_assert_eq(moe_params_init(&b.p, &cfg, 11), 0);
 	/* 64-byte aligned, so that M % 16 == 0 cases take the streaming-store paths. */
 	size_t nb = (sizeof(float) * T * M + 63) / 64 * 64;
 	b.x = aligned_alloc(64, nb);
@@ -314,7 +324,7 @@ static __attribute__((noinline)) void run_case(struct tcase *c, int fd)
 	rng_fill_normal(b.x, T * M, 0.0f, 1.0f, 3, RNG_STREAM_TEST, 0);
 	rng_fill_normal(b.dy, T * M, 0.0f, 1.0f, 4, RNG_STREAM_TEST, 0);
 
-	cr_assert_eq(moe_layer_init(&l, &cfg), 0, "%s", c->name);
+	cr_assert_eq(moe_layer_init(&l, &cfg, be), 0, "%s", c->name);
 	/* A first call with other settings, so the real one runs on grown, dirty buffers: top-1
 	 * and one slot per expert (1 * int(1.5)), below anything the real call needs, so that
 	 * the layer's peak is the real call's. */
@@ -326,7 +336,7 @@ static __attribute__((noinline)) void run_case(struct tcase *c, int fd)
 		cr_assert_eq(moe_forward(l, &b.p, b.x, b.y, T, c->k, c->cap, 0), CORE_EUSAGE,
 			     "%s: a capacity of 0 is not refused", c->name);
 		cr_assert_eq(moe_dense_step(&cfg, &b.p, b.x, b.yd, T, c->k, c->cap, 0, b.dy,
-					    b.dxd, &b.gd, aux_w, NULL, NULL, NULL, NULL, NULL),
+					    b.dxd, &b.gd, aux_w, NULL),
 			     CORE_EUSAGE, "%s: the dense formulation takes a capacity of 0",
 			     c->name);
 		c->refused = 1;
@@ -347,8 +357,11 @@ static __attribute__((noinline)) void run_case(struct tcase *c, int fd)
 		float *probs = malloc(sizeof(float) * T * c->E);
 		float *top = malloc(sizeof(float) * T);
 		int32_t *idx = malloc(sizeof(int32_t) * T * c->k);
-		float *score = malloc(sizeof(float) * T * c->k);
-		struct moe_routing g = { .T = T, .E = c->E, .k = c->k, .idx = idx, .score = score };
+		float *score = malloc(sizeof(float) * T * c->k), aux;
+		const struct backend_moe_gate g = {
+			.T = T, .E = c->E, .k = c->k, .noise = cfg.gate_noise, .seed = cfg.seed,
+			.step = 0, .load_importance = c->li,
+		};
 		for (int64_t t = 0; t < T; t++)
 			for (int e = 0; e < c->E; e++) {
 				double s = 0.0;
@@ -357,7 +370,8 @@ static __attribute__((noinline)) void run_case(struct tcase *c, int fd)
 				logits[t * c->E + e] = (float)s;
 			}
 		float *clean = c->li ? malloc(sizeof(float) * T * c->E) : NULL;
-		cr_assert_eq(moe_gate_forward(&cfg, logits, T, c->k, 0, probs, clean, top, &g), 0);
+		cr_assert_eq(be->op->moe_gate_forward(be, &g, logits, probs, clean, top, idx, score,
+						      &aux), 0);
 		for (int64_t i = 0; i < T * c->k; i++)
 			cr_assert_eq(idx[i], r->idx[i], "%s: choice %lld differs", c->name,
 				     (long long)i);
@@ -384,7 +398,7 @@ static __attribute__((noinline)) void run_case(struct tcase *c, int fd)
 	{
 		/* Without an input gradient the weight gradients are the same, bit for bit. */
 		struct moe_params g2;
-		cr_assert_eq(moe_params_alloc(&g2, &cfg), 0);
+		cr_assert_eq(moe_params_alloc(&g2, &cfg, be), 0);
 		cr_assert_eq(moe_forward(l, &b.p, b.x, b.y, T, c->k, c->cap, 0), 0);
 		cr_assert_eq(moe_backward(l, &b.p, b.x, b.dy, NULL, &g2, aux_w), 0, "%s", c->name);
 		cr_assert(!memcmp(g2.wg, b.gs.wg, sizeof(float) * M * c->E), "%s: dwg", c->name);
@@ -395,12 +409,13 @@ static __attribute__((noinline)) void run_case(struct tcase *c, int fd)
 	}
 
 	/* Dense formulation. */
-	int64_t dropped_d, C_d;
-	float aux_d;
-	size_t peak;
+	struct moe_dense_result dr;
 	cr_assert_eq(moe_dense_step(&cfg, &b.p, b.x, b.yd, T, c->k, c->cap, 0, b.dy, b.dxd, &b.gd,
-				    aux_w, &dropped_d, &C_d, &aux_d, NULL, &peak),
+				    aux_w, &dr),
 		     0, "%s", c->name);
+	const int64_t dropped_d = dr.dropped, C_d = dr.C;
+	const float aux_d = dr.aux_loss;
+	const size_t peak = dr.peak_bytes;
 	cr_assert_eq(C_d, C_s, "%s: dense C %lld, sparse %lld", c->name, (long long)C_d,
 		     (long long)C_s);
 	cr_assert_eq(dropped_d, dropped_s, "%s: dense dropped %lld, sparse %lld", c->name,
@@ -508,22 +523,15 @@ done:
 }
 
 /* The grid's cases are tiny: on one thread, since on a shared 2-core machine every parallel
- * region of a tiny case can wait a whole time slice for its second thread. larger_case
- * runs the parallel paths. */
-static void one_thread(void)
-{
-	omp_set_num_threads(1);
-	openblas_set_num_threads(1);
-}
-
-static void grid(double cap, int fd)
+ * region of a tiny case can wait a whole time slice for its second thread; larger_case runs
+ * the parallel paths. The grid runs on the CPU backend and on the reference backend. */
+static void grid_on(double cap, int fd)
 {
 	static const int64_t Ts[] = { 1, 6, 37 };
 	static const int Es[] = { 1, 2, 5 };
 	static const int64_t Ms[] = { 3, 8 };
 	int n = 0, refused = 0;
 
-	one_thread();
 	for (size_t a = 0; a < 3; a++)
 		for (size_t e = 0; e < 3; e++)
 			for (int k = 1; k <= 3 && k <= Es[e]; k++)
@@ -541,6 +549,16 @@ static void grid(double cap, int fd)
 					}
 	cr_assert_eq(n, 72, "the grid ran %d cases, not 72", n);
 	cr_assert(refused < n / 2, "%d of %d cases left no slot", refused, n);
+}
+
+static void grid(double cap, int fd)
+{
+	use_backend("cpu", 1);
+	grid_on(cap, fd);
+	use_backend("ref", 1);
+	grid_on(cap, fd);
+	backend_close(be);
+	be = NULL;
 }
 
 Test(moe, grid_factor_1)
@@ -573,7 +591,7 @@ Test(moe, grid_adaptive_loose)
 	grid(-4.0, 0);
 }
 
-Test(moe, larger_case)
+static void larger_cases(void)
 {
 	struct tcase c = { .T = 300, .M = 32, .H = 24, .E = 8, .k = 2, .bpr = 1, .cap = 1.0,
 			   .gelu = 1, .noise = 1.0f };
@@ -583,7 +601,7 @@ Test(moe, larger_case)
 	run_case(&d, 0);
 	struct tcase e = { .T = 50, .M = 48, .H = 16, .E = 3, .k = 3, .bpr = 1, .cap = 0.0 };
 	run_case(&e, 1);
-	/* More experts than the gate's own loops take: the BLAS path. */
+	/* More experts than the CPU backend's skinny gate products take: the BLAS path. */
 	struct tcase f = { .T = 40, .M = 4, .H = 4, .E = 70, .k = 2, .bpr = 1, .cap = 1.5 };
 	run_case(&f, 0);
 	/* More choices per token than the kernels keep on the stack (k > 16). */
@@ -591,68 +609,123 @@ Test(moe, larger_case)
 	run_case(&h, 0);
 }
 
+Test(moe, larger_case)
+{
+	use_backend("cpu", 2);
+	larger_cases();
+	use_backend("ref", 1);
+	larger_cases();
+	backend_close(be);
+	be = NULL;
+}
+
 Test(moe, bad_config)
 {
 	struct moe_config cfg;
 	struct moe_layer *l;
 
+	use_backend("cpu", 1);
 	moe_config_default(&cfg, 8, 4, 4, 0);
-	cr_assert_lt(moe_layer_init(&l, &cfg), 0, "E = 0 accepted");
+	cr_assert_lt(moe_layer_init(&l, &cfg, be), 0, "E = 0 accepted");
 	moe_config_default(&cfg, 8, 4, 4, 2);
 	cfg.k = 3;
-	cr_assert_lt(moe_layer_init(&l, &cfg), 0, "k = 3 > E = 2 accepted");
+	cr_assert_lt(moe_layer_init(&l, &cfg, be), 0, "k = 3 > E = 2 accepted");
 	cfg.k = 2;
 	cfg.loss = MOE_LOSS_LOAD_IMPORTANCE;
-	cr_assert_lt(moe_layer_init(&l, &cfg), 0, "load-importance without noise accepted");
+	cr_assert_lt(moe_layer_init(&l, &cfg, be), 0, "load-importance without noise accepted");
 	cfg.loss = MOE_LOSS_GSHARD;
-	cr_assert_eq(moe_layer_init(&l, &cfg), 0);
+	cr_assert_eq(moe_layer_init(&l, &cfg, be), 0);
 	struct moe_params p;
-	cr_assert_eq(moe_params_alloc(&p, &cfg), 0);
+	cr_assert_eq(moe_params_alloc(&p, &cfg, be), 0);
 	float x[9 * 4] = { 0 }, y[9 * 4];
 	cr_assert_lt(moe_forward(l, &p, x, y, 9, 2, 1.0, 0), 0, "T above the layer's accepted");
 	cr_assert_lt(moe_forward(l, &p, x, y, 8, 3, 1.0, 0), 0, "k > E accepted");
 	moe_params_free(&p);
 	moe_layer_free(l);
+	backend_close(be);
+	be = NULL;
 }
 
-/* Same inputs, seed and thread count: bit-identical output and gradients (the row kernels
- * schedule dynamically, which must not matter; the reductions are in a fixed order). */
-Test(moe, deterministic)
+/* One forward and backward of a layer big enough for every parallel path (T = 512) on a CPU
+ * backend of `threads` threads, with the inputs and outputs at byte offset `shift` from a
+ * 64-byte boundary; y, dx and every gradient into out (floats, in that order). */
+static size_t layer_step(int threads, size_t shift, int64_t M, float *out)
 {
+	const int64_t T = 512, H = 16;
+	const int E = 8;
 	struct moe_config cfg;
-	struct moe_params p, g[2];
+	struct moe_params p, g;
 	struct moe_layer *l;
-	const int64_t T = 512, M = 32, H = 16;
-	float *x = moe_alloc(sizeof(float) * T * M), *dy = moe_alloc(sizeof(float) * T * M);
-	float *y[2] = { moe_alloc(sizeof(float) * T * M), moe_alloc(sizeof(float) * T * M) };
-	float *dx[2] = { moe_alloc(sizeof(float) * T * M), moe_alloc(sizeof(float) * T * M) };
+	const size_t n = (size_t)(T * M), bytes = sizeof(float) * n + 64;
+	char *mem[4];
+	float *io[4]; /* x, dy, y, dx */
 
-	moe_config_default(&cfg, T, M, H, 8);
+	use_backend("cpu", threads);
+	for (int i = 0; i < 4; i++) {
+		mem[i] = aligned_alloc(64, (bytes + 63) / 64 * 64);
+		io[i] = (float *)(mem[i] + shift);
+	}
+	rng_fill_normal(io[0], (int64_t)n, 0.0f, 1.0f, 6, RNG_STREAM_TEST, 0);
+	rng_fill_normal(io[1], (int64_t)n, 0.0f, 1.0f, 7, RNG_STREAM_TEST, 0);
+	moe_config_default(&cfg, T, M, H, E);
 	cfg.bpr = 1;
 	cfg.gate_noise = 1.0f;
-	cr_assert_eq(moe_params_alloc(&p, &cfg), 0);
-	moe_params_init(&p, &cfg, 5);
-	rng_fill_normal(x, T * M, 0.0f, 1.0f, 6, RNG_STREAM_TEST, 0);
-	rng_fill_normal(dy, T * M, 0.0f, 1.0f, 7, RNG_STREAM_TEST, 0);
-	cr_assert_eq(moe_layer_init(&l, &cfg), 0);
-	for (int i = 0; i < 2; i++) {
-		cr_assert_eq(moe_params_alloc(&g[i], &cfg), 0);
-		cr_assert_eq(moe_forward(l, &p, x, y[i], T, 2, 1.0, 3), 0);
-		cr_assert_eq(moe_backward(l, &p, x, dy, dx[i], &g[i], 0.1f), 0);
+	cfg.act = MOE_ACT_GELU;
+	cr_assert_eq(moe_params_alloc(&p, &cfg, be), 0);
+	cr_assert_eq(moe_params_alloc(&g, &cfg, be), 0);
+	cr_assert_eq(moe_params_init(&p, &cfg, 5), 0);
+	cr_assert_eq(moe_layer_init(&l, &cfg, be), 0);
+	cr_assert_eq(moe_forward(l, &p, io[0], io[2], T, 2, 1.0, 3), 0);
+	cr_assert_eq(moe_backward(l, &p, io[0], io[1], io[3], &g, 0.1f), 0);
+	size_t k = 0;
+	const struct {
+		const float *v;
+		size_t n;
+	} parts[] = {
+		{io[2], n}, {io[3], n}, {g.wg, (size_t)(M * E)}, {g.w1, (size_t)(E * M * H)},
+		{g.b1, (size_t)(E * H)}, {g.w2, (size_t)(E * H * M)}, {g.b2, (size_t)(E * M)},
+	};
+	for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+		memcpy(out + k, parts[i].v, sizeof(float) * parts[i].n);
+		k += parts[i].n;
 	}
-	cr_assert(!memcmp(y[0], y[1], sizeof(float) * T * M), "y differs between runs");
-	cr_assert(!memcmp(dx[0], dx[1], sizeof(float) * T * M), "dx differs between runs");
-	cr_assert(!memcmp(g[0].wg, g[1].wg, sizeof(float) * M * 8), "dwg differs between runs");
-	cr_assert(!memcmp(g[0].w1, g[1].w1, sizeof(float) * 8 * M * H), "dw1 differs");
-	cr_assert(!memcmp(g[0].b2, g[1].b2, sizeof(float) * 8 * M), "db2 differs");
 	moe_layer_free(l);
 	moe_params_free(&p);
-	moe_params_free(&g[0]);
-	moe_params_free(&g[1]);
-	free(x);
-	free(dy);
-	free(y[0]);
-	free(y[1]);
-	free(dx[0]);
-	free(dx[1]);
+	moe_params_free(&g);
+	for (int i = 0; i < 4; i++)
+		free(mem[i]);
+	backend_close(be);
+	be = NULL;
+	return k;
+}
+
+/* The same inputs give the same bits at any thread count and any buffer alignment: the row
+ * kernels schedule dynamically and stream only on aligned rows, which must not matter, and
+ * the reductions are in a fixed order. M = 32 streams on aligned buffers, M = 40 never. */
+Test(moe, bit_identical_at_any_thread_count_and_alignment)
+{
+	const int64_t Ms[] = { 32, 40 };
+	for (size_t m = 0; m < 2; m++) {
+		/* y and dx [T,M]; wg, w1, b1, w2, b2: E (2 M H + H + 2 M) */
+		const size_t cap = 2 * 512 * (size_t)Ms[m] + 8 * (34 * (size_t)Ms[m] + 16);
+		float *a = malloc(sizeof(float) * cap), *b = malloc(sizeof(float) * cap);
+		size_t na = layer_step(2, 0, Ms[m], a);
+		cr_assert(na <= cap);
+		const struct {
+			int threads;
+			size_t shift;
+		} runs[] = { { 2, 0 }, { 1, 0 }, { 3, 0 }, { 2, 4 }, { 1, 36 }, { 3, 8 } };
+		for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+			size_t nb = layer_step(runs[r].threads, runs[r].shift, Ms[m], b);
+			cr_assert_eq(na, nb);
+			for (size_t i = 0; i < na; i++)
+				cr_assert(!memcmp(&a[i], &b[i], sizeof(float)),
+					  "M=%lld on %d threads, buffers %zu bytes off alignment: "
+					  "output float %zu is %a, %a on 2 threads aligned",
+					  (long long)Ms[m], runs[r].threads, runs[r].shift, i,
+					  (double)b[i], (double)a[i]);
+		}
+		free(a);
+		free(b);
+	}
 }

@@ -1,5 +1,5 @@
 /* backend_cpu.c - the CPU backend: CBLAS sgemm for every matrix product, OpenMP loops for the
- * rest.
+ * rest (the MoE kernels are in moe_cpu.c). Contracts in backend.h.
  *
  * Where the time goes: on a GPT-2 step almost all flops are matrix products, so each linear
  * layer is ONE sgemm over the whole [B*T, C] batch, and attention is a handful of small sgemms
@@ -7,21 +7,46 @@
  * single-threaded inside a parallel region, so the two thread pools never fight). Attention
  * skips the masked upper triangle block by block. The elementwise ops are fused where the
  * model allows (bias + GELU, residual + LayerNorm, softmax + cross-entropy) and written as
- * plain loops the compiler vectorises; exp is a branch-free polynomial so that it vectorises
- * too (libm's expf/tanhf would not without -ffast-math).
+ * plain loops the compiler vectorises.
  *
  * Determinism: no atomics. Reductions over rows either run over a fixed split of the
- * columns (each output column summed in row order) or over BACKEND_CHUNKS fixed row chunks
- * summed in chunk order, so results do not depend on how OpenMP schedules the loop.
+ * columns (each output column summed in row order) or over CPU_CHUNKS fixed row chunks
+ * summed in chunk order, and no matrix product splits its reduction dimension, so results do
+ * not depend on how many threads run or how OpenMP schedules them.
  */
-#include "backend/backend.h"
+#include "backend/cpu/cpu_impl.h"
 
 #include <cblas.h>
 #include <math.h>
-#include <omp.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
+#include "backend/backend_impl.h"
+#include "common/err.h"
+#include "common/rng.h"
 #include "common/banned.h"
+
+/* The MoE kernels (moe_cpu.c). */
+int cpu_moe_gate_forward(struct backend *be, const struct backend_moe_gate *g,
+			 const float *logits, float *probs, float *clean, float *top,
+			 int32_t *idx, float *score, float *aux);
+int cpu_moe_gate_backward(struct backend *be, const struct backend_moe_gate *g,
+			  const float *logits, const float *probs, const float *clean,
+			  const int32_t *idx, const float *dscore, float aux_weight,
+			  float *dlogits);
+int cpu_moe_count(struct backend *be, const int32_t *idx, int64_t n, int E, int64_t *count);
+int cpu_moe_locations(struct backend *be, const int32_t *idx, const float *top, int64_t T,
+		      int k, int E, int64_t C, int32_t *loc);
+int cpu_moe_encode(struct backend *be, const struct backend_moe_route *r, const float *x,
+		   float *disp, int64_t M, int zero_pad);
+int cpu_moe_decode(struct backend *be, const struct backend_moe_route *r, const float *eo,
+		   float *y, int64_t M);
+int cpu_moe_decode_backward(struct backend *be, const struct backend_moe_route *r,
+			    const float *dy, const float *eo, float *d_eo, float *dscore,
+			    int64_t M, int zero_pad);
+int cpu_moe_encode_backward(struct backend *be, const struct backend_moe_route *r,
+			    const float *d_disp, float *dx, int64_t M);
 
 /* Attention row/key block: rows of block r attend to keys of blocks 0..r only, so the
  * products skip all but (nb + 1) / (2 nb) of the T x T scores (nb = T / ATT_BLOCK blocks).
@@ -30,80 +55,146 @@
 #define ATT_BLOCK 32
 #endif
 
+/* Products with at most this many output columns (the MoE gate: one column per expert) run
+ * in this file's own loops: BLAS handles such skinny shapes poorly, and they are bound by
+ * reading x once anyway. */
+#define SKINNY_OC 64
+/* The skinny weight gradient sums rows in at most this many fixed chunks (double partials of
+ * [OC, IC] each, summed in chunk order). */
+#define SKINNY_CHUNKS 16
+
+/* Allocations of 4 MiB and more sit on 2 MiB boundaries with transparent huge pages
+ * requested: the kernels jump between rows of large buffers ([E,C,M], activations), and
+ * 4 KiB pages would cost a TLB miss per row. Smaller ones are 64-byte aligned. */
+#define HUGE_PAGE ((size_t)2 << 20)
+
 static inline int min_int(int a, int b) { return a < b ? a : b; }
 
-/* The calling thread's share [*d0, *d1) of D items in a parallel region: contiguous, and a
- * multiple of 16 long (whole 64-byte lines of floats, so no two threads write one line). */
-static inline void thread_share(int64_t D, int64_t *d0, int64_t *d1)
+/* ---- lifetime, memory, workspace ------------------------------------------------------ */
+
+static int cpu_alloc(struct backend *be, void **ptr, size_t bytes)
 {
-	int64_t n = omp_get_num_threads(), per = ((D + n - 1) / n + 15) / 16 * 16;
-	int64_t lo = omp_get_thread_num() * per;
-	*d0 = lo < D ? lo : D;
-	*d1 = lo + per < D ? lo + per : D;
+	size_t align = bytes >= 2 * HUGE_PAGE ? HUGE_PAGE : 64;
+	size_t rounded = bytes ? (bytes + align - 1) / align * align : 64;
+
+	*ptr = aligned_alloc(align, rounded);
+	if (!*ptr)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes", bytes);
+	if (align == HUGE_PAGE)
+		madvise(*ptr, rounded, MADV_HUGEPAGE);
+	return 0;
 }
 
-/* exp(x) for x in float range, ~1 ulp: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2,
- * Cephes minimax polynomial for e^r, 2^n built in the exponent bits. Branch-free so that a
- * loop calling it vectorises. */
-static inline float exp_approx(float x)
+static void cpu_free(struct backend *be, void *ptr) { free(ptr); }
+
+/* Copies of this many bytes and more are split over the threads: one core does not reach
+ * the memory bandwidth (MACHINE.md: 19-36 GB/s on one, 35-44 on two), and below it the
+ * fork costs more than it saves. */
+#define COPY_PAR_MIN ((size_t)1 << 20)
+
+/* Host memory both ways: upload, download and copy are one memcpy, split over the threads
+ * when large. */
+static int cpu_copy(struct backend *be, void *dst, const void *src, size_t bytes)
 {
-	x = x < -87.0f ? -87.0f : x; /* a NaN passes both clamps and stays NaN */
-	x = x > 88.0f ? 88.0f : x;
-	/* Adding 1.5*2^23 rounds to the nearest integer, which then sits in the low mantissa
-	 * bits: read it from there with unsigned arithmetic (no float-to-int conversion, no
-	 * signed shift: defined for every input, NaN included). */
-	union {
-		float f;
-		uint32_t u;
-	} nb = {.f = x * 1.44269504088896341f + 12582912.0f};
-	float n = nb.f - 12582912.0f;
-	float r = x - n * 0.693359375f;
-	r = r + n * 2.12194440e-4f;
-	float z = r * r;
-	float p = 1.9875691500e-4f;
-	p = p * r + 1.3981999507e-3f;
-	p = p * r + 8.3334519073e-3f;
-	p = p * r + 4.1665795894e-2f;
-	p = p * r + 1.6666665459e-1f;
-	p = p * r + 5.0000001201e-1f;
-	p = p * z + r + 1.0f;
-	union {
-		uint32_t u;
-		float f;
-	} s = {.u = (nb.u - 0x4B400000u + 127u) << 23};
-	return p * s.f;
-}
-
-/* tanh-GELU: 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3). Since
- * 0.5 (1 + tanh(u)) = sigmoid(2u), gelu(x) = x sigmoid(2u), which needs one exp and has no
- * cancellation near 0. */
-#define GELU_K0 0.7978845608028654f
-#define GELU_K1 0.044715f
-
-static inline float gelu_sig(float x)
-{
-	float u = GELU_K0 * (x + GELU_K1 * x * x * x);
-	return 1.0f / (1.0f + exp_approx(-2.0f * u));
-}
-
-/* ---- matrix products ---------------------------------------------------------------- */
-
-static void add_bias(float *y, const float *bias, int N, int C)
-{
-#pragma omp parallel for schedule(static)
-	for (int n = 0; n < N; n++) {
-		float *row = y + (size_t)n * C;
-#pragma omp simd
-		for (int c = 0; c < C; c++)
-			row[c] += bias[c];
+	if (bytes < COPY_PAR_MIN || be->threads < 2) {
+		memcpy(dst, src, bytes);
+		return 0;
 	}
+	cpu_enter(be);
+#pragma omp parallel
+	{
+		size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
+		size_t lo = bytes * id / nt, hi = bytes * (id + 1) / nt;
+		memcpy((char *)dst + lo, (const char *)src + lo, hi - lo);
+	}
+	return 0;
+}
+
+static int cpu_memset(struct backend *be, void *dst, int byte, size_t bytes)
+{
+	memset(dst, byte, bytes);
+	return 0;
+}
+
+static int cpu_sync(struct backend *be) { return 0; }
+
+void *cpu_workspace(struct backend *be, size_t bytes)
+{
+	struct cpu_ctx *c = cpu_ctx(be);
+
+	if (bytes <= c->ws_bytes)
+		return c->ws;
+	free(c->ws);
+	c->ws_bytes = 0;
+	if (cpu_alloc(be, &c->ws, bytes) < 0) {
+		c->ws = NULL;
+		err_set(CORE_ENOMEM, NULL, "cannot allocate %zu bytes of workspace", bytes);
+		return NULL;
+	}
+	c->ws_bytes = bytes;
+	return c->ws;
+}
+
+static size_t cpu_workspace_bytes(struct backend *be) { return cpu_ctx(be)->ws_bytes; }
+
+static void cpu_close(struct backend *be)
+{
+	struct cpu_ctx *c = cpu_ctx(be);
+	if (c)
+		free(c->ws);
+	free(c);
+	be->ctx = NULL;
+}
+
+/* ---- fills and reductions -------------------------------------------------------------- */
+
+static int cpu_fill(struct backend *be, float *x, size_t n, float value)
+{
+	cpu_enter(be);
+#pragma omp parallel for schedule(static) if (n >= CPU_PAR_MIN)
+	for (size_t i = 0; i < n; i++)
+		x[i] = value;
+	return 0;
+}
+
+static int cpu_fill_normal(struct backend *be, float *x, size_t n, float mean, float std,
+			   uint64_t seed, uint64_t stream, uint64_t base)
+{
+	cpu_enter(be);
+	rng_fill_normal(x, (int64_t)n, mean, std, seed, stream, base);
+	return 0;
+}
+
+static int cpu_sum(struct backend *be, double *out, const float *x, size_t n, int squares)
+{
+	double part[CPU_CHUNKS];
+
+	cpu_enter(be);
+#pragma omp parallel for schedule(static) if (n >= CPU_PAR_MIN)
+	for (int k = 0; k < CPU_CHUNKS; k++) {
+		size_t i0 = n * (size_t)k / CPU_CHUNKS, i1 = n * (size_t)(k + 1) / CPU_CHUNKS;
+		double s = 0.0;
+		if (squares) {
+#pragma omp simd reduction(+ : s)
+			for (size_t i = i0; i < i1; i++)
+				s += (double)x[i] * (double)x[i];
+		} else {
+#pragma omp simd reduction(+ : s)
+			for (size_t i = i0; i < i1; i++)
+				s += (double)x[i];
+		}
+		part[k] = s;
+	}
+	double s = 0.0;
+	for (int k = 0; k < CPU_CHUNKS; k++)
+		s += part[k];
+	*out = s;
+	return 0;
 }
 
 void cpu_column_sums(float *out, const float *a, int64_t rows, int64_t n)
 {
-	/* Below 32K elements a parallel region costs more than the sums (the MoE layer calls
-	 * this per expert, some with a handful of rows). */
-#pragma omp parallel if (rows * n >= 32768)
+#pragma omp parallel if (rows * n >= CPU_PAR_MIN)
 	{
 		int64_t c0, c1;
 		thread_share(n, &c0, &c1);
@@ -121,65 +212,80 @@ void cpu_column_sums(float *out, const float *a, int64_t rows, int64_t n)
 	}
 }
 
-/* Time inside sgemm, for the matmul share of a step that dpc-train-path reports. Kept per
- * thread (padded against false sharing) and in wall-clock terms: a call made inside a
- * parallel region of n threads counts 1/n of its duration, so the sum over threads
- * estimates the wall time during which the cores were in matrix products. */
-#define PROF_THREADS 256
-static struct {
-	double s;
-	char pad[56];
-} prof_gemm[PROF_THREADS];
-static int prof_on;
+/* ---- matrix products ------------------------------------------------------------------ */
 
-static void cpu_profile(int enable)
+/* Time inside sgemm, for the matmul share of a step that dpc-train-path reports, kept in
+ * wall-clock terms: a call made inside a parallel region of n threads counts 1/n of its
+ * duration, so the sum over threads estimates the wall time the cores spent in products. */
+static void cpu_profile(struct backend *be, int enable)
 {
-	prof_on = enable;
-	memset(prof_gemm, 0, sizeof prof_gemm);
+	struct cpu_ctx *c = cpu_ctx(be);
+	c->prof_on = enable;
+	memset(c->prof, 0, sizeof c->prof);
 }
 
-static double cpu_gemm_seconds(void)
+static double cpu_gemm_seconds(struct backend *be)
 {
+	const struct cpu_ctx *c = cpu_ctx(be);
 	double s = 0.0;
-	for (int i = 0; i < PROF_THREADS; i++)
-		s += prof_gemm[i].s;
+	for (int i = 0; i < CPU_PROF_SLOTS; i++)
+		s += c->prof[i].s;
 	return s;
 }
 
-static void gemm_call(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
-		      float alpha, const float *A, int lda, const float *B, int ldb, float beta,
-		      float *C, int ldc)
+static void gemm_call(struct cpu_ctx *ctx, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb,
+		      int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+		      int ldb, float beta, float *C, int ldc)
 {
-	if (!prof_on) {
+	if (!ctx->prof_on) {
 		cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 		return;
 	}
 	double t0 = omp_get_wtime();
 	cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	int tid = omp_get_thread_num();
-	/* Threads past the table share its last slot, atomically (a rare thread count). */
 	double dt = (omp_get_wtime() - t0) / omp_get_num_threads();
-	if (tid < PROF_THREADS - 1) {
-		prof_gemm[tid].s += dt;
+	if (tid < CPU_PROF_SLOTS - 1) {
+		ctx->prof[tid].s += dt;
 	} else {
 #pragma omp atomic
-		prof_gemm[PROF_THREADS - 1].s += dt;
+		ctx->prof[CPU_PROF_SLOTS - 1].s += dt;
 	}
 }
+
+/* OpenBLAS runs products up to about this size (M*N*K; 1e6 for its SkylakeX kernels) through
+ * a separate small-matrix kernel whose sums round differently. No block of a split product
+ * goes below four times that, so every block takes the same kernel as the whole product. */
+#define GEMM_MIN_BLOCK 4e6
 
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C with the threads splitting C into blocks of
  * rows (or of columns, when C is wider than tall) and each block one single-threaded sgemm
  * inside our own parallel region: one fork and one barrier per product, instead of
  * OpenBLAS's threads waiting on each other's packed panels, which stalls badly whenever
- * another process holds one of the cores. The reduction dimension K is never split, so the
- * result has the same bits at any thread count. */
-static void sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
-		  float alpha, const float *A, int lda, const float *B, int ldb, float beta,
-		  float *C, int ldc)
+ * another process holds one of the cores.
+ * The bits do not depend on the thread count: the reduction dimension K is never split,
+ * blocks start on whole 16-wide panels (the kernel's tiles, so the same tiles cover the
+ * same elements in any split) and stay above GEMM_MIN_BLOCK (the same kernel), so each
+ * element is summed exactly as in the whole product. test_backend.c checks it at 1, 2 and 3
+ * threads. */
+static void sgemm(struct backend *be, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M,
+		  int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+		  float beta, float *C, int ldc)
 {
-	int nth = omp_in_parallel() ? 1 : omp_get_max_threads();
-	if (nth < 2 || (double)M * N * K < 2e6) {
-		gemm_call(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	struct cpu_ctx *ctx = cpu_ctx(be);
+	const double mnk = (double)M * N * K;
+	int nth = omp_in_parallel() ? 1 : be->threads;
+	if (nth > mnk / GEMM_MIN_BLOCK)
+		nth = (int)(mnk / GEMM_MIN_BLOCK);
+	if (nth < 2) {
+		/* OpenBLAS's OpenMP build threads a product itself, as many ways as OpenMP's
+		 * thread count says, and its split changes the bits: one thread it is. */
+		const int outer = !omp_in_parallel() && omp_get_max_threads() > 1;
+		if (outer)
+			omp_set_num_threads(1);
+		gemm_call(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		if (outer)
+			omp_set_num_threads(be->threads);
 		return;
 	}
 	const int by_rows = M >= N;
@@ -190,57 +296,185 @@ static void sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N
 		const int d0 = (int)s0, d1 = (int)s1;
 		if (d1 > d0) {
 			if (by_rows) /* rows d0..d1 of C come from rows of op(A) */
-				gemm_call(ta, tb, d1 - d0, N, K, alpha,
-					    ta == CblasNoTrans ? A + (size_t)d0 * lda : A + d0, lda,
-					    B, ldb, beta, C + (size_t)d0 * ldc, ldc);
+				gemm_call(ctx, ta, tb, d1 - d0, N, K, alpha,
+					  ta == CblasNoTrans ? A + (size_t)d0 * lda : A + d0, lda,
+					  B, ldb, beta, C + (size_t)d0 * ldc, ldc);
 			else /* columns d0..d1 of C come from columns of op(B) */
-				gemm_call(ta, tb, M, d1 - d0, K, alpha, A, lda,
-					    tb == CblasNoTrans ? B + d0 : B + (size_t)d0 * ldb, ldb,
-					    beta, C + d0, ldc);
+				gemm_call(ctx, ta, tb, M, d1 - d0, K, alpha, A, lda,
+					  tb == CblasNoTrans ? B + d0 : B + (size_t)d0 * ldb, ldb,
+					  beta, C + d0, ldc);
 		}
 	}
 }
 
-static void cpu_matmul_forward(float *y, const float *x, const float *w, const float *bias, int N,
-			       int IC, int OC, enum backend_wlayout layout)
+static int cpu_gemm(struct backend *be, int transA, int transB, int M, int N, int K,
+		    float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+		    float *C, int ldc)
 {
-	if (layout == BACKEND_W_IO)
-		sgemm(CblasNoTrans, CblasNoTrans, N, OC, IC, 1.0f, x, IC, w, OC, 0.0f, y, OC);
-	else
-		sgemm(CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, x, IC, w, IC, 0.0f, y, OC);
-	if (bias)
-		add_bias(y, bias, N, OC);
+	cpu_enter(be);
+	sgemm(be, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, M, N,
+	      K, alpha, A, lda, B, ldb, beta, C, ldc);
+	return 0;
 }
 
-static void cpu_matmul_backward(float *dx, float *dw, float *dbias, const float *dy, const float *x,
-				const float *w, int N, int IC, int OC, enum backend_wlayout layout,
-				int accumulate)
+static void add_bias(float *y, const float *bias, int N, int C)
 {
-	float beta = accumulate ? 1.0f : 0.0f;
-	if (layout == BACKEND_W_IO) {
-		if (dx) /* dx = dy w^T, w [IC,OC] */
-			sgemm(CblasNoTrans, CblasTrans, N, IC, OC, 1.0f, dy, OC, w, OC, beta, dx,
-			      IC);
-		if (dw) /* dw [IC,OC] = x^T dy */
-			sgemm(CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, x, IC, dy, OC, 0.0f, dw,
-			      OC);
-	} else {
-		if (dx) /* dx = dy w, w [OC,IC] */
-			sgemm(CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dy, OC, w, IC, beta, dx,
-			      IC);
-		if (dw) /* dw [OC,IC] = dy^T x */
-			sgemm(CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dy, OC, x, IC, 0.0f, dw,
-			      IC);
+#pragma omp parallel for schedule(static) if ((int64_t)N * C >= CPU_PAR_MIN)
+	for (int n = 0; n < N; n++) {
+		float *row = y + (size_t)n * C;
+#pragma omp simd
+		for (int c = 0; c < C; c++)
+			row[c] += bias[c];
 	}
+}
+
+/* w as [OC, IC] rows (the skinny loops run along IC): w itself for the OI layout, else its
+ * transpose in the workspace. */
+static const float *skinny_rows(struct backend *be, const float *w, int IC, int OC,
+				enum backend_wlayout layout, float *ws)
+{
+	if (layout == BACKEND_W_OI)
+		return w;
+	for (int i = 0; i < IC; i++)
+		for (int o = 0; o < OC; o++)
+			ws[(size_t)o * IC + i] = w[(size_t)i * OC + o];
+	return ws;
+}
+
+/* y[n, o] = <x[n], w row o> (+ bias[o]), token-parallel. */
+static int skinny_forward(struct backend *be, float *y, const float *x, const float *w,
+			  const float *bias, int N, int IC, int OC, enum backend_wlayout layout)
+{
+	float *ws = cpu_workspace(be, sizeof(float) * (size_t)IC * OC);
+	if (!ws)
+		return CORE_ENOMEM;
+	const float *wr = skinny_rows(be, w, IC, OC, layout, ws);
+#pragma omp parallel for schedule(static) if ((int64_t)N * IC * OC >= CPU_PAR_MIN)
+	for (int n = 0; n < N; n++) {
+		const float *xr = x + (size_t)n * IC;
+		for (int o = 0; o < OC; o++) {
+			const float *r = wr + (size_t)o * IC;
+			float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+			for (int i = 0; i < IC; i++)
+				acc += xr[i] * r[i];
+			y[(size_t)n * OC + o] = bias ? acc + bias[o] : acc;
+		}
+	}
+	return 0;
+}
+
+/* One pass over the rows: the weight gradient x^T dy into SKINNY_CHUNKS fixed row chunks of
+ * double partials (summed in chunk order afterwards), and dx (+)= dy w^T. A row of dx is
+ * written only after that row of x has been read, so dx may be x. */
+static int skinny_backward(struct backend *be, float *dx, float *dw, float *dbias,
+			   const float *dy, const float *x, const float *w, int N, int IC, int OC,
+			   enum backend_wlayout layout, int accumulate)
+{
+	const size_t W = (size_t)IC * OC;
+	const int nchunk = N < SKINNY_CHUNKS ? N : SKINNY_CHUNKS;
+	float *ws = cpu_workspace(be, sizeof(float) * W +
+					      (dw ? sizeof(double) * W * (size_t)nchunk : 0));
+	if (!ws)
+		return CORE_ENOMEM;
+	double *part = (double *)(ws + (W + 1) / 2 * 2);
+	const float *wr = dx ? skinny_rows(be, w, IC, OC, layout, ws) : NULL;
+
 	if (dbias)
 		cpu_column_sums(dbias, dy, N, OC);
+	if (!dx && !dw)
+		return 0;
+#pragma omp parallel for schedule(static) if ((int64_t)N * IC * OC >= CPU_PAR_MIN)
+	for (int k = 0; k < nchunk; k++) {
+		const int n0 = (int)((int64_t)N * k / nchunk);
+		const int n1 = (int)((int64_t)N * (k + 1) / nchunk);
+		double *acc = dw ? part + W * (size_t)k : NULL;
+		if (acc)
+			memset(acc, 0, sizeof(double) * W);
+		for (int n = n0; n < n1; n++) {
+			const float *xr = x + (size_t)n * IC, *g = dy + (size_t)n * OC;
+			if (acc)
+				for (int o = 0; o < OC; o++) {
+					const double go = g[o];
+					double *a = acc + (size_t)o * IC;
+#pragma omp simd
+					for (int i = 0; i < IC; i++)
+						a[i] += go * xr[i];
+				}
+			if (dx) {
+				float *d = dx + (size_t)n * IC;
+				if (!accumulate)
+					memset(d, 0, sizeof(float) * (size_t)IC);
+				for (int o = 0; o < OC; o++) {
+					const float go = g[o], *r = wr + (size_t)o * IC;
+#pragma omp simd
+					for (int i = 0; i < IC; i++)
+						d[i] += go * r[i];
+				}
+			}
+		}
+	}
+	if (!dw)
+		return 0;
+#pragma omp parallel for schedule(static) if (W * (size_t)nchunk >= CPU_PAR_MIN)
+	for (int o = 0; o < OC; o++)
+		for (int i = 0; i < IC; i++) {
+			double v = 0.0;
+			for (int k = 0; k < nchunk; k++)
+				v += part[W * (size_t)k + (size_t)o * IC + (size_t)i];
+			if (layout == BACKEND_W_IO)
+				dw[(size_t)i * OC + o] = (float)v;
+			else
+				dw[(size_t)o * IC + i] = (float)v;
+		}
+	return 0;
 }
 
-/* ---- embeddings --------------------------------------------------------------------- */
-
-static void cpu_encoder_forward(float *out, const int32_t *tok, const float *wte, const float *wpe,
-				int B, int T, int C)
+static int cpu_matmul_forward(struct backend *be, float *y, const float *x, const float *w,
+			      const float *bias, int N, int IC, int OC,
+			      enum backend_wlayout layout)
 {
+	cpu_enter(be);
+	if (OC <= SKINNY_OC)
+		return skinny_forward(be, y, x, w, bias, N, IC, OC, layout);
+	if (layout == BACKEND_W_IO)
+		sgemm(be, CblasNoTrans, CblasNoTrans, N, OC, IC, 1.0f, x, IC, w, OC, 0.0f, y, OC);
+	else
+		sgemm(be, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, x, IC, w, IC, 0.0f, y, OC);
+	if (bias)
+		add_bias(y, bias, N, OC);
+	return 0;
+}
+
+static int cpu_matmul_backward(struct backend *be, float *dx, float *dw, float *dbias,
+			       const float *dy, const float *x, const float *w, int N, int IC,
+			       int OC, enum backend_wlayout layout, int accumulate)
+{
+	float beta = accumulate ? 1.0f : 0.0f;
+
+	cpu_enter(be);
+	if (OC <= SKINNY_OC)
+		return skinny_backward(be, dx, dw, dbias, dy, x, w, N, IC, OC, layout, accumulate);
+	/* dw and dbias first: dx may overwrite x. */
+	if (dw && layout == BACKEND_W_IO) /* dw [IC,OC] = x^T dy */
+		sgemm(be, CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, x, IC, dy, OC, 0.0f, dw, OC);
+	else if (dw) /* dw [OC,IC] = dy^T x */
+		sgemm(be, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dy, OC, x, IC, 0.0f, dw, IC);
+	if (dbias)
+		cpu_column_sums(dbias, dy, N, OC);
+	if (dx && layout == BACKEND_W_IO) /* dx = dy w^T, w [IC,OC] */
+		sgemm(be, CblasNoTrans, CblasTrans, N, IC, OC, 1.0f, dy, OC, w, OC, beta, dx, IC);
+	else if (dx) /* dx = dy w, w [OC,IC] */
+		sgemm(be, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dy, OC, w, IC, beta, dx, IC);
+	return 0;
+}
+
+/* ---- embeddings ------------------------------------------------------------------------ */
+
+static int cpu_encoder_forward(struct backend *be, float *out, const int32_t *tok,
+			       const float *wte, const float *wpe, int B, int T, int C)
+{
+	cpu_enter(be);
 #pragma omp parallel for schedule(static)
 	for (int n = 0; n < B * T; n++) {
 		float *o = out + (size_t)n * C;
@@ -249,11 +483,13 @@ static void cpu_encoder_forward(float *out, const int32_t *tok, const float *wte
 		for (int c = 0; c < C; c++)
 			o[c] = e[c] + p[c];
 	}
+	return 0;
 }
 
-static void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
-				 int B, int T, int C, int V)
+static int cpu_encoder_backward(struct backend *be, float *dwte, float *dwpe, const float *dout,
+				const int32_t *tok, int B, int T, int C, int V)
 {
+	cpu_enter(be);
 	/* dwte: a scatter-add over tokens; each thread owns a slice of the columns and walks
 	 * the tokens in order, so every sum has a fixed order and no two threads collide. */
 #pragma omp parallel
@@ -284,9 +520,10 @@ static void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, co
 				d[c] += g[c];
 		}
 	}
+	return 0;
 }
 
-/* ---- layernorm ---------------------------------------------------------------------- */
+/* ---- layernorm ------------------------------------------------------------------------- */
 
 static inline void ln_row(float *o, float *mean, float *rstd, const float *x, const float *w,
 			  const float *b, int C)
@@ -310,18 +547,22 @@ static inline void ln_row(float *o, float *mean, float *rstd, const float *x, co
 	*rstd = r;
 }
 
-static void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *x,
-				  const float *w, const float *b, int N, int C)
+static int cpu_layernorm_forward(struct backend *be, float *out, float *mean, float *rstd,
+				 const float *x, const float *w, const float *b, int N, int C)
 {
+	cpu_enter(be);
 #pragma omp parallel for schedule(static)
 	for (int n = 0; n < N; n++)
 		ln_row(out + (size_t)n * C, mean + n, rstd + n, x + (size_t)n * C, w, b, C);
+	return 0;
 }
 
-static void cpu_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
-					   const float *skip, const float *bias, const float *w,
-					   const float *b, int N, int C)
+static int cpu_residual_layernorm_forward(struct backend *be, float *res, float *out,
+					  float *mean, float *rstd, const float *skip,
+					  const float *bias, const float *w, const float *b, int N,
+					  int C)
 {
+	cpu_enter(be);
 #pragma omp parallel for schedule(static)
 	for (int n = 0; n < N; n++) {
 		float *r = res + (size_t)n * C;
@@ -337,21 +578,27 @@ static void cpu_residual_layernorm_forward(float *res, float *out, float *mean, 
 		}
 		ln_row(out + (size_t)n * C, mean + n, rstd + n, r, w, b, C);
 	}
+	return 0;
 }
 
 /* With xhat = (x - mean) rstd and g = w * dout:
- * dx = rstd (g - mean(g) - xhat mean(g xhat)); dw = sum_n dout xhat; db = sum_n dout. */
-static void cpu_layernorm_backward(float *dx, float *dw, float *db, float *partials,
-				   const float *dout, const float *x, const float *w,
-				   const float *mean, const float *rstd, int N, int C,
-				   int accumulate)
+ * dx = rstd (g - mean(g) - xhat mean(g xhat)); dw = sum_n dout xhat; db = sum_n dout.
+ * dw and db over CPU_CHUNKS fixed row chunks of partials in the workspace. */
+static int cpu_layernorm_backward(struct backend *be, float *dx, float *dw, float *db,
+				  const float *dout, const float *x, const float *w,
+				  const float *mean, const float *rstd, int N, int C,
+				  int accumulate)
 {
+	float *partials = cpu_workspace(be, sizeof(float) * CPU_CHUNKS * 2 * (size_t)C);
+	if (!partials)
+		return CORE_ENOMEM;
+	cpu_enter(be);
 #pragma omp parallel for schedule(static)
-	for (int k = 0; k < BACKEND_CHUNKS; k++) {
+	for (int k = 0; k < CPU_CHUNKS; k++) {
 		float *pw = partials + (size_t)k * 2 * C, *pb = pw + C;
 		memset(pw, 0, sizeof(float) * 2 * (size_t)C);
-		int n0 = (int)((int64_t)N * k / BACKEND_CHUNKS);
-		int n1 = (int)((int64_t)N * (k + 1) / BACKEND_CHUNKS);
+		int n0 = (int)((int64_t)N * k / CPU_CHUNKS);
+		int n1 = (int)((int64_t)N * (k + 1) / CPU_CHUNKS);
 		for (int n = n0; n < n1; n++) {
 			const float *xr = x + (size_t)n * C, *dr = dout + (size_t)n * C;
 			float *dxr = dx + (size_t)n * C;
@@ -387,7 +634,7 @@ static void cpu_layernorm_backward(float *dx, float *dw, float *db, float *parti
 	}
 	memcpy(dw, partials, sizeof(float) * (size_t)C);
 	memcpy(db, partials + C, sizeof(float) * (size_t)C);
-	for (int k = 1; k < BACKEND_CHUNKS; k++) {
+	for (int k = 1; k < CPU_CHUNKS; k++) {
 		const float *pw = partials + (size_t)k * 2 * C, *pb = pw + C;
 #pragma omp simd
 		for (int c = 0; c < C; c++) {
@@ -395,54 +642,78 @@ static void cpu_layernorm_backward(float *dx, float *dw, float *db, float *parti
 			db[c] += pb[c];
 		}
 	}
+	return 0;
 }
 
-/* ---- GELU --------------------------------------------------------------------------- */
+/* ---- activations ----------------------------------------------------------------------- */
 
-static void cpu_bias_gelu_forward(float *pre, float *out, const float *bias, int N, int C)
+static int cpu_bias_act_forward(struct backend *be, float *pre, float *out, const float *bias,
+				int N, int C, enum backend_act act)
 {
-#pragma omp parallel for schedule(static)
+	cpu_enter(be);
+#pragma omp parallel for schedule(static) if ((int64_t)N * C >= CPU_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		float *p = pre + (size_t)n * C, *o = out + (size_t)n * C;
+		if (act == BACKEND_ACT_GELU) {
 #pragma omp simd
-		for (int c = 0; c < C; c++) {
-			float x = p[c] + bias[c];
-			p[c] = x;
-			o[c] = x * gelu_sig(x);
+			for (int c = 0; c < C; c++) {
+				float x = p[c] + bias[c];
+				p[c] = x;
+				o[c] = x * gelu_sig(x);
+			}
+		} else {
+#pragma omp simd
+			for (int c = 0; c < C; c++) {
+				float x = p[c] + bias[c];
+				p[c] = x;
+				o[c] = x > 0.0f ? x : 0.0f;
+			}
 		}
 	}
+	return 0;
 }
 
-/* d/dx [x s(2u)] = s + 2 x s (1 - s) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). The bias
- * gradient is the column sum of the result, so threads split the columns. */
-static void cpu_gelu_backward(float *d, float *dbias, const float *pre, int N, int C)
+/* GELU: d/dx [x s(2u)] = s + 2 x s (1 - s) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+ * The bias gradient is the column sum of the result, so threads split the columns. */
+static int cpu_act_backward(struct backend *be, float *d, float *dbias, const float *x, int N,
+			    int C, enum backend_act act)
 {
-#pragma omp parallel
+	cpu_enter(be);
+#pragma omp parallel if ((int64_t)N * C >= CPU_PAR_MIN)
 	{
 		int64_t s0, s1;
 		thread_share(C, &s0, &s1);
 		const int c0 = (int)s0, w = (int)(s1 - s0);
-		if (w > 0) {
-			float *db = dbias + c0;
+		float *db = dbias ? dbias + c0 : NULL;
+		if (w > 0 && db)
 			memset(db, 0, sizeof(float) * (size_t)w);
-			for (int n = 0; n < N; n++) {
-				float *dr = d + (size_t)n * C + c0;
-				const float *xr = pre + (size_t)n * C + c0;
+		for (int n = 0; w > 0 && n < N; n++) {
+			float *dr = d + (size_t)n * C + c0;
+			const float *xr = x + (size_t)n * C + c0;
+			if (act == BACKEND_ACT_GELU) {
 #pragma omp simd
 				for (int c = 0; c < w; c++) {
-					float x = xr[c];
-					float s = gelu_sig(x);
-					float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x * x);
-					float g = (s + 2.0f * x * s * (1.0f - s) * du) * dr[c];
-					dr[c] = g;
-					db[c] += g;
+					float v = xr[c];
+					float s = gelu_sig(v);
+					float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * v * v);
+					dr[c] = (s + 2.0f * v * s * (1.0f - s) * du) * dr[c];
 				}
+			} else {
+#pragma omp simd
+				for (int c = 0; c < w; c++)
+					dr[c] = xr[c] > 0.0f ? dr[c] : 0.0f;
+			}
+			if (db) {
+#pragma omp simd
+				for (int c = 0; c < w; c++)
+					db[c] += dr[c];
 			}
 		}
 	}
+	return 0;
 }
 
-/* ---- attention ---------------------------------------------------------------------- */
+/* ---- attention ------------------------------------------------------------------------- */
 
 /* Row i of S (already scaled) -> causal softmax over keys 0..i; keys i+1..kn-1 set to 0 so
  * that the block products that follow can run over whole blocks. */
@@ -483,11 +754,23 @@ static void transpose_block(float *dst, const float *src, int n, int hs, int ld,
 	}
 }
 
-static void cpu_attention_forward(float *out, float *att, float *ws, const float *qkv, int B, int T,
-				  int C, int NH)
+/* Per thread: a T x T block of scores and an hs x T transposed block, in the workspace. */
+static float *attention_ws(struct backend *be, int T, int hs)
 {
+	return cpu_workspace(be, sizeof(float) * (size_t)be->threads *
+					 ((size_t)T * T + (size_t)hs * T));
+}
+
+static int cpu_attention_forward(struct backend *be, float *out, float *att, const float *qkv,
+				 int B, int T, int C, int NH)
+{
+	struct cpu_ctx *ctx = cpu_ctx(be);
 	const int hs = C / NH, C3 = 3 * C;
 	const float scale = 1.0f / sqrtf((float)hs);
+	float *ws = attention_ws(be, T, hs);
+	if (!ws)
+		return CORE_ENOMEM;
+	cpu_enter(be);
 #pragma omp parallel
 	{
 		float *kt = ws + (size_t)omp_get_thread_num() * ((size_t)T * T + (size_t)hs * T);
@@ -503,30 +786,31 @@ static void cpu_attention_forward(float *out, float *att, float *ws, const float
 				int rn = min_int(ATT_BLOCK, T - r0), kn = r0 + rn;
 				float *Pr = P + (size_t)r0 * T;
 				/* S[r0.., 0..kn) = scale * Q K^T */
-				gemm_call(CblasNoTrans, CblasNoTrans, rn, kn, hs,
-					    scale, q + (size_t)r0 * C3, C3, kt, T, 0.0f, Pr, T);
+				gemm_call(ctx, CblasNoTrans, CblasNoTrans, rn, kn, hs, scale,
+					  q + (size_t)r0 * C3, C3, kt, T, 0.0f, Pr, T);
 				for (int i = 0; i < rn; i++)
 					causal_softmax_row(Pr + (size_t)i * T, r0 + i, kn);
 				/* O[r0..] = P V */
-				gemm_call(CblasNoTrans, CblasNoTrans, rn, hs, kn,
-					    1.0f, Pr, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
+				gemm_call(ctx, CblasNoTrans, CblasNoTrans, rn, hs, kn, 1.0f, Pr, T, v,
+					  C3, 0.0f, o + (size_t)r0 * C, C);
 			}
 		}
 	}
-}
-
-static size_t cpu_attention_ws_floats(int T, int hs)
-{
-	return (size_t)omp_get_max_threads() * ((size_t)T * T + (size_t)hs * T);
+	return 0;
 }
 
 /* With P = softmax(S), dP = dO V^T: dS = P (dP - rowsum(P dP)) * scale (scale folded in),
  * dQ = dS K, dK = dS^T Q, dV = P^T dO; all restricted to the causal blocks. */
-static void cpu_attention_backward(float *dqkv, float *ws, const float *dout, const float *qkv,
-				   const float *att, int B, int T, int C, int NH)
+static int cpu_attention_backward(struct backend *be, float *dqkv, const float *dout,
+				  const float *qkv, const float *att, int B, int T, int C, int NH)
 {
+	struct cpu_ctx *ctx = cpu_ctx(be);
 	const int hs = C / NH, C3 = 3 * C;
 	const float scale = 1.0f / sqrtf((float)hs);
+	float *ws = attention_ws(be, T, hs);
+	if (!ws)
+		return CORE_ENOMEM;
+	cpu_enter(be);
 #pragma omp parallel
 	{
 		float *dS = ws + (size_t)omp_get_thread_num() * ((size_t)T * T + (size_t)hs * T);
@@ -544,8 +828,8 @@ static void cpu_attention_backward(float *dqkv, float *ws, const float *dout, co
 			for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
 				int rn = min_int(ATT_BLOCK, T - r0), kn = r0 + rn;
 				float *dSr = dS + (size_t)r0 * T;
-				gemm_call(CblasNoTrans, CblasNoTrans, rn, kn, hs,
-					    1.0f, dO + (size_t)r0 * C, C, vt, T, 0.0f, dSr, T);
+				gemm_call(ctx, CblasNoTrans, CblasNoTrans, rn, kn, hs, 1.0f,
+					  dO + (size_t)r0 * C, C, vt, T, 0.0f, dSr, T);
 				for (int ii = 0; ii < rn; ii++) {
 					int i = r0 + ii;
 					const float *p = P + (size_t)i * T;
@@ -560,27 +844,29 @@ static void cpu_attention_backward(float *dqkv, float *ws, const float *dout, co
 					for (int j = i + 1; j < kn; j++)
 						d[j] = 0.0f;
 				}
-				gemm_call(CblasNoTrans, CblasNoTrans, rn, hs, kn,
-					    1.0f, dSr, T, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
+				gemm_call(ctx, CblasNoTrans, CblasNoTrans, rn, hs, kn, 1.0f, dSr, T, k,
+					  C3, 0.0f, dq + (size_t)r0 * C3, C3);
 			}
 			for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
 				int cn = min_int(ATT_BLOCK, T - c0), m = T - c0;
-				gemm_call(CblasTrans, CblasNoTrans, cn, hs, m,
-					    1.0f, dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3,
-					    C3, 0.0f, dk + (size_t)c0 * C3, C3);
-				gemm_call(CblasTrans, CblasNoTrans, cn, hs, m,
-					    1.0f, P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C,
-					    C, 0.0f, dv + (size_t)c0 * C3, C3);
+				gemm_call(ctx, CblasTrans, CblasNoTrans, cn, hs, m, 1.0f,
+					  dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, 0.0f,
+					  dk + (size_t)c0 * C3, C3);
+				gemm_call(ctx, CblasTrans, CblasNoTrans, cn, hs, m, 1.0f,
+					  P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, 0.0f,
+					  dv + (size_t)c0 * C3, C3);
 			}
 		}
 	}
+	return 0;
 }
 
-/* ---- softmax cross-entropy ---------------------------------------------------------- */
+/* ---- softmax cross-entropy ------------------------------------------------------------- */
 
-static void cpu_crossentropy_forward(float *probs, float *losses, const int32_t *targets, int N,
-				     int V)
+static int cpu_crossentropy_forward(struct backend *be, float *probs, float *losses,
+				    const int32_t *targets, int N, int V)
 {
+	cpu_enter(be);
 #pragma omp parallel for schedule(static)
 	for (int n = 0; n < N; n++) {
 		float *p = probs + (size_t)n * V;
@@ -603,11 +889,13 @@ static void cpu_crossentropy_forward(float *probs, float *losses, const int32_t 
 		if (targets) /* -log softmax = log(sum) - (logit - max) */
 			losses[n] = logf(sum) - (tl - mx);
 	}
+	return 0;
 }
 
-static void cpu_crossentropy_backward(float *probs, const int32_t *targets, int N, int V,
-				      float scale)
+static int cpu_crossentropy_backward(struct backend *be, float *probs, const int32_t *targets,
+				     int N, int V, float scale)
 {
+	cpu_enter(be);
 #pragma omp parallel for schedule(static)
 	for (int n = 0; n < N; n++) {
 		float *p = probs + (size_t)n * V;
@@ -616,9 +904,10 @@ static void cpu_crossentropy_backward(float *probs, const int32_t *targets, int 
 			p[j] *= scale;
 		p[targets[n]] -= scale;
 	}
+	return 0;
 }
 
-/* ---- optimizer ---------------------------------------------------------------------- */
+/* ---- optimizer ------------------------------------------------------------------------- */
 
 /* Bit for bit the arithmetic of torch 1.13 _single_tensor_adamw (torch/optim/adamw.py) on
  * the CPU, checked against it element by element:
@@ -656,9 +945,9 @@ static void adamw_range(float *restrict p, const float *restrict g, float *restr
 /* One parallel region for all segments (a model has dozens; a region each would put a
  * fork and a barrier per segment on the step): every thread takes its share of each
  * segment in turn, no barrier in between. */
-static void cpu_adamw_update(float *p, const float *g, float *m, float *v,
-			     const struct backend_segment *seg, int nseg, double lr, double beta1,
-			     double beta2, double eps, long t, float grad_scale)
+static int cpu_adamw_update(struct backend *be, float *p, const float *g, float *m, float *v,
+			    const struct backend_segment *seg, int nseg, double lr, double beta1,
+			    double beta2, double eps, long t, float grad_scale)
 {
 	const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
 	struct adamw_consts k = {
@@ -671,6 +960,7 @@ static void cpu_adamw_update(float *p, const float *g, float *m, float *v,
 		.step = (float)(-lr / bc1),
 		.scale = grad_scale,
 	};
+	cpu_enter(be);
 #pragma omp parallel firstprivate(k)
 	{
 		size_t nth = (size_t)omp_get_num_threads(), tid = (size_t)omp_get_thread_num();
@@ -681,29 +971,23 @@ static void cpu_adamw_update(float *p, const float *g, float *m, float *v,
 				    &k);
 		}
 	}
-}
-
-static double cpu_sum_squares(const float *x, size_t n)
-{
-	double part[BACKEND_CHUNKS];
-#pragma omp parallel for schedule(static)
-	for (int k = 0; k < BACKEND_CHUNKS; k++) {
-		size_t i0 = n * (size_t)k / BACKEND_CHUNKS,
-		       i1 = n * (size_t)(k + 1) / BACKEND_CHUNKS;
-		double s = 0.0;
-#pragma omp simd reduction(+ : s)
-		for (size_t i = i0; i < i1; i++)
-			s += (double)x[i] * (double)x[i];
-		part[k] = s;
-	}
-	double s = 0.0;
-	for (int k = 0; k < BACKEND_CHUNKS; k++)
-		s += part[k];
-	return s;
+	return 0;
 }
 
 static const struct backend_ops cpu_ops = {
-	.name = "cpu",
+	.close = cpu_close,
+	.alloc = cpu_alloc,
+	.free = cpu_free,
+	.upload = cpu_copy,
+	.download = cpu_copy,
+	.copy = cpu_copy,
+	.memset = cpu_memset,
+	.sync = cpu_sync,
+	.workspace_bytes = cpu_workspace_bytes,
+	.fill = cpu_fill,
+	.fill_normal = cpu_fill_normal,
+	.sum = cpu_sum,
+	.gemm = cpu_gemm,
 	.matmul_forward = cpu_matmul_forward,
 	.matmul_backward = cpu_matmul_backward,
 	.encoder_forward = cpu_encoder_forward,
@@ -711,17 +995,45 @@ static const struct backend_ops cpu_ops = {
 	.layernorm_forward = cpu_layernorm_forward,
 	.residual_layernorm_forward = cpu_residual_layernorm_forward,
 	.layernorm_backward = cpu_layernorm_backward,
-	.bias_gelu_forward = cpu_bias_gelu_forward,
-	.gelu_backward = cpu_gelu_backward,
+	.bias_act_forward = cpu_bias_act_forward,
+	.act_backward = cpu_act_backward,
 	.attention_forward = cpu_attention_forward,
 	.attention_backward = cpu_attention_backward,
-	.attention_ws_floats = cpu_attention_ws_floats,
 	.crossentropy_forward = cpu_crossentropy_forward,
 	.crossentropy_backward = cpu_crossentropy_backward,
 	.adamw_update = cpu_adamw_update,
-	.sum_squares = cpu_sum_squares,
+	.moe_gate_forward = cpu_moe_gate_forward,
+	.moe_gate_backward = cpu_moe_gate_backward,
+	.moe_count = cpu_moe_count,
+	.moe_locations = cpu_moe_locations,
+	.moe_encode = cpu_moe_encode,
+	.moe_decode = cpu_moe_decode,
+	.moe_decode_backward = cpu_moe_decode_backward,
+	.moe_encode_backward = cpu_moe_encode_backward,
 	.profile = cpu_profile,
 	.gemm_seconds = cpu_gemm_seconds,
 };
 
-const struct backend_ops *backend_cpu(void) { return &cpu_ops; }
+int backend_cpu_init(struct backend *be, const struct backend_params *params)
+{
+	struct cpu_ctx *c = calloc(1, sizeof *c);
+	if (!c)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the cpu backend");
+	/* The thread count the process started with (OMP_NUM_THREADS, else every core), read
+	 * before any backend changes it. */
+	static int initial_threads;
+	if (!initial_threads)
+		initial_threads = omp_get_max_threads();
+	const int threads = params->threads > 0 ? params->threads : initial_threads;
+	/* OpenBLAS runs single-threaded: sgemm() splits the products itself, with bits that do
+	 * not depend on the thread count, which OpenBLAS's own splitting does not give. (Its
+	 * OpenMP build follows OpenMP's thread count at each call, so sgemm() also lowers that
+	 * around the calls it makes outside a parallel region.) */
+	openblas_set_num_threads(1);
+	omp_set_num_threads(threads);
+	be->op = &cpu_ops;
+	be->host_visible = 1;
+	be->threads = threads;
+	be->ctx = c;
+	return 0;
+}

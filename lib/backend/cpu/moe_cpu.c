@@ -1,16 +1,15 @@
-/* moe_kernels.c - the MoE layer's routing and data-movement kernels: gating (softmax, top-k,
- * auxiliary losses and their backward), capacity, locations, and Tutel's encode/decode
- * kernels K0/K1/K2 (arXiv 2206.03382 sec. 3.4.7). Contract and math in moe.h.
+/* moe_cpu.c - the CPU backend's MoE kernels: gating (softmax, top-k, auxiliary losses and
+ * their backward), expert counts, locations, and Tutel's encode/decode kernels K0/K1/K2
+ * (arXiv 2206.03382 sec. 3.4.7). Contracts and math in backend.h.
  *
  * Every kernel walks the tokens in order: encode and decode-backward read each token's row
  * once and write its (up to k) slots, decode and encode-backward gather its k rows in one
  * pass. Each slot has one owner, so no two threads write the same row.
  */
-#include "moe/moe.h"
+#include "backend/cpu/cpu_impl.h"
 
 #include <float.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,8 +20,10 @@
 #endif
 #include "common/banned.h"
 
-/* Below this many elements a kernel runs on one thread: a parallel region costs more. */
-#define PAR_MIN 32768
+/* Work of the gate per (token, expert), in units of one element of a plain loop: the noise
+ * draw, the exp, the top-k scan and the renormalisation. It decides only when the gate is
+ * worth a parallel region. */
+#define GATE_COST 16
 
 /* ---- gating ---------------------------------------------------------------------------- */
 
@@ -42,11 +43,10 @@ static void softmax_row(const float *in, float *out, int E)
 }
 
 /* The noise added to routed logit (t, e) at this step (Tutel: gate_noise * randn / E). */
-static float gate_noise_at(const struct moe_config *cfg, int64_t T, uint64_t step, int64_t t,
-			   int e)
+static float gate_noise_at(const struct backend_moe_gate *g, int64_t t, int e)
 {
-	uint64_t i = (step * (uint64_t)T + (uint64_t)t) * (uint64_t)cfg->E + (uint64_t)e;
-	return cfg->gate_noise / (float)cfg->E * rng_normal(cfg->seed, RNG_STREAM_NOISE, i);
+	uint64_t i = (g->step * (uint64_t)g->T + (uint64_t)t) * (uint64_t)g->E + (uint64_t)e;
+	return g->noise / (float)g->E * rng_normal(g->seed, RNG_STREAM_NOISE, i);
 }
 
 static double phi_pdf(double z)
@@ -77,28 +77,23 @@ static double cv2_and_grad(const double *v, int E, double *g)
 }
 
 /* The routed logit of (t, e): logit plus noise when noise is on. */
-static float routed_logit(const struct moe_config *cfg, const float *logits, int64_t T,
-			  uint64_t step, int64_t t, int e)
+static float routed_logit(const struct backend_moe_gate *g, const float *logits, int64_t t,
+			  int e)
 {
-	float v = logits[t * cfg->E + e];
-	if (cfg->gate_noise > 0.0f)
-		v += gate_noise_at(cfg, T, step, t, e);
+	float v = logits[t * g->E + e];
+	if (g->noise > 0.0f)
+		v += gate_noise_at(g, t, e);
 	return v;
 }
 
-int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t T, int k,
-		     uint64_t step, float *probs, float *clean, float *top,
-		     struct moe_routing *r)
+int cpu_moe_gate_forward(struct backend *be, const struct backend_moe_gate *g,
+			 const float *logits, float *probs, float *clean, float *top,
+			 int32_t *idx, float *score, float *aux)
 {
-	const int E = cfg->E;
-	const int li = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE;
+	const int E = g->E, k = g->k, li = g->load_importance;
+	const int64_t T = g->T;
 
-	if (k < 1 || k > E)
-		return err_set(CORE_EUSAGE, NULL, "top-k %d is outside [1, %d]", k, E);
-	if (li && (cfg->gate_noise <= 0.0f || E < 2))
-		return err_set(CORE_EUSAGE, NULL,
-			       "the load-importance loss needs gate noise > 0 and E >= 2");
-	r->noise_step = step;
+	cpu_enter(be);
 	/* Per-thread scratch, allocated before the region so that a failure is an error, not
 	 * tokens silently skipped. */
 	const size_t nth = (size_t)omp_get_max_threads();
@@ -110,14 +105,14 @@ int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t 
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the gate's scratch");
 	}
 	/* Per token: noisy logits -> softmax -> top-k (ties: lower index) -> renormalise. */
-#pragma omp parallel if (T * E * 16 >= PAR_MIN)
+#pragma omp parallel if (T * E * GATE_COST >= CPU_PAR_MIN)
 	{
 		float *buf = bufs + (size_t)E * (size_t)omp_get_thread_num();
 		unsigned char *taken = takens + (size_t)E * (size_t)omp_get_thread_num();
 #pragma omp for schedule(static)
 		for (int64_t t = 0; t < T; t++) {
 			for (int e = 0; e < E; e++)
-				buf[e] = routed_logit(cfg, logits, T, step, t, e);
+				buf[e] = routed_logit(g, logits, t, e);
 			float *p = probs + t * E;
 			softmax_row(buf, p, E);
 			if (clean)
@@ -130,16 +125,16 @@ int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t 
 					if (!taken[e] && (best < 0 || p[e] > p[best]))
 						best = e;
 				taken[best] = 1;
-				r->idx[(int64_t)j * T + t] = best;
-				r->score[(int64_t)j * T + t] = p[best];
+				idx[(int64_t)j * T + t] = best;
+				score[(int64_t)j * T + t] = p[best];
 				sum += p[best];
 			}
 			if (k > 1) {
 				float den = sum > FLT_EPSILON ? sum : FLT_EPSILON;
 				for (int j = 0; j < k; j++)
-					r->score[(int64_t)j * T + t] /= den;
+					score[(int64_t)j * T + t] /= den;
 			}
-			top[t] = p[r->idx[t]];
+			top[t] = p[idx[t]];
 		}
 	}
 	free(bufs);
@@ -152,44 +147,43 @@ int moe_gate_forward(const struct moe_config *cfg, const float *logits, int64_t 
 	if (!li) {
 		double *ce = acc, *me = acc + E;
 		for (int64_t t = 0; t < T; t++) {
-			ce[r->idx[t]] += 1.0;
+			ce[idx[t]] += 1.0;
 			for (int e = 0; e < E; e++)
 				me[e] += probs[t * E + e];
 		}
 		double l = 0.0;
 		for (int e = 0; e < E; e++)
 			l += (ce[e] / (double)T) * (me[e] / (double)T);
-		r->aux_loss = (float)(l * E);
+		*aux = (float)(l * E);
 	} else {
 		double *imp = acc, *load = acc + E;
-		double sigma = cfg->gate_noise / (double)E;
+		double sigma = g->noise / (double)E;
 		for (int64_t t = 0; t < T; t++) {
-			int ek = r->idx[(int64_t)(k - 1) * T + t];
-			double thr = routed_logit(cfg, logits, T, step, t, ek);
+			int ek = idx[(int64_t)(k - 1) * T + t];
+			double thr = routed_logit(g, logits, t, ek);
 			for (int e = 0; e < E; e++) {
 				imp[e] += clean[t * E + e];
 				load[e] += phi_cdf((clean[t * E + e] - thr) / sigma);
 			}
 		}
-		r->aux_loss = (float)(0.5 * (cv2_and_grad(imp, E, NULL) +
-					     cv2_and_grad(load, E, NULL)));
+		*aux = (float)(0.5 * (cv2_and_grad(imp, E, NULL) + cv2_and_grad(load, E, NULL)));
 	}
 	free(acc);
 	return 0;
 }
 
-int moe_gate_backward(const struct moe_config *cfg, const float *logits, const float *probs,
-		      const float *clean, const struct moe_routing *r, const float *dscore,
-		      float aux_weight, float *dlogits)
+int cpu_moe_gate_backward(struct backend *be, const struct backend_moe_gate *g,
+			  const float *logits, const float *probs, const float *clean,
+			  const int32_t *idx, const float *dscore, float aux_weight,
+			  float *dlogits)
 {
-	const int E = cfg->E, k = r->k;
-	const int64_t T = r->T;
-	const int li = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE;
+	const int E = g->E, k = g->k, li = g->load_importance;
+	const int64_t T = g->T;
+	cpu_enter(be);
 	const size_t nth = (size_t)omp_get_max_threads();
 	double *acc = calloc((size_t)E * 4, sizeof(double));
 	float *dps = malloc(sizeof(float) * (size_t)E * 2 * nth); /* per thread: dp, dq */
-	double sigma = cfg->gate_noise / (double)E;
-	uint64_t step = 0;
+	double sigma = g->noise / (double)E;
 
 	if (!acc || !dps) {
 		free(acc);
@@ -200,15 +194,14 @@ int moe_gate_backward(const struct moe_config *cfg, const float *logits, const f
 	if (!li) {
 		/* d l / d p[t,e] = E * ce_e / T, ce_e = mean_t mask1[t,e]. */
 		for (int64_t t = 0; t < T; t++)
-			acc[r->idx[t]] += 1.0;
+			acc[idx[t]] += 1.0;
 		for (int e = 0; e < E; e++)
 			acc[e] = aux_weight * (double)E * (acc[e] / (double)T) / (double)T;
 	} else {
 		double *imp = acc, *load = acc + E, *gimp = acc + 2 * E, *gload = acc + 3 * E;
-		step = r->noise_step;
 		for (int64_t t = 0; t < T; t++) {
-			int ek = r->idx[(int64_t)(k - 1) * T + t];
-			double thr = routed_logit(cfg, logits, T, step, t, ek);
+			int ek = idx[(int64_t)(k - 1) * T + t];
+			double thr = routed_logit(g, logits, t, ek);
 			for (int e = 0; e < E; e++) {
 				imp[e] += clean[t * E + e];
 				load[e] += phi_cdf((clean[t * E + e] - thr) / sigma);
@@ -221,7 +214,7 @@ int moe_gate_backward(const struct moe_config *cfg, const float *logits, const f
 			gload[e] *= 0.5 * aux_weight / sigma;
 		}
 	}
-#pragma omp parallel if (T * E * 16 >= PAR_MIN)
+#pragma omp parallel if (T * E * GATE_COST >= CPU_PAR_MIN)
 	{
 		float *dp = dps + (size_t)E * 2 * (size_t)omp_get_thread_num();
 #pragma omp for schedule(static)
@@ -233,17 +226,17 @@ int moe_gate_backward(const struct moe_config *cfg, const float *logits, const f
 				dp[e] = li ? 0.0f : (float)acc[e];
 			/* Through the renormalisation s_j = p_j / S, S = sum_r p_r (k > 1). */
 			if (k == 1) {
-				dp[r->idx[t]] += dscore[t];
+				dp[idx[t]] += dscore[t];
 			} else {
 				float S = 0.0f, sp = 0.0f;
 				for (int j = 0; j < k; j++)
-					S += p[r->idx[(int64_t)j * T + t]];
+					S += p[idx[(int64_t)j * T + t]];
 				int clamped = !(S > FLT_EPSILON);
 				S = clamped ? FLT_EPSILON : S;
 				for (int j = 0; j < k; j++)
-					sp += dscore[(int64_t)j * T + t] * p[r->idx[(int64_t)j * T + t]];
+					sp += dscore[(int64_t)j * T + t] * p[idx[(int64_t)j * T + t]];
 				for (int j = 0; j < k; j++) {
-					int e = r->idx[(int64_t)j * T + t];
+					int e = idx[(int64_t)j * T + t];
 					dp[e] += dscore[(int64_t)j * T + t] / S -
 						 (clamped ? 0.0f : sp / (S * S));
 				}
@@ -257,13 +250,13 @@ int moe_gate_backward(const struct moe_config *cfg, const float *logits, const f
 			if (li) {
 				const double *gimp = acc + 2 * E, *gload = acc + 3 * E;
 				const float *q = clean + t * E;
-				int ek = r->idx[(int64_t)(k - 1) * T + t];
-				double thr = routed_logit(cfg, logits, T, step, t, ek);
+				int ek = idx[(int64_t)(k - 1) * T + t];
+				double thr = routed_logit(g, logits, t, ek);
 				double dthr = 0.0;
 				for (int e = 0; e < E; e++) {
-					double g = gload[e] * phi_pdf((q[e] - thr) / sigma);
-					dq[e] = (float)(gimp[e] + g);
-					dthr -= g;
+					double gl = gload[e] * phi_pdf((q[e] - thr) / sigma);
+					dq[e] = (float)(gimp[e] + gl);
+					dthr -= gl;
 				}
 				float dotq = 0.0f;
 				for (int e = 0; e < E; e++)
@@ -280,43 +273,14 @@ int moe_gate_backward(const struct moe_config *cfg, const float *logits, const f
 	return 0;
 }
 
-/* ---- capacity and locations ------------------------------------------------------------- */
+/* ---- counts and locations -------------------------------------------------------------- */
 
-void moe_route_count(struct moe_routing *r)
+int cpu_moe_count(struct backend *be, const int32_t *idx, int64_t n, int E, int64_t *count)
 {
-	memset(r->count, 0, sizeof(int64_t) * (size_t)r->E);
-	for (int64_t i = 0; i < (int64_t)r->k * r->T; i++)
-		r->count[r->idx[i]]++;
-}
-
-int64_t moe_capacity_fixed(int E, int64_t T, int k, double x)
-{
-	int64_t per_expert = (T + E - 1) / E;
-	/* Python's int() of the double product: truncation toward zero. A product beyond any
-	 * real capacity (a trace may hold 1e30) saturates at 2^53 instead of overflowing the
-	 * conversion; moe_route then refuses the capacity as too large. */
-	double v = x * (double)per_expert;
-	if (!(v * k < 9007199254740992.0))
-		return (int64_t)1 << 53;
-	return (int64_t)k * (int64_t)v;
-}
-
-int64_t moe_capacity(const int64_t *count, int E, int64_t T, int k, double setting, int align)
-{
-	int64_t need = 0, C;
-
-	for (int e = 0; e < E; e++)
-		need = count[e] > need ? count[e] : need;
-	if (setting == 0.0) {
-		C = need;
-	} else {
-		C = moe_capacity_fixed(E, T, k, fabs(setting));
-		if (setting < 0.0 && need < C)
-			C = need;
-	}
-	if (align > 1 && C % align)
-		C += align - C % align;
-	return C;
+	memset(count, 0, sizeof(int64_t) * (size_t)E);
+	for (int64_t i = 0; i < n; i++)
+		count[idx[i]]++;
+	return 0;
 }
 
 /* Stable descending order of the BPR keys: LSD radix sort on the float bits (the keys are
@@ -358,22 +322,18 @@ static int bpr_order(const float *top, int64_t T, int32_t *order)
 	return 0;
 }
 
-int moe_route_locations(struct moe_routing *r, const float *top, int bpr)
+int cpu_moe_locations(struct backend *be, const int32_t *idx, const float *top, int64_t T,
+		      int k, int E, int64_t C, int32_t *loc)
 {
-	const int64_t T = r->T, C = r->C;
-	const int E = r->E, k = r->k;
 	int32_t *order = NULL;
 	int64_t *fill = calloc((size_t)E, sizeof(int64_t));
 
 	if (!fill)
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the expert counters");
-	if (bpr) {
+	if (top) {
 		order = malloc(sizeof(int32_t) * (size_t)T);
-		if (!order) {
-			free(fill);
-			return err_set(CORE_ENOMEM, NULL, "cannot allocate the routing order");
-		}
-		int rc = bpr_order(top, T, order);
+		int rc = order ? bpr_order(top, T, order)
+			       : err_set(CORE_ENOMEM, NULL, "cannot allocate the routing order");
 		if (rc < 0) {
 			free(fill);
 			free(order);
@@ -382,25 +342,15 @@ int moe_route_locations(struct moe_routing *r, const float *top, int bpr)
 	}
 	/* The exclusive scan: one counter per expert, ranks outer so that every first choice
 	 * is placed before any second choice. */
-	int64_t dropped = 0;
 	for (int j = 0; j < k; j++) {
-		const int32_t *idx = r->idx + (int64_t)j * T;
-		int32_t *loc = r->loc + (int64_t)j * T;
+		const int32_t *ix = idx + (int64_t)j * T;
+		int32_t *lc = loc + (int64_t)j * T;
 		for (int64_t i = 0; i < T; i++) {
 			int64_t t = order ? order[i] : i;
-			int e = idx[t];
-			int64_t l = fill[e]++;
-			if (l < C) {
-				loc[t] = (int32_t)l;
-			} else {
-				loc[t] = -1;
-				dropped++;
-			}
+			int64_t l = fill[ix[t]]++;
+			lc[t] = l < C ? (int32_t)l : -1;
 		}
 	}
-	for (int e = 0; e < E; e++)
-		r->used[e] = fill[e] < C ? fill[e] : C;
-	r->dropped = dropped;
 	free(fill);
 	free(order);
 	return 0;
@@ -410,8 +360,10 @@ int moe_route_locations(struct moe_routing *r, const float *top, int bpr)
  * The [E,C,M] buffers and the [T,M] outputs are written once, in order, and are far larger
  * than the caches: streaming (non-temporal) stores skip the read-for-ownership a normal store
  * pays, so a row write costs one memory transfer instead of two. They need 64-byte aligned
- * rows (M a multiple of 16 and aligned buffers); otherwise the plain loops run. Every
- * parallel region that streams ends with a store fence. */
+ * rows (M a multiple of 16 and aligned buffers); otherwise the plain loops run, with the same
+ * operations in the same order (a first row by multiplication or copy, then fused
+ * multiply-adds or adds), so the bits never depend on which path ran. Every parallel region
+ * that streams ends with a store fence. */
 
 #if defined(__AVX512F__)
 #define ROW_VEC 16
@@ -419,21 +371,23 @@ int moe_route_locations(struct moe_routing *r, const float *top, int bpr)
 typedef __m512 vrow;
 static inline vrow v_load(const float *p) { return _mm512_loadu_ps(p); }
 static inline vrow v_zero(void) { return _mm512_setzero_ps(); }
+static inline vrow v_mul(vrow a, float s) { return _mm512_mul_ps(a, _mm512_set1_ps(s)); }
 static inline vrow v_fma(vrow a, float s, vrow acc)
 {
 	return _mm512_fmadd_ps(a, _mm512_set1_ps(s), acc);
 }
 static inline vrow v_add(vrow a, vrow b) { return _mm512_add_ps(a, b); }
 static inline void v_stream(float *p, vrow v) { _mm512_stream_ps(p, v); }
-#elif defined(__AVX__)
+#elif defined(__AVX__) && defined(__FMA__)
 #define ROW_VEC 8
 #define ROW_ALIGN 32
 typedef __m256 vrow;
 static inline vrow v_load(const float *p) { return _mm256_loadu_ps(p); }
 static inline vrow v_zero(void) { return _mm256_setzero_ps(); }
+static inline vrow v_mul(vrow a, float s) { return _mm256_mul_ps(a, _mm256_set1_ps(s)); }
 static inline vrow v_fma(vrow a, float s, vrow acc)
 {
-	return _mm256_add_ps(acc, _mm256_mul_ps(a, _mm256_set1_ps(s)));
+	return _mm256_fmadd_ps(a, _mm256_set1_ps(s), acc);
 }
 static inline vrow v_add(vrow a, vrow b) { return _mm256_add_ps(a, b); }
 static inline void v_stream(float *p, vrow v) { _mm256_stream_ps(p, v); }
@@ -458,7 +412,36 @@ static inline int streamable(const float *p, int64_t M)
 #endif
 }
 
-/* dst = sum_i w[i] * src[i] over n rows (w NULL: unweighted; n 0: zeros). */
+/* The plain rows: dst = *w s (w NULL: a copy of s), then dst = fma(s, *w, dst) (w NULL:
+ * dst + s) for each further row. */
+static inline void row_first(float *dst, const float *s, const float *w, int64_t M)
+{
+	if (!w) {
+		memcpy(dst, s, sizeof(float) * (size_t)M);
+		return;
+	}
+	const float w0 = *w;
+#pragma omp simd
+	for (int64_t m = 0; m < M; m++)
+		dst[m] = s[m] * w0;
+}
+
+static inline void row_next(float *dst, const float *s, const float *w, int64_t M)
+{
+	if (!w) {
+#pragma omp simd
+		for (int64_t m = 0; m < M; m++)
+			dst[m] += s[m];
+		return;
+	}
+	const float wi = *w;
+#pragma omp simd
+	for (int64_t m = 0; m < M; m++)
+		dst[m] = fmaf(s[m], wi, dst[m]);
+}
+
+/* dst = w[0] src[0] + w[1] src[1] + ... over n rows, as fused multiply-adds from the first
+ * product (w NULL: unweighted sums from a copy of the first row; n 0: zeros). */
 static void row_combine(float *dst, const float *const *src, const float *w, int n, int64_t M,
 			int stream)
 {
@@ -466,7 +449,9 @@ static void row_combine(float *dst, const float *const *src, const float *w, int
 	if (stream) {
 		for (int64_t m = 0; m < M; m += ROW_VEC) {
 			vrow acc = v_zero();
-			for (int i = 0; i < n; i++)
+			if (n > 0)
+				acc = w ? v_mul(v_load(src[0] + m), w[0]) : v_load(src[0] + m);
+			for (int i = 1; i < n; i++)
 				acc = w ? v_fma(v_load(src[i] + m), w[i], acc)
 					: v_add(acc, v_load(src[i] + m));
 			v_stream(dst + m, acc);
@@ -480,21 +465,13 @@ static void row_combine(float *dst, const float *const *src, const float *w, int
 		memset(dst, 0, sizeof(float) * (size_t)M);
 		return;
 	}
-	const float w0 = w ? w[0] : 1.0f;
-#pragma omp simd
-	for (int64_t m = 0; m < M; m++)
-		dst[m] = w0 * src[0][m];
-	for (int i = 1; i < n; i++) {
-		const float wi = w ? w[i] : 1.0f;
-		const float *s = src[i];
-#pragma omp simd
-		for (int64_t m = 0; m < M; m++)
-			dst[m] += wi * s[m];
-	}
+	row_first(dst, src[0], w, M);
+	for (int i = 1; i < n; i++)
+		row_next(dst, src[i], w ? w + i : NULL, M);
 }
 
 /* The kept rows of token t in buf ([E,C,M]) and their scores; returns how many (<= k). */
-static int token_rows(const struct moe_routing *r, int64_t t, const float *buf, int64_t M,
+static int token_rows(const struct backend_moe_route *r, int64_t t, const float *buf, int64_t M,
 		      const float **rows, float *w)
 {
 	int n = 0;
@@ -518,28 +495,29 @@ static int token_rows(const struct moe_routing *r, int64_t t, const float *buf, 
  * keeps both cores busy when the machine is shared and one thread gets preempted. */
 #define ROW_CHUNK 32
 
-/* Zero the padding rows [used_e, C) of every expert (streamed when st); call inside a
+/* Zero the padding rows [min(n_e, C), C) of every expert (streamed when st); call inside a
  * parallel region (work-shared, no barrier at the end). */
-static void zero_padding(const struct moe_routing *r, float *buf, int64_t M, int st)
+static void zero_padding(const struct backend_moe_route *r, float *buf, int64_t M, int st)
 {
 	const int64_t C = r->C;
 #pragma omp for schedule(dynamic, ROW_CHUNK) collapse(2) nowait
 	for (int e = 0; e < r->E; e++)
 		for (int64_t c = 0; c < C; c++)
-			if (c >= r->used[e])
+			if (c >= r->count[e])
 				row_combine(buf + ((int64_t)e * C + c) * M, NULL, NULL, 0, M, st);
 }
 
 /* K0 in token order: each token row is read once and written to its (up to k) slots, so
  * the input is read T times, not k*T times. Each slot has one owner: no write conflicts. */
-static void encode(const struct moe_routing *r, const float *x, float *disp, int64_t M,
-		   int zero_pad)
+int cpu_moe_encode(struct backend *be, const struct backend_moe_route *r, const float *x,
+		   float *disp, int64_t M, int zero_pad)
 {
 	const int64_t T = r->T, C = r->C;
 	const int k = r->k;
 	const int st = streamable(disp, M) && streamable(x, M);
 
-#pragma omp parallel if ((T + (int64_t)r->E * C) * M >= PAR_MIN)
+	cpu_enter(be);
+#pragma omp parallel if ((T + (int64_t)r->E * C) * M >= CPU_PAR_MIN)
 	{
 		if (zero_pad)
 			zero_padding(r, disp, M, st);
@@ -556,22 +534,13 @@ static void encode(const struct moe_routing *r, const float *x, float *disp, int
 		}
 		fence();
 	}
-}
-
-void moe_encode(const struct moe_routing *r, const float *x, float *disp, int64_t M)
-{
-	encode(r, x, disp, M, 1);
-}
-
-void moe_encode_kept(const struct moe_routing *r, const float *x, float *disp, int64_t M)
-{
-	encode(r, x, disp, M, 0);
+	return 0;
 }
 
 /* Decode and encode-backward share one gather: out[t] = sum over t's kept choices of
  * (weight) * buf[idx, loc]; weighted by the gate score for decode, unweighted for
  * encode-backward. */
-static void gather_tokens(const struct moe_routing *r, const float *buf, float *out,
+static void gather_tokens(const struct backend_moe_route *r, const float *buf, float *out,
 			  int64_t M, int weighted)
 {
 	const int64_t T = r->T;
@@ -579,25 +548,29 @@ static void gather_tokens(const struct moe_routing *r, const float *buf, float *
 	const int st = streamable(out, M) && streamable(buf, M);
 
 	if (k > KSTACK) {
-		/* Rare: more choices than the stack holds; accumulate the rows one at a time. */
-#pragma omp parallel for schedule(dynamic, ROW_CHUNK) if (T * M * k >= PAR_MIN)
+		/* Rare: more choices than the stack holds; accumulate the rows one at a time, with
+		 * the operations of row_combine's plain path. */
+#pragma omp parallel for schedule(dynamic, ROW_CHUNK) if (T * M * k >= CPU_PAR_MIN)
 		for (int64_t t = 0; t < T; t++) {
 			float *o = out + t * M;
-			memset(o, 0, sizeof(float) * (size_t)M);
+			int n = 0;
 			for (int j = 0; j < k; j++) {
 				int64_t i = (int64_t)j * T + t;
 				if (r->loc[i] < 0)
 					continue;
 				const float *s = buf + ((int64_t)r->idx[i] * r->C + r->loc[i]) * M;
-				const float wj = weighted ? r->score[i] : 1.0f;
-#pragma omp simd
-				for (int64_t m = 0; m < M; m++)
-					o[m] += wj * s[m];
+				const float *w = weighted ? &r->score[i] : NULL;
+				if (n++ == 0)
+					row_first(o, s, w, M);
+				else
+					row_next(o, s, w, M);
 			}
+			if (n == 0)
+				memset(o, 0, sizeof(float) * (size_t)M);
 		}
 		return;
 	}
-#pragma omp parallel if (T * M * k >= PAR_MIN)
+#pragma omp parallel if (T * M * k >= CPU_PAR_MIN)
 	{
 		const float *rows[KSTACK];
 		float w[KSTACK];
@@ -610,21 +583,34 @@ static void gather_tokens(const struct moe_routing *r, const float *buf, float *
 	}
 }
 
-void moe_decode(const struct moe_routing *r, const float *eo, float *y, int64_t M)
+int cpu_moe_decode(struct backend *be, const struct backend_moe_route *r, const float *eo,
+		   float *y, int64_t M)
 {
+	cpu_enter(be);
 	gather_tokens(r, eo, y, M, 1);
+	return 0;
 }
 
-static void decode_backward(const struct moe_routing *r, const float *dy, const float *eo,
-			    float *d_eo, float *dscore, int64_t M, int zero_pad)
+int cpu_moe_encode_backward(struct backend *be, const struct backend_moe_route *r,
+			    const float *d_disp, float *dx, int64_t M)
+{
+	cpu_enter(be);
+	gather_tokens(r, d_disp, dx, M, 0);
+	return 0;
+}
+
+int cpu_moe_decode_backward(struct backend *be, const struct backend_moe_route *r,
+			    const float *dy, const float *eo, float *d_eo, float *dscore,
+			    int64_t M, int zero_pad)
 {
 	const int64_t T = r->T, C = r->C;
 	const int k = r->k;
 
+	cpu_enter(be);
 	/* One pass over the tokens: dy[t] is read once for its k choices. K2 reads each
 	 * expert-output row before K0 overwrites it, so d_eo may alias eo (the layer does that
 	 * to save E*C*M floats); then the row is in cache and plain stores are right. */
-#pragma omp parallel if ((T + (int64_t)r->E * C) * M >= PAR_MIN)
+#pragma omp parallel if ((T + (int64_t)r->E * C) * M >= CPU_PAR_MIN)
 	{
 		if (zero_pad)
 			zero_padding(r, d_eo, M, 0);
@@ -653,22 +639,5 @@ static void decode_backward(const struct moe_routing *r, const float *dy, const 
 			}
 		}
 	}
-}
-
-void moe_decode_backward(const struct moe_routing *r, const float *dy, const float *eo,
-			 float *d_eo, float *dscore, int64_t M)
-{
-	decode_backward(r, dy, eo, d_eo, dscore, M, 1);
-}
-
-void moe_decode_backward_kept(const struct moe_routing *r, const float *dy, const float *eo,
-			      float *d_eo, float *dscore, int64_t M)
-{
-	decode_backward(r, dy, eo, d_eo, dscore, M, 0);
-}
-
-void moe_encode_backward(const struct moe_routing *r, const float *d_disp, float *dx,
-			 int64_t M)
-{
-	gather_tokens(r, d_disp, dx, M, 0);
+	return 0;
 }

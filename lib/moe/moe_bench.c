@@ -1,0 +1,340 @@
+/* moe_bench.c - the timing loops of moe-bench; see moe_bench.h. */
+#include "moe/moe_bench.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/probe.h"
+#include "common/err.h"
+#include "common/progress.h"
+#include "common/rng.h"
+#include "common/stats.h"
+#include "common/banned.h"
+
+double moe_bench_setting(const struct moe_bench_opts *o, long i)
+{
+	return o->trace ? o->trace[(size_t)i % o->trace_n] : o->cfg.capacity_setting;
+}
+
+int moe_bench_data_alloc(struct moe_bench_data *d, const struct moe_bench_opts *o)
+{
+	const struct moe_config *cfg = &o->cfg;
+	struct backend *be = o->be;
+	const size_t n = (size_t)(cfg->T * cfg->M);
+	float **io[] = {&d->x, &d->y, &d->dy, &d->dx};
+
+	memset(d, 0, sizeof *d);
+	ERR_FORWARD(moe_params_alloc(&d->p, cfg, be));
+	ERR_FORWARD(moe_params_alloc(&d->g, cfg, be));
+	ERR_FORWARD(moe_params_init(&d->p, cfg, cfg->seed));
+	for (size_t i = 0; i < sizeof io / sizeof io[0]; i++)
+		if (backend_alloc_zero(be, (void **)io[i], n * sizeof(float)) < 0)
+			return err_set(CORE_ENOMEM, NULL, "cannot allocate the inputs");
+	ERR_FORWARD(be->op->fill_normal(be, d->x, n, 0.0f, 1.0f, cfg->seed, RNG_STREAM_TEST, 0));
+	return be->op->fill_normal(be, d->dy, n, 0.0f, 1.0f, cfg->seed, RNG_STREAM_TEST,
+				   1ull << 40);
+}
+
+void moe_bench_data_free(struct moe_bench_data *d)
+{
+	struct backend *be = d->p.be;
+	if (be) {
+		be->op->free(be, d->x);
+		be->op->free(be, d->y);
+		be->op->free(be, d->dy);
+		be->op->free(be, d->dx);
+	}
+	moe_params_free(&d->p);
+	moe_params_free(&d->g);
+	memset(d, 0, sizeof *d);
+}
+
+static void samples_free(struct moe_bench_samples *s)
+{
+	free(s->step);
+	free(s->fwd);
+	free(s->bwd);
+	free(s->st);
+	free(s->dropped);
+	free(s->C);
+	free(s->rows);
+	memset(s, 0, sizeof *s);
+}
+
+/* On failure nothing stays allocated. */
+static int samples_alloc(struct moe_bench_samples *s, long n)
+{
+	memset(s, 0, sizeof *s);
+	s->n = n;
+	s->step = calloc((size_t)n, sizeof(double));
+	s->fwd = calloc((size_t)n, sizeof(double));
+	s->bwd = calloc((size_t)n, sizeof(double));
+	s->st = calloc((size_t)n, sizeof(struct moe_times));
+	s->dropped = calloc((size_t)n, sizeof(int64_t));
+	s->C = calloc((size_t)n, sizeof(int64_t));
+	s->rows = calloc((size_t)n, sizeof(int64_t));
+	if (!s->step || !s->fwd || !s->bwd || !s->st || !s->dropped || !s->C || !s->rows) {
+		samples_free(s);
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the timing samples");
+	}
+	return 0;
+}
+
+void moe_bench_result_free(struct moe_bench_result *r)
+{
+	samples_free(&r->s);
+}
+
+double moe_bench_stage_median(const struct moe_bench_samples *s, size_t off)
+{
+	double *v = malloc(sizeof(double) * (size_t)s->n), m;
+	if (!v)
+		return NAN;
+	for (long i = 0; i < s->n; i++)
+		v[i] = *(const double *)((const char *)&s->st[i] + off);
+	m = stats_median(v, s->n, NULL, NULL);
+	free(v);
+	return m;
+}
+
+static int64_t kept_rows(const struct moe_routing *r)
+{
+	int64_t R = 0;
+	for (int e = 0; e < r->E; e++)
+		R += r->used[e];
+	return R;
+}
+
+static double mean_rows(const struct moe_bench_samples *s)
+{
+	double R = 0.0;
+	for (long i = 0; i < s->n; i++)
+		R += (double)s->rows[i] / (double)s->n;
+	return R;
+}
+
+static double clock_after(struct backend *be)
+{
+	be->op->sync(be);
+	return now_seconds();
+}
+
+int moe_bench_layer(const struct moe_bench_opts *o, struct moe_bench_data *d,
+		    struct moe_bench_result *r)
+{
+	const struct moe_config *c = &o->cfg;
+	struct backend *be = o->be;
+	struct moe_layer *l = NULL;
+	struct probe_gemm ref = {0};
+	double *ref_t = NULL;
+	int rc;
+
+	memset(r, 0, sizeof *r);
+	r->T = c->T;
+	ERR_FORWARD(samples_alloc(&r->s, o->iters));
+	struct moe_bench_samples *s = &r->s;
+	ref_t = calloc((size_t)o->iters, sizeof(double));
+	rc = ref_t ? moe_layer_init(&l, c, be)
+		   : err_set(CORE_ENOMEM, NULL, "cannot allocate the timing samples");
+	for (long i = 0; rc == 0 && i < o->warmup + o->iters; i++) {
+		double t0 = clock_after(be), t1, t2;
+		rc = moe_forward(l, &d->p, d->x, d->y, c->T, c->k, moe_bench_setting(o, i),
+				 (uint64_t)i);
+		t1 = clock_after(be);
+		if (rc == 0 && !o->forward_only)
+			rc = moe_backward(l, &d->p, d->x, d->dy, o->input_grad ? d->dx : NULL, &d->g,
+					  MOE_BENCH_AUX_WEIGHT);
+		t2 = clock_after(be);
+		if (rc < 0)
+			break;
+		const struct moe_routing *rt = moe_layer_routing(l);
+		if (!ref.be) /* the reference shape: the mean kept rows per expert */
+			rc = probe_gemm_init(&ref, be, (int)((kept_rows(rt) + c->E / 2) / c->E),
+					     (int)c->H, (int)c->M);
+		if (rc < 0 || i < o->warmup)
+			continue;
+		long j = i - o->warmup;
+		s->step[j] = t2 - t0;
+		s->fwd[j] = t1 - t0;
+		s->bwd[j] = t2 - t1;
+		s->st[j] = *moe_layer_times(l);
+		s->dropped[j] = rt->dropped;
+		s->C[j] = rt->C;
+		s->rows[j] = kept_rows(rt);
+		ref_t[j] = probe_gemm_seconds(&ref);
+	}
+	if (rc == 0) {
+		r->layer_bytes_peak = moe_layer_peak_bytes(l);
+		r->kept_rows_mean = mean_rows(s);
+		r->flops = moe_step_flops(c, c->T, r->kept_rows_mean, !o->forward_only,
+					  o->input_grad);
+		r->ref_rows = ref.M;
+		r->ref_gflops = 2.0 * ref.M * c->M * c->H / stats_median(ref_t, s->n, NULL, NULL) /
+				1e9;
+		for (long i = 0; i < s->n; i++)
+			ref_t[i] = s->step[i] - s->st[i].gemm_fwd - s->st[i].gemm_bwd;
+		r->nongemm_s = stats_median(ref_t, s->n, NULL, NULL);
+	}
+	moe_layer_free(l);
+	probe_gemm_free(&ref);
+	free(ref_t);
+	return rc;
+}
+
+/* Bytes a step of the kernels reads and writes, in rows of M floats: encode T + E*C, decode
+ * R + T, decode backward T + R + E*C, encode backward R + T (R = kept choices). Scores and
+ * metadata are not counted. */
+static double encdec_bytes(const struct moe_config *c, const struct moe_routing *r,
+			   int backward)
+{
+	double R = (double)kept_rows(r), EC = (double)c->E * (double)r->C, T = (double)r->T;
+	double rows = (T + EC) + (R + T);
+	if (backward)
+		rows += (T + R + EC) + (R + T);
+	return rows * (double)c->M * sizeof(float);
+}
+
+int moe_bench_encdec(const struct moe_bench_opts *o, struct moe_bench_data *d,
+		     struct moe_bench_result *r)
+{
+	const struct moe_config *c = &o->cfg;
+	struct backend *be = o->be;
+	struct moe_layer *l = NULL;
+	float *disp = NULL, *dscore = NULL;
+	size_t disp_bytes = 0;
+	double bytes_sum = 0.0;
+	int rc;
+
+	memset(r, 0, sizeof *r);
+	r->T = c->T;
+	ERR_FORWARD(samples_alloc(&r->s, o->iters));
+	struct moe_bench_samples *s = &r->s;
+	rc = moe_layer_init(&l, c, be);
+	if (rc == 0)
+		rc = be->op->alloc(be, (void **)&dscore, sizeof(float) * (size_t)(c->k * c->T));
+	for (long i = 0; rc == 0 && i < o->warmup + o->iters; i++) {
+		rc = moe_route(l, d->p.wg, d->x, c->T, c->k, moe_bench_setting(o, i), (uint64_t)i);
+		if (rc < 0)
+			break;
+		const struct moe_routing *rt = moe_layer_routing(l);
+		size_t need = sizeof(float) * (size_t)(c->E * rt->C * c->M);
+		if (need > disp_bytes) {
+			be->op->free(be, disp);
+			disp_bytes = 0;
+			rc = backend_alloc_zero(be, (void **)&disp, need);
+			if (rc < 0)
+				break;
+			disp_bytes = need;
+		}
+		struct moe_times tm = {0};
+		rc = moe_encode_decode(l, d->x, disp, d->y, d->dy, dscore, d->dx, !o->forward_only,
+				       &tm);
+		if (rc < 0 || i < o->warmup)
+			continue;
+		long j = i - o->warmup;
+		s->st[j] = tm;
+		s->fwd[j] = tm.encode + tm.decode;
+		s->bwd[j] = tm.bwd_decode + tm.bwd_encode;
+		s->step[j] = s->fwd[j] + s->bwd[j];
+		s->dropped[j] = rt->dropped;
+		s->C[j] = rt->C;
+		s->rows[j] = kept_rows(rt);
+		bytes_sum += encdec_bytes(c, rt, !o->forward_only);
+	}
+	if (rc == 0) {
+		r->bytes_moved = bytes_sum / (double)o->iters;
+		r->copy_gbps = probe_copy_gbps(be, (size_t)r->bytes_moved,
+					       o->iters > 3 ? o->iters : 3);
+		r->kept_rows_mean = mean_rows(s);
+		r->layer_bytes_peak = moe_layer_peak_bytes(l) + disp_bytes +
+				      sizeof(float) * (size_t)(c->k * c->T);
+	}
+	be->op->free(be, disp);
+	be->op->free(be, dscore);
+	moe_layer_free(l);
+	return rc;
+}
+
+/* The dense formulation's buffers at its largest plausible capacity for this run: the
+ * fixed capacity of a fixed setting, else every choice in one expert (k * T). */
+static int dense_fits(const struct moe_bench_opts *o)
+{
+	const struct moe_config *c = &o->cfg;
+	const int64_t T = o->dense_T;
+	int64_t C = (int64_t)c->k * T;
+	if (c->capacity_setting > 0.0 && !o->trace)
+		C = moe_capacity_fixed(c->E, T, c->k, c->capacity_setting);
+	size_t need = moe_dense_bytes(c, T, c->k, C, !o->forward_only);
+	double phys = (double)phys_memory_bytes();
+	if (phys > 0 && (double)need > MOE_BENCH_MEM_FRAC * phys)
+		return err_set(CORE_ENOMEM, NULL, "the dense formulation needs %.1f GiB at T=%lld "
+			       "(more than %.0f%% of memory); use --dense-tokens or --dry-run",
+			       need / 1073741824.0, (long long)T, 100.0 * MOE_BENCH_MEM_FRAC);
+	return 0;
+}
+
+int moe_bench_dense(const struct moe_bench_opts *o, struct moe_bench_data *d,
+		    struct moe_bench_result *r)
+{
+	const struct moe_config *c = &o->cfg;
+	struct backend *be = o->be;
+	const int64_t T = o->dense_T;
+	int rc = 0;
+
+	memset(r, 0, sizeof *r);
+	r->T = T;
+	ERR_FORWARD(dense_fits(o));
+	ERR_FORWARD(samples_alloc(&r->s, o->iters));
+	struct moe_bench_samples *s = &r->s;
+	for (long i = 0; rc == 0 && i < o->warmup + o->iters; i++) {
+		struct moe_dense_result dr;
+		double t0 = clock_after(be);
+		rc = moe_dense_step(c, &d->p, d->x, d->y, T, c->k, moe_bench_setting(o, i),
+				    (uint64_t)i, d->dy, d->dx, o->forward_only ? NULL : &d->g,
+				    MOE_BENCH_AUX_WEIGHT, &dr);
+		double t1 = clock_after(be);
+		if (rc < 0 || i < o->warmup)
+			continue;
+		const struct moe_times *tm = &dr.times;
+		long j = i - o->warmup;
+		s->step[j] = t1 - t0;
+		s->fwd[j] = tm->gate + tm->scan + tm->encode + tm->experts + tm->decode;
+		s->bwd[j] = s->step[j] - s->fwd[j];
+		s->st[j] = *tm;
+		s->dropped[j] = dr.dropped;
+		s->C[j] = dr.C;
+		/* Same useful-flop count as the sparse layer: kept pairs, not E*C. */
+		s->rows[j] = (int64_t)c->k * T - dr.dropped;
+		r->layer_bytes_peak = dr.peak_bytes;
+	}
+	if (rc == 0) {
+		r->kept_rows_mean = mean_rows(s);
+		/* The dense formulation always computes the input gradient. */
+		r->flops = moe_step_flops(c, T, r->kept_rows_mean, !o->forward_only, 1);
+	}
+	return rc;
+}
+
+int moe_bench_dry(const struct moe_bench_opts *o, struct moe_bench_data *d,
+		  struct moe_bench_result *r)
+{
+	const struct moe_config *c = &o->cfg;
+	struct moe_layer *l = NULL;
+	int rc;
+
+	memset(r, 0, sizeof *r);
+	r->T = c->T;
+	rc = moe_layer_init(&l, c, o->be);
+	if (rc == 0)
+		rc = moe_route(l, d->p.wg, d->x, c->T, c->k, moe_bench_setting(o, 0), 0);
+	if (rc == 0) {
+		const struct moe_routing *rt = moe_layer_routing(l);
+		r->C = rt->C;
+		r->dropped = rt->dropped;
+		r->sparse_bytes = moe_layer_bytes_for(c, c->T, c->k, rt->C, !o->forward_only);
+		r->dense_bytes = moe_dense_bytes(c, o->dense_T, c->k, rt->C, !o->forward_only);
+	}
+	moe_layer_free(l);
+	return rc;
+}
