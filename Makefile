@@ -1,9 +1,11 @@
 # One build for everything: libcore.a, the programs, the tests, the man-page check.
 #   make                 build libcore.a and every program into $(BUILD)
-#   make test            Criterion unit tests, shell tests of the programs, man-page check
+#   make test            Criterion unit tests, shell tests of the programs (the layering check
+#                        among them), man-page check
 #   make check           `make test`, then the whole suite again under ASan + UBSan
 #   make SAN=1 test      the sanitizer build alone (in build-san/)
 #   make STRICT=1        warnings are errors (development)
+#   make V=1             full commands instead of one short line per step
 #   make install PREFIX=/usr/local
 # Optional parts are probed and reported; override a probe with HAVE_X=0 or HAVE_X=1.
 

@@ -6,7 +6,7 @@
 # For 1 and 2 threads: dpc-train-path on configs/gpt-tiny.yaml (B=8, T=256) for STEPS steps
 # (peak_rss_mb, matmul_frac and its own tokens_per_s from its final JSON; the median of the
 # per-step tokens_per_s of its metrics after 3 warm-up steps), then the same model, batch
-# and AdamW in PyTorch eager (test/ref/gpt2_torch.py bench: median step time after 3 warm-up
+# and AdamW in PyTorch eager (scripts/bench-train-torch.py: median step time after 3 warm-up
 # steps, each setting timed for at most 20 s). At 2 threads PyTorch is measured in its best
 # setting of: default (2 intra-op threads), OMP_WAIT_POLICY=PASSIVE, and 1 intra-op thread
 # with OPENBLAS_NUM_THREADS=2. Prints one table with the memory bound (params, grads, AdamW
@@ -64,4 +64,4 @@ done
 
 echo "==> PyTorch eager (threads 1, 2; settings at 2: default, passive, blas) ($(date +%T))" >&2
 # shellcheck disable=SC2086
-"$PY" test/ref/gpt2_torch.py bench -c "$CFG" -d "$tok" -n "$steps" --threads 1,2 $ours
+"$PY" scripts/bench-train-torch.py -c "$CFG" -d "$tok" -n "$steps" --threads 1,2 $ours

@@ -391,11 +391,99 @@ static const void *cfield(const void *base, const struct cfg_key *k)
 }
 
 /* Parse one scalar for key k and store it into base; nothing is stored on error. */
+/* The typed setters of set_value: s is the whole value, checked and stored in k's field. */
+static int set_integer(const struct where *w, const struct cfg_key *k, void *base,
+		       const char *s)
+{
+	char *end;
+	if (!check_integer_text(s, 1))
+		return not_integer(w, k, s);
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	/* Past LONG_MAX with no upper bound of the key's own, "outside" has no interval to
+	 * name. */
+	unsigned side = v > 0 ? CFG_HI : CFG_LO;
+	if (errno == ERANGE && k->type == CFG_LONG && !(k->flags & side))
+		return fail(w, "%s.%s: %.64s is too %s", k->section, k->key, s,
+			    v > 0 ? "large" : "small");
+	if (errno == ERANGE || !in_range(k, (double)v))
+		return range_fail(w, k, s);
+	if (k->type == CFG_INT)
+		*(int *)field(base, k) = (int)v;
+	else
+		*(long *)field(base, k) = v;
+	return 0;
+}
+
+static int set_u64(const struct where *w, const struct cfg_key *k, void *base, const char *s)
+{
+	char *end;
+	if (!check_integer_text(s, 1))
+		return not_integer(w, k, s);
+	if (*s == '-')
+		return range_fail(w, k, s);
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno == ERANGE || !in_range(k, (double)v))
+		return range_fail(w, k, s);
+	*(uint64_t *)field(base, k) = (uint64_t)v;
+	return 0;
+}
+
+static int set_double(const struct where *w, const struct cfg_key *k, void *base,
+		      const char *s)
+{
+	char *end;
+	if (is_nonfinite_word(s))
+		return fail(w, "%s.%s: '%.64s' is not a finite number", k->section, k->key, s);
+	if (!check_double_text(s))
+		return fail(w, "%s.%s: '%.64s' is not a number", k->section, k->key, s);
+	errno = 0;
+	double v = strtod(s, &end);
+	if (*end != '\0')
+		return fail(w, "%s.%s: '%.64s' is not a number", k->section, k->key, s);
+	/* Overflow is an error; underflow to 0 or a subnormal is left to the range. */
+	if (!isfinite(v) || (errno == ERANGE && fabs(v) >= 1.0))
+		return fail(w, "%s.%s: '%.64s' is not a finite number", k->section, k->key, s);
+	if (!in_range(k, v))
+		return range_fail(w, k, s);
+	*(double *)field(base, k) = v;
+	return 0;
+}
+
+static int set_bool(const struct where *w, const struct cfg_key *k, void *base, const char *s)
+{
+	int v;
+	if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE"))
+		v = 1;
+	else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE"))
+		v = 0;
+	else
+		return fail(w, "%s.%s: '%.64s' is not true or false", k->section, k->key, s);
+	*(int *)field(base, k) = v;
+	return 0;
+}
+
+static int set_enum(const struct where *w, const struct cfg_key *k, void *base, const char *s)
+{
+	char list[256];
+	size_t off = 0;
+	for (int i = 0; k->choices[i]; i++) {
+		if (!strcmp(s, k->choices[i])) {
+			*(int *)field(base, k) = i;
+			return 0;
+		}
+		int m = snprintf(list + off, sizeof list - off, "%s%s", i ? ", " : "",
+				 k->choices[i]);
+		if (m > 0 && (size_t)m < sizeof list - off)
+			off += (size_t)m;
+	}
+	return fail(w, "%s.%s: '%.64s' is not one of %s", k->section, k->key, s, list);
+}
+
 static int set_value(const struct where *w, const struct cfg_key *k, void *base, const char *s,
 		     size_t len, enum val_style style)
 {
-	char *end;
-
 	if (strlen(s) != len)
 		return fail(w, "%s.%s: value contains a nul byte", k->section, k->key);
 	if ((style == VAL_PLAIN && is_yaml_null(s)) ||
@@ -407,89 +495,22 @@ static int set_value(const struct where *w, const struct cfg_key *k, void *base,
 
 	switch (k->type) {
 	case CFG_INT:
-	case CFG_LONG: {
-		if (!check_integer_text(s, 1))
-			return not_integer(w, k, s);
-		errno = 0;
-		long v = strtol(s, &end, 10);
-		/* Past LONG_MAX with no upper bound of the key's own, "outside" has no interval
-		 * to name. */
-		unsigned side = v > 0 ? CFG_HI : CFG_LO;
-		if (errno == ERANGE && k->type == CFG_LONG && !(k->flags & side))
-			return fail(w, "%s.%s: %.64s is too %s", k->section, k->key, s,
-				    v > 0 ? "large" : "small");
-		if (errno == ERANGE || !in_range(k, (double)v))
-			return range_fail(w, k, s);
-		if (k->type == CFG_INT)
-			*(int *)field(base, k) = (int)v;
-		else
-			*(long *)field(base, k) = v;
-		return 0;
-	}
-	case CFG_U64: {
-		if (!check_integer_text(s, 1))
-			return not_integer(w, k, s);
-		if (*s == '-')
-			return range_fail(w, k, s);
-		errno = 0;
-		unsigned long long v = strtoull(s, &end, 10);
-		if (errno == ERANGE || !in_range(k, (double)v))
-			return range_fail(w, k, s);
-		*(uint64_t *)field(base, k) = (uint64_t)v;
-		return 0;
-	}
-	case CFG_DOUBLE: {
-		if (is_nonfinite_word(s))
-			return fail(w, "%s.%s: '%.64s' is not a finite number", k->section, k->key,
-				    s);
-		if (!check_double_text(s))
-			return fail(w, "%s.%s: '%.64s' is not a number", k->section, k->key, s);
-		errno = 0;
-		double v = strtod(s, &end);
-		if (*end != '\0')
-			return fail(w, "%s.%s: '%.64s' is not a number", k->section, k->key, s);
-		/* Overflow is an error; underflow to 0 or a subnormal is left to the range. */
-		if (!isfinite(v) || (errno == ERANGE && fabs(v) >= 1.0))
-			return fail(w, "%s.%s: '%.64s' is not a finite number", k->section, k->key,
-				    s);
-		if (!in_range(k, v))
-			return range_fail(w, k, s);
-		*(double *)field(base, k) = v;
-		return 0;
-	}
-	case CFG_BOOL: {
-		int v;
-		if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE"))
-			v = 1;
-		else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE"))
-			v = 0;
-		else
-			return fail(w, "%s.%s: '%.64s' is not true or false", k->section, k->key,
-				    s);
-		*(int *)field(base, k) = v;
-		return 0;
-	}
+	case CFG_LONG:
+		return set_integer(w, k, base, s);
+	case CFG_U64:
+		return set_u64(w, k, base, s);
+	case CFG_DOUBLE:
+		return set_double(w, k, base, s);
+	case CFG_BOOL:
+		return set_bool(w, k, base, s);
 	case CFG_STRING:
 		if (len + 1 > k->size)
 			return fail(w, "%s.%s: value is longer than %zu bytes", k->section, k->key,
 				    k->size - 1);
 		memcpy(field(base, k), s, len + 1);
 		return 0;
-	case CFG_ENUM: {
-		char list[256];
-		size_t off = 0;
-		for (int i = 0; k->choices[i]; i++) {
-			if (!strcmp(s, k->choices[i])) {
-				*(int *)field(base, k) = i;
-				return 0;
-			}
-			int m = snprintf(list + off, sizeof list - off, "%s%s", i ? ", " : "",
-					 k->choices[i]);
-			if (m > 0 && (size_t)m < sizeof list - off)
-				off += (size_t)m;
-		}
-		return fail(w, "%s.%s: '%.64s' is not one of %s", k->section, k->key, s, list);
-	}
+	case CFG_ENUM:
+		return set_enum(w, k, base, s);
 	}
 	return fail(w, "%s.%s: key has an unknown type", k->section, k->key);
 }

@@ -488,14 +488,80 @@ out:
 	return rc;
 }
 
-int st_open(struct st_file *f, const char *path, int verify)
+/* The 8-byte length and the header bytes after it (malloc'd into *header, *hlen long), with
+ * the length checked against the file size; sets the data section's offset and size. */
+static int read_header(struct st_file *f, uint64_t fsize, char **header, uint64_t *hlen)
 {
 	unsigned char lenbuf[8];
-	char *header = NULL;
-	json_t *root = NULL;
+	uint64_t n = 0;
+
+	if (fsize < 8)
+		return err_set(CORE_ETRUNC, f->path, "truncated file: %llu bytes, less than the "
+			       "8-byte header length", (unsigned long long)fsize);
+	ERR_FORWARD(read_at(f, lenbuf, 8, 0));
+	for (int i = 0; i < 8; i++)
+		n |= (uint64_t)lenbuf[i] << (8 * i);
+	if (n < 2 || n > ST_HEADER_MAX)
+		return err_set(CORE_EFORMAT, f->path, "header length %llu is not sane",
+			       (unsigned long long)n);
+	if (n > fsize - 8)
+		return err_set(CORE_ETRUNC, f->path, "truncated file: header length %llu exceeds "
+			       "file size %llu", (unsigned long long)n, (unsigned long long)fsize);
+	f->data_offset = 8 + n;
+	f->data_size = fsize - f->data_offset;
+	*header = malloc((size_t)n);
+	if (!*header)
+		return err_set(CORE_ENOMEM, f->path, "cannot allocate header");
+	*hlen = n;
+	return read_at(f, *header, (size_t)n, 8);
+}
+
+/* The header's JSON: the tensor entries (their byte ranges covering the data section
+ * exactly) and the metadata. */
+static int parse_header(struct st_file *f, const char *header, uint64_t hlen)
+{
 	json_error_t jerr;
+	json_t *root = json_loadb(header, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+	int rc = 0;
+
+	if (!root)
+		return err_set(CORE_EFORMAT, f->path, "bad json in header at byte %d: %s",
+			       jerr.position, jerr.text);
+	if (!json_is_object(root)) {
+		rc = err_set(CORE_EFORMAT, f->path, "header is not a json object");
+		goto out;
+	}
+	size_t n = json_object_size(root);
+	f->entries = calloc(n ? n : 1, sizeof *f->entries);
+	if (!f->entries) {
+		rc = err_set(CORE_ENOMEM, f->path, "cannot allocate");
+		goto out;
+	}
+	const char *k;
+	json_t *v;
+	json_object_foreach(root, k, v) {
+		if (strcmp(k, "__metadata__") == 0)
+			continue;
+		rc = parse_entry(f->path, k, v, &f->entries[f->n]);
+		if (rc < 0)
+			goto out;
+		f->n++;
+	}
+	/* Names are unique: JSON_REJECT_DUPLICATES refused repeated keys. */
+	rc = check_coverage(f, f->path);
+	json_t *md = json_object_get(root, "__metadata__");
+	if (rc == 0 && md)
+		rc = parse_metadata(f, f->path, md);
+out:
+	json_decref(root);
+	return rc;
+}
+
+int st_open(struct st_file *f, const char *path, int verify)
+{
+	char *header = NULL;
 	struct stat st;
-	uint64_t hlen = 0, fsize;
+	uint64_t hlen = 0;
 	int rc = 0;
 
 	memset(f, 0, sizeof *f);
@@ -513,85 +579,16 @@ int st_open(struct st_file *f, const char *path, int verify)
 		rc = err_set(CORE_EIO, path, "not a regular file");
 		goto fail;
 	}
-	fsize = (uint64_t)st.st_size;
-	if (fsize < 8) {
-		rc = err_set(CORE_ETRUNC, path, "truncated file: %llu bytes, less than the "
-			     "8-byte header length", (unsigned long long)fsize);
-		goto fail;
-	}
-	rc = read_at(f, lenbuf, 8, 0);
-	if (rc < 0)
-		goto fail;
-	for (int i = 0; i < 8; i++)
-		hlen |= (uint64_t)lenbuf[i] << (8 * i);
-	if (hlen < 2 || hlen > ST_HEADER_MAX) {
-		rc = err_set(CORE_EFORMAT, path, "header length %llu is not sane",
-			     (unsigned long long)hlen);
-		goto fail;
-	}
-	if (hlen > fsize - 8) {
-		rc = err_set(CORE_ETRUNC, path, "truncated file: header length %llu exceeds "
-			     "file size %llu",
-			     (unsigned long long)hlen, (unsigned long long)fsize);
-		goto fail;
-	}
-	f->data_offset = 8 + hlen;
-	f->data_size = fsize - f->data_offset;
-	header = malloc((size_t)hlen);
-	if (!header) {
-		rc = err_set(CORE_ENOMEM, path, "cannot allocate header");
-		goto fail;
-	}
-	rc = read_at(f, header, (size_t)hlen, 8);
-	if (rc < 0)
-		goto fail;
-	root = json_loadb(header, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
-	if (!root) {
-		rc = err_set(CORE_EFORMAT, path, "bad json in header at byte %d: %s",
-			     jerr.position, jerr.text);
-		goto fail;
-	}
-	if (!json_is_object(root)) {
-		rc = err_set(CORE_EFORMAT, path, "header is not a json object");
-		goto fail;
-	}
-
-	size_t n = json_object_size(root);
-	f->entries = calloc(n ? n : 1, sizeof *f->entries);
-	if (!f->entries) {
-		rc = err_set(CORE_ENOMEM, path, "cannot allocate");
-		goto fail;
-	}
-	const char *k;
-	json_t *v;
-	json_object_foreach(root, k, v) {
-		if (strcmp(k, "__metadata__") == 0)
-			continue;
-		rc = parse_entry(path, k, v, &f->entries[f->n]);
-		if (rc < 0)
-			goto fail;
-		f->n++;
-	}
-	/* Names are unique: JSON_REJECT_DUPLICATES refused repeated keys. */
-	rc = check_coverage(f, path);
-	if (rc < 0)
-		goto fail;
-	json_t *md = json_object_get(root, "__metadata__");
-	if (md) {
-		rc = parse_metadata(f, path, md);
-		if (rc < 0)
-			goto fail;
-	}
-	if (verify) {
+	rc = read_header(f, (uint64_t)st.st_size, &header, &hlen);
+	if (rc == 0)
+		rc = parse_header(f, header, hlen);
+	if (rc == 0 && verify)
 		rc = verify_data(f);
-		if (rc < 0)
-			goto fail;
-	}
-	json_decref(root);
+	if (rc < 0)
+		goto fail;
 	free(header);
 	return 0;
 fail:
-	json_decref(root);
 	free(header);
 	st_close(f);
 	return rc;

@@ -131,10 +131,9 @@ int train_eval_checkpoint(struct backend *be, const char *ckpt, const char *data
 	r->loss = NAN;
 	ERR_FORWARD(ckpt_info(ckpt, &info));
 	ERR_FORWARD(tokfile_open(&tf, data));
-	rc = tf.vocab > (uint32_t)info.model.vocab_size
-		     ? err_set(CORE_ESHAPE, data, "token vocabulary %u exceeds the model's %d",
-			       tf.vocab, info.model.vocab_size)
-		     : gpt2_create(&g, &info.model, EVAL_BATCH, info.model.seq_len, be);
+	rc = check_data(&tf, &info.model);
+	if (!rc)
+		rc = gpt2_create(&g, &info.model, EVAL_BATCH, info.model.seq_len, be);
 	if (!rc) {
 		rc = ckpt_load(ckpt, &g, 0, NULL);
 		if (!rc)

@@ -383,7 +383,6 @@ int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, i
 	memset(&l->times, 0, sizeof l->times);
 	double t0 = stage_clock(l), t1;
 	ERR_FORWARD(grow_routing(l, T, k));
-	memset(r, 0, sizeof *r);
 	*r = (struct moe_routing){.T = T, .E = E, .k = k, .noise_step = step, .idx = l->idx.p,
 				  .loc = l->loc.p, .score = l->score.p, .count = l->count_host,
 				  .used = l->used_host};

@@ -15,6 +15,21 @@ size=$(wc -c <good.safetensors)
 sentinel() { echo sentinel >out.safetensors; }
 untouched() { [ "$(cat out.safetensors)" = sentinel ] || die "output was overwritten"; }
 
+# devices: one not built into this binary, and one that does not exist, are usage errors
+sentinel
+expect_fail 2 "^dpc-train-path: device 'cuda' is not built into this binary \(.*; built: cpu, ref\)$" \
+	"$T" --device cuda -q -c "$cfg" -d d/train.tok -o out.safetensors
+expect_fail 2 "^dpc-train-path: unknown device 'nosuch' \(built: cpu, ref\)$" \
+	"$T" --device=nosuch -q -c "$cfg" -d d/train.tok -o out.safetensors
+untouched
+# the reference backend evaluates the same checkpoint to the same loss (1e-5 relative)
+expect_ok "$T" --eval good.safetensors -d d/val.tok --max-tokens 2048
+cpu=$(sed 's/.*"loss":\([0-9.e+-]*\).*/\1/' out.stdout)
+expect_ok "$T" --device ref --eval good.safetensors -d d/val.tok --max-tokens 2048
+ref=$(sed 's/.*"loss":\([0-9.e+-]*\).*/\1/' out.stdout)
+awk -v a="$cpu" -v b="$ref" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||
+	die "loss on cpu $cpu, on ref $ref"
+
 # truncated checkpoint
 head -c $((size - 100)) good.safetensors >trunc.safetensors
 sentinel

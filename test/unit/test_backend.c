@@ -21,6 +21,10 @@
  * by token except where ref's probabilities have a near-tie that float rounding may break
  * either way (counted, and required to be rare).
  *
+ * Two whole steps close the file: one GPT-2 training step (forward, backward, grad norm,
+ * AdamW) and one MoE layer step (forward, backward), each on the tested backend at every
+ * thread count (same bits) and on ref, compared tensor by tensor.
+ *
  * Every failure names the op, the shape and the variant (backend, threads, alignment), so a
  * case can be rerun. Each test ends by printing to stderr how many cases ran and the largest
  * error seen as a fraction of its tolerance (--verbose: the same for every op).
@@ -38,6 +42,8 @@
 #include "backend/backend.h"
 #include "common/err.h"
 #include "common/rng.h"
+#include "model/gpt2.h"
+#include "moe/moe.h"
 #include "common/banned.h"
 
 TestSuite(backend, .timeout = 60);
@@ -171,6 +177,7 @@ struct harness {
 	struct backend *be[3];
 	int threads[3], nbe;
 	long cases;
+	const char *summary; /* set by a whole-step test: its line instead of the op counts */
 	struct {
 		const char *op;
 		long cases;
@@ -494,7 +501,10 @@ static void for_each_backend(const char *test, void (*fn)(struct harness *))
 		for (int j = 1; j < h.nst; j++)
 			worst = h.st[j].worst > h.st[worst].worst ? j : worst;
 		/* stderr: seen without --verbose, so `make test` shows what ran */
-		fprintf(stderr, "test_backend: %s on '%s': %ld op x shape cases, each on ref and "
+		if (h.summary)
+			fprintf(stderr, "test_backend: %s on '%s': %s\n", test, name, h.summary);
+		else
+			fprintf(stderr, "test_backend: %s on '%s': %ld op x shape cases, each on ref and "
 			"%d variants (threads x alignment); largest error %.2f of the tolerance "
 			"(%s)\n", test, name, h.cases, 2 * h.nbe, h.nst ? h.st[worst].worst : 0.0,
 			h.nst ? h.st[worst].op : "-");
@@ -1651,4 +1661,225 @@ Test(backend, registry_names_the_built_backends)
 		be->op->profile(be, 0);
 		backend_close(be);
 	}
+}
+
+/* ---- whole steps: a GPT-2 training step and an MoE layer step ------------------------------
+ * The same step on the tested backend (at each of its thread counts: the bits must agree)
+ * and on ref, compared tensor by tensor: the largest difference over a tensor against the
+ * tensor's largest reference magnitude (errors of many float ops accumulate along the
+ * chain, so per-element tolerances would only measure cancellation). */
+
+/* max |got - want| / max |want| over n floats (0 when both are zero). */
+static double tensor_rel_err(const float *got, const float *want, size_t n)
+{
+	double num = 0.0, den = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)got[i] - (double)want[i]);
+		num = d > num || isnan(d) ? d : num;
+		den = fabs((double)want[i]) > den ? fabs((double)want[i]) : den;
+	}
+	return den > 0.0 ? num / den : num;
+}
+
+static float *download_floats(struct backend *be, const float *src, size_t n)
+{
+	float *h = malloc(sizeof(float) * (n ? n : 1));
+	cr_assert(h);
+	cr_assert_eq(be->op->download(be, h, src, sizeof(float) * n), 0);
+	return h;
+}
+
+/* One step of a small GPT-2 on be: forward, backward, grad norm, AdamW (t = 1); the loss,
+ * then the gradients and the parameters after the step, into host buffers. */
+struct gpt2_step_out {
+	float loss, norm;
+	float *grads, *params;
+	size_t n;
+};
+
+enum { GS_B = 3, GS_T = 16 };
+static const struct model_config gs_cfg = {2, 32, 4, GS_T, 50};
+static const double gs_lr = 1e-3;
+
+static void gpt2_step_on(struct backend *be, struct gpt2_step_out *o)
+{
+	struct gpt2 g;
+	int32_t x[GS_B * GS_T], y[GS_B * GS_T];
+	for (int i = 0; i < GS_B * GS_T; i++) {
+		x[i] = (int32_t)rng_below(21, RNG_STREAM_TEST, (uint64_t)i, 50);
+		y[i] = (int32_t)rng_below(22, RNG_STREAM_TEST, (uint64_t)i, 50);
+	}
+	const struct adamw_config opt = {0.9, 0.95, 1e-8, 0.1};
+	cr_assert_eq(gpt2_create(&g, &gs_cfg, GS_B, GS_T, be), 0, "%s", err_detail());
+	cr_assert_eq(gpt2_init_params(&g, 3), 0);
+	cr_assert_eq(gpt2_forward(&g, x, y, GS_B, GS_T, &o->loss), 0, "%s", err_detail());
+	cr_assert_eq(gpt2_backward(&g), 0);
+	cr_assert_eq(gpt2_grad_norm(&g, &o->norm), 0);
+	o->n = g.nparams;
+	o->grads = download_floats(be, g.grads, g.nparams);
+	cr_assert_eq(gpt2_adamw_step(&g, &opt, gs_lr, 1, 1.0f), 0);
+	o->params = download_floats(be, g.params, g.nparams);
+	gpt2_free(&g);
+}
+
+static void gpt2_step(struct harness *h)
+{
+	static char line[200];
+	double worst_g = 0.0, worst_p = 0.0;
+	struct gpt2_step_out r, o[3];
+	gpt2_step_on(h->ref, &r);
+	double gmax = 0.0;
+	for (size_t i = 0; i < r.n; i++)
+		gmax = fabs(r.grads[i]) > gmax ? fabs(r.grads[i]) : gmax;
+	/* Gradients to 1e-5 of their largest (float against double: ~1e-7 here); at t = 1
+	 * AdamW moves each parameter by about
+	 * lr g / (|g| + eps), so a gradient error delta moves it by up to 2 lr delta / (|g| +
+	 * eps): that, plus float rounding, bounds the parameters after the step. */
+	const double gtol = 1e-5, delta = gtol * gmax;
+	for (int b = 0; b < h->nbe; b++) {
+		gpt2_step_on(h->be[b], &o[b]);
+		const char *what = "GPT-2 step L=2 C=32 NH=4 T=16 V=50 B=3";
+		cr_assert(fabsf(o[b].loss - r.loss) <= 1e-5f * fabsf(r.loss), "%s on %s, %d threads: "
+			  "loss %.9g, ref %.9g", what, h->name, h->threads[b], (double)o[b].loss,
+			  (double)r.loss);
+		cr_assert(fabsf(o[b].norm - r.norm) <= 1e-4f * r.norm, "%s on %s: grad norm %.9g, "
+			  "ref %.9g", what, h->name, (double)o[b].norm, (double)r.norm);
+		double e = tensor_rel_err(o[b].grads, r.grads, r.n);
+		cr_assert(e <= gtol, "%s on %s, %d threads: gradients differ from ref by %.3g of "
+			  "their largest (tolerance %g)", what, h->name, h->threads[b], e, gtol);
+		worst_g = fmax(worst_g, e / gtol);
+		for (size_t i = 0; i < r.n; i++) {
+			double d = fabs((double)o[b].params[i] - r.params[i]);
+			double tol = 1e-6 + 2.0 * gs_lr * fmin(1.0, delta / (fabs(r.grads[i]) + 1e-8));
+			worst_p = fmax(worst_p, d / tol);
+			cr_assert(d <= tol, "%s on %s: parameter %zu after AdamW %.9g, ref %.9g "
+				  "(gradient %.3g)", what, h->name, i, (double)o[b].params[i],
+				  r.params[i], (double)r.grads[i]);
+		}
+		if (b > 0)
+			cr_assert(!memcmp(o[b].params, o[0].params, sizeof(float) * r.n) &&
+				  !memcmp(o[b].grads, o[0].grads, sizeof(float) * r.n) &&
+				  o[b].loss == o[0].loss, "%s on %s: %d threads and %d threads differ",
+				  what, h->name, h->threads[b], h->threads[0]);
+	}
+	h->cases = 1;
+	snprintf(line, sizeof line, "one GPT-2 step on ref and at %d thread counts (same bits); "
+		 "gradients at %.2f, parameters after AdamW at %.2f of their tolerances", h->nbe,
+		 worst_g, worst_p);
+	h->summary = line;
+	for (int b = 0; b < h->nbe; b++)
+		free(o[b].grads), free(o[b].params);
+	free(r.grads), free(r.params);
+}
+
+Test(backend, gpt2_training_step)
+{
+	for_each_backend("gpt2_training_step", gpt2_step);
+}
+
+/* One forward and backward of an MoE layer on be; outputs into host buffers, in the order
+ * y, dx, dwg, dw1, db1, dw2, db2, then the routing (idx, loc). */
+enum { MS_T = 200, MS_M = 24, MS_H = 16, MS_E = 6, MS_K = 2 };
+
+struct moe_step_out {
+	float *t[7];
+	int32_t idx[MS_K * MS_T], loc[MS_K * MS_T];
+	float aux;
+	int64_t C, dropped;
+};
+
+static const size_t ms_n[7] = {MS_T * MS_M, MS_T * MS_M, MS_M * MS_E, MS_E * MS_M * MS_H,
+			       MS_E * MS_H, MS_E * MS_H * MS_M, MS_E * MS_M};
+static const char *const ms_name[7] = {"y", "dx", "dwg", "dw1", "db1", "dw2", "db2"};
+/* Each tensor to 5e-6 of its largest: float sums of at most a few hundred terms against
+ * double, ~4e-7 here. */
+#define MS_TOL 5e-6
+
+static void moe_step_on(struct backend *be, struct moe_step_out *o)
+{
+	struct moe_config cfg;
+	struct moe_params p, g;
+	struct moe_layer *l;
+	float *x, *dy, *y, *dx;
+	const size_t n = (size_t)MS_T * MS_M;
+
+	moe_config_default(&cfg, MS_T, MS_M, MS_H, MS_E);
+	cfg.k = MS_K;
+	cfg.bpr = 1;
+	cfg.gate_noise = 1.0f;
+	cfg.act = MOE_ACT_GELU;
+	cfg.seed = 4;
+	cr_assert_eq(moe_params_alloc(&p, &cfg, be), 0);
+	cr_assert_eq(moe_params_alloc(&g, &cfg, be), 0);
+	cr_assert_eq(moe_params_init(&p, &cfg, 9), 0);
+	cr_assert_eq(be->op->alloc(be, (void **)&x, n * sizeof(float)), 0);
+	cr_assert_eq(be->op->alloc(be, (void **)&dy, n * sizeof(float)), 0);
+	cr_assert_eq(be->op->alloc(be, (void **)&y, n * sizeof(float)), 0);
+	cr_assert_eq(be->op->alloc(be, (void **)&dx, n * sizeof(float)), 0);
+	cr_assert_eq(be->op->fill_normal(be, x, n, 0.0f, 1.0f, 5, RNG_STREAM_TEST, 0), 0);
+	cr_assert_eq(be->op->fill_normal(be, dy, n, 0.0f, 1.0f, 6, RNG_STREAM_TEST, 0), 0);
+	cr_assert_eq(moe_layer_init(&l, &cfg, be), 0);
+	cr_assert_eq(moe_forward(l, &p, x, y, MS_T, MS_K, 1.0, 2), 0, "%s", err_detail());
+	const struct moe_routing *r = moe_layer_routing(l);
+	o->aux = r->aux_loss;
+	o->C = r->C;
+	o->dropped = r->dropped;
+	cr_assert_eq(be->op->download(be, o->idx, r->idx, sizeof o->idx), 0);
+	cr_assert_eq(be->op->download(be, o->loc, r->loc, sizeof o->loc), 0);
+	cr_assert_eq(moe_backward(l, &p, x, dy, dx, &g, 0.3f), 0, "%s", err_detail());
+	const float *src[7] = {y, dx, g.wg, g.w1, g.b1, g.w2, g.b2};
+	for (int i = 0; i < 7; i++)
+		o->t[i] = download_floats(be, src[i], ms_n[i]);
+	moe_layer_free(l);
+	moe_params_free(&p);
+	moe_params_free(&g);
+	be->op->free(be, x);
+	be->op->free(be, dy);
+	be->op->free(be, y);
+	be->op->free(be, dx);
+}
+
+static void moe_step(struct harness *h)
+{
+	static char line[200];
+	double worst = 0.0;
+	struct moe_step_out r, o[3];
+	const char *what = "MoE layer step T=200 M=24 H=16 E=6 k=2 BPR noise 1 gelu capacity 1";
+	moe_step_on(h->ref, &r);
+	for (int b = 0; b < h->nbe; b++) {
+		moe_step_on(h->be[b], &o[b]);
+		/* The inputs were chosen with no near-tie in the gate: the routing is exact. */
+		cr_assert(!memcmp(o[b].idx, r.idx, sizeof r.idx) &&
+			  !memcmp(o[b].loc, r.loc, sizeof r.loc) && o[b].C == r.C &&
+			  o[b].dropped == r.dropped, "%s on %s: routing differs from ref", what,
+			  h->name);
+		cr_assert(fabsf(o[b].aux - r.aux) <= 1e-5f * fabsf(r.aux), "%s on %s: aux loss "
+			  "%.9g, ref %.9g", what, h->name, (double)o[b].aux, (double)r.aux);
+		for (int i = 0; i < 7; i++) {
+			double e = tensor_rel_err(o[b].t[i], r.t[i], ms_n[i]);
+			cr_assert(e <= MS_TOL, "%s on %s, %d threads: %s differs from ref by %.3g of "
+				  "its largest (tolerance %g)", what, h->name, h->threads[b],
+				  ms_name[i], e, MS_TOL);
+			worst = fmax(worst, e / MS_TOL);
+			if (b > 0)
+				cr_assert(!memcmp(o[b].t[i], o[0].t[i], sizeof(float) * ms_n[i]),
+					  "%s on %s: %s differs between %d and %d threads", what,
+					  h->name, ms_name[i], h->threads[b], h->threads[0]);
+		}
+	}
+	h->cases = 1;
+	snprintf(line, sizeof line, "one MoE layer step on ref and at %d thread counts (same "
+		 "bits); routing exact, y, dx and the 5 gradients at %.2f of the tolerance", h->nbe,
+		 worst);
+	h->summary = line;
+	for (int i = 0; i < 7; i++) {
+		free(r.t[i]);
+		for (int b = 0; b < h->nbe; b++)
+			free(o[b].t[i]);
+	}
+}
+
+Test(backend, moe_layer_step)
+{
+	for_each_backend("moe_layer_step", moe_step);
 }

@@ -172,101 +172,124 @@ int cpu_moe_gate_forward(struct backend *be, const struct backend_moe_gate *g,
 	return 0;
 }
 
+/* Per-expert factors of the auxiliary loss's gradient, into acc [4E]: GShard,
+ * acc[e] = aux_weight * d l / d p[t,e] = aux_weight E ce_e / T with ce_e = mean_t mask1[t,e];
+ * load-importance, acc[2E + e] and acc[3E + e] = aux_weight/2 times d cv2 / d Imp_e and
+ * d cv2 / d Load_e (the latter over sigma, the chain rule's factor of Phi's argument). */
+static void aux_factors(const struct backend_moe_gate *g, const float *logits,
+			const float *clean, const int32_t *idx, float aux_weight, double *acc)
+{
+	const int E = g->E, k = g->k;
+	const int64_t T = g->T;
+	const double sigma = g->noise / (double)E;
+
+	if (!g->load_importance) {
+		for (int64_t t = 0; t < T; t++)
+			acc[idx[t]] += 1.0;
+		for (int e = 0; e < E; e++)
+			acc[e] = aux_weight * (double)E * (acc[e] / (double)T) / (double)T;
+		return;
+	}
+	double *imp = acc, *load = acc + E, *gimp = acc + 2 * E, *gload = acc + 3 * E;
+	for (int64_t t = 0; t < T; t++) {
+		int ek = idx[(int64_t)(k - 1) * T + t];
+		double thr = routed_logit(g, logits, t, ek);
+		for (int e = 0; e < E; e++) {
+			imp[e] += clean[t * E + e];
+			load[e] += phi_cdf((clean[t * E + e] - thr) / sigma);
+		}
+	}
+	cv2_and_grad(imp, E, gimp);
+	cv2_and_grad(load, E, gload);
+	for (int e = 0; e < E; e++) {
+		gimp[e] *= 0.5 * aux_weight;
+		gload[e] *= 0.5 * aux_weight / sigma;
+	}
+}
+
+/* Token t's dlogits: through the score renormalisation and the softmax, plus the auxiliary
+ * loss's terms (acc from aux_factors); dp and dq are E floats of scratch each. */
+static void gate_token_backward(const struct backend_moe_gate *g, int64_t t,
+				const float *logits, const float *probs, const float *clean,
+				const int32_t *idx, const float *dscore, const double *acc,
+				float *dp, float *dq, float *dlogits)
+{
+	const int E = g->E, k = g->k, li = g->load_importance;
+	const int64_t T = g->T;
+	const float *p = probs + t * E;
+	float *dl = dlogits + t * E;
+
+	for (int e = 0; e < E; e++)
+		dp[e] = li ? 0.0f : (float)acc[e];
+	/* Through the renormalisation s_j = p_j / S, S = sum_r p_r (k > 1). */
+	if (k == 1) {
+		dp[idx[t]] += dscore[t];
+	} else {
+		float S = 0.0f, sp = 0.0f;
+		for (int j = 0; j < k; j++)
+			S += p[idx[(int64_t)j * T + t]];
+		int clamped = !(S > FLT_EPSILON);
+		S = clamped ? FLT_EPSILON : S;
+		for (int j = 0; j < k; j++)
+			sp += dscore[(int64_t)j * T + t] * p[idx[(int64_t)j * T + t]];
+		for (int j = 0; j < k; j++) {
+			int e = idx[(int64_t)j * T + t];
+			dp[e] += dscore[(int64_t)j * T + t] / S - (clamped ? 0.0f : sp / (S * S));
+		}
+	}
+	/* Softmax backward: dlogit = p * (dp - <p, dp>). */
+	float dot = 0.0f;
+	for (int e = 0; e < E; e++)
+		dot += p[e] * dp[e];
+	for (int e = 0; e < E; e++)
+		dl[e] = p[e] * (dp[e] - dot);
+	if (!li)
+		return;
+	/* Load-importance: through the clean softmax q, and through thr_t, the routed logit of
+	 * the rank-(k-1) choice, whose gradient goes straight into that logit. */
+	const double sigma = g->noise / (double)E, *gimp = acc + 2 * E, *gload = acc + 3 * E;
+	const float *q = clean + t * E;
+	int ek = idx[(int64_t)(k - 1) * T + t];
+	double thr = routed_logit(g, logits, t, ek);
+	double dthr = 0.0;
+	for (int e = 0; e < E; e++) {
+		double gl = gload[e] * phi_pdf((q[e] - thr) / sigma);
+		dq[e] = (float)(gimp[e] + gl);
+		dthr -= gl;
+	}
+	float dotq = 0.0f;
+	for (int e = 0; e < E; e++)
+		dotq += q[e] * dq[e];
+	for (int e = 0; e < E; e++)
+		dl[e] += q[e] * (dq[e] - dotq);
+	dl[ek] += (float)dthr;
+}
+
 int cpu_moe_gate_backward(struct backend *be, const struct backend_moe_gate *g,
 			  const float *logits, const float *probs, const float *clean,
 			  const int32_t *idx, const float *dscore, float aux_weight,
 			  float *dlogits)
 {
-	const int E = g->E, k = g->k, li = g->load_importance;
+	const int E = g->E;
 	const int64_t T = g->T;
 	cpu_enter(be);
 	const size_t nth = (size_t)omp_get_max_threads();
 	double *acc = calloc((size_t)E * 4, sizeof(double));
 	float *dps = malloc(sizeof(float) * (size_t)E * 2 * nth); /* per thread: dp, dq */
-	double sigma = g->noise / (double)E;
 
 	if (!acc || !dps) {
 		free(acc);
 		free(dps);
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the gate's scratch");
 	}
-	/* Per-expert factors of the auxiliary-loss gradient. */
-	if (!li) {
-		/* d l / d p[t,e] = E * ce_e / T, ce_e = mean_t mask1[t,e]. */
-		for (int64_t t = 0; t < T; t++)
-			acc[idx[t]] += 1.0;
-		for (int e = 0; e < E; e++)
-			acc[e] = aux_weight * (double)E * (acc[e] / (double)T) / (double)T;
-	} else {
-		double *imp = acc, *load = acc + E, *gimp = acc + 2 * E, *gload = acc + 3 * E;
-		for (int64_t t = 0; t < T; t++) {
-			int ek = idx[(int64_t)(k - 1) * T + t];
-			double thr = routed_logit(g, logits, t, ek);
-			for (int e = 0; e < E; e++) {
-				imp[e] += clean[t * E + e];
-				load[e] += phi_cdf((clean[t * E + e] - thr) / sigma);
-			}
-		}
-		cv2_and_grad(imp, E, gimp);
-		cv2_and_grad(load, E, gload);
-		for (int e = 0; e < E; e++) {
-			gimp[e] *= 0.5 * aux_weight;
-			gload[e] *= 0.5 * aux_weight / sigma;
-		}
-	}
+	aux_factors(g, logits, clean, idx, aux_weight, acc);
 #pragma omp parallel if (T * E * GATE_COST >= CPU_PAR_MIN)
 	{
 		float *dp = dps + (size_t)E * 2 * (size_t)omp_get_thread_num();
 #pragma omp for schedule(static)
-		for (int64_t t = 0; t < T; t++) {
-			const float *p = probs + t * E;
-			float *dq = dp + E;
-			float *dl = dlogits + t * E;
-			for (int e = 0; e < E; e++)
-				dp[e] = li ? 0.0f : (float)acc[e];
-			/* Through the renormalisation s_j = p_j / S, S = sum_r p_r (k > 1). */
-			if (k == 1) {
-				dp[idx[t]] += dscore[t];
-			} else {
-				float S = 0.0f, sp = 0.0f;
-				for (int j = 0; j < k; j++)
-					S += p[idx[(int64_t)j * T + t]];
-				int clamped = !(S > FLT_EPSILON);
-				S = clamped ? FLT_EPSILON : S;
-				for (int j = 0; j < k; j++)
-					sp += dscore[(int64_t)j * T + t] * p[idx[(int64_t)j * T + t]];
-				for (int j = 0; j < k; j++) {
-					int e = idx[(int64_t)j * T + t];
-					dp[e] += dscore[(int64_t)j * T + t] / S -
-						 (clamped ? 0.0f : sp / (S * S));
-				}
-			}
-			/* Softmax backward: dlogit = p * (dp - <p, dp>). */
-			float dot = 0.0f;
-			for (int e = 0; e < E; e++)
-				dot += p[e] * dp[e];
-			for (int e = 0; e < E; e++)
-				dl[e] = p[e] * (dp[e] - dot);
-			if (li) {
-				const double *gimp = acc + 2 * E, *gload = acc + 3 * E;
-				const float *q = clean + t * E;
-				int ek = idx[(int64_t)(k - 1) * T + t];
-				double thr = routed_logit(g, logits, t, ek);
-				double dthr = 0.0;
-				for (int e = 0; e < E; e++) {
-					double gl = gload[e] * phi_pdf((q[e] - thr) / sigma);
-					dq[e] = (float)(gimp[e] + gl);
-					dthr -= gl;
-				}
-				float dotq = 0.0f;
-				for (int e = 0; e < E; e++)
-					dotq += q[e] * dq[e];
-				for (int e = 0; e < E; e++)
-					dl[e] += q[e] * (dq[e] - dotq);
-				/* thr is the routed logit itself: its gradient goes straight in. */
-				dl[ek] += (float)dthr;
-			}
-		}
+		for (int64_t t = 0; t < T; t++)
+			gate_token_backward(g, t, logits, probs, clean, idx, dscore, acc, dp, dp + E,
+					    dlogits);
 	}
 	free(dps);
 	free(acc);
