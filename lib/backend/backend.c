@@ -17,11 +17,11 @@ static const struct {
 };
 #define NREG (sizeof registry / sizeof registry[0])
 
-/* Backends the project knows but this build left out, and what it takes to build them. */
+/* Backends the project knows but this build left out, and why. */
 static const struct {
-	const char *name, *how;
+	const char *name, *why;
 } unbuilt[] = {
-	{"cuda", "rebuild on a machine with nvcc (CUDA 13) to get it"},
+	{"cuda", "this build has no CUDA backend"},
 };
 
 const char *backend_names(void)
@@ -52,7 +52,7 @@ int backend_open(struct backend **out, const char *name, const struct backend_pa
 	for (size_t i = 0; i < sizeof unbuilt / sizeof unbuilt[0]; i++)
 		if (strcmp(name, unbuilt[i].name) == 0)
 			return err_set(CORE_EUSAGE, NULL, "device '%s' is not built into this binary "
-				       "(%s; built: %s)", name, unbuilt[i].how, backend_names());
+				       "(%s; built: %s)", name, unbuilt[i].why, backend_names());
 	return err_set(CORE_EUSAGE, NULL, "unknown device '%s' (built: %s)", name,
 		       backend_names());
 }
