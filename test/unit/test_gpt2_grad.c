@@ -273,8 +273,8 @@ static void gelu_with_bias_on(void)
 	cr_assert_eq(be->op->act_backward(be, d, db, pre, N, C, BACKEND_ACT_GELU), 0);
 	struct gelu_ctx c = {N, C, widen(x, (size_t)N * C), widen(bias, C),
 			     widen(R, (size_t)N * C)};
-	check_grad(gelu_loss, &c, c.x, d, (size_t)N * C, 1e-6, 2e-5, "gelu_backward N=13 C=35");
-	check_grad(gelu_loss, &c, c.bias, db, C, 1e-5, 2e-5, "gelu_backward bias N=13 C=35");
+	check_grad(gelu_loss, &c, c.x, d, (size_t)N * C, 1e-6, 2e-5, "act_backward gelu N=13 C=35");
+	check_grad(gelu_loss, &c, c.bias, db, C, 1e-5, 2e-5, "act_backward gelu bias N=13 C=35");
 	/* relu in place (out = pre), its mask taken from the output; the inputs moved off 0,
 	 * where relu has no derivative */
 	for (int i = 0; i < N * C; i++) {

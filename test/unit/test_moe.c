@@ -1,4 +1,4 @@
-/* test_moe.c - the sparse MoE layer (lib/moe.h) against three independent references:
+/* test_moe.c - the sparse MoE layer (lib/moe/moe.h) against three independent references:
  *  - the dense GShard formulation (moe_dense_step): output and every gradient to 1e-5
  *    relative (max-abs error over a tensor divided by the reference tensor's max-abs);
  *  - a naive capacity/drop loop written here (for each rank, for each token in BPR order,
