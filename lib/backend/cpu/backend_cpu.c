@@ -345,8 +345,10 @@ static const float *skinny_rows(struct backend *be, const float *w, int IC, int 
 static int skinny_forward(struct backend *be, float *y, const float *x, const float *w,
 			  const float *bias, int N, int IC, int OC, enum backend_wlayout layout)
 {
-	float *ws = cpu_workspace(be, sizeof(float) * (size_t)IC * OC);
-	if (!ws)
+	/* the OI layout is already [OC, IC]: no transpose, no workspace */
+	float *ws = layout == BACKEND_W_IO ? cpu_workspace(be, sizeof(float) * (size_t)IC * OC)
+					   : NULL;
+	if (layout == BACKEND_W_IO && !ws)
 		return CORE_ENOMEM;
 	const float *wr = skinny_rows(be, w, IC, OC, layout, ws);
 #pragma omp parallel for schedule(static) if ((int64_t)N * IC * OC >= CPU_PAR_MIN)

@@ -893,8 +893,10 @@ static int ref_moe_encode(struct backend *be, const struct backend_moe_route *r,
 	return 0;
 }
 
-static int ref_moe_decode(struct backend *be, const struct backend_moe_route *r, const float *eo,
-			  float *y, int64_t M)
+/* out[t] = sum over token t's kept choices, in double, of (score, when weighted) times its
+ * row of buf: decode (weighted) and encode backward (unweighted) are this one gather. */
+static int gather(const struct backend_moe_route *r, const float *buf, float *out, int64_t M,
+		  int weighted)
 {
 	double *acc = scratch((size_t)M, sizeof *acc);
 	if (!acc)
@@ -905,15 +907,22 @@ static int ref_moe_decode(struct backend *be, const struct backend_moe_route *r,
 			int64_t i = rk * r->T + t;
 			if (r->loc[i] < 0)
 				continue;
-			const float *row = eo + row_of(r, i, M);
+			const float *row = buf + row_of(r, i, M);
+			const double w = weighted ? (double)r->score[i] : 1.0;
 			for (int64_t m = 0; m < M; m++)
-				acc[m] += (double)r->score[i] * row[m];
+				acc[m] += w * row[m];
 		}
 		for (int64_t m = 0; m < M; m++)
-			y[t * M + m] = (float)acc[m];
+			out[t * M + m] = (float)acc[m];
 	}
 	free(acc);
 	return 0;
+}
+
+static int ref_moe_decode(struct backend *be, const struct backend_moe_route *r, const float *eo,
+			  float *y, int64_t M)
+{
+	return gather(r, eo, y, M, 1);
 }
 
 static int ref_moe_decode_backward(struct backend *be, const struct backend_moe_route *r,
@@ -945,24 +954,7 @@ static int ref_moe_decode_backward(struct backend *be, const struct backend_moe_
 static int ref_moe_encode_backward(struct backend *be, const struct backend_moe_route *r,
 				   const float *d_disp, float *dx, int64_t M)
 {
-	double *acc = scratch((size_t)M, sizeof *acc);
-	if (!acc)
-		return CORE_ENOMEM;
-	for (int64_t t = 0; t < r->T; t++) {
-		memset(acc, 0, sizeof *acc * (size_t)M);
-		for (int rk = 0; rk < r->k; rk++) {
-			int64_t i = rk * r->T + t;
-			if (r->loc[i] < 0)
-				continue;
-			const float *row = d_disp + row_of(r, i, M);
-			for (int64_t m = 0; m < M; m++)
-				acc[m] += row[m];
-		}
-		for (int64_t m = 0; m < M; m++)
-			dx[t * M + m] = (float)acc[m];
-	}
-	free(acc);
-	return 0;
+	return gather(r, d_disp, dx, M, 0);
 }
 
 /* ---- profiling ------------------------------------------------------------------------ */
