@@ -153,15 +153,23 @@ out:
 	return rc;
 }
 
-int st_write(const char *path, const struct tensor *const *ts, int n, const struct st_kv *meta,
-	     int nmeta)
-{
-	uint32_t *crcs = NULL, whole;
-	char *header = NULL;
-	size_t hlen = 0;
+/* The streaming writer: the header goes out first with every crc32 as "00000000" (fixed
+ * width, so the real values patch it in place at commit without moving a byte of data). */
+struct st_writer {
 	struct afile a;
-	int rc;
+	int n, cur;             /* tensors, the one being written */
+	struct tensor *specs;   /* names, dtypes, shapes (no data) */
+	uint64_t left;          /* bytes still owed to specs[cur] */
+	uint32_t *crcs, whole;
+	struct st_kv *meta;
+	int nmeta;
+	char *header;
+	size_t hlen;
+};
 
+static int check_specs(const char *path, const struct tensor *const *ts, int n,
+		       const struct st_kv *meta, int nmeta, int need_data)
+{
 	if (n < 0 || nmeta < 0 || (n > 0 && !ts) || (nmeta > 0 && !meta))
 		return err_set(CORE_EUSAGE, path, "bad tensor or metadata count");
 	for (int i = 0; i < n; i++) {
@@ -177,7 +185,7 @@ int st_write(const char *path, const struct tensor *const *ts, int n, const stru
 		    t->ndim < 0 || t->ndim > TENSOR_MAX_DIMS)
 			return err_set(CORE_EUSAGE, path,
 				       "tensor '%s' is not a contiguous host tensor", t->name);
-		if (!t->data && tensor_nbytes(t) > 0)
+		if (need_data && !t->data && tensor_nbytes(t) > 0)
 			return err_set(CORE_EUSAGE, path, "tensor '%s' has no data", t->name);
 		for (int j = 0; j < i; j++)
 			if (strcmp(ts[j]->name, t->name) == 0)
@@ -191,40 +199,177 @@ int st_write(const char *path, const struct tensor *const *ts, int n, const stru
 			return err_set(CORE_EUSAGE, path, "metadata key '%s' is reserved",
 				       meta[i].key);
 	}
+	return 0;
+}
 
-	/* Checksums first: they go into the header, which precedes the data. */
-	crcs = malloc(sizeof *crcs * (size_t)(n ? n : 1));
-	if (!crcs)
-		return err_set(CORE_ENOMEM, path, "cannot allocate checksums");
-	whole = (uint32_t)crc32(0L, Z_NULL, 0);
-	for (int i = 0; i < n; i++) {
-		size_t nb = tensor_nbytes(ts[i]);
-		crcs[i] = (uint32_t)crc32_z(crc32(0L, Z_NULL, 0), ts[i]->data, nb);
-		whole = (uint32_t)crc32_combine64(whole, crcs[i], (z_off64_t)nb);
+static const struct tensor *const *spec_ptrs(struct st_writer *w, const struct tensor **buf)
+{
+	for (int i = 0; i < w->n; i++)
+		buf[i] = &w->specs[i];
+	return buf;
+}
+
+/* Header text for the crcs in w (placeholders until commit). */
+static int writer_header(struct st_writer *w, char **out, size_t *len)
+{
+	const struct tensor **ptrs = malloc(sizeof *ptrs * (size_t)(w->n ? w->n : 1));
+	if (!ptrs)
+		return err_set(CORE_ENOMEM, w->a.path, "cannot build header");
+	int rc = build_header(w->a.path, spec_ptrs(w, ptrs), w->n, w->meta, w->nmeta, w->crcs,
+			      w->whole, out, len);
+	free(ptrs);
+	return rc;
+}
+
+static void writer_free(struct st_writer *w)
+{
+	for (int i = 0; i < w->nmeta; i++) {
+		free((char *)w->meta[i].key);
+		free((char *)w->meta[i].value);
 	}
-	rc = build_header(path, ts, n, meta, nmeta, crcs, whole, &header, &hlen);
-	free(crcs);
-	if (rc < 0)
-		return rc;
+	free(w->meta);
+	free(w->specs);
+	free(w->crcs);
+	free(w->header);
+	free(w);
+}
 
+/* Skip finished tensors (and empty ones) so that cur is the one owed bytes, or n. */
+static void writer_advance(struct st_writer *w)
+{
+	while (w->cur < w->n && w->left == 0) {
+		w->whole = (uint32_t)crc32_combine64(w->whole, w->crcs[w->cur],
+						     (z_off64_t)tensor_nbytes(&w->specs[w->cur]));
+		if (++w->cur < w->n)
+			w->left = tensor_nbytes(&w->specs[w->cur]);
+	}
+}
+
+int st_writer_open(struct st_writer **out, const char *path, const struct tensor *const *ts,
+		   int n, const struct st_kv *meta, int nmeta)
+{
+	struct st_writer *w;
+	int rc;
+
+	*out = NULL;
+	ERR_FORWARD(check_specs(path, ts, n, meta, nmeta, 0));
+	w = calloc(1, sizeof *w);
+	if (!w)
+		return err_set(CORE_ENOMEM, path, "out of memory");
+	w->n = n;
+	w->specs = calloc((size_t)(n ? n : 1), sizeof *w->specs);
+	w->crcs = calloc((size_t)(n ? n : 1), sizeof *w->crcs);
+	w->meta = calloc((size_t)(nmeta ? nmeta : 1), sizeof *w->meta);
+	if (!w->specs || !w->crcs || !w->meta) {
+		writer_free(w);
+		return err_set(CORE_ENOMEM, path, "out of memory");
+	}
+	for (int i = 0; i < nmeta; i++, w->nmeta++) {
+		w->meta[i].key = strdup(meta[i].key);
+		w->meta[i].value = strdup(meta[i].value);
+		if (!w->meta[i].key || !w->meta[i].value) {
+			w->nmeta++;
+			writer_free(w);
+			return err_set(CORE_ENOMEM, path, "out of memory");
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		w->specs[i] = *ts[i];
+		w->specs[i].data = NULL;
+		w->specs[i].owns_data = 0;
+		w->crcs[i] = (uint32_t)crc32(0L, Z_NULL, 0);
+	}
+	w->whole = (uint32_t)crc32(0L, Z_NULL, 0);
+	rc = afile_open(&w->a, path);
+	if (rc) {
+		writer_free(w);
+		return rc;
+	}
+	/* The placeholder header: zero crcs, the same length as the final one. */
+	rc = writer_header(w, &w->header, &w->hlen);
 	unsigned char lenbuf[8];
 	for (int i = 0; i < 8; i++)
-		lenbuf[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-	rc = afile_open(&a, path);
-	if (rc < 0)
-		goto out;
-	rc = afile_write(&a, lenbuf, 8);
-	if (rc == 0)
-		rc = afile_write(&a, header, hlen);
-	for (int i = 0; i < n && rc == 0; i++)
-		rc = afile_write(&a, ts[i]->data, tensor_nbytes(ts[i]));
-	if (rc == 0)
-		rc = afile_commit(&a);
+		lenbuf[i] = (unsigned char)((uint64_t)w->hlen >> (8 * i));
+	if (!rc)
+		rc = afile_write(&w->a, lenbuf, 8);
+	if (!rc)
+		rc = afile_write(&w->a, w->header, w->hlen);
+	if (rc) {
+		afile_abort(&w->a);
+		writer_free(w);
+		return rc;
+	}
+	w->left = n ? tensor_nbytes(&w->specs[0]) : 0;
+	writer_advance(w);
+	*out = w;
+	return 0;
+}
+
+int st_writer_put(struct st_writer *w, const void *data, size_t nbytes)
+{
+	const unsigned char *p = data;
+
+	while (nbytes > 0) {
+		if (w->cur >= w->n)
+			return err_set(CORE_EUSAGE, w->a.path, "more data than the tensors hold");
+		size_t k = nbytes < w->left ? nbytes : (size_t)w->left;
+		ERR_FORWARD(afile_write(&w->a, p, k));
+		w->crcs[w->cur] = (uint32_t)crc32_z(w->crcs[w->cur], p, k);
+		w->left -= k;
+		p += k;
+		nbytes -= k;
+		writer_advance(w);
+	}
+	return 0;
+}
+
+int st_writer_commit(struct st_writer *w)
+{
+	char *header = NULL;
+	size_t hlen = 0;
+	int rc = 0;
+
+	if (w->cur < w->n)
+		rc = err_set(CORE_EUSAGE, w->a.path, "tensor '%s' is missing %llu bytes",
+			     w->specs[w->cur].name, (unsigned long long)w->left);
+	if (!rc)
+		rc = writer_header(w, &header, &hlen);
+	if (!rc && hlen != w->hlen)
+		rc = err_set(CORE_EUSAGE, w->a.path, "header changed length");
+	if (!rc)
+		rc = afile_pwrite(&w->a, header, hlen, 8);
+	if (!rc)
+		rc = afile_commit(&w->a);
 	else
-		afile_abort(&a);
-out:
+		afile_abort(&w->a);
 	free(header);
+	writer_free(w);
 	return rc;
+}
+
+void st_writer_abort(struct st_writer *w)
+{
+	if (!w)
+		return;
+	afile_abort(&w->a);
+	writer_free(w);
+}
+
+int st_write(const char *path, const struct tensor *const *ts, int n, const struct st_kv *meta,
+	     int nmeta)
+{
+	struct st_writer *w;
+
+	ERR_FORWARD(check_specs(path, ts, n, meta, nmeta, 1));
+	ERR_FORWARD(st_writer_open(&w, path, ts, n, meta, nmeta));
+	for (int i = 0; i < n; i++) {
+		int rc = st_writer_put(w, ts[i]->data, tensor_nbytes(ts[i]));
+		if (rc) {
+			st_writer_abort(w);
+			return rc;
+		}
+	}
+	return st_writer_commit(w);
 }
 
 /* ---- reading ------------------------------------------------------------------------------ */

@@ -26,6 +26,18 @@ struct st_kv {
 int st_write(const char *path, const struct tensor *const *ts, int n, const struct st_kv *meta,
 	     int nmeta);
 
+/* Streaming writer, for files larger than the memory a writer may hold: the header is
+ * written first from the tensors' names, dtypes and shapes (their data pointers are not
+ * read), then every tensor's bytes in the order given, in pieces of any size, then commit
+ * patches the checksums into the header and renames the file into place (afile_commit).
+ * On any failure the writer must be aborted, which removes the temporary file. */
+struct st_writer;
+int st_writer_open(struct st_writer **w, const char *path, const struct tensor *const *specs,
+		   int n, const struct st_kv *meta, int nmeta);
+int st_writer_put(struct st_writer *w, const void *data, size_t nbytes);
+int st_writer_commit(struct st_writer *w); /* frees w */
+void st_writer_abort(struct st_writer *w); /* frees w; NULL is harmless */
+
 struct st_entry {
 	char name[TENSOR_NAME_MAX];
 	enum dtype type;

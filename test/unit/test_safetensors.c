@@ -712,3 +712,90 @@ Test(safetensors, empty_file_and_missing_file)
 	path_in(path, sizeof path, "absent.safetensors");
 	expect_open(path, 0, CORE_ENOTFOUND, NULL, "missing file");
 }
+
+/* ---- the streaming writer ----------------------------------------------------------------- */
+
+/* The set's bytes concatenated in order, as one stream the writer is fed in pieces. */
+static unsigned char *concat_set(struct tensor *ts, size_t *len)
+{
+	size_t n = 0;
+	for (int i = 0; i < NT; i++)
+		n += tensor_nbytes(&ts[i]);
+	unsigned char *b = malloc(n + 1), *p = b;
+	for (int i = 0; i < NT; i++) {
+		memcpy(p, ts[i].data, tensor_nbytes(&ts[i]));
+		p += tensor_nbytes(&ts[i]);
+	}
+	*len = n;
+	return b;
+}
+
+static int open_writer(struct st_writer **w, const char *path, struct tensor *ts)
+{
+	const struct tensor *ptr[NT];
+	const struct st_kv meta[] = {{"format", "dpc-checkpoint"}, {"kind", "path"},
+				     {"step", "42"}, {"note", "quote \" and \\ and caf\xc3\xa9"}};
+	for (int i = 0; i < NT; i++)
+		ptr[i] = &ts[i];
+	return st_writer_open(w, path, ptr, NT, meta, 4);
+}
+
+/* Pieces of 1, 3, 7 and 64 bytes cross every tensor boundary; the file must equal the one
+ * written whole (whose bytes written_bytes_follow_the_format checks against the format). */
+Test(safetensors, streamed_in_pieces_equals_whole)
+{
+	struct tensor ts[NT];
+	char whole[512], streamed[512];
+	size_t n, lw, ls;
+
+	make_set(ts);
+	path_in(whole, sizeof whole, "whole.safetensors");
+	write_set(whole, ts);
+	unsigned char *ref = slurp(whole, &lw), *data = concat_set(ts, &n);
+	static const size_t pieces[] = {1, 3, 7, 64};
+	for (size_t k = 0; k < sizeof pieces / sizeof pieces[0]; k++) {
+		struct st_writer *w;
+		path_in(streamed, sizeof streamed, "streamed.safetensors");
+		cr_assert(open_writer(&w, streamed, ts) == 0, "%s", err_detail());
+		for (size_t off = 0; off < n; off += pieces[k]) {
+			size_t m = n - off < pieces[k] ? n - off : pieces[k];
+			cr_assert(st_writer_put(w, data + off, m) == 0, "%s", err_detail());
+		}
+		cr_assert(st_writer_commit(w) == 0, "%s", err_detail());
+		unsigned char *got = slurp(streamed, &ls);
+		cr_expect_eq(ls, lw, "piece %zu: length %zu, want %zu", pieces[k], ls, lw);
+		cr_expect(ls == lw && memcmp(got, ref, lw) == 0, "piece %zu: bytes differ",
+			  pieces[k]);
+		free(got);
+	}
+	free(ref);
+	free(data);
+	free_set(ts);
+}
+
+Test(safetensors, streamed_short_or_long_is_refused_and_leaves_nothing)
+{
+	struct tensor ts[NT];
+	char path[512];
+	size_t n;
+	struct st_writer *w;
+
+	make_set(ts);
+	unsigned char *data = concat_set(ts, &n);
+	path_in(path, sizeof path, "short.safetensors");
+	cr_assert(open_writer(&w, path, ts) == 0);
+	cr_assert(st_writer_put(w, data, n - 1) == 0);
+	err_clear();
+	cr_expect_eq(st_writer_commit(w), CORE_EUSAGE);
+	cr_expect(strstr(err_detail(), "'bytes' is missing 1 bytes"), "%s", err_detail());
+	cr_expect_eq(count_files(dir), 0, "nothing left after a short stream");
+
+	path_in(path, sizeof path, "long.safetensors");
+	cr_assert(open_writer(&w, path, ts) == 0);
+	cr_assert(st_writer_put(w, data, n) == 0);
+	cr_expect_eq(st_writer_put(w, data, 1), CORE_EUSAGE);
+	st_writer_abort(w);
+	cr_expect_eq(count_files(dir), 0, "nothing left after an aborted stream");
+	free(data);
+	free_set(ts);
+}
