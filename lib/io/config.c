@@ -11,6 +11,12 @@
  * sections, each a mapping of scalar keys. Anchors, aliases and explicit tags are refused
  * rather than half-supported; numbers for numeric keys must be plain (unquoted) scalars, as a
  * YAML reader in another language would otherwise see a string where we see a number.
+ *
+ * One section is not a row of the table: levels:, the DiPaCo topology, a sequence of
+ * mappings {name, owns, modules}. A level is a record whose position in the list matters
+ * (it fixes how paths are numbered), so it has its own small parser with the same errors
+ * (line, suggestion, duplicate) and its own lines at the end of the canonical dump; it can
+ * be set only in a file, never with an override.
  */
 #include "io/config.h"
 
@@ -57,10 +63,12 @@ struct cfg_schema {
 	const struct cfg_key *keys;
 	size_t n;
 	size_t struct_size;
+	int levels; /* the struct is a run_config, and the file may have a levels: section */
 };
 
 #define M(field) offsetof(struct run_config, model.field)
 #define T(field) offsetof(struct run_config, train.field)
+#define D(field) offsetof(struct run_config, dipaco.field)
 
 /* Defaults are configs/gpt-tiny.yaml's values; man/dpc-config.5 lists the same rows. */
 static const struct cfg_key run_keys[] = {
@@ -102,13 +110,34 @@ static const struct cfg_key run_keys[] = {
 	  "write a checkpoint every this many steps; 0: only at the end" },
 	{ "train", "seed", CFG_U64, T(seed), 0, 0, 0, 0, "1", NULL,
 	  "seed of every random stream (initialization, batches)" },
+	{ "dipaco", "phases", CFG_LONG, D(phases), 0, CFG_LO, 1, 0, "1", NULL,
+	  "outer phases T" },
+	{ "dipaco", "inner_steps", CFG_LONG, D(inner_steps), 0, CFG_LO, 0, 0, "0", NULL,
+	  "inner steps per phase tau; 0 means train.steps / phases" },
+	{ "dipaco", "paths", CFG_INT, D(paths), 0, CFG_RANGE, 0, 65536, "0", NULL,
+	  "number of paths P; 0 means the product of the routed levels' module counts" },
+	{ "dipaco", "outer_lr", CFG_DOUBLE, D(outer_lr), 0, CFG_RANGE | CFG_LO_OPEN, 0, 10, "0.7",
+	  NULL, "outer (Nesterov) learning rate" },
+	{ "dipaco", "outer_momentum", CFG_DOUBLE, D(outer_momentum), 0, CFG_RANGE | CFG_HI_OPEN,
+	  0, 1, "0.9", NULL, "outer momentum mu; 0 with outer_lr 1 is plain averaging" },
+	{ "dipaco", "nesterov", CFG_BOOL, D(nesterov), 0, 0, 0, 0, "true", NULL,
+	  "Nesterov outer update; false: heavy ball" },
+	{ "dipaco", "rescale", CFG_BOOL, D(rescale), 0, 0, 0, 0, "true", NULL,
+	  "multiply the averaged delta by sqrt(P_le)" },
+	{ "dipaco", "reweight", CFG_BOOL, D(reweight), 0, 0, 0, 0, "true", NULL,
+	  "weight paths by shard tokens, else uniformly" },
+	{ "dipaco", "early_stop_every", CFG_LONG, D(early_stop_every), 0, CFG_LO, 0, 0, "0", NULL,
+	  "evaluate the held-out slice every this many inner steps; 0 disables" },
+	{ "dipaco", "holdout_frac", CFG_DOUBLE, D(holdout_frac), 0, CFG_RANGE, 0, 0.5, "0.05",
+	  NULL, "share of each shard's tokens held out for early stopping" },
 };
 
 #undef M
 #undef T
+#undef D
 
 static const struct cfg_schema run_schema = {
-	run_keys, sizeof run_keys / sizeof run_keys[0], sizeof(struct run_config)
+	run_keys, sizeof run_keys / sizeof run_keys[0], sizeof(struct run_config), 1
 };
 
 /* ---- messages ---------------------------------------------------------------------------- */
@@ -257,6 +286,10 @@ static void suggest_key(const struct cfg_schema *s, const char *name, char *buf,
 	char fn[128];
 
 	buf[0] = '\0';
+	if (s->levels && !strcmp(bare, "levels")) {
+		snprintf(buf, n, " (levels is a top-level section of its own)");
+		return;
+	}
 	for (size_t i = 0; i < s->n; i++) {
 		if (!strcmp(s->keys[i].key, bare)) {
 			best = 0, bi = i;
@@ -288,16 +321,19 @@ static int section_exists(const struct cfg_schema *s, const char *name, size_t *
 
 static void suggest_section(const struct cfg_schema *s, const char *name, char *buf, size_t n)
 {
-	size_t best = 3, bi = 0;
+	size_t best = 3;
+	const char *bs = NULL;
 
 	buf[0] = '\0';
 	for (size_t i = 0; i < s->n; i++) {
 		size_t d = edit_distance(name, s->keys[i].section);
 		if (d < best)
-			best = d, bi = i;
+			best = d, bs = s->keys[i].section;
 	}
-	if (best <= 2) {
-		snprintf(buf, n, " (did you mean '%s'?)", s->keys[bi].section);
+	if (s->levels && edit_distance(name, "levels") < best)
+		bs = "levels";
+	if (bs) {
+		snprintf(buf, n, " (did you mean '%s'?)", bs);
 		return;
 	}
 	/* A key written at the top level, outside its section. */
@@ -526,6 +562,129 @@ static void schema_defaults(const struct cfg_schema *s, void *base)
 			  s->keys[i].type == CFG_STRING ? VAL_QUOTED : VAL_PLAIN);
 }
 
+/* ---- levels: names, group words, canonical owns ------------------------------------------ */
+
+/* The keys of one item of levels:, and the most modules a level may have (P <= 65536). */
+static const char *const level_keys[] = { "name", "owns", "modules" };
+enum { LK_NAME, LK_OWNS, LK_MODULES, LK_N };
+#define LEVEL_MAX_MODULES 65536
+
+/* [a-z][a-z0-9_]*, at most LEVEL_NAME_MAX - 1 bytes: a name that can be part of a tensor or
+ * file name ("lower.1") without quoting. */
+static int level_name_ok(const char *s, size_t max)
+{
+	size_t n = strnlen(s, max);
+
+	if (n == 0 || n >= LEVEL_NAME_MAX || !(s[0] >= 'a' && s[0] <= 'z'))
+		return 0;
+	for (size_t i = 1; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+			return 0;
+	return 1;
+}
+
+/* A block number of a group word: decimal, no sign, no leading zeros (as integers
+ * elsewhere), at most 7 digits (n_layer <= 1024; validate names the real bound). */
+static const char *block_number(const char *p, int *v)
+{
+	int n = 0;
+
+	if (!isdigit((unsigned char)*p) || (p[0] == '0' && isdigit((unsigned char)p[1])))
+		return NULL;
+	*v = 0;
+	for (; isdigit((unsigned char)*p); p++) {
+		if (++n > 7)
+			return NULL;
+		*v = *v * 10 + (*p - '0');
+	}
+	return p;
+}
+
+/* Add one group word (embed, head, h.I, h.I-J) to lv; name is "levels.N.owns". */
+static int owns_word(const struct where *w, const char *name, struct level_config *lv,
+		     const char *word)
+{
+	int lo, hi;
+	const char *p;
+
+	if (!strcmp(word, "embed") || !strcmp(word, "head")) {
+		int *flag = word[0] == 'e' ? &lv->embed : &lv->head;
+		if (*flag)
+			return fail(w, "%s: '%s' is named twice", name, word);
+		*flag = 1;
+		return 0;
+	}
+	if (strncmp(word, "h.", 2) || !(p = block_number(word + 2, &lo)))
+		goto bad;
+	hi = lo;
+	if (*p == '-' && !(p = block_number(p + 1, &hi)))
+		goto bad;
+	if (*p)
+		goto bad;
+	if (lo > hi)
+		return fail(w, "%s: range '%s' runs backwards (%d > %d)", name, word, lo, hi);
+	if (lv->nranges == LEVEL_MAX_RANGES)
+		return fail(w, "%s: more than %d block ranges", name, LEVEL_MAX_RANGES);
+	lv->range[lv->nranges].lo = lo;
+	lv->range[lv->nranges].hi = hi;
+	lv->nranges++;
+	return 0;
+bad:
+	return fail(w, "%s: '%.64s' is not a group (embed, head, h.I or h.I-J)", name, word);
+}
+
+/* owns as one string: words separated by spaces, tabs or commas. */
+static int owns_words(const struct where *w, const char *name, struct level_config *lv,
+		      const char *s)
+{
+	char word[72];
+
+	for (;;) {
+		s += strspn(s, " \t,");
+		size_t k = strcspn(s, " \t,");
+		if (!k)
+			return 0;
+		snprintf(word, sizeof word, "%.*s", (int)(k < 64 ? k : 64), s);
+		ERR_FORWARD(owns_word(w, name, lv, word));
+		s += k;
+	}
+}
+
+/* Append to buf[n] at *off, truncating (a buffer of 512 holds any valid level). */
+__attribute__((format(printf, 4, 5)))
+static void buf_add(char *buf, size_t n, size_t *off, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (*off + 1 >= n)
+		return;
+	va_start(ap, fmt);
+	int m = vsnprintf(buf + *off, n - *off, fmt, ap);
+	va_end(ap);
+	if (m > 0)
+		*off = *off + (size_t)m < n ? *off + (size_t)m : n - 1;
+}
+
+/* "embed h.0-1 head": embed first, the ranges as written, head last (the struct keeps no
+ * other order, so this is the one way to write a level's groups). */
+static void owns_text(const struct level_config *lv, char *buf, size_t n)
+{
+	size_t off = 0;
+	int nr = lv->nranges < 0 ? 0 : lv->nranges > LEVEL_MAX_RANGES ? LEVEL_MAX_RANGES
+									 : lv->nranges;
+
+	buf[0] = '\0';
+	if (lv->embed)
+		buf_add(buf, n, &off, "embed");
+	for (int i = 0; i < nr; i++) {
+		buf_add(buf, n, &off, "%sh.%d", off ? " " : "", lv->range[i].lo);
+		if (lv->range[i].hi != lv->range[i].lo)
+			buf_add(buf, n, &off, "-%d", lv->range[i].hi);
+	}
+	if (lv->head)
+		buf_add(buf, n, &off, "%shead", off ? " " : "");
+}
+
 /* ---- the YAML file ------------------------------------------------------------------------ */
 
 struct loader {
@@ -537,6 +696,8 @@ struct loader {
 	yaml_parser_t parser;
 	size_t *key_line;  /* per row: line where the key was set, 0 when not yet */
 	size_t *sec_line;  /* per row that starts a section: line of that section */
+	size_t levels_line;                        /* line of the levels: section, 0 if none */
+	size_t name_line[CONFIG_MAX_LEVELS];       /* line of each level's name */
 };
 
 static size_t line_of_offset(const char *text, size_t len, size_t off)
@@ -699,6 +860,200 @@ static int load_keys(struct loader *L, const char *section)
 	}
 }
 
+/* ---- the levels: section ------------------------------------------------------------------ */
+
+/* The levels of the scratch config being loaded (only for a schema with levels). */
+static struct level_config *loader_levels(struct loader *L)
+{
+	return ((struct run_config *)L->base)->dipaco.levels;
+}
+
+/* " (did you mean 'levels.0.name'?)" for a key within 2 edits of a level key. */
+static void suggest_level_key(const char *key, int idx, char *buf, size_t n)
+{
+	size_t best = 3, bi = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < LK_N; i++) {
+		size_t d = edit_distance(key, level_keys[i]);
+		if (d < best)
+			best = d, bi = i;
+	}
+	if (best <= 2)
+		snprintf(buf, n, " (did you mean 'levels.%d.%s'?)", idx, level_keys[bi]);
+}
+
+/* owns written as a sequence, whose SEQUENCE_START has been consumed: one word an item. */
+static int load_owns_seq(struct loader *L, const char *name, struct level_config *lv)
+{
+	struct where w = { L->path, NULL, 0 };
+	yaml_event_t ev;
+	int rc;
+
+	for (;;) {
+		ERR_FORWARD(next_event(L, &ev));
+		if (ev.type == YAML_SEQUENCE_END_EVENT) {
+			yaml_event_delete(&ev);
+			return 0;
+		}
+		w.line = ev_line(&ev);
+		if (ev.type != YAML_SCALAR_EVENT)
+			rc = fail(&w, "%s: expected a group word, found %s", name, node_kind(&ev));
+		else if (strlen((const char *)ev.data.scalar.value) != ev.data.scalar.length)
+			rc = fail(&w, "%s: value contains a nul byte", name);
+		else
+			rc = owns_word(&w, name, lv, (const char *)ev.data.scalar.value);
+		yaml_event_delete(&ev);
+		ERR_FORWARD(rc);
+	}
+}
+
+/* The scalar value of name, owns or modules of level idx. */
+static int level_scalar(struct loader *L, const struct where *w, int idx, int k,
+			const char *name, const yaml_event_t *ev)
+{
+	struct level_config *lv = &loader_levels(L)[idx];
+	const char *s = (const char *)ev->data.scalar.value;
+	int plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+	char *end;
+
+	if (strlen(s) != ev->data.scalar.length)
+		return fail(w, "%s: value contains a nul byte", name);
+	if (plain && is_yaml_null(s))
+		return fail(w, "%s: missing value", name);
+	switch (k) {
+	case LK_NAME:
+		if (!level_name_ok(s, ev->data.scalar.length + 1))
+			return fail(w, "%s: '%.64s' is not a level name ([a-z][a-z0-9_]*, at most "
+				    "%d characters)", name, s, LEVEL_NAME_MAX - 1);
+		for (int j = 0; j < idx; j++)
+			if (!strcmp(loader_levels(L)[j].name, s))
+				return fail(w, "%s: duplicate level name '%s' (first at line %zu)",
+					    name, s, L->name_line[j]);
+		snprintf(lv->name, sizeof lv->name, "%s", s);
+		L->name_line[idx] = w->line;
+		return 0;
+	case LK_OWNS:
+		ERR_FORWARD(owns_words(w, name, lv, s));
+		return 0;
+	default: /* LK_MODULES */
+		if (!strcmp(s, "path")) {
+			lv->modules = LEVEL_PER_PATH;
+			return 0;
+		}
+		if (!plain)
+			return fail(w, "%s: \"%.64s\" is a quoted string, not a number; remove the "
+				    "quotes", name, s);
+		if (!check_integer_text(s, 1))
+			return fail(w, "%s: '%.64s' is neither an integer nor the word path%s", name,
+				    s, edit_distance(s, "path") <= 2 ? " (did you mean 'path'?)" : "");
+		errno = 0;
+		long v = strtol(s, &end, 10);
+		if (errno == ERANGE || v < 1 || v > LEVEL_MAX_MODULES)
+			return fail(w, "%s: %.64s is outside [1, %d] (write path for one module "
+				    "per path)", name, s, LEVEL_MAX_MODULES);
+		lv->modules = (int)v;
+		return 0;
+	}
+}
+
+/* One item of levels:, a mapping whose MAPPING_START (at line item_line) has been consumed. */
+static int load_level(struct loader *L, int idx, size_t item_line)
+{
+	struct level_config *lv = &loader_levels(L)[idx];
+	struct where w = { L->path, NULL, item_line };
+	size_t seen[LK_N] = { 0 };
+	char key[65], what[64], name[96], sugg[96];
+	yaml_event_t ev;
+	int end, rc;
+
+	memset(lv, 0, sizeof *lv);
+	snprintf(what, sizeof what, "a key of levels.%d", idx);
+	for (;;) {
+		ERR_FORWARD(next_key(L, &w, what, key, &end));
+		if (end)
+			break;
+		int k = 0;
+		while (k < LK_N && strcmp(key, level_keys[k]))
+			k++;
+		snprintf(name, sizeof name, "levels.%d.%s", idx, key);
+		if (k == LK_N) {
+			suggest_level_key(key, idx, sugg, sizeof sugg);
+			return fail(&w, "unknown key '%s'%s", name, sugg);
+		}
+		if (seen[k])
+			return fail(&w, "duplicate key '%s' (first at line %zu)", name, seen[k]);
+		seen[k] = w.line;
+
+		ERR_FORWARD(next_event(L, &ev));
+		if (k == LK_OWNS && ev.type == YAML_SEQUENCE_START_EVENT) {
+			yaml_event_delete(&ev);
+			rc = load_owns_seq(L, name, lv);
+		} else {
+			if (ev.type != YAML_SCALAR_EVENT) {
+				rc = fail(&w, "%s: expected a scalar value%s, found %s", name,
+					  k == LK_OWNS ? " or a sequence" : "", node_kind(&ev));
+			} else {
+				if (ev.data.scalar.length)
+					w.line = ev_line(&ev);
+				rc = level_scalar(L, &w, idx, k, name, &ev);
+			}
+			yaml_event_delete(&ev);
+		}
+		ERR_FORWARD(rc);
+		if (k == LK_OWNS && !lv->embed && !lv->head && !lv->nranges)
+			return fail(&w, "%s: names no group", name);
+	}
+	w.line = item_line;
+	for (int k = 0; k < LK_N; k++)
+		if (!seen[k])
+			return fail(&w, "levels.%d: missing key '%s'", idx, level_keys[k]);
+	return 0;
+}
+
+/* The value of the top-level key levels: (line w->line): a block or flow sequence of levels,
+ * or nothing (no levels: a dense model). */
+static int load_levels(struct loader *L, struct where *w)
+{
+	struct run_config *c = L->base;
+	yaml_event_t ev;
+	int n = 0, rc = 0;
+
+	ERR_FORWARD(next_event(L, &ev));
+	w->line = ev_line(&ev);
+	if (ev.type != YAML_SEQUENCE_START_EVENT) {
+		if (!is_null_scalar(&ev))
+			rc = fail(w, "levels must be a sequence of levels (- name: ...), found %s",
+				  node_kind(&ev));
+		yaml_event_delete(&ev);
+		ERR_FORWARD(rc);
+		goto done;
+	}
+	yaml_event_delete(&ev);
+	for (;;) {
+		ERR_FORWARD(next_event(L, &ev));
+		if (ev.type == YAML_SEQUENCE_END_EVENT) {
+			yaml_event_delete(&ev);
+			break;
+		}
+		w->line = ev_line(&ev);
+		if (n == CONFIG_MAX_LEVELS)
+			rc = fail(w, "levels: more than %d levels", CONFIG_MAX_LEVELS);
+		else if (ev.type != YAML_MAPPING_START_EVENT)
+			rc = fail(w, "levels.%d must be a mapping of name, owns and modules, found %s",
+				  n, node_kind(&ev));
+		yaml_event_delete(&ev);
+		ERR_FORWARD(rc);
+		ERR_FORWARD(load_level(L, n, w->line));
+		n++;
+	}
+done:
+	/* Entries past the count are zero, so equal configs are equal bytes. */
+	memset(&c->dipaco.levels[n], 0, (CONFIG_MAX_LEVELS - (size_t)n) * sizeof c->dipaco.levels[0]);
+	c->dipaco.nlevels = n;
+	return 0;
+}
+
 /* The top-level mapping of sections, whose MAPPING_START has been consumed. */
 static int load_sections(struct loader *L)
 {
@@ -712,6 +1067,14 @@ static int load_sections(struct loader *L)
 		ERR_FORWARD(next_key(L, &w, "a section name", name, &end));
 		if (end)
 			return 0;
+		if (L->s->levels && !strcmp(name, "levels")) {
+			if (L->levels_line)
+				return fail(&w, "duplicate section 'levels' (first at line %zu)",
+					    L->levels_line);
+			L->levels_line = w.line;
+			ERR_FORWARD(load_levels(L, &w));
+			continue;
+		}
 		if (!section_exists(L->s, name, &first)) {
 			suggest_section(L->s, name, sugg, sizeof sugg);
 			return fail(&w, "unknown section '%s'%s", name, sugg);
@@ -810,6 +1173,14 @@ out:
 	return rc;
 }
 
+/* a is "levels=...", "levels.0.name=..." or "levels[0]...", with prefix for "levels". */
+static int names_levels(const char *a, const char *prefix)
+{
+	size_t n = strlen(prefix);
+
+	return !strncmp(a, prefix, n) && a[n] && strchr(".[=", a[n]);
+}
+
 /* "section.key=value": the value is taken as written (a plain scalar, no YAML quoting). */
 static int schema_set(const struct cfg_schema *s, void *base, const char *assignment)
 {
@@ -820,6 +1191,11 @@ static int schema_set(const struct cfg_schema *s, void *base, const char *assign
 
 	if (!eq || eq == assignment)
 		return fail(&w, "expected section.key=value");
+	/* A level is several keys that only make sense together, and its place in the list
+	 * is its meaning: no override syntax says that better than the file does. */
+	if (s->levels && (names_levels(assignment, "levels") ||
+			  names_levels(assignment, "dipaco.levels")))
+		return fail(&w, "levels can be set only in a config file");
 	if ((size_t)(eq - assignment) >= sizeof name)
 		return fail(&w, "unknown key '%.64s...'", assignment);
 	memcpy(name, assignment, (size_t)(eq - assignment));
@@ -954,15 +1330,13 @@ static void sink_quoted(struct sink *o, const char *s)
 	sink_str(o, "\"");
 }
 
-static void sink_line(struct sink *o, const struct cfg_key *k, const void *base)
+/* A value as canonical text; yaml quotes enum names too (a name such as "no" or "1" would
+ * otherwise be read back as something else by a YAML reader). */
+static void sink_value(struct sink *o, const struct cfg_key *k, const void *base, int yaml)
 {
 	const void *f = cfield(base, k);
 	char v[64];
 
-	sink_str(o, k->section);
-	sink_str(o, ".");
-	sink_str(o, k->key);
-	sink_str(o, ": ");
 	switch (k->type) {
 	case CFG_INT: snprintf(v, sizeof v, "%d", *(const int *)f); break;
 	case CFG_LONG: snprintf(v, sizeof v, "%ld", *(const long *)f); break;
@@ -974,16 +1348,55 @@ static void sink_line(struct sink *o, const struct cfg_key *k, const void *base)
 		while (k->choices[nc])
 			nc++;
 		snprintf(v, sizeof v, "%s", e >= 0 && e < nc ? k->choices[e] : "?");
+		if (yaml) {
+			sink_quoted(o, v);
+			return;
+		}
 		break;
 	}
 	case CFG_STRING:
 		sink_quoted(o, (const char *)f);
-		v[0] = '\0';
-		break;
+		return;
 	default: v[0] = '\0'; break;
 	}
 	sink_str(o, v);
+}
+
+static void sink_line(struct sink *o, const struct cfg_key *k, const void *base)
+{
+	sink_str(o, k->section);
+	sink_str(o, ".");
+	sink_str(o, k->key);
+	sink_str(o, ": ");
+	sink_value(o, k, base, 0);
 	sink_str(o, "\n");
+}
+
+/* A level name, cut to its array (the struct may come from code, not from us). */
+static void level_name_text(const struct level_config *lv, char *buf, size_t n)
+{
+	snprintf(buf, n, "%.*s", (int)strnlen(lv->name, LEVEL_NAME_MAX), lv->name);
+}
+
+/* "levels.0: name=lower modules=2 owns=embed h.0-1" for each configured level. */
+static void levels_emit(const struct run_config *c, struct sink *o)
+{
+	char name[LEVEL_NAME_MAX + 1], owns[512], line[640];
+	int n = c->dipaco.nlevels > CONFIG_MAX_LEVELS ? CONFIG_MAX_LEVELS : c->dipaco.nlevels;
+
+	for (int i = 0; i < n; i++) {
+		const struct level_config *lv = &c->dipaco.levels[i];
+		char k[16];
+		level_name_text(lv, name, sizeof name);
+		owns_text(lv, owns, sizeof owns);
+		if (lv->modules == LEVEL_PER_PATH)
+			snprintf(k, sizeof k, "path");
+		else
+			snprintf(k, sizeof k, "%d", lv->modules);
+		snprintf(line, sizeof line, "levels.%d: name=%s modules=%s owns=%s\n", i, name, k,
+			 owns);
+		sink_str(o, line);
+	}
 }
 
 /* Table order; only_section NULL means every key. */
@@ -1023,6 +1436,145 @@ int config_set(struct run_config *c, const char *assignment)
 	return schema_set(&run_schema, c, assignment);
 }
 
+int config_levels(const struct run_config *c, struct level_config *out)
+{
+	int n = c->dipaco.nlevels;
+
+	if (n > 0) {
+		if (n > CONFIG_MAX_LEVELS)
+			n = CONFIG_MAX_LEVELS;
+		memcpy(out, c->dipaco.levels, (size_t)n * sizeof *out);
+		return n;
+	}
+	memset(out, 0, sizeof *out);
+	snprintf(out->name, sizeof out->name, "all");
+	out->modules = 1;
+	out->embed = out->head = 1;
+	out->nranges = 1;
+	out->range[0].lo = 0;
+	out->range[0].hi = c->model.n_layer - 1;
+	return 1;
+}
+
+long config_inner_steps(const struct run_config *c)
+{
+	if (c->dipaco.inner_steps > 0)
+		return c->dipaco.inner_steps;
+	return c->dipaco.phases > 0 ? c->train.steps / c->dipaco.phases : c->train.steps;
+}
+
+/* Each level well formed: the struct may have been filled by code, not by the loader. */
+static int levels_check_each(const struct run_config *c, const struct where *w)
+{
+	const struct dipaco_config *d = &c->dipaco;
+	char name[LEVEL_NAME_MAX + 1];
+
+	if (d->nlevels < 0 || d->nlevels > CONFIG_MAX_LEVELS)
+		return fail(w, "levels: %d levels is outside [0, %d]", d->nlevels,
+			    CONFIG_MAX_LEVELS);
+	for (int i = 0; i < d->nlevels; i++) {
+		const struct level_config *lv = &d->levels[i];
+		level_name_text(lv, name, sizeof name);
+		if (!level_name_ok(lv->name, LEVEL_NAME_MAX))
+			return fail(w, "levels.%d.name: '%s' is not a level name ([a-z][a-z0-9_]*, "
+				    "at most %d characters)", i, name, LEVEL_NAME_MAX - 1);
+		for (int j = 0; j < i; j++)
+			if (!strcmp(d->levels[j].name, lv->name))
+				return fail(w, "levels.%d.name: duplicate level name '%s' (levels.%d)",
+					    i, name, j);
+		if (lv->modules < 0 || lv->modules > LEVEL_MAX_MODULES)
+			return fail(w, "levels.%d.modules: %d is outside [1, %d] (or path)", i,
+				    lv->modules, LEVEL_MAX_MODULES);
+		if (lv->nranges < 0 || lv->nranges > LEVEL_MAX_RANGES)
+			return fail(w, "levels.%d.owns: %d block ranges is outside [0, %d]", i,
+				    lv->nranges, LEVEL_MAX_RANGES);
+		if (!lv->embed && !lv->head && !lv->nranges)
+			return fail(w, "levels.%d.owns: names no group", i);
+		for (int r = 0; r < lv->nranges; r++) {
+			int lo = lv->range[r].lo, hi = lv->range[r].hi;
+			if (lo < 0 || lo > hi)
+				return fail(w, "levels.%d.owns: range h.%d-%d is not a range", i, lo,
+					    hi);
+			if (hi >= c->model.n_layer)
+				return fail(w, "levels.%d.owns: level '%s' names block h.%d, but "
+					    "model.n_layer is %d", i, name, hi, c->model.n_layer);
+		}
+	}
+	return 0;
+}
+
+/* Every group (embed, h.0 .. h.{L-1}, head) owned by exactly one level; the first that is
+ * not is named. Group g: 0 embed, 1 .. L the blocks, L + 1 head. */
+static int levels_check_owners(const struct run_config *c, const struct where *w)
+{
+	const struct dipaco_config *d = &c->dipaco;
+	int L = c->model.n_layer;
+	char group[16];
+
+	for (int g = 0; g <= L + 1; g++) {
+		int owners = 0, first = -1, second = -1;
+		for (int i = 0; i < d->nlevels; i++) {
+			const struct level_config *lv = &d->levels[i];
+			int times = g == 0 ? lv->embed != 0 : g == L + 1 ? lv->head != 0 : 0;
+			for (int r = 0; g >= 1 && g <= L && r < lv->nranges; r++)
+				times += lv->range[r].lo <= g - 1 && g - 1 <= lv->range[r].hi;
+			for (; times > 0; times--, owners++) {
+				if (first < 0)
+					first = i;
+				else if (second < 0)
+					second = i;
+			}
+		}
+		if (owners == 1)
+			continue;
+		if (g == 0)
+			snprintf(group, sizeof group, "embed");
+		else if (g == L + 1)
+			snprintf(group, sizeof group, "head");
+		else
+			snprintf(group, sizeof group, "h.%d", g - 1);
+		if (owners == 0)
+			return fail(w, "levels: no level owns '%s'", group);
+		if (first == second)
+			return fail(w, "levels: '%s' is owned twice by level '%s'", group,
+				    d->levels[first].name);
+		return fail(w, "levels: '%s' is owned by both '%s' and '%s'", group,
+			    d->levels[first].name, d->levels[second].name);
+	}
+	return 0;
+}
+
+/* R, the product of the routed levels' K, and P against it; then the schedule. */
+static int dipaco_check(const struct run_config *c, const struct where *w)
+{
+	const struct dipaco_config *d = &c->dipaco;
+	long R = 1;
+
+	for (int i = 0; i < d->nlevels; i++) {
+		if (d->levels[i].modules == LEVEL_PER_PATH)
+			continue;
+		R *= d->levels[i].modules; /* both <= 65536: no overflow before the check */
+		if (R > LEVEL_MAX_MODULES)
+			return fail(w, "levels: the levels' modules multiply to more than %d paths",
+				    LEVEL_MAX_MODULES);
+	}
+	if (d->paths && d->paths % R)
+		return fail(w, "dipaco.paths (%d) must be a multiple of %ld, the product of the "
+			    "levels' modules", d->paths, R);
+	/* P = paths or R is then <= 65536 by paths' range and the check above. */
+
+	if (d->inner_steps > 0 && d->inner_steps > c->train.steps / d->phases)
+		return fail(w, "dipaco.phases (%ld) times dipaco.inner_steps (%ld) is more than "
+			    "train.steps (%ld)", d->phases, d->inner_steps, c->train.steps);
+	if (d->inner_steps == 0 && d->phases > 1 && c->train.steps < d->phases)
+		return fail(w, "train.steps (%ld) must be at least dipaco.phases (%ld) when "
+			    "dipaco.inner_steps is 0", c->train.steps, d->phases);
+	if (d->early_stop_every > 0 && !(d->holdout_frac > 0))
+		return fail(w, "dipaco.early_stop_every (%ld) needs dipaco.holdout_frac > 0",
+			    d->early_stop_every);
+	return 0;
+}
+
 int config_validate(const struct run_config *c, const char *path)
 {
 	struct where w = { path, NULL, 0 };
@@ -1032,14 +1584,24 @@ int config_validate(const struct run_config *c, const char *path)
 	if (c->model.n_embd % c->model.n_head != 0)
 		return fail(&w, "model.n_embd (%d) must be a multiple of model.n_head (%d)",
 			    c->model.n_embd, c->model.n_head);
-	return 0;
+	ERR_FORWARD(levels_check_each(c, &w));
+	if (c->dipaco.nlevels > 0)
+		ERR_FORWARD(levels_check_owners(c, &w));
+	return dipaco_check(c, &w);
+}
+
+/* The whole canonical text: every key in table order, then the levels. */
+static void emit_all(const struct run_config *c, struct sink *o)
+{
+	schema_emit(&run_schema, c, NULL, o);
+	levels_emit(c, o);
 }
 
 size_t config_dump(const struct run_config *c, char *buf, size_t n)
 {
 	struct sink o = { buf, n, 0, 0, 0 };
 
-	schema_emit(&run_schema, c, NULL, &o);
+	emit_all(c, &o);
 	if (buf && n)
 		buf[o.len < n ? o.len : n - 1] = '\0';
 	return o.len;
@@ -1057,6 +1619,50 @@ void config_hash_all(const struct run_config *c, char out[17])
 {
 	struct sink o = { NULL, 0, 0, 1, FNV_OFFSET };
 
-	schema_emit(&run_schema, c, NULL, &o);
+	emit_all(c, &o);
 	hash_hex(o.h, out);
+}
+
+size_t config_yaml(const struct run_config *c, char *buf, size_t n)
+{
+	struct sink o = { buf, n, 0, 0, 0 };
+	char owns[512], k[16];
+	const char *section = "";
+
+	for (size_t i = 0; i < run_schema.n; i++) {
+		const struct cfg_key *key = &run_schema.keys[i];
+		if (strcmp(key->section, section)) {
+			section = key->section;
+			sink_str(&o, section);
+			sink_str(&o, ":\n");
+		}
+		sink_str(&o, "  ");
+		sink_str(&o, key->key);
+		sink_str(&o, ": ");
+		sink_value(&o, key, c, 1);
+		sink_str(&o, "\n");
+	}
+	int nl = c->dipaco.nlevels > CONFIG_MAX_LEVELS ? CONFIG_MAX_LEVELS : c->dipaco.nlevels;
+	if (nl > 0)
+		sink_str(&o, "levels:\n");
+	for (int i = 0; i < nl; i++) {
+		const struct level_config *lv = &c->dipaco.levels[i];
+		char name[LEVEL_NAME_MAX + 1];
+		level_name_text(lv, name, sizeof name);
+		owns_text(lv, owns, sizeof owns);
+		if (lv->modules == LEVEL_PER_PATH)
+			snprintf(k, sizeof k, "path");
+		else
+			snprintf(k, sizeof k, "%d", lv->modules);
+		sink_str(&o, "  - name: ");
+		sink_quoted(&o, name);
+		sink_str(&o, "\n    owns: ");
+		sink_quoted(&o, owns);
+		sink_str(&o, "\n    modules: ");
+		sink_str(&o, k);
+		sink_str(&o, "\n");
+	}
+	if (buf && n)
+		buf[o.len < n ? o.len : n - 1] = '\0';
+	return o.len;
 }

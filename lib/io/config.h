@@ -1,11 +1,12 @@
 /* config.h - YAML run configs, validated against a schema.
  *
- * A config is a YAML mapping of sections (model:, train:) holding scalar keys. The schema
- * (config.c) lists every key with its type, range and default; an unknown key, a value of
- * the wrong type or out of range, a duplicate key or malformed YAML is CORE_ECONFIG with a
- * detail that names the line ("line 7: train.lr: -1 is outside (0, 10]"). Command-line
- * overrides use the same schema ("train.steps=100"). New sections (dipaco:, moe:) are added
- * by extending the schema table, not the parser.
+ * A config is a YAML mapping of sections (model:, train:, dipaco:) holding scalar keys, plus
+ * one section that is a sequence, levels: (the DiPaCo topology, dpc-config(5) LEVELS). The
+ * schema (config.c) lists every scalar key with its type, range and default; an unknown key,
+ * a value of the wrong type or out of range, a duplicate key or malformed YAML is
+ * CORE_ECONFIG with a detail that names the line ("line 7: train.lr: -1 is outside (0, 10]").
+ * Command-line overrides use the same schema ("train.steps=100"); levels can be set only in
+ * a file. New scalar sections (moe:) are added by extending the schema table, not the parser.
  */
 #ifndef CORE_CONFIG_H
 #define CORE_CONFIG_H
@@ -34,10 +35,54 @@ struct train_config {
 	uint64_t seed;
 };
 
+/* DiPaCo topology (dpc-config(5), "LEVELS"): the model's parameter groups (embed = wte + wpe,
+ * the blocks h.0 .. h.{L-1}, head = ln_f + lm_head) are split among levels; each level has
+ * K modules, or one module per path. Paths are the mixed-radix product of the routed levels
+ * (K >= 1), repeated when dipaco.paths asks for more (DiLoCo: every K = 1, P paths). */
+#define CONFIG_MAX_LEVELS 16
+#define LEVEL_NAME_MAX 32   /* [a-z][a-z0-9_]*, with its nul */
+#define LEVEL_MAX_RANGES 16 /* block ranges per level */
+#define LEVEL_PER_PATH 0    /* level_config.modules: one module per path */
+
+struct level_config {
+	char name[LEVEL_NAME_MAX];
+	int modules;   /* K >= 1, or LEVEL_PER_PATH */
+	int embed;     /* owns wte.weight and wpe.weight */
+	int head;      /* owns ln_f.* and lm_head.weight */
+	int nranges;   /* owns blocks range[i].lo .. range[i].hi (inclusive) */
+	struct { int lo, hi; } range[LEVEL_MAX_RANGES];
+};
+
+struct dipaco_config {
+	long phases;          /* T: outer phases */
+	long inner_steps;     /* tau; 0 means train.steps / phases */
+	int paths;            /* P; 0 means the product of the routed levels' K */
+	double outer_lr;      /* Nesterov learning rate (0.7) */
+	double outer_momentum;/* mu (0.9); 0 is plain averaging with outer_lr 1 */
+	int nesterov;         /* 1: Nesterov update; 0: heavy ball (theta -= lr * buf) */
+	int rescale;          /* multiply the averaged delta by sqrt(P_le) */
+	int reweight;         /* weight paths by shard tokens (else uniformly) */
+	long early_stop_every;/* evaluate the held-out slice every this many inner steps; 0 off */
+	double holdout_frac;  /* share of a shard's tokens held out for early stopping */
+	int nlevels;          /* 0 in the struct after config_defaults; see config_levels */
+	struct level_config levels[CONFIG_MAX_LEVELS];
+};
+
 struct run_config {
 	struct model_config model;
 	struct train_config train;
+	struct dipaco_config dipaco;
 };
+
+/* The levels in effect, copied into out[CONFIG_MAX_LEVELS]: c->dipaco.levels when the config
+ * names any, else one level "all" owning embed, every block and head with one module (a
+ * dense model). Returns the count. */
+int config_levels(const struct run_config *c, struct level_config *out);
+/* tau in effect: dipaco.inner_steps, or train.steps / dipaco.phases when that is 0. */
+long config_inner_steps(const struct run_config *c);
+/* Loadable YAML text of every key and the levels (config_load of it gives back c exactly).
+ * Returns bytes needed (like snprintf). */
+size_t config_yaml(const struct run_config *c, char *buf, size_t n);
 
 void config_defaults(struct run_config *c);
 /* 1 when both describe the same model (every field equal). */

@@ -88,7 +88,10 @@ Test(config, gpt_tiny_file_has_hand_read_values)
 {
 	struct run_config c;
 
-	memset(&c, 0, sizeof c); /* not the defaults: every value must come from the file */
+	/* not the defaults: every value of the sections in the file must come from it */
+	config_defaults(&c);
+	memset(&c.model, 0, sizeof c.model);
+	memset(&c.train, 0, sizeof c.train);
 	int rc = config_load(&c, "configs/gpt-tiny.yaml");
 	cr_assert_eq(rc, 0, "load configs/gpt-tiny.yaml (run from the repository root): %s",
 		     err_detail());
@@ -110,7 +113,9 @@ Test(config, gpt_small_test_file)
 {
 	struct run_config c;
 
-	memset(&c, 0, sizeof c);
+	config_defaults(&c);
+	memset(&c.model, 0, sizeof c.model);
+	memset(&c.train, 0, sizeof c.train);
 	int rc = config_load(&c, "configs/gpt-small-test.yaml");
 	cr_assert_eq(rc, 0, "load configs/gpt-small-test.yaml: %s", err_detail());
 	cr_expect_eq(c.model.n_layer, 2);
@@ -313,6 +318,139 @@ static const struct bad_case bad_cases[] = {
 	  "line 3: yaml aliases are not supported ('*x'); write the value out" },
 	{ "train:\n  lr: !!float 0.1\n",
 	  "line 2: yaml tags are not supported ('tag:yaml.org,2002:float')" },
+	/* the dipaco section's ranges */
+	{ "dipaco:\n  phases: 0\n", "line 2: dipaco.phases: 0 must be >= 1" },
+	{ "dipaco:\n  inner_steps: -1\n", "line 2: dipaco.inner_steps: -1 must be >= 0" },
+	{ "dipaco:\n  paths: 65537\n", "line 2: dipaco.paths: 65537 is outside [0, 65536]" },
+	{ "dipaco:\n  outer_lr: 0\n", "line 2: dipaco.outer_lr: 0 is outside (0, 10]" },
+	{ "dipaco:\n  outer_momentum: 1\n",
+	  "line 2: dipaco.outer_momentum: 1 is outside [0, 1)" },
+	{ "dipaco:\n  nesterov: yes\n", "line 2: dipaco.nesterov: 'yes' is not true or false" },
+	{ "dipaco:\n  early_stop_every: -1\n",
+	  "line 2: dipaco.early_stop_every: -1 must be >= 0" },
+	{ "dipaco:\n  holdout_frac: 0.6\n",
+	  "line 2: dipaco.holdout_frac: 0.6 is outside [0, 0.5]" },
+	{ "dipaco:\n  rescale: true\n  levels: []\n",
+	  "line 3: unknown key 'dipaco.levels' (levels is a top-level section of its own)" },
+	/* levels: the section itself */
+	{ "level:\n  - name: a\n", "line 1: unknown section 'level' (did you mean 'levels'?)" },
+	{ "levels: 3\n",
+	  "line 1: levels must be a sequence of levels (- name: ...), found a scalar" },
+	{ "levels:\n  lower:\n    owns: embed\n    modules: 2\n",
+	  "line 2: levels must be a sequence of levels (- name: ...), found a mapping" },
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n    modules: 1\nlevels: []\n",
+	  "line 5: duplicate section 'levels' (first at line 1)" },
+	{ "levels:\n  - lower\n",
+	  "line 2: levels.0 must be a mapping of name, owns and modules, found a scalar" },
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n    modules: 1\n  - [b]\n",
+	  "line 5: levels.1 must be a mapping of name, owns and modules, found a sequence" },
+	/* level keys */
+	{ "levels:\n  - name: a\n    own: embed\n",
+	  "line 3: unknown key 'levels.0.own' (did you mean 'levels.0.owns'?)" },
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n    modules: 1\n"
+	  "  - name: b\n    module: 2\n",
+	  "line 6: unknown key 'levels.1.module' (did you mean 'levels.1.modules'?)" },
+	{ "levels:\n  - name: a\n    experts: 2\n", "line 3: unknown key 'levels.0.experts'" },
+	{ "levels:\n  - name: a\n    owns: embed\n    name: b\n",
+	  "line 4: duplicate key 'levels.0.name' (first at line 2)" },
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n",
+	  "line 2: levels.0: missing key 'modules'" },
+	{ "levels:\n  - modules: 1\n    owns: embed h.0-3 head\n",
+	  "line 2: levels.0: missing key 'name'" },
+	{ "levels:\n  - {name: a, modules: 1}\n", "line 2: levels.0: missing key 'owns'" },
+	{ "levels:\n  - ? [x]\n    : 1\n",
+	  "line 2: a key of levels.0 must be a scalar, found a sequence" },
+	/* name */
+	{ "levels:\n  - name: lower\n    owns: embed h.0-1\n    modules: 2\n"
+	  "  - name: lower\n    owns: h.2-3 head\n    modules: 2\n",
+	  "line 5: levels.1.name: duplicate level name 'lower' (first at line 2)" },
+	{ "levels:\n  - name: Lower\n",
+	  "line 2: levels.0.name: 'Lower' is not a level name ([a-z][a-z0-9_]*, at most 31 "
+	  "characters)" },
+	{ "levels:\n  - name: 1st\n",
+	  "line 2: levels.0.name: '1st' is not a level name ([a-z][a-z0-9_]*, at most 31 "
+	  "characters)" },
+	{ "levels:\n  - name: up-per\n",
+	  "line 2: levels.0.name: 'up-per' is not a level name ([a-z][a-z0-9_]*, at most 31 "
+	  "characters)" },
+	{ "levels:\n  - name: \"\"\n",
+	  "line 2: levels.0.name: '' is not a level name ([a-z][a-z0-9_]*, at most 31 "
+	  "characters)" },
+	/* 32 characters */
+	{ "levels:\n  - name: abcdefghij_abcdefghij_abcdefghij\n",
+	  "line 2: levels.0.name: 'abcdefghij_abcdefghij_abcdefghij' is not a level name "
+	  "([a-z][a-z0-9_]*, at most 31 characters)" },
+	{ "levels:\n  - name:\n    owns: embed\n", "line 2: levels.0.name: missing value" },
+	{ "levels:\n  - name: [a]\n",
+	  "line 2: levels.0.name: expected a scalar value, found a sequence" },
+	/* owns */
+	{ "levels:\n  - name: a\n    owns: embed h.x\n",
+	  "line 3: levels.0.owns: 'h.x' is not a group (embed, head, h.I or h.I-J)" },
+	{ "levels:\n  - name: a\n    owns: embed, blocks\n",
+	  "line 3: levels.0.owns: 'blocks' is not a group (embed, head, h.I or h.I-J)" },
+	{ "levels:\n  - name: a\n    owns: h.01\n",
+	  "line 3: levels.0.owns: 'h.01' is not a group (embed, head, h.I or h.I-J)" },
+	{ "levels:\n  - name: a\n    owns: h.1-\n",
+	  "line 3: levels.0.owns: 'h.1-' is not a group (embed, head, h.I or h.I-J)" },
+	{ "levels:\n  - name: a\n    owns: h.-1\n",
+	  "line 3: levels.0.owns: 'h.-1' is not a group (embed, head, h.I or h.I-J)" },
+	{ "levels:\n  - name: a\n    owns: H.1\n",
+	  "line 3: levels.0.owns: 'H.1' is not a group (embed, head, h.I or h.I-J)" },
+	{ "levels:\n  - name: a\n    owns: h.1-2-3\n",
+	  "line 3: levels.0.owns: 'h.1-2-3' is not a group (embed, head, h.I or h.I-J)" },
+	{ "levels:\n  - name: a\n    owns: h.12345678\n",
+	  "line 3: levels.0.owns: 'h.12345678' is not a group (embed, head, h.I or h.I-J)" },
+	{ "levels:\n  - name: a\n    owns: [embed, lm_head]\n",
+	  "line 3: levels.0.owns: 'lm_head' is not a group (embed, head, h.I or h.I-J)" },
+	{ "levels:\n  - name: a\n    owns:\n      - embed\n      - h.0-1x\n",
+	  "line 5: levels.0.owns: 'h.0-1x' is not a group (embed, head, h.I or h.I-J)" },
+	{ "levels:\n  - name: a\n    owns: [embed head]\n",
+	  "line 3: levels.0.owns: 'embed head' is not a group (embed, head, h.I or h.I-J)" },
+	{ "levels:\n  - name: a\n    owns: [embed, {h: 1}]\n",
+	  "line 3: levels.0.owns: expected a group word, found a mapping" },
+	{ "levels:\n  - name: a\n    owns:\n      embed: 1\n",
+	  "line 3: levels.0.owns: expected a scalar value or a sequence, found a mapping" },
+	{ "levels:\n  - name: a\n    owns: h.3-1\n",
+	  "line 3: levels.0.owns: range 'h.3-1' runs backwards (3 > 1)" },
+	{ "levels:\n  - name: a\n    owns: [embed, h.0-1, h.2-1]\n",
+	  "line 3: levels.0.owns: range 'h.2-1' runs backwards (2 > 1)" },
+	{ "levels:\n  - name: a\n    owns: head embed head\n",
+	  "line 3: levels.0.owns: 'head' is named twice" },
+	{ "levels:\n  - name: a\n    owns: \" , \"\n", "line 3: levels.0.owns: names no group" },
+	{ "levels:\n  - name: a\n    owns: []\n", "line 3: levels.0.owns: names no group" },
+	{ "levels:\n  - name: a\n    owns:\n    modules: 1\n",
+	  "line 3: levels.0.owns: missing value" },
+	{ "levels:\n  - name: a\n    owns: h.0 h.0 h.0 h.0 h.0 h.0 h.0 h.0 h.0 h.0 h.0 h.0 "
+	  "h.0 h.0 h.0 h.0 h.0\n",
+	  "line 3: levels.0.owns: more than 16 block ranges" },
+	/* modules */
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n    modules: 0\n",
+	  "line 4: levels.0.modules: 0 is outside [1, 65536] (write path for one module per "
+	  "path)" },
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n    modules: -2\n",
+	  "line 4: levels.0.modules: -2 is outside [1, 65536] (write path for one module per "
+	  "path)" },
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n    modules: 65537\n",
+	  "line 4: levels.0.modules: 65537 is outside [1, 65536] (write path for one module per "
+	  "path)" },
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n    modules: paths\n",
+	  "line 4: levels.0.modules: 'paths' is neither an integer nor the word path "
+	  "(did you mean 'path'?)" },
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n    modules: 2.0\n",
+	  "line 4: levels.0.modules: '2.0' is neither an integer nor the word path" },
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n    modules: \"2\"\n",
+	  "line 4: levels.0.modules: \"2\" is a quoted string, not a number; remove the quotes" },
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n    modules: ~\n",
+	  "line 4: levels.0.modules: missing value" },
+	/* anchors, aliases and tags inside levels */
+	{ "levels: &l\n  - name: a\n",
+	  "line 1: yaml anchors are not supported ('&l'); write the value out" },
+	{ "levels:\n  - name: &n a\n",
+	  "line 2: yaml anchors are not supported ('&n'); write the value out" },
+	{ "levels:\n  - name: a\n    owns: [embed, *x]\n",
+	  "line 3: yaml aliases are not supported ('*x'); write the value out" },
+	{ "levels:\n  - name: a\n    owns: embed h.0-3 head\n    modules: !!int 2\n",
+	  "line 4: yaml tags are not supported ('tag:yaml.org,2002:int')" },
 };
 
 Test(config, every_error_names_line_and_key)
@@ -475,6 +613,611 @@ Test(config, validate_cross_field_and_ranges)
 	cr_expect_str_eq(err_detail(), "model.n_layer: 0 is outside [1, 1024]");
 }
 
+/* ---- dipaco: and levels: ------------------------------------------------------------------ */
+
+/* A level as read by hand from a file. */
+struct want_level {
+	const char *name;
+	int modules, embed, head, nranges;
+	int lo[3], hi[3];
+};
+
+static void check_level(const struct level_config *got, const struct want_level *w,
+			const char *what, int i)
+{
+	cr_expect_str_eq(got->name, w->name, "%s: levels.%d.name", what, i);
+	cr_expect_eq(got->modules, w->modules, "%s: levels.%d.modules %d, want %d", what, i,
+		     got->modules, w->modules);
+	cr_expect_eq(got->embed, w->embed, "%s: levels.%d.embed", what, i);
+	cr_expect_eq(got->head, w->head, "%s: levels.%d.head", what, i);
+	cr_expect_eq(got->nranges, w->nranges, "%s: levels.%d.nranges %d, want %d", what, i,
+		     got->nranges, w->nranges);
+	for (int r = 0; r < w->nranges && r < got->nranges; r++) {
+		cr_expect_eq(got->range[r].lo, w->lo[r], "%s: levels.%d.range[%d].lo", what, i, r);
+		cr_expect_eq(got->range[r].hi, w->hi[r], "%s: levels.%d.range[%d].hi", what, i, r);
+	}
+}
+
+/* Two levels equal field by field (only the ranges in use). */
+static void expect_levels_equal(const struct level_config *a, const struct level_config *b,
+				const char *what, int i)
+{
+	cr_expect_str_eq(a->name, b->name, "%s: levels.%d.name", what, i);
+	cr_expect_eq(a->modules, b->modules, "%s: levels.%d.modules", what, i);
+	cr_expect_eq(a->embed, b->embed, "%s: levels.%d.embed", what, i);
+	cr_expect_eq(a->head, b->head, "%s: levels.%d.head", what, i);
+	cr_expect_eq(a->nranges, b->nranges, "%s: levels.%d.nranges", what, i);
+	for (int r = 0; r < a->nranges && r < b->nranges && r < LEVEL_MAX_RANGES; r++) {
+		cr_expect_eq(a->range[r].lo, b->range[r].lo, "%s: levels.%d.range[%d].lo", what, i,
+			     r);
+		cr_expect_eq(a->range[r].hi, b->range[r].hi, "%s: levels.%d.range[%d].hi", what, i,
+			     r);
+	}
+}
+
+/* The model and train values every shipped dipaco config shares (read by hand). */
+static void check_short_run(const struct run_config *c, const char *what)
+{
+	cr_expect_eq(c->model.n_layer, 4, "%s: n_layer", what);
+	cr_expect_eq(c->model.n_embd, 256, "%s: n_embd", what);
+	cr_expect_eq(c->model.n_head, 4, "%s: n_head", what);
+	cr_expect_eq(c->model.seq_len, 256, "%s: seq_len", what);
+	cr_expect_eq(c->model.vocab_size, 256, "%s: vocab_size", what);
+	cr_expect_eq(c->train.batch_size, 8, "%s: batch_size", what);
+	cr_expect_eq(c->train.steps, 400, "%s: steps", what);
+	cr_expect_eq(c->train.lr, 3.0e-3, "%s: lr", what);
+	cr_expect_eq(c->train.warmup_steps, 20, "%s: warmup_steps", what);
+	cr_expect_eq(c->train.min_lr_frac, 0.1, "%s: min_lr_frac", what);
+	cr_expect_eq(c->train.weight_decay, 0.1, "%s: weight_decay", what);
+	cr_expect_eq(c->train.beta1, 0.9, "%s: beta1", what);
+	cr_expect_eq(c->train.beta2, 0.95, "%s: beta2", what);
+	cr_expect_eq(c->train.eps, 1.0e-8, "%s: eps", what);
+	cr_expect_eq(c->train.grad_clip, 1.0, "%s: grad_clip", what);
+	cr_expect_eq(c->train.eval_every, 0, "%s: eval_every", what);
+	cr_expect_eq(c->train.eval_batches, 16, "%s: eval_batches", what);
+	cr_expect_eq(c->train.checkpoint_every, 0, "%s: checkpoint_every", what);
+	cr_expect_eq(c->train.seed, 1, "%s: seed", what);
+	cr_expect_eq(c->dipaco.phases, 4, "%s: phases", what);
+	cr_expect_eq(c->dipaco.inner_steps, 100, "%s: inner_steps", what);
+	cr_expect_eq(c->dipaco.nesterov, 1, "%s: nesterov", what);
+	cr_expect_eq(c->dipaco.rescale, 1, "%s: rescale", what);
+	cr_expect_eq(c->dipaco.reweight, 1, "%s: reweight", what);
+	cr_expect_eq(c->dipaco.early_stop_every, 0, "%s: early_stop_every", what);
+	cr_expect_eq(c->dipaco.holdout_frac, 0.05, "%s: holdout_frac", what);
+}
+
+static const struct {
+	const char *path;
+	int paths;
+	double outer_lr, outer_momentum;
+	int nlevels;
+	struct want_level levels[3];
+} shipped[] = {
+	{ "configs/dense.yaml", 1, 1.0, 0.0, 0, { { NULL } } },
+	{ "configs/diloco.yaml", 4, 0.7, 0.9, 1, { { "all", 1, 1, 1, 1, { 0 }, { 3 } } } },
+	{ "configs/flat-moe.yaml", 0, 0.7, 0.9, 1, { { "all", 4, 1, 1, 1, { 0 }, { 3 } } } },
+	{ "configs/dipaco-2x2.yaml", 0, 0.7, 0.9, 2,
+	  { { "lower", 2, 1, 0, 1, { 0 }, { 1 } }, { "upper", 2, 0, 1, 1, { 2 }, { 3 } } } },
+	{ "configs/dipaco-2x2-head.yaml", 0, 0.7, 0.9, 3,
+	  { { "lower", 2, 1, 0, 1, { 0 }, { 1 } }, { "upper", 2, 0, 0, 1, { 2 }, { 2 } },
+	    { "head", LEVEL_PER_PATH, 0, 1, 1, { 3 }, { 3 } } } },
+};
+
+Test(config, shipped_dipaco_configs)
+{
+	for (size_t f = 0; f < sizeof shipped / sizeof shipped[0]; f++) {
+		struct run_config c;
+		const char *p = shipped[f].path;
+
+		memset(&c, 0x5a, sizeof c);
+		config_defaults(&c);
+		cr_assert_eq(config_load(&c, p), 0, "load %s (run from the repository root): %s",
+			     p, err_detail());
+		check_short_run(&c, p);
+		cr_expect_eq(c.dipaco.paths, shipped[f].paths, "%s: paths", p);
+		cr_expect_eq(c.dipaco.outer_lr, shipped[f].outer_lr, "%s: outer_lr", p);
+		cr_expect_eq(c.dipaco.outer_momentum, shipped[f].outer_momentum,
+			     "%s: outer_momentum", p);
+		cr_expect_eq(c.dipaco.nlevels, shipped[f].nlevels, "%s: nlevels %d", p,
+			     c.dipaco.nlevels);
+		for (int i = 0; i < shipped[f].nlevels && i < c.dipaco.nlevels; i++)
+			check_level(&c.dipaco.levels[i], &shipped[f].levels[i], p, i);
+		cr_expect_eq(config_validate(&c, p), 0, "%s: %s", p, err_detail());
+		cr_expect_eq(config_inner_steps(&c), 100, "%s: tau", p);
+	}
+}
+
+Test(config, level_forms_accepted)
+{
+	struct run_config c;
+	static const struct want_level a = { "a", LEVEL_PER_PATH, 1, 0, 1, { 0 }, { 1 } };
+	static const struct want_level b = { "l2_b", 1, 0, 1, 2, { 2, 3 }, { 2, 3 } };
+	static const struct want_level e = { "x", 7, 0, 1, 2, { 5, 0 }, { 5, 1 } };
+
+	/* flow item, owns with commas and no spaces; block sequence of words; quoted path */
+	config_defaults(&c);
+	cr_assert_eq(load_text(&c, "levels:\n  - {name: a, owns: 'embed,h.0-1', modules: path}\n"
+				   "  - name: \"l2_b\"\n    owns:\n      - h.2\n      - h.3-3\n"
+				   "      - head\n    modules: 1\n"), 0, "%s", err_detail());
+	cr_expect_eq(c.dipaco.nlevels, 2);
+	check_level(&c.dipaco.levels[0], &a, "forms", 0);
+	check_level(&c.dipaco.levels[1], &b, "forms", 1);
+	cr_expect_eq(config_validate(&c, NULL), 0, "%s", err_detail());
+
+	/* ranges kept as written, in order; embed and head wherever they are written */
+	config_defaults(&c);
+	cr_assert_eq(load_text(&c, "levels: [{modules: 7, owns: \"head , h.5\th.0-1\", name: x}]\n"),
+		     0, "%s", err_detail());
+	check_level(&c.dipaco.levels[0], &e, "order", 0);
+
+	/* 31 characters is the longest name */
+	config_defaults(&c);
+	cr_assert_eq(load_text(&c, "levels:\n  - name: abcdefghij_abcdefghij_abcdefghi\n"
+				   "    owns: embed h.0-3 head\n    modules: 65536\n"), 0, "%s",
+		     err_detail());
+	cr_expect_str_eq(c.dipaco.levels[0].name, "abcdefghij_abcdefghij_abcdefghi");
+	cr_expect_eq(c.dipaco.levels[0].modules, 65536);
+	cr_expect_eq(config_validate(&c, NULL), 0, "%s", err_detail());
+
+	/* no levels: nothing, an empty sequence, or null; each clears levels loaded before */
+	static const char *const empty[] = { "levels:\n", "levels: []\n", "levels: ~\n" };
+	for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++) {
+		struct level_config zero[CONFIG_MAX_LEVELS];
+		config_defaults(&c);
+		cr_assert_eq(config_load(&c, "configs/dipaco-2x2.yaml"), 0, "%s", err_detail());
+		cr_assert_eq(c.dipaco.nlevels, 2);
+		cr_assert_eq(load_text(&c, empty[i]), 0, "'%s': %s", empty[i], err_detail());
+		cr_expect_eq(c.dipaco.nlevels, 0, "'%s'", empty[i]);
+		memset(zero, 0, sizeof zero);
+		cr_expect_eq(memcmp(c.dipaco.levels, zero, sizeof zero), 0,
+			     "'%s' leaves old levels behind", empty[i]);
+	}
+}
+
+/* 16 levels, one block each, with 2 modules: R = 2^16 = 65536, the most paths. */
+static void sixteen_levels(char *text, size_t n, int count)
+{
+	size_t off = (size_t)snprintf(text, n, "model:\n  n_layer: 16\n  n_head: 4\nlevels:\n");
+
+	for (int i = 0; i < count; i++)
+		off += (size_t)snprintf(text + off, n - off,
+					"  - name: l%d\n    owns: %sh.%d%s\n    modules: 2\n", i,
+					i == 0 ? "embed " : "", i, i == 15 ? " head" : "");
+}
+
+Test(config, sixteen_levels_and_no_more)
+{
+	struct run_config c;
+	char text[4096];
+
+	sixteen_levels(text, sizeof text, 16);
+	config_defaults(&c);
+	cr_assert_eq(load_text(&c, text), 0, "%s", err_detail());
+	cr_expect_eq(c.dipaco.nlevels, 16);
+	cr_expect_str_eq(c.dipaco.levels[15].name, "l15");
+	cr_expect_eq(config_validate(&c, NULL), 0, "R = 65536 is allowed: %s", err_detail());
+
+	c.dipaco.levels[3].modules = 3;
+	cr_expect_eq(config_validate(&c, NULL), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "levels: the levels' modules multiply to more than 65536 "
+				       "paths");
+
+	/* the 17th item starts on line 4 + 16 * 3 + 1 */
+	sixteen_levels(text, sizeof text, 17);
+	config_defaults(&c);
+	struct run_config before = c;
+	cr_expect_eq(load_text(&c, text), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "line 53: levels: more than 16 levels");
+	cr_expect_eq(memcmp(&c, &before, sizeof c), 0, "a failed load changed the config");
+}
+
+/* Loaded without error, refused by config_validate: the detail names no line. */
+static const struct bad_case bad_validate[] = {
+	{ "levels:\n- {name: lower, owns: embed h.0-1, modules: 2}\n"
+	  "- {name: upper, owns: h.2-4 head, modules: 2}\n",
+	  "levels.1.owns: level 'upper' names block h.4, but model.n_layer is 4" },
+	{ "model:\n  n_layer: 3\nlevels:\n- {name: lower, owns: embed h.0-1, modules: 2}\n"
+	  "- {name: upper, owns: h.2-3 head, modules: 2}\n",
+	  "levels.1.owns: level 'upper' names block h.3, but model.n_layer is 3" },
+	{ "levels:\n- {name: lower, owns: embed h.0-1, modules: 2}\n"
+	  "- {name: upper, owns: h.3 head, modules: 2}\n",
+	  "levels: no level owns 'h.2'" },
+	{ "levels:\n- {name: lower, owns: h.0-1, modules: 2}\n"
+	  "- {name: upper, owns: h.2-3 head, modules: 2}\n",
+	  "levels: no level owns 'embed'" },
+	{ "levels:\n- {name: lower, owns: embed h.0-1, modules: 2}\n"
+	  "- {name: upper, owns: h.2-3, modules: 2}\n",
+	  "levels: no level owns 'head'" },
+	{ "levels:\n- {name: lower, owns: embed h.0-2, modules: 2}\n"
+	  "- {name: upper, owns: h.2-3 head, modules: 2}\n",
+	  "levels: 'h.2' is owned by both 'lower' and 'upper'" },
+	{ "levels:\n- {name: lower, owns: embed h.0-1, modules: 2}\n"
+	  "- {name: upper, owns: embed h.2-3, modules: 2}\n",
+	  "levels: 'embed' is owned by both 'lower' and 'upper'" },
+	{ "levels:\n- {name: all, owns: embed h.0-1 h.1-3 head, modules: 1}\n",
+	  "levels: 'h.1' is owned twice by level 'all'" },
+	/* a model override after the file: the levels no longer cover it */
+	{ "model:\n  n_layer: 6\nlevels:\n- {name: lower, owns: embed h.0-1, modules: 2}\n"
+	  "- {name: upper, owns: h.2-3 head, modules: 2}\n",
+	  "levels: no level owns 'h.4'" },
+	{ "dipaco:\n  paths: 6\nlevels:\n- {name: lower, owns: embed h.0-1, modules: 2}\n"
+	  "- {name: upper, owns: h.2-3 head, modules: 2}\n",
+	  "dipaco.paths (6) must be a multiple of 4, the product of the levels' modules" },
+	/* a per-path level is not part of R */
+	{ "dipaco:\n  paths: 3\nlevels:\n- {name: lower, owns: embed h.0-1, modules: 2}\n"
+	  "- {name: top, owns: h.2-3 head, modules: path}\n",
+	  "dipaco.paths (3) must be a multiple of 2, the product of the levels' modules" },
+	{ "train:\n  steps: 400\ndipaco:\n  phases: 4\n  inner_steps: 101\n",
+	  "dipaco.phases (4) times dipaco.inner_steps (101) is more than train.steps (400)" },
+	{ "train:\n  steps: 0\ndipaco:\n  inner_steps: 1\n",
+	  "dipaco.phases (1) times dipaco.inner_steps (1) is more than train.steps (0)" },
+	{ "train:\n  steps: 4\ndipaco:\n  phases: 5\n",
+	  "train.steps (4) must be at least dipaco.phases (5) when dipaco.inner_steps is 0" },
+	{ "train:\n  steps: 0\ndipaco:\n  phases: 3\n",
+	  "train.steps (0) must be at least dipaco.phases (3) when dipaco.inner_steps is 0" },
+	{ "dipaco:\n  early_stop_every: 10\n  holdout_frac: 0\n",
+	  "dipaco.early_stop_every (10) needs dipaco.holdout_frac > 0" },
+};
+
+/* Their neighbours on the right side of each rule. */
+static const char *const good_validate[] = {
+	"train:\n  steps: 400\ndipaco:\n  phases: 4\n  inner_steps: 100\n",
+	"train:\n  steps: 5\ndipaco:\n  phases: 5\n",
+	"train:\n  steps: 0\n",
+	"train:\n  steps: 2\n",
+	"train:\n  steps: 1\ndipaco:\n  inner_steps: 1\n",
+	"dipaco:\n  early_stop_every: 10\n  holdout_frac: 0.05\n",
+	"dipaco:\n  paths: 8\nlevels:\n- {name: lower, owns: embed h.0-1, modules: 2}\n"
+	"- {name: upper, owns: h.2-3 head, modules: 2}\n",
+	"dipaco:\n  paths: 6\nlevels:\n- {name: lower, owns: embed h.0-1, modules: 2}\n"
+	"- {name: top, owns: h.2-3 head, modules: path}\n",
+	"dipaco:\n  paths: 65536\nlevels:\n- {name: all, owns: 'h.3 h.0-2 head embed', "
+	"modules: 1}\n",
+};
+
+Test(config, validate_levels_and_schedule)
+{
+	for (size_t i = 0; i < sizeof bad_validate / sizeof bad_validate[0]; i++) {
+		struct run_config c;
+		config_defaults(&c);
+		cr_assert_eq(load_text(&c, bad_validate[i].yaml), 0, "case %zu loads: %s", i,
+			     err_detail());
+		cr_expect_eq(config_validate(&c, "x.yaml"), CORE_ECONFIG, "case %zu: yaml:\n%s", i,
+			     bad_validate[i].yaml);
+		cr_expect_str_eq(err_detail(), bad_validate[i].detail,
+				 "case %zu: yaml:\n%s\ngot:  %s\nwant: %s", i, bad_validate[i].yaml,
+				 err_detail(), bad_validate[i].detail);
+		cr_expect_str_eq(err_file(), "x.yaml", "case %zu", i);
+	}
+	for (size_t i = 0; i < sizeof good_validate / sizeof good_validate[0]; i++) {
+		struct run_config c;
+		config_defaults(&c);
+		cr_assert_eq(load_text(&c, good_validate[i]), 0, "%s", err_detail());
+		cr_expect_eq(config_validate(&c, NULL), 0, "yaml:\n%s\nrefused: %s",
+			     good_validate[i], err_detail());
+	}
+}
+
+Test(config, validate_levels_filled_by_code)
+{
+	struct run_config c, base;
+
+	config_defaults(&base);
+	cr_assert_eq(config_load(&base, "configs/dipaco-2x2.yaml"), 0, "%s", err_detail());
+	cr_assert_eq(config_validate(&base, NULL), 0, "%s", err_detail());
+
+	c = base;
+	c.dipaco.nlevels = 17;
+	cr_expect_eq(config_validate(&c, NULL), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "levels: 17 levels is outside [0, 16]");
+	c = base;
+	c.dipaco.nlevels = -1;
+	cr_expect_eq(config_validate(&c, NULL), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "levels: -1 levels is outside [0, 16]");
+	c = base;
+	snprintf(c.dipaco.levels[1].name, LEVEL_NAME_MAX, "Up");
+	cr_expect_eq(config_validate(&c, NULL), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "levels.1.name: 'Up' is not a level name ([a-z][a-z0-9_]*, "
+				       "at most 31 characters)");
+	c = base;
+	memset(c.dipaco.levels[1].name, 'a', LEVEL_NAME_MAX); /* no nul */
+	cr_expect_eq(config_validate(&c, NULL), CORE_ECONFIG);
+	c = base;
+	snprintf(c.dipaco.levels[1].name, LEVEL_NAME_MAX, "lower");
+	cr_expect_eq(config_validate(&c, NULL), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "levels.1.name: duplicate level name 'lower' (levels.0)");
+	c = base;
+	c.dipaco.levels[0].modules = -1;
+	cr_expect_eq(config_validate(&c, NULL), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "levels.0.modules: -1 is outside [1, 65536] (or path)");
+	c = base;
+	c.dipaco.levels[0].nranges = 17;
+	cr_expect_eq(config_validate(&c, NULL), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "levels.0.owns: 17 block ranges is outside [0, 16]");
+	c = base;
+	c.dipaco.levels[0].range[0].lo = 2;
+	cr_expect_eq(config_validate(&c, NULL), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "levels.0.owns: range h.2-1 is not a range");
+	c = base;
+	c.dipaco.levels[1].head = 0;
+	c.dipaco.levels[1].nranges = 0;
+	cr_expect_eq(config_validate(&c, NULL), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "levels.1.owns: names no group");
+}
+
+Test(config, overrides_cannot_set_levels)
+{
+	static const char *const refused[] = {
+		"levels=[]", "levels.0.modules=2", "levels[0].name=x", "dipaco.levels=x",
+		"dipaco.levels.0.name=a",
+	};
+
+	for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+		struct run_config c, d;
+		char want[160];
+		config_defaults(&c);
+		d = c;
+		cr_expect_eq(config_set(&c, refused[i]), CORE_ECONFIG, "'%s'", refused[i]);
+		snprintf(want, sizeof want, "override '%s': levels can be set only in a config file",
+			 refused[i]);
+		cr_expect_str_eq(err_detail(), want);
+		cr_expect_eq(memcmp(&c, &d, sizeof c), 0, "'%s' changed the config", refused[i]);
+	}
+
+	/* the scalar keys of dipaco: are ordinary overrides */
+	struct run_config c;
+	config_defaults(&c);
+	cr_assert_eq(config_set(&c, "dipaco.paths=8"), 0, "%s", err_detail());
+	cr_assert_eq(config_set(&c, "dipaco.nesterov=false"), 0, "%s", err_detail());
+	cr_assert_eq(config_set(&c, "dipaco.holdout_frac=0.5"), 0, "%s", err_detail());
+	cr_expect_eq(c.dipaco.paths, 8);
+	cr_expect_eq(c.dipaco.nesterov, 0);
+	cr_expect_eq(c.dipaco.holdout_frac, 0.5);
+	cr_expect_eq(config_set(&c, "dipaco.phase=2"), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "override 'dipaco.phase=2': unknown key 'dipaco.phase' "
+				       "(did you mean 'dipaco.phases'?)");
+}
+
+Test(config, defaults_validate_for_any_steps)
+{
+	static const long steps[] = { 0, 1, 2, 2000 };
+
+	for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+		struct run_config c;
+		config_defaults(&c);
+		c.train.steps = steps[i];
+		cr_expect_eq(config_validate(&c, NULL), 0, "train.steps %ld: %s", steps[i],
+			     err_detail());
+		cr_expect_eq(config_inner_steps(&c), steps[i], "one phase spans train.steps");
+	}
+}
+
+Test(config, levels_in_effect)
+{
+	struct run_config c;
+	struct level_config out[CONFIG_MAX_LEVELS];
+	static const struct want_level all4 = { "all", 1, 1, 1, 1, { 0 }, { 3 } };
+	static const struct want_level all1 = { "all", 1, 1, 1, 1, { 0 }, { 0 } };
+
+	config_defaults(&c);
+	memset(out, 0x5a, sizeof out);
+	cr_expect_eq(config_levels(&c, out), 1);
+	check_level(&out[0], &all4, "default, n_layer 4", 0);
+
+	c.model.n_layer = 1;
+	memset(out, 0x5a, sizeof out);
+	cr_expect_eq(config_levels(&c, out), 1);
+	check_level(&out[0], &all1, "default, n_layer 1", 0);
+
+	config_defaults(&c);
+	cr_assert_eq(config_load(&c, "configs/dipaco-2x2-head.yaml"), 0, "%s", err_detail());
+	memset(out, 0x5a, sizeof out);
+	cr_expect_eq(config_levels(&c, out), 3);
+	for (int i = 0; i < 3; i++)
+		check_level(&out[i], &shipped[4].levels[i], "config_levels", i);
+}
+
+Test(config, inner_steps_in_effect)
+{
+	struct run_config c;
+
+	config_defaults(&c); /* steps 2000, phases 1, inner_steps 0 */
+	cr_expect_eq(config_inner_steps(&c), 2000);
+	c.dipaco.phases = 4;
+	cr_expect_eq(config_inner_steps(&c), 500);
+	c.train.steps = 10;
+	c.dipaco.phases = 3;
+	cr_expect_eq(config_inner_steps(&c), 3, "rounded down");
+	c.dipaco.inner_steps = 7;
+	cr_expect_eq(config_inner_steps(&c), 7, "given: taken as it is");
+	c.dipaco.inner_steps = 0;
+	c.train.steps = 0;
+	c.dipaco.phases = 1;
+	cr_expect_eq(config_inner_steps(&c), 0);
+}
+
+/* dipaco-2x2-head.yaml's canonical text from the dipaco section on, by hand. */
+static const char head_dump_tail[] =
+	"dipaco.phases: 4\n"
+	"dipaco.inner_steps: 100\n"
+	"dipaco.paths: 0\n"
+	"dipaco.outer_lr: 0.69999999999999996\n"
+	"dipaco.outer_momentum: 0.90000000000000002\n"
+	"dipaco.nesterov: true\n"
+	"dipaco.rescale: true\n"
+	"dipaco.reweight: true\n"
+	"dipaco.early_stop_every: 0\n"
+	"dipaco.holdout_frac: 0.050000000000000003\n"
+	"levels.0: name=lower modules=2 owns=embed h.0-1\n"
+	"levels.1: name=upper modules=2 owns=h.2\n"
+	"levels.2: name=head modules=path owns=h.3 head\n";
+
+Test(config, dump_and_hashes_cover_levels)
+{
+	struct run_config c, d;
+	char buf[4096], got[17], want[17], tiny_model[17];
+
+	config_defaults(&d);
+	config_hash_model(&d, tiny_model);
+	config_defaults(&c);
+	cr_assert_eq(config_load(&c, "configs/dipaco-2x2-head.yaml"), 0, "%s", err_detail());
+	size_t n = config_dump(&c, buf, sizeof buf);
+	cr_assert_lt(n, sizeof buf);
+	const char *tail = strstr(buf, "dipaco.phases:");
+	cr_assert(tail, "no dipaco section in:\n%s", buf);
+	cr_expect_str_eq(tail, head_dump_tail);
+	cr_expect(strstr(buf, "train.steps: 400\ntrain.lr:") != NULL, "train lines:\n%s", buf);
+
+	config_hash_all(&c, got);
+	snprintf(want, sizeof want, "%016" PRIx64, ref_fnv1a(buf, n));
+	cr_expect_str_eq(got, want, "hash_all covers the levels lines");
+	config_hash_model(&c, got);
+	cr_expect_str_eq(got, tiny_model, "same model section as gpt-tiny, same model hash");
+
+	/* each level field changes the whole hash and never the model hash */
+	char h0[17];
+	config_hash_all(&c, h0);
+	for (int field = 0; field < 5; field++) {
+		d = c;
+		struct level_config *lv = &d.dipaco.levels[field % 3];
+		switch (field) {
+		case 0: lv->modules = 3; break;
+		case 1: lv->name[0] = 'x'; break;
+		case 2: lv->head = 0; break;
+		case 3: lv->range[0].hi = 2; break;
+		case 4: d.dipaco.nlevels = 2; break;
+		}
+		config_hash_all(&d, got);
+		cr_expect_str_neq(got, h0, "change %d must change hash_all", field);
+		config_hash_model(&d, got);
+		cr_expect_str_eq(got, tiny_model, "change %d must not change hash_model", field);
+	}
+}
+
+/* config_yaml of configs/dipaco-2x2.yaml, written by hand. */
+static const char yaml_2x2[] =
+	"model:\n"
+	"  n_layer: 4\n"
+	"  n_embd: 256\n"
+	"  n_head: 4\n"
+	"  seq_len: 256\n"
+	"  vocab_size: 256\n"
+	"train:\n"
+	"  batch_size: 8\n"
+	"  steps: 400\n"
+	"  lr: 0.0030000000000000001\n"
+	"  warmup_steps: 20\n"
+	"  min_lr_frac: 0.10000000000000001\n"
+	"  weight_decay: 0.10000000000000001\n"
+	"  beta1: 0.90000000000000002\n"
+	"  beta2: 0.94999999999999996\n"
+	"  eps: 1e-08\n"
+	"  grad_clip: 1\n"
+	"  eval_every: 0\n"
+	"  eval_batches: 16\n"
+	"  checkpoint_every: 0\n"
+	"  seed: 1\n"
+	"dipaco:\n"
+	"  phases: 4\n"
+	"  inner_steps: 100\n"
+	"  paths: 0\n"
+	"  outer_lr: 0.69999999999999996\n"
+	"  outer_momentum: 0.90000000000000002\n"
+	"  nesterov: true\n"
+	"  rescale: true\n"
+	"  reweight: true\n"
+	"  early_stop_every: 0\n"
+	"  holdout_frac: 0.050000000000000003\n"
+	"levels:\n"
+	"  - name: \"lower\"\n"
+	"    owns: \"embed h.0-1\"\n"
+	"    modules: 2\n"
+	"  - name: \"upper\"\n"
+	"    owns: \"h.2-3 head\"\n"
+	"    modules: 2\n";
+
+Test(config, yaml_text)
+{
+	struct run_config c;
+	char buf[4096];
+
+	config_defaults(&c);
+	cr_assert_eq(config_load(&c, "configs/dipaco-2x2.yaml"), 0, "%s", err_detail());
+	size_t n = config_yaml(&c, buf, sizeof buf);
+	cr_expect_eq(n, strlen(yaml_2x2), "length %zu, want %zu", n, strlen(yaml_2x2));
+	cr_expect_str_eq(buf, yaml_2x2);
+	cr_expect_eq(config_yaml(&c, NULL, 0), n, "size query");
+	char small[10];
+	cr_expect_eq(config_yaml(&c, small, sizeof small), n);
+	cr_expect_str_eq(small, "model:\n  ", "nul-terminated prefix");
+
+	/* no levels: no levels section */
+	config_defaults(&c);
+	config_yaml(&c, buf, sizeof buf);
+	cr_expect(strstr(buf, "levels") == NULL, "defaults wrote levels:\n%s", buf);
+	cr_expect(strstr(buf, "\n  holdout_frac: 0.050000000000000003\n") != NULL, "%s", buf);
+}
+
+/* config_yaml, then config_load of it into fresh defaults: the same dump and levels. */
+static void round_trip(const struct run_config *c, const char *what)
+{
+	static char yaml[8192], d1[8192], d2[8192];
+	char path[64];
+	struct run_config back;
+
+	size_t n = config_yaml(c, yaml, sizeof yaml);
+	cr_assert_lt(n, sizeof yaml, "%s", what);
+	write_temp(yaml, n, path);
+	config_defaults(&back);
+	int rc = config_load(&back, path);
+	unlink(path);
+	cr_assert_eq(rc, 0, "%s: its yaml does not load: %s\n%s", what, err_detail(), yaml);
+	config_dump(c, d1, sizeof d1);
+	config_dump(&back, d2, sizeof d2);
+	cr_expect_str_eq(d2, d1, "%s: dump after the round trip differs; yaml:\n%s", what, yaml);
+	cr_expect_eq(back.dipaco.nlevels, c->dipaco.nlevels, "%s: nlevels", what);
+	for (int i = 0; i < c->dipaco.nlevels && i < back.dipaco.nlevels; i++)
+		expect_levels_equal(&back.dipaco.levels[i], &c->dipaco.levels[i], what, i);
+	cr_expect_eq(memcmp(&back, c, sizeof back), 0, "%s: the structs differ", what);
+}
+
+Test(config, yaml_round_trip)
+{
+	static const char *const files[] = {
+		"configs/gpt-tiny.yaml", "configs/gpt-small-test.yaml", "configs/dense.yaml",
+		"configs/diloco.yaml", "configs/flat-moe.yaml", "configs/dipaco-2x2.yaml",
+		"configs/dipaco-2x2-head.yaml",
+	};
+	struct run_config c;
+
+	config_defaults(&c);
+	round_trip(&c, "defaults");
+	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+		config_defaults(&c);
+		cr_assert_eq(config_load(&c, files[i]), 0, "%s: %s", files[i], err_detail());
+		round_trip(&c, files[i]);
+	}
+
+	/* levels written out of canonical order, and values with every digit significant */
+	static const char *const sets[] = {
+		"train.lr=0.000123456789", "train.eps=5e-324", "train.seed=18446744073709551615",
+		"dipaco.outer_lr=0.1", "dipaco.outer_momentum=0.99999999999999989",
+		"dipaco.nesterov=false", "dipaco.rescale=false", "dipaco.reweight=false",
+		"dipaco.paths=9", "dipaco.early_stop_every=25", "dipaco.holdout_frac=0.5",
+		"dipaco.phases=3", "dipaco.inner_steps=7",
+	};
+	config_defaults(&c);
+	cr_assert_eq(load_text(&c, "model:\n  n_layer: 8\n  n_embd: 64\n  n_head: 8\n"
+				   "levels:\n  - name: x_1\n    owns: head, h.5 h.0-1\n"
+				   "    modules: 3\n  - name: y\n    owns: [h.2-4, embed]\n"
+				   "    modules: path\n  - name: z9\n    owns: h.7 h.6\n"
+				   "    modules: 1\n"), 0, "%s", err_detail());
+	for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+		cr_assert_eq(config_set(&c, sets[i]), 0, "%s: %s", sets[i], err_detail());
+	cr_assert_eq(config_validate(&c, NULL), 0, "%s", err_detail());
+	round_trip(&c, "overrides and out-of-order levels");
+}
+
 /* ---- dump and hashes ---------------------------------------------------------------------- */
 
 /* The defaults' canonical text, written by hand (%.17g of each double worked out once). */
@@ -497,7 +1240,17 @@ static const char tiny_dump[] =
 	"train.eval_every: 100\n"
 	"train.eval_batches: 16\n"
 	"train.checkpoint_every: 500\n"
-	"train.seed: 1\n";
+	"train.seed: 1\n"
+	"dipaco.phases: 1\n"
+	"dipaco.inner_steps: 0\n"
+	"dipaco.paths: 0\n"
+	"dipaco.outer_lr: 0.69999999999999996\n"
+	"dipaco.outer_momentum: 0.90000000000000002\n"
+	"dipaco.nesterov: true\n"
+	"dipaco.rescale: true\n"
+	"dipaco.reweight: true\n"
+	"dipaco.early_stop_every: 0\n"
+	"dipaco.holdout_frac: 0.050000000000000003\n";
 
 Test(config, dump_is_canonical_text)
 {
@@ -520,7 +1273,9 @@ Test(config, dump_is_canonical_text)
 	/* The file and the defaults give the same text. */
 	struct run_config f;
 	char buf2[2048];
-	memset(&f, 0, sizeof f);
+	config_defaults(&f);
+	memset(&f.model, 0, sizeof f.model);
+	memset(&f.train, 0, sizeof f.train);
 	cr_assert_eq(config_load(&f, "configs/gpt-tiny.yaml"), 0, "%s", err_detail());
 	config_dump(&f, buf2, sizeof buf2);
 	cr_expect_str_eq(buf2, tiny_dump);
@@ -669,7 +1424,8 @@ static const struct cfg_key extra_keys[] = {
 	  5, "-1", NULL, "below five" },
 };
 
-static const struct cfg_schema extra_schema = { extra_keys, 4, sizeof(struct extra_config) };
+static const struct cfg_schema extra_schema = { extra_keys, 4, sizeof(struct extra_config),
+						0 };
 
 static int load_extra(struct extra_config *e, const char *text)
 {
@@ -749,16 +1505,24 @@ Test(config, man_page_agrees_with_table)
 		char want[512], range[96];
 		format_range(k, range, sizeof range);
 		/* ".B model.n_layer" then "int, range [1, 1024], default 4." */
-		snprintf(want, sizeof want, ".B %s.%s\n%s, range %s, default %s.\n", k->section,
-			 k->key, test_type_name(k->type), range, k->def);
+		if (k->type == CFG_BOOL) /* a range says nothing about true and false */
+			snprintf(want, sizeof want, ".B %s.%s\nbool, default %s.\n", k->section,
+				 k->key, k->def);
+		else
+			snprintf(want, sizeof want, ".B %s.%s\n%s, range %s, default %s.\n",
+				 k->section, k->key, test_type_name(k->type), range, k->def);
 		cr_expect(strstr(page, want) != NULL, "man page lacks the entry:\n%s", want);
 		cr_expect(strstr(page, k->doc + 1) != NULL, "man page lacks the description of "
 			  "%s.%s: %s", k->section, k->key, k->doc);
 	}
-	/* And no key the table does not have. */
+	/* And no key the table does not have: every entry named section.key (the LEVELS
+	 * section's own entries, name, owns and modules, have no dot). */
 	size_t entries = 0;
-	for (const char *p = page; (p = strstr(p, "\n.TP\n.B ")) != NULL; p++)
-		entries++;
+	for (const char *p = page; (p = strstr(p, "\n.TP\n.B ")) != NULL; p++) {
+		size_t word = strcspn(p + 8, " \n");
+		if (memchr(p + 8, '.', word))
+			entries++;
+	}
 	cr_expect_eq(entries, run_schema.n, "man page has %zu key entries, table %zu rows",
 		     entries, run_schema.n);
 }
