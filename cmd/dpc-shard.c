@@ -1,7 +1,8 @@
-/* dpc-shard - turn raw documents into token files, and (later) split them by a router.
+/* dpc-shard - turn raw documents into token files, and split them into per-path shards.
  *
- * Thin by design: options are parsed here, the work is corpus_prepare() and tokfile_open() in
- * libcore. Subcommands live in one table so that `split` and friends slot in as new rows.
+ * Thin by design: options are parsed here, the work is corpus_prepare(), tokfile_open() and
+ * shard_split_random() in libcore. Subcommands live in one table so that new ones (a
+ * router-based split) slot in as new rows.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -15,6 +16,7 @@
 #include "io/corpus.h"
 #include "common/err.h"
 #include "common/progress.h"
+#include "io/shardsplit.h"
 #include "io/tokfile.h"
 #include "common/banned.h"
 
@@ -28,10 +30,12 @@ struct subcommand {
 
 static int cmd_prepare(int argc, char **argv);
 static int cmd_info(int argc, char **argv);
+static int cmd_split(int argc, char **argv);
 
 static const struct subcommand commands[] = {
 	{ "prepare", "tokenize documents into train.tok, val.tok and router.tok", cmd_prepare },
 	{ "info", "print a token file's header as JSON, after verifying the file", cmd_info },
+	{ "split", "divide a token file into per-path shards, documents kept whole", cmd_split },
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
@@ -60,11 +64,16 @@ static int bad_option(const char *cmd, const struct option *longopts, char **arg
 }
 
 /* The JSON result on stdout; takes the reference. 0, or the exit status after the report. */
-static int print_json(json_t *j)
+static int print_json_flags(json_t *j, size_t flags)
 {
-	int rc = cli_print_json(j, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+	int rc = cli_print_json(j, flags | JSON_REAL_PRECISION(10));
 
 	return rc < 0 ? cli_report(prog, rc) : 0;
+}
+
+static int print_json(json_t *j)
+{
+	return print_json_flags(j, JSON_INDENT(2));
 }
 
 /* ---- prepare ------------------------------------------------------------------------------ */
@@ -248,6 +257,96 @@ static int cmd_info(int argc, char **argv)
 			      "bytes", (json_int_t)tf.maplen, "crc32", crc, "crc_ok", 1);
 	tokfile_close(&tf);
 	return print_json(j);
+}
+
+/* ---- split -------------------------------------------------------------------------------- */
+
+static void split_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s split --random P [options] IN.tok OUTDIR\n"
+		"Divide the token file IN.tok into P shards, each document whole in one shard:\n"
+		"OUTDIR/shard-000.tok ... and OUTDIR/shards.json, which is also printed on\n"
+		"stdout as one line of JSON.\n\n"
+		"options:\n"
+		"      --random P        P shards, each document to one drawn at random,\n"
+		"                        P in [1, %d] (required)\n"
+		"      --seed N          seed of the draw (default 0)\n"
+		"      --force           replace an existing split in OUTDIR\n"
+		"  -q, --quiet           no progress line on stderr\n"
+		"  -h, --help            show this help and exit\n"
+		"  -V, --version         show the version and exit\n",
+		prog, SHARD_MAX_PATHS);
+}
+
+static int cmd_split(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "random", required_argument, NULL, 'r' },
+		{ "seed", required_argument, NULL, 's' },
+		{ "force", no_argument, NULL, 'f' },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct shard_split_opts o = { 0 };
+	struct shard_split_result res;
+	struct progress bar;
+	int quiet = 0, c, rc;
+	long v;
+
+	while ((c = getopt_long(argc, argv, ":qhV", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'r':
+			rc = cli_parse_long("--random", optarg, 1, SHARD_MAX_PATHS, &v);
+			if (rc < 0)
+				return cli_report(prog, rc);
+			o.paths = (uint32_t)v;
+			break;
+		case 's':
+			if ((rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &v)) < 0)
+				return cli_report(prog, rc);
+			o.seed = (uint64_t)v;
+			break;
+		case 'f':
+			o.force = 1;
+			break;
+		case 'q':
+			quiet = 1;
+			break;
+		case 'h':
+			split_usage(stdout);
+			return 0;
+		case 'V':
+			return version();
+		default:
+			return bad_option("split", longopts, argv, c);
+		}
+	}
+	if (argc - optind != 2)
+		return cli_usage_error(prog,
+				       "split: expected IN.tok and OUTDIR, got %d argument%s "
+				       "(see %s split --help)", argc - optind,
+				       argc - optind == 1 ? "" : "s", prog);
+	if (o.paths == 0)
+		return cli_usage_error(prog, "split: --random P is required (see %s split --help)",
+				       prog);
+	o.outdir = argv[optind + 1];
+
+	progress_init(&bar, "split", 0);
+	if (!quiet) {
+		o.progress = show_progress;
+		o.progress_ctx = &bar;
+	}
+	rc = shard_split_random(argv[optind], &o, &res);
+	progress_done(&bar);
+	if (rc < 0)
+		return cli_report(prog, rc);
+	json_t *j = shard_manifest_json(&res);
+	shard_split_result_free(&res);
+	/* One line: a manifest of many shards would run to pages indented. */
+	return print_json_flags(j, 0);
 }
 
 /* ---- main --------------------------------------------------------------------------------- */

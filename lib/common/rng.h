@@ -16,6 +16,7 @@ enum rng_stream {
 	RNG_STREAM_EVAL = 3,    /* evaluation batch sampling */
 	RNG_STREAM_SPLIT = 4,   /* corpus validation / router split */
 	RNG_STREAM_NOISE = 5,   /* MoE gate noise */
+	RNG_STREAM_SHARD = 6,   /* documents to random shards */
 	RNG_STREAM_TEST = 100   /* tests and benchmarks */
 };
 

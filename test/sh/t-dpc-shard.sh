@@ -1,7 +1,8 @@
 #!/bin/sh
-# t-dpc-shard.sh - dpc-shard prepare and info: outputs, token counts against byte counts
-# measured with wc, refusal to overwrite, --force, malformed input, damaged token files,
-# usage errors, and --help agreeing with the man page.
+# t-dpc-shard.sh - dpc-shard prepare, info and split: outputs, token counts against byte
+# counts measured with wc, refusal to overwrite, --force, malformed input, damaged token files,
+# the shards of a split against its manifest and its input, usage errors, and --help agreeing
+# with the man page. (Which document goes to which shard is checked in test_shardsplit.c.)
 set -eu
 . "$TESTDIR/lib.sh"
 S=$BIN/dpc-shard
@@ -96,6 +97,115 @@ if [ -w /dev/full ]; then
 	expect_fail 1 "^dpc-shard: '<stdout>': write failed" sh -c '"$0" info out/train.tok >/dev/full' "$S"
 fi
 
+# --- split: 40 documents of distinct lengths into shards
+i=1
+while [ $i -le 40 ]; do
+	printf '{"text":"document %d %*s","n":%d}\n' $i $i '' $i
+	i=$((i + 1))
+done >many.jsonl
+expect_ok "$S" prepare --val-frac 0 --router-frac 0 many.jsonl sp
+expect_ok "$S" info sp/train.tok
+src_tokens=$(field tokens out.stdout)
+src_crc=$(sed -n 's/^  "crc32": "\([0-9a-f]*\)",*$/\1/p' out.stdout)
+[ "$(field docs out.stdout)" = 40 ] || die "many.jsonl: $(cat out.stdout)"
+
+expect_ok "$S" split --random 3 --seed 5 sp/train.tok shards
+[ "$(wc -l <out.stdout)" = 1 ] || die "split stdout is not one line: $(cat out.stdout)"
+[ ! -s out.stderr ] || die "split wrote to stderr (not a terminal): $(cat out.stderr)"
+cp out.stdout split.json
+[ "$(ls shards)" = "$(printf 'shard-000.tok\nshard-001.tok\nshard-002.tok\nshards.json')" ] ||
+	die "shards/ holds: $(ls -a shards)"
+# The manifest's shard counts against each shard file as info reads it, and their sums
+# against the input.
+docs=0 toks=0 n=0
+for f in shards/shard-00?.tok; do
+	expect_ok "$S" info "$f"
+	d=$(field docs out.stdout) t=$(field tokens out.stdout)
+	b=$(basename "$f")
+	grep -q "{\"file\": \"$b\", \"docs\": $d, \"tokens\": $t}" split.json ||
+		die "$b holds $d docs, $t tokens; manifest: $(cat split.json)"
+	[ "$d" -gt 0 ] || die "$b is empty"
+	docs=$((docs + d)) toks=$((toks + t)) n=$((n + 1))
+done
+[ $n = 3 ] && [ $docs = 40 ] && [ $toks = "$src_tokens" ] ||
+	die "$n shards hold $docs docs, $toks tokens (input: 40, $src_tokens)"
+grep -q "^{\"source\": \"sp/train.tok\", \"source_crc\": \"$src_crc\", \"method\": \"random\", \"seed\": 5, \"paths\": 3, \"shards\": \[" split.json ||
+	die "manifest head: $(cat split.json)"
+if [ -x /usr/bin/python3 ]; then
+	# stdout parses as JSON and is the object of shards.json
+	/usr/bin/python3 -c '
+import json, sys
+a = json.load(open(sys.argv[1]))
+b = json.load(open(sys.argv[2]))
+assert a == b, (a, b)
+assert sum(s["docs"] for s in a["shards"]) == 40
+' split.json shards/shards.json || die "stdout and shards.json disagree or do not parse"
+else
+	echo "python3 missing: JSON parse of the split summary not run"
+fi
+ls -a shards | grep -q tmp && die "temporary files left in shards/: $(ls -a shards)"
+
+# the same seed gives the same files; -q changes nothing but the progress line
+expect_ok "$S" split -q --random 3 --seed 5 sp/train.tok shards2
+for f in shard-000.tok shard-001.tok shard-002.tok; do same_file "shards/$f" "shards2/$f"; done
+
+# one shard is a copy of the input
+expect_ok "$S" split --random 1 sp/train.tok one
+same_file sp/train.tok one/shard-000.tok
+
+# an existing split is refused without --force, whatever P, and left as it was
+cp -r shards keep
+expect_fail 1 "^dpc-shard: 'shards/shard-000.tok': exists \(use --force to replace it\)$" \
+	"$S" split --random 3 --seed 6 sp/train.tok shards
+expect_fail 1 "'shards/shard-000.tok': exists" "$S" split --random 2 sp/train.tok shards
+mkdir lone && : >lone/shards.json
+expect_fail 1 "'lone/shards.json': exists" "$S" split --random 2 sp/train.tok lone
+for f in shard-000.tok shard-001.tok shard-002.tok shards.json; do
+	same_file "shards/$f" "keep/$f"
+done
+# with --force the new split replaces the old one, shard-002.tok of the old one included
+expect_ok "$S" split --force --random 2 --seed 6 sp/train.tok shards
+[ "$(ls shards)" = "$(printf 'shard-000.tok\nshard-001.tok\nshards.json')" ] ||
+	die "after --force shards/ holds: $(ls shards)"
+grep -q '"paths": 2' shards/shards.json || die "shards.json not replaced: $(cat shards/shards.json)"
+
+# more than 1000 shards: four-digit names
+awk 'BEGIN { for (i = 0; i < 12000; i++) printf "{\"text\":\"d%d\"}\n", i }' >wide.jsonl
+expect_ok "$S" prepare --val-frac 0 --router-frac 0 wide.jsonl wsp
+expect_ok "$S" split -q --random 1001 wsp/train.tok wide
+[ -f wide/shard-0000.tok ] && [ -f wide/shard-1000.tok ] && [ ! -e wide/shard-000.tok ] ||
+	die "1001 shards: $(ls wide | head -n 3) ... $(ls wide | tail -n 2)"
+[ "$(ls wide | grep -c '^shard-[0-9][0-9][0-9][0-9]\.tok$')" = 1001 ] || die "not 1001 shard files"
+
+# refusals that write nothing: empty shards, missing or bad input, an OUTDIR that is a file
+expect_fail 1 "^dpc-shard: 'sp/train.tok': shard [0-9]+ of 50 would be empty: the file has only 40 documents$" \
+	"$S" split --random 50 sp/train.tok none
+[ ! -e none ] || die "none/ created by a refused split"
+expect_fail 1 "'missing.tok': cannot open" "$S" split --random 2 missing.tok none
+expect_fail 1 "'in.jsonl': not a token file" "$S" split --random 2 in.jsonl none
+[ ! -e none ] || die "none/ created by a failed split"
+expect_fail 1 "'in.jsonl'" "$S" split --random 2 sp/train.tok in.jsonl
+
+# usage errors: one line, exit 2, nothing created
+expect_fail 2 "^dpc-shard: split: --random P is required \(see dpc-shard split --help\)$" \
+	"$S" split sp/train.tok none
+expect_fail 2 "option '--random': 0 is outside \[1, 65536\]" "$S" split --random 0 sp/train.tok none
+expect_fail 2 "option '--random': 65537 is outside" "$S" split --random 65537 sp/train.tok none
+expect_fail 2 "option '--random': 'x' is not an integer" "$S" split --random x sp/train.tok none
+expect_fail 2 "option '--seed': -1 is outside" "$S" split --random 2 --seed -1 sp/train.tok none
+expect_fail 2 "option '--random' requires an argument" "$S" split sp/train.tok none --random
+expect_fail 2 "expected IN.tok and OUTDIR, got 1 argument " "$S" split --random 2 sp/train.tok
+expect_fail 2 "expected IN.tok and OUTDIR, got 3 arguments" "$S" split --random 2 a b c
+expect_fail 2 "unknown option '--top2' \(see dpc-shard split --help\)" "$S" split --top2 --random 2 sp/train.tok none
+expect_fail 2 "option '--quiet' takes no argument" "$S" split --quiet=1 --random 2 sp/train.tok none
+[ ! -e none ] || die "none/ created by a usage error"
+expect_ok "$S" split --help
+for o in --random --seed --force -q --quiet --help --version; do
+	grep -q -- "$o" out.stdout || die "split --help does not list $o: $(cat out.stdout)"
+done
+expect_ok "$S" --help
+grep -q '^  split ' out.stdout || die "--help does not list split: $(cat out.stdout)"
+
 # --- usage
 expect_fail 2 "^dpc-shard: unknown command 'frobnicate' \(see dpc-shard --help\)$" "$S" frobnicate
 expect_fail 2 "missing command" "$S"
@@ -114,7 +224,7 @@ grep -q '^dpc-shard [0-9]' out.stdout || die "-V: $(cat out.stdout)"
 
 # --- every option of every subcommand's --help is in the man page
 [ -f "$MAN" ] || die "man page '$MAN' missing"
-for c in prepare info; do
+for c in prepare info split; do
 	expect_ok "$S" $c --help
 	for o in $(grep -o -- '--[a-z][a-z-]*' out.stdout | sort -u); do
 		esc=$(printf '%s' "$o" | sed 's/-/\\\\-/g')
