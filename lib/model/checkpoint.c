@@ -53,7 +53,7 @@ static int host_buffer(const struct gpt2 *g, int which, int fetch, float **host,
 }
 
 int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c, long step,
-	      int with_optim)
+	      int with_optim, const struct st_kv *extra, int nextra)
 {
 	const int nbuf = with_optim ? NBUF : 1, n = g->nviews * nbuf;
 	const struct tensor **ts = calloc((size_t)n, sizeof *ts);
@@ -88,14 +88,22 @@ int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c
 	snprintf(sv, sizeof sv, "%d", g->cfg.vocab_size);
 	config_hash_model(c, hm);
 	config_hash_all(c, ha);
-	const struct st_kv meta[] = {
+	enum { NFIXED = 12, NEXTRA_MAX = 8 };
+	struct st_kv meta[NFIXED + NEXTRA_MAX] = {
 		{"format", CKPT_FORMAT}, {"kind", "path"}, {"step", sstep},
 		{"optimizer", with_optim ? "adamw" : "none"},
 		{"n_layer", sl}, {"n_embd", sc}, {"n_head", sh}, {"seq_len", st},
 		{"vocab_size", sv}, {"config_hash_model", hm}, {"config_hash", ha},
 		{"config", dump},
 	};
-	rc = st_write(path, ts, n, meta, (int)(sizeof meta / sizeof meta[0]));
+	if (nextra < 0 || nextra > NEXTRA_MAX) {
+		rc = err_set(CORE_EUSAGE, path, "%d extra metadata pairs (at most %d)", nextra,
+			     NEXTRA_MAX);
+		goto out;
+	}
+	for (int i = 0; i < nextra; i++)
+		meta[NFIXED + i] = extra[i];
+	rc = st_write(path, ts, n, meta, NFIXED + nextra);
 out:
 	for (int w = 0; w < NBUF; w++)
 		free(staged[w]);
@@ -152,7 +160,7 @@ int ckpt_info(const char *path, struct ckpt_info *info)
 	return rc;
 }
 
-int ckpt_load(const char *path, struct gpt2 *g, int with_optim, long *step)
+int ckpt_load(const char *path, struct gpt2 *g, int what, long *step)
 {
 	struct backend *be = g->be;
 	struct st_file f;
@@ -172,12 +180,14 @@ int ckpt_load(const char *path, struct gpt2 *g, int with_optim, long *step)
 			     g->cfg.n_embd, g->cfg.n_head, g->cfg.seq_len, g->cfg.vocab_size);
 		goto out;
 	}
-	if (with_optim && !info.has_optim) {
+	if ((what & CKPT_MOMENTS) && !info.has_optim) {
 		rc = err_set(CORE_EFORMAT, path, "checkpoint has no optimizer state");
 		goto out;
 	}
-	for (int w = 0; w < (with_optim ? NBUF : 1) && !rc; w++) {
+	for (int w = 0; w < NBUF && !rc; w++) {
 		float *host = NULL;
+		if (!(what & (w == BUF_PARAMS ? CKPT_PARAMS : CKPT_MOMENTS)))
+			continue;
 		free(staged);
 		rc = host_buffer(g, w, 0, &host, &staged);
 		for (int i = 0; i < g->nviews && !rc; i++) {

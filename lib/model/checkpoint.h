@@ -6,13 +6,15 @@
 #define CORE_CHECKPOINT_H
 
 #include "io/config.h"
+#include "io/safetensors.h"
 #include "model/gpt2.h"
 
 #define CKPT_FORMAT "dpc-checkpoint"
 
-/* Write g's parameters (and moments when with_optim) atomically; step = steps done. */
+/* Write g's parameters (and moments when with_optim) atomically; step = steps done. extra:
+ * nextra more metadata pairs (a DiPaCo path's phase, path index, shard tokens), or NULL. */
 int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c, long step,
-	      int with_optim);
+	      int with_optim, const struct st_kv *extra, int nextra);
 
 struct ckpt_info {
 	struct model_config model;
@@ -24,9 +26,11 @@ struct ckpt_info {
 /* Open path, check it is one of ours, and read the model shape and step from its metadata.
  * Reads the header only: the data is verified by ckpt_load. */
 int ckpt_info(const char *path, struct ckpt_info *info);
-/* Load every parameter (and the moments when with_optim) into g, whose shape must match
- * the file's; verifies the whole file first. Through host memory: the backend's own when it
- * is host memory, else one staging buffer the size of the parameters. */
-int ckpt_load(const char *path, struct gpt2 *g, int with_optim, long *step);
+/* What ckpt_load reads. */
+enum { CKPT_PARAMS = 1, CKPT_MOMENTS = 2 };
+/* Load the parameters and/or the AdamW moments (what) into g, whose shape must match the
+ * file's; verifies the whole file first. Through host memory: the backend's own when it is
+ * host memory, else one staging buffer the size of the parameters. */
+int ckpt_load(const char *path, struct gpt2 *g, int what, long *step);
 
 #endif

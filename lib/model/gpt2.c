@@ -290,32 +290,73 @@ void gpt2_free(struct gpt2 *g)
 	memset(g, 0, sizeof *g);
 }
 
+/* One tensor's initial values: what gpt2_init_params gives the view `name` (ndim dims, n
+ * floats at flat offset base) of a model of L layers. */
+static int init_tensor(struct backend *be, int L, const char *nm, int ndim, float *x, size_t n,
+		       uint64_t base, uint64_t seed)
+{
+	const float res_std = 0.02f / sqrtf(2.0f * (float)L);
+	size_t len = strlen(nm);
+#define ENDS(s) (len >= strlen(s) && strcmp(nm + len - strlen(s), (s)) == 0)
+	if (ENDS("ln_1.weight") || ENDS("ln_2.weight") || ENDS("ln_f.weight"))
+		return be->op->fill(be, x, n, 1.0f);
+	if (ndim == 1)
+		return be->op->memset(be, x, 0, sizeof(float) * n);
+	if (ENDS("attn.c_proj.weight") || ENDS("mlp.c_proj.weight"))
+		return be->op->fill_normal(be, x, n, 0.0f, res_std, seed, RNG_STREAM_INIT, base);
+	return be->op->fill_normal(be, x, n, 0.0f, 0.02f, seed, RNG_STREAM_INIT, base);
+#undef ENDS
+}
+
 int gpt2_init_params(struct gpt2 *g, uint64_t seed)
 {
-	struct backend *be = g->be;
-	const int L = g->cfg.n_layer;
-	const float res_std = 0.02f / sqrtf(2.0f * (float)L);
 	for (int i = 0; i < g->nviews; i++) {
 		struct tensor *t = &g->views[i];
 		float *x = t->data;
-		size_t n = (size_t)tensor_numel(t);
-		uint64_t base = (uint64_t)(x - g->params);
-		const char *nm = t->name;
-		size_t len = strlen(nm);
-#define ENDS(s) (len >= strlen(s) && strcmp(nm + len - strlen(s), (s)) == 0)
-		if (ENDS("ln_1.weight") || ENDS("ln_2.weight") || ENDS("ln_f.weight"))
-			ERR_FORWARD(be->op->fill(be, x, n, 1.0f));
-		else if (t->ndim == 1)
-			ERR_FORWARD(be->op->memset(be, x, 0, sizeof(float) * n));
-		else if (ENDS("attn.c_proj.weight") || ENDS("mlp.c_proj.weight"))
-			ERR_FORWARD(be->op->fill_normal(be, x, n, 0.0f, res_std, seed,
-							RNG_STREAM_INIT, base));
-		else
-			ERR_FORWARD(be->op->fill_normal(be, x, n, 0.0f, 0.02f, seed,
-							RNG_STREAM_INIT, base));
-#undef ENDS
+		ERR_FORWARD(init_tensor(g->be, g->cfg.n_layer, t->name, t->ndim, x,
+					(size_t)tensor_numel(t), (uint64_t)(x - g->params), seed));
 	}
 	return 0;
+}
+
+int gpt2_layout(const struct model_config *cfg, struct gpt2_layout *out)
+{
+	struct gpt2 g;
+
+	memset(out, 0, sizeof *out);
+	memset(&g, 0, sizeof g);
+	ERR_FORWARD(check_config(cfg, 1, 1));
+	g.cfg = *cfg;
+	const size_t nv = 2 + (size_t)cfg->n_layer * P_PER_LAYER + 3;
+	out->offs = calloc(nv, sizeof *out->offs);
+	if (!out->offs || define_views(&g, out->offs) < 0) {
+		free(out->offs);
+		free(g.views);
+		free(g.decay_mask);
+		memset(out, 0, sizeof *out);
+		return err_set(CORE_ENOMEM, NULL, "cannot describe the model");
+	}
+	free(g.decay_mask);
+	out->views = g.views;
+	out->n = g.nviews;
+	out->nparams = g.nparams;
+	out->n_layer = cfg->n_layer;
+	return 0;
+}
+
+void gpt2_layout_free(struct gpt2_layout *l)
+{
+	free(l->views);
+	free(l->offs);
+	memset(l, 0, sizeof *l);
+}
+
+int gpt2_init_view(const struct gpt2_layout *l, int i, struct backend *be, float *x,
+		   uint64_t seed)
+{
+	const struct tensor *t = &l->views[i];
+	return init_tensor(be, l->n_layer, t->name, t->ndim, x, (size_t)tensor_numel(t),
+			   (uint64_t)l->offs[i], seed);
 }
 
 /* Tokens of a batch outside [0, V) are the caller's error, caught on the host. */

@@ -53,6 +53,21 @@ void gpt2_free(struct gpt2 *g);
  * (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1. Counter-based:
  * element i of the flat buffer uses draw i of RNG_STREAM_INIT. */
 int gpt2_init_params(struct gpt2 *g, uint64_t seed);
+/* The parameter layout of a model without allocating it: its views (HF order, shapes and
+ * names; data NULL) and each one's offset, in floats, in the flat parameter buffer. */
+struct gpt2_layout {
+	int n;
+	struct tensor *views;
+	size_t *offs;
+	size_t nparams;
+	int n_layer;
+};
+int gpt2_layout(const struct model_config *cfg, struct gpt2_layout *out);
+void gpt2_layout_free(struct gpt2_layout *l);
+/* View i's initial values into x (numel floats of be's memory), bit for bit what
+ * gpt2_init_params gives that view of the whole model. */
+int gpt2_init_view(const struct gpt2_layout *l, int i, struct backend *be, float *x,
+		   uint64_t seed);
 /* Forward over host tokens [B,T] (int32 in [0,V)); with targets, the mean cross-entropy
  * (nats/token) goes to *loss when loss is not NULL (CORE_ENAN when it is not finite), and
  * what backward needs is kept. B <= g->B, T <= g->T. */

@@ -108,7 +108,7 @@ out:
 	return rc;
 }
 
-static int check_data(const struct tokfile *tf, const struct model_config *m)
+int train_check_data(const struct tokfile *tf, const struct model_config *m)
 {
 	if (tf->vocab > (uint32_t)m->vocab_size)
 		return err_set(CORE_ESHAPE, tf->path, "token vocabulary %u exceeds the model's %d",
@@ -131,11 +131,11 @@ int train_eval_checkpoint(struct backend *be, const char *ckpt, const char *data
 	r->loss = NAN;
 	ERR_FORWARD(ckpt_info(ckpt, &info));
 	ERR_FORWARD(tokfile_open(&tf, data));
-	rc = check_data(&tf, &info.model);
+	rc = train_check_data(&tf, &info.model);
 	if (!rc)
 		rc = gpt2_create(&g, &info.model, EVAL_BATCH, info.model.seq_len, be);
 	if (!rc) {
-		rc = ckpt_load(ckpt, &g, 0, NULL);
+		rc = ckpt_load(ckpt, &g, CKPT_PARAMS, NULL);
 		if (!rc)
 			rc = train_evaluate(&g, &tf, max_tokens, &r->loss, &r->tokens);
 		gpt2_free(&g);
@@ -177,16 +177,16 @@ static int run_open(struct run *s, const struct train_opts *o, long until, long 
 	*step = 0;
 	ERR_FORWARD(tokfile_open(&s->data, o->data_path));
 	s->have_data = 1;
-	ERR_FORWARD(check_data(&s->data, mc));
+	ERR_FORWARD(train_check_data(&s->data, mc));
 	if (o->val_path) {
 		ERR_FORWARD(tokfile_open(&s->val, o->val_path));
 		s->have_val = 1;
-		ERR_FORWARD(check_data(&s->val, mc));
+		ERR_FORWARD(train_check_data(&s->val, mc));
 	}
 	ERR_FORWARD(gpt2_create(&s->g, mc, B, T, o->be));
 	s->have_model = 1;
 	if (o->init_path)
-		ERR_FORWARD(ckpt_load(o->init_path, &s->g, 1, step));
+		ERR_FORWARD(ckpt_load(o->init_path, &s->g, CKPT_PARAMS | CKPT_MOMENTS, step));
 	else
 		ERR_FORWARD(gpt2_init_params(&s->g, o->cfg->train.seed));
 	if (*step > until)
@@ -200,32 +200,37 @@ static int run_open(struct run *s, const struct train_opts *o, long until, long 
 	return 0;
 }
 
-/* Step index st: batch, forward, backward, clipping, AdamW. */
-static int train_step(struct run *s, const struct train_opts *o, long st, float *loss,
-		      float *norm, double *lr)
+int train_step_on(struct gpt2 *g, const struct train_config *tc, const struct tokfile *data,
+		  long st, int32_t *in, int32_t *tg, float *loss, float *norm, double *lr)
 {
-	const struct train_config *tc = &o->cfg->train;
-	const int B = tc->batch_size, T = o->cfg->model.seq_len;
+	const int B = tc->batch_size, T = g->cfg.seq_len;
 	const struct adamw_config opt = {tc->beta1, tc->beta2, tc->eps, tc->weight_decay};
 	int rc;
 
 	*lr = train_lr(tc, st);
-	train_sample_batch(&s->data, tc->seed, RNG_STREAM_BATCH, st, B, T, s->in, s->tg);
+	train_sample_batch(data, tc->seed, RNG_STREAM_BATCH, st, B, T, in, tg);
 	*loss = NAN;
-	rc = gpt2_forward(&s->g, s->in, s->tg, B, T, loss);
+	rc = gpt2_forward(g, in, tg, B, T, loss);
 	if (rc == CORE_ENAN)
-		return err_set(CORE_ENAN, o->init_path ? o->init_path : o->data_path,
-			       "training loss is %s at step %ld; nothing written after step %ld",
-			       isnan(*loss) ? "NaN" : "infinite", st + 1, st);
+		return err_set(CORE_ENAN, data->path, "training loss is %s at step %ld; nothing "
+			       "written after step %ld", isnan(*loss) ? "NaN" : "infinite", st + 1,
+			       st);
 	ERR_FORWARD(rc);
-	ERR_FORWARD(gpt2_backward(&s->g));
-	ERR_FORWARD(gpt2_grad_norm(&s->g, norm));
+	ERR_FORWARD(gpt2_backward(g));
+	ERR_FORWARD(gpt2_grad_norm(g, norm));
 	if (!isfinite(*norm))
-		return err_set(CORE_ENAN, o->data_path, "gradient norm is not finite at step %ld",
+		return err_set(CORE_ENAN, data->path, "gradient norm is not finite at step %ld",
 			       st + 1);
 	float scale = (tc->grad_clip > 0 && *norm > tc->grad_clip) ?
 		(float)(tc->grad_clip / *norm) : 1.0f;
-	return gpt2_adamw_step(&s->g, &opt, *lr, st + 1, scale);
+	return gpt2_adamw_step(g, &opt, *lr, st + 1, scale);
+}
+
+/* Step index st of the run. */
+static int train_step(struct run *s, const struct train_opts *o, long st, float *loss,
+		      float *norm, double *lr)
+{
+	return train_step_on(&s->g, &o->cfg->train, &s->data, st, s->in, s->tg, loss, norm, lr);
 }
 
 int train_path_run(const struct train_opts *o, struct train_result *r)
@@ -294,7 +299,7 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 		}
 		if (o->out_path && (last || (tc->checkpoint_every > 0 &&
 					     (st + 1) % tc->checkpoint_every == 0))) {
-			rc = ckpt_save(o->out_path, &s.g, o->cfg, st + 1, 1);
+			rc = ckpt_save(o->out_path, &s.g, o->cfg, st + 1, 1, NULL, 0);
 			if (rc)
 				goto out;
 		}
@@ -306,7 +311,7 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 	}
 	gpt2_profile(&s.g, 0);
 	if (o->out_path && until == step) /* nothing to train: still leave the checkpoint */
-		rc = ckpt_save(o->out_path, &s.g, o->cfg, step, 1);
+		rc = ckpt_save(o->out_path, &s.g, o->cfg, step, 1, NULL, 0);
 out:
 	run_close(&s);
 	return rc;
