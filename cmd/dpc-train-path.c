@@ -14,12 +14,15 @@
 #include "common/progress.h"
 #include "io/config.h"
 #include "model/train.h"
+#include "dipaco/pathtrain.h"
+#include "dipaco/rundir.h"
 #include "common/banned.h"
 
 static const char *prog = "dpc-train-path";
 
 static const char usage[] =
 	"usage: dpc-train-path -c CONFIG -d TRAIN.tok -o OUT.safetensors [options]\n"
+	"       dpc-train-path --run RUNDIR --phase T --path P [options]\n"
 	"       dpc-train-path --eval CKPT -d TOKENS [--max-tokens N]\n"
 	"\n"
 	"Train a GPT-2 path on a token file and write its checkpoint, or evaluate a checkpoint.\n"
@@ -37,6 +40,10 @@ static const char usage[] =
 	"  -t, --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
 	"      --device NAME        where the model runs: cpu (default), ref (the slow\n"
 	"                           reference backend), cuda (when built)\n"
+	"      --run RUNDIR         train one path of a DiPaCo run (dpc-rundir(5)): the\n"
+	"                           config, shard and inputs come from RUNDIR\n"
+	"      --phase T            with --run: the phase to train (1 .. dipaco.phases)\n"
+	"      --path P             with --run: the path to train (0 .. paths-1)\n"
 	"  -e, --eval CKPT          evaluate CKPT on --data; print JSON on stdout\n"
 	"  -n, --max-tokens N       evaluate at most N predicted tokens (default all)\n"
 	"  -q, --quiet              no progress line\n"
@@ -60,6 +67,33 @@ static int run_eval(struct backend *be, const char *ckpt, const char *data, long
 					num(exp(r.loss))), json_flags);
 }
 
+/* --run: one task of a DiPaCo run. */
+static int run_task(struct backend *be, const char *dir, long phase, long path, int quiet)
+{
+	struct rundir r;
+	struct path_task_result res;
+	char out[RUNDIR_PATH_MAX];
+
+	ERR_FORWARD(rundir_open(&r, dir, 0));
+	int rc = pathtrain_run(&r, phase, (int)path, be, !quiet, &res);
+	if (!rc)
+		rc = rundir_path_ckpt(&r, phase, (int)path, ".safetensors", out, sizeof out);
+	rundir_close(&r);
+	ERR_FORWARD(rc);
+	if (res.skipped)
+		return cli_print_json(json_pack("{s:I, s:I, s:b, s:s}", "phase", (json_int_t)phase,
+						"path", (json_int_t)path, "skipped", 1, "checkpoint",
+						out), json_flags);
+	return cli_print_json(json_pack("{s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:s}",
+					"phase", (json_int_t)phase, "path", (json_int_t)path,
+					"step", (json_int_t)res.last_step, "best_step",
+					(json_int_t)res.best_step, "loss", num(res.train_loss),
+					"heldout_loss", num(res.heldout_loss), "val_loss",
+					num(res.val_loss), "tokens_per_s", num(res.tokens_per_s),
+					"seconds", num(res.seconds), "train_seconds",
+					num(res.train_seconds), "checkpoint", out), json_flags);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -71,9 +105,12 @@ int main(int argc, char **argv)
 		{"eval", required_argument, NULL, 'e'},   {"max-tokens", required_argument, NULL, 'n'},
 		{"quiet", no_argument, NULL, 'q'},        {"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},      {"device", required_argument, NULL, 'D'},
+		{"run", required_argument, NULL, 'R'},    {"phase", required_argument, NULL, 'P'},
+		{"path", required_argument, NULL, 'A'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *config_path = NULL, *eval_path = NULL, *device = "cpu";
+	const char *config_path = NULL, *eval_path = NULL, *device = "cpu", *run_dir = NULL;
+	long phase = 0, path = -1;
 	struct backend *be = NULL;
 	const char **sets = calloc((size_t)argc, sizeof *sets);
 	int nsets = 0, resume = 0, quiet = 0, rc = 0, opt;
@@ -100,6 +137,9 @@ int main(int argc, char **argv)
 		case 'n': rc = cli_parse_long("--max-tokens", optarg, 1, 1L << 50, &max_tokens); break;
 		case 'q': quiet = 1; break;
 		case 'D': device = optarg; break;
+		case 'R': run_dir = optarg; break;
+		case 'P': rc = cli_parse_long("--phase", optarg, 1, 1L << 40, &phase); break;
+		case 'A': rc = cli_parse_long("--path", optarg, 0, 65535, &path); break;
 		case 'h': fputs(usage, stdout); goto out;
 		case 'V': printf("%s %s\n", prog, CORE_VERSION); goto out;
 		default:
@@ -115,9 +155,30 @@ int main(int argc, char **argv)
 		rc = cli_usage_error(prog, "unexpected argument '%s'", argv[optind]);
 		goto out;
 	}
+	if (run_dir && (config_path || nsets || o.data_path || o.val_path || o.out_path ||
+			o.init_path || resume || until || o.metrics_path || eval_path || max_tokens)) {
+		rc = cli_usage_error(prog, "--run takes its config, data and outputs from the run "
+				     "directory: only --phase, --path, --threads, --device and "
+				     "--quiet go with it");
+		goto out;
+	}
+	if (run_dir && (phase == 0 || path < 0)) {
+		rc = cli_usage_error(prog, "--run needs --phase T and --path P");
+		goto out;
+	}
+	if (!run_dir && (phase || path >= 0)) {
+		rc = cli_usage_error(prog, "--phase and --path go with --run");
+		goto out;
+	}
 	rc = backend_open(&be, device, &(struct backend_params){.threads = (int)threads});
 	if (rc) {
 		rc = cli_report(prog, rc);
+		goto out;
+	}
+	if (run_dir) {
+		rc = run_task(be, run_dir, phase, path, quiet);
+		if (rc)
+			rc = cli_report(prog, rc);
 		goto out;
 	}
 	if (!o.data_path) {

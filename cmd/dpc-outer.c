@@ -1,0 +1,739 @@
+/* dpc-outer - DiPaCo's outer step per module, and the run directory around it: print a
+ * topology, create a run, write its task graph, collect its metrics. See dpc-outer(1).
+ * Thin: options here; the work is in lib/dipaco. */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/err.h"
+#include "common/progress.h"
+#include "dipaco/module.h"
+#include "dipaco/outer.h"
+#include "dipaco/plan.h"
+#include "dipaco/rundir.h"
+#include "io/atomicio.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "common/banned.h"
+
+static const char prog[] = "dpc-outer";
+
+struct subcommand {
+	const char *name;
+	const char *summary;
+	int (*run)(int argc, char **argv);
+};
+
+static int cmd_step(int argc, char **argv);
+static int cmd_init(int argc, char **argv);
+static int cmd_topology(int argc, char **argv);
+static int cmd_makefile(int argc, char **argv);
+static int cmd_tasks(int argc, char **argv);
+static int cmd_metrics(int argc, char **argv);
+
+static const struct subcommand commands[] = {
+	{"step", "the outer step of phase T for some or all modules of a run", cmd_step},
+	{"init", "create a run directory: config, phase-0 modules, Makefile", cmd_init},
+	{"topology", "print a config's paths and modules, with parameter counts", cmd_topology},
+	{"makefile", "write the run's task graph as RUNDIR/Makefile", cmd_makefile},
+	{"tasks", "print the run's task graph, one task per line, in dependency order", cmd_tasks},
+	{"metrics", "collect every phase's metrics into RUNDIR/metrics.jsonl", cmd_metrics},
+};
+
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+#define JSON_LINE (JSON_COMPACT | JSON_REAL_PRECISION(9))
+
+static void usage(FILE *fp)
+{
+	fprintf(fp, "usage: %s COMMAND [options] ARGS...\n"
+		    "       %s -h | --help | -V | --version\n\ncommands:\n", prog, prog);
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
+	fprintf(fp, "\n'%s COMMAND --help' describes one command. See dpc-outer(1).\n", prog);
+}
+
+static int bad_option(const char *cmd, const struct option *longopts, char **argv, int c)
+{
+	char help[64];
+
+	snprintf(help, sizeof help, "%s %s", prog, cmd);
+	return cli_bad_option(prog, help, longopts, argv, c);
+}
+
+static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+/* ---- config from -c and -s ---------------------------------------------------------------- */
+
+static int load_config(struct run_config *c, const char *path, const char **sets, int nsets)
+{
+	int rc = 0;
+
+	config_defaults(c);
+	if (path)
+		rc = config_load(c, path);
+	for (int i = 0; !rc && i < nsets; i++)
+		rc = config_set(c, sets[i]);
+	if (!rc)
+		rc = config_validate(c, path);
+	return rc;
+}
+
+/* ---- topology ----------------------------------------------------------------------------- */
+
+static void topology_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s topology [-c CONFIG] [-s SECTION.KEY=V]... [--json]\n"
+		"Print the paths and modules a config describes: which modules each path\n"
+		"uses, and the parameters per module, per path and in total.\n\n"
+		"options:\n"
+		"  -c, --config FILE        YAML config (see dpc-config(5); default: defaults)\n"
+		"  -s, --set SECTION.KEY=V  override one config value (repeatable)\n"
+		"      --json               one JSON object instead of the table\n"
+		"  -h, --help               show this help and exit\n", prog);
+}
+
+static json_t *topology_json(const struct topology *t)
+{
+	json_t *mods = json_array(), *paths = json_array();
+
+	for (int m = 0; m < t->nmodules; m++) {
+		const struct topo_module *md = &t->modules[m];
+		json_t *users = json_array();
+		for (int k = 0; k < md->npaths; k++)
+			json_array_append_new(users, json_integer(md->paths[k]));
+		json_array_append_new(mods, json_pack("{s:s, s:s, s:i, s:I, s:o}", "name", md->name,
+						      "level", t->levels[md->level].name, "index",
+						      md->index, "params", (json_int_t)md->nparams,
+						      "paths", users));
+	}
+	for (int p = 0; p < t->npaths; p++) {
+		json_t *ms = json_array();
+		for (int l = 0; l < t->nlevels; l++)
+			json_array_append_new(ms, json_string(t->modules[topo_module_of(t, p, l)].name));
+		json_array_append_new(paths, ms);
+	}
+	return json_pack("{s:i, s:i, s:i, s:I, s:I, s:o, s:o}", "levels", t->nlevels, "paths",
+			 t->npaths, "modules", t->nmodules, "params_per_path",
+			 (json_int_t)t->layout.nparams, "params_total",
+			 (json_int_t)t->total_params, "module_list", mods, "path_modules", paths);
+}
+
+static int print_topology(const struct topology *t)
+{
+	printf("%d level%s, %d module%s, %d path%s\n\n", t->nlevels, t->nlevels == 1 ? "" : "s",
+	       t->nmodules, t->nmodules == 1 ? "" : "s", t->npaths, t->npaths == 1 ? "" : "s");
+	printf("%-20s %12s  %s\n", "module", "parameters", "used by paths");
+	for (int m = 0; m < t->nmodules; m++) {
+		const struct topo_module *md = &t->modules[m];
+		printf("%-20s %12zu  ", md->name, md->nparams);
+		for (int k = 0; k < md->npaths; k++) {
+			if (k == 8 && md->npaths > 10) {
+				printf(" ... (%d paths)", md->npaths);
+				break;
+			}
+			printf("%s%d", k ? "," : "", md->paths[k]);
+		}
+		printf("\n");
+	}
+	printf("\n%-8s %s\n", "path", "modules");
+	for (int p = 0; p < t->npaths; p++) {
+		printf("%-8d", p);
+		for (int l = 0; l < t->nlevels; l++)
+			printf(" %s", t->modules[topo_module_of(t, p, l)].name);
+		printf("\n");
+	}
+	printf("\nparameters: %zu per path, %zu in total (%.2fx a path)\n", t->layout.nparams,
+	       t->total_params, (double)t->total_params / (double)t->layout.nparams);
+	if (fflush(stdout) != 0)
+		return cli_report(prog, err_errno(CORE_EIO, "<stdout>", "cannot write", errno));
+	return 0;
+}
+
+static int cmd_topology(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
+		{"json", no_argument, NULL, 'j'},        {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *config = NULL, **sets = calloc((size_t)argc + 1, sizeof *sets);
+	int nsets = 0, json = 0, c, rc;
+	struct run_config cfg;
+	struct topology t;
+
+	if (!sets)
+		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
+	while ((c = getopt_long(argc, argv, ":c:s:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'c': config = optarg; break;
+		case 's': sets[nsets++] = optarg; break;
+		case 'j': json = 1; break;
+		case 'h': topology_usage(stdout); free(sets); return 0;
+		default: free(sets); return bad_option("topology", longopts, argv, c);
+		}
+	}
+	if (optind < argc) {
+		free(sets);
+		return cli_usage_error(prog, "topology: unexpected argument '%s'", argv[optind]);
+	}
+	rc = load_config(&cfg, config, sets, nsets);
+	free(sets);
+	if (!rc)
+		rc = topo_build(&t, &cfg);
+	if (rc)
+		return cli_report(prog, rc);
+	if (json)
+		rc = cli_print_json(topology_json(&t), JSON_INDENT(2)) ? 1 : 0;
+	else
+		rc = print_topology(&t);
+	topo_free(&t);
+	return rc;
+}
+
+/* ---- init and makefile -------------------------------------------------------------------- */
+
+/* The folder holding this program: the default BIN of the Makefile. */
+static void self_dir(char *buf, size_t n)
+{
+	ssize_t k = readlink("/proc/self/exe", buf, n - 1);
+	if (k <= 0) {
+		snprintf(buf, n, ".");
+		return;
+	}
+	buf[k] = '\0';
+	char *slash = strrchr(buf, '/');
+	if (slash)
+		*slash = '\0';
+}
+
+static int write_makefile(const struct rundir *r, const char *bin)
+{
+	char path[RUNDIR_PATH_MAX], *text;
+
+	ERR_FORWARD(rundir_file(r, "Makefile", path, sizeof path));
+	ERR_FORWARD(plan_makefile(r, bin, &text));
+	int rc = file_write_atomic(path, text, strlen(text));
+	free(text);
+	return rc;
+}
+
+/* Phase 0: each module's initialisation, one module in memory at a time; a module file
+ * that exists and verifies is kept. */
+static int write_init_modules(const struct rundir *r, int *written)
+{
+	char path[RUNDIR_PATH_MAX];
+
+	*written = 0;
+	ERR_FORWARD(rundir_make_phase(r, 0));
+	for (int m = 0; m < r->topo.nmodules; m++) {
+		struct st_file f;
+		ERR_FORWARD(rundir_module(r, 0, m, ".safetensors", path, sizeof path));
+		if (access(path, F_OK) == 0) {
+			ERR_FORWARD(module_open(&f, path, &r->topo, m, 0, r->config_hash, 1));
+			st_close(&f);
+			continue;
+		}
+		ERR_FORWARD(module_write_init(path, &r->topo, m, r->cfg.train.seed, r->config_hash));
+		(*written)++;
+	}
+	return 0;
+}
+
+static void init_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s init -c CONFIG [-s SECTION.KEY=V]... RUNDIR\n"
+		"Create the run directory RUNDIR: config.yaml, phase-0000/modules (the seeded\n"
+		"initialisation, identical for every path) and the Makefile of the task graph.\n"
+		"Running it again on the same config keeps what exists; another config is refused.\n"
+		"The shards go to RUNDIR/shards (dpc-shard split ... RUNDIR/shards).\n\n"
+		"options:\n"
+		"  -c, --config FILE        YAML config (see dpc-config(5))\n"
+		"  -s, --set SECTION.KEY=V  override one config value (repeatable)\n"
+		"      --bin DIR            where the Makefile finds the programs (default: the\n"
+		"                           folder of this dpc-outer)\n"
+		"  -h, --help               show this help and exit\n", prog);
+}
+
+static int cmd_init(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
+		{"bin", required_argument, NULL, 'b'},    {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *config = NULL, **sets = calloc((size_t)argc + 1, sizeof *sets);
+	char bin[RUNDIR_PATH_MAX];
+	int nsets = 0, c, rc, written = 0;
+	struct run_config cfg;
+	struct rundir r;
+
+	if (!sets)
+		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
+	self_dir(bin, sizeof bin);
+	while ((c = getopt_long(argc, argv, ":c:s:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'c': config = optarg; break;
+		case 's': sets[nsets++] = optarg; break;
+		case 'b': snprintf(bin, sizeof bin, "%s", optarg); break;
+		case 'h': init_usage(stdout); free(sets); return 0;
+		default: free(sets); return bad_option("init", longopts, argv, c);
+		}
+	}
+	if (argc - optind != 1 || !config) {
+		free(sets);
+		return cli_usage_error(prog, "init: expected -c CONFIG and one RUNDIR (see %s init "
+				       "--help)", prog);
+	}
+	const char *dir = argv[optind];
+	rc = load_config(&cfg, config, sets, nsets);
+	free(sets);
+	if (!rc && config_inner_steps(&cfg) < 1)
+		rc = err_set(CORE_ECONFIG, config, "the config gives 0 inner steps per phase "
+			     "(dipaco.inner_steps, or train.steps / dipaco.phases)");
+	if (!rc)
+		rc = rundir_create(dir, &cfg);
+	if (!rc)
+		rc = rundir_open(&r, dir, 0);
+	if (rc)
+		return cli_report(prog, rc);
+	rc = write_init_modules(&r, &written);
+	if (!rc)
+		rc = write_makefile(&r, bin);
+	if (!rc)
+		rc = cli_print_json(json_pack("{s:s, s:s, s:i, s:i, s:i, s:I, s:I, s:i}", "rundir",
+					      dir, "config_hash", r.config_hash, "paths",
+					      r.topo.npaths, "modules", r.topo.nmodules,
+					      "modules_written", written, "phases",
+					      (json_int_t)r.cfg.dipaco.phases, "inner_steps",
+					      (json_int_t)r.tau, "shards", r.have_shards),
+				    JSON_LINE);
+	rundir_close(&r);
+	return rc ? cli_report(prog, rc) : 0;
+}
+
+static int simple_rundir_command(int argc, char **argv, const char *name, const char *text,
+				 int (*fn)(struct rundir *r, const char *bin))
+{
+	static const struct option longopts[] = {
+		{"bin", required_argument, NULL, 'b'}, {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	char bin[RUNDIR_PATH_MAX];
+	struct rundir r;
+	int c, rc;
+
+	self_dir(bin, sizeof bin);
+	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'b': snprintf(bin, sizeof bin, "%s", optarg); break;
+		case 'h':
+			printf("usage: %s %s [--bin DIR] RUNDIR\n%s\n\noptions:\n"
+			       "      --bin DIR  where the programs are (default: the folder of this "
+			       "dpc-outer)\n  -h, --help     show this help and exit\n", prog, name,
+			       text);
+			return 0;
+		default: return bad_option(name, longopts, argv, c);
+		}
+	}
+	if (argc - optind != 1)
+		return cli_usage_error(prog, "%s: expected one RUNDIR (see %s %s --help)", name,
+				       prog, name);
+	rc = rundir_open(&r, argv[optind], 0);
+	if (!rc) {
+		rc = fn(&r, bin);
+		rundir_close(&r);
+	}
+	return rc ? cli_report(prog, rc) : 0;
+}
+
+static int do_makefile(struct rundir *r, const char *bin) { return write_makefile(r, bin); }
+
+static int cmd_makefile(int argc, char **argv)
+{
+	return simple_rundir_command(argc, argv, "makefile",
+				     "Write RUNDIR/Makefile, the task graph for make -C RUNDIR -j N.",
+				     do_makefile);
+}
+
+static int do_tasks(struct rundir *r, const char *bin)
+{
+	char *text;
+
+	(void)bin;
+	ERR_FORWARD(plan_tasks(r, &text));
+	int bad = fputs(text, stdout) == EOF || fflush(stdout) != 0;
+	free(text);
+	return bad ? err_errno(CORE_EIO, "<stdout>", "cannot write", errno) : 0;
+}
+
+static int cmd_tasks(int argc, char **argv)
+{
+	return simple_rundir_command(argc, argv, "tasks",
+				     "Print the task graph: 'train T P OUT DEPS...' and 'outer T "
+				     "MODULE OUT DEPS...',\none task per line, each after the tasks "
+				     "it depends on.", do_tasks);
+}
+
+/* ---- metrics ------------------------------------------------------------------------------ */
+
+/* Append a whole small file to fp, if it exists. */
+static int append_file(FILE *fp, const char *path, int *count)
+{
+	char *text;
+	size_t len;
+	int rc = file_read_all(path, 0, &text, &len);
+
+	if (rc == CORE_ENOTFOUND)
+		return 0;
+	ERR_FORWARD(rc);
+	fwrite(text, 1, len, fp);
+	if (len && text[len - 1] != '\n')
+		fputc('\n', fp);
+	free(text);
+	(*count)++;
+	return 0;
+}
+
+static int do_metrics(struct rundir *r, const char *bin)
+{
+	char path[RUNDIR_PATH_MAX], *text = NULL;
+	size_t len = 0;
+	int files = 0, rc = 0;
+	FILE *fp = open_memstream(&text, &len);
+
+	(void)bin;
+	if (!fp)
+		return err_set(CORE_ENOMEM, NULL, "out of memory");
+	for (long t = 1; t <= r->cfg.dipaco.phases && !rc; t++) {
+		for (int p = 0; p < r->topo.npaths && !rc; p++) {
+			rc = rundir_path_ckpt(r, t, p, ".jsonl", path, sizeof path);
+			if (!rc)
+				rc = append_file(fp, path, &files);
+		}
+		for (int m = 0; m < r->topo.nmodules && !rc; m++) {
+			rc = rundir_module(r, t, m, ".json", path, sizeof path);
+			if (!rc)
+				rc = append_file(fp, path, &files);
+		}
+	}
+	if (fclose(fp) != 0 && !rc)
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
+	if (!rc)
+		rc = rundir_file(r, "metrics.jsonl", path, sizeof path);
+	if (!rc)
+		rc = file_write_atomic(path, text, len);
+	if (!rc)
+		rc = cli_print_json(json_pack("{s:s, s:i, s:I}", "metrics", path, "files", files,
+					      "bytes", (json_int_t)len), JSON_LINE);
+	free(text);
+	return rc;
+}
+
+static int cmd_metrics(int argc, char **argv)
+{
+	return simple_rundir_command(argc, argv, "metrics",
+				     "Collect the metrics of every task that has run (path training, "
+				     "outer steps), phase\nby phase, into RUNDIR/metrics.jsonl.",
+				     do_metrics);
+}
+
+/* ---- step --------------------------------------------------------------------------------- */
+
+static void step_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s step RUNDIR --phase T [--module NAME]... [--slice I/N] [options]\n"
+		"The outer step of phase T: for each selected module, average what phase T's\n"
+		"paths did to it and apply Nesterov momentum (dipaco.outer_lr, outer_momentum,\n"
+		"rescale, reweight), reading one module at a time, tensor by tensor; write\n"
+		"phase-T/modules/NAME.safetensors and its diagnostics NAME.json, and print the\n"
+		"diagnostics as JSON Lines on stdout. A module whose output exists and verifies\n"
+		"is skipped. With no --module or --slice, every module; under mpirun, rank I of\n"
+		"N takes slice I/N.\n\n"
+		"options:\n"
+		"  -p, --phase T        the phase whose paths are averaged (1 .. dipaco.phases)\n"
+		"  -m, --module NAME    this module (repeatable)\n"
+		"      --slice I/N      modules I, I+N, I+2N, ... (0 <= I < N)\n"
+		"  -w, --wait[=SECS]    wait for path checkpoints still being trained, folding\n"
+		"                       each in as it appears (default: forever; without\n"
+		"                       --wait a missing one is an error)\n"
+		"  -q, --quiet          no progress line\n"
+		"  -h, --help           show this help and exit\n", prog);
+}
+
+/* Rank and size under mpirun (Open MPI, MPICH and Slurm set these), without linking MPI. */
+static int mpi_slice(long *i, long *n)
+{
+	static const char *const pairs[][2] = {
+		{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"},
+	};
+	for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+		const char *r = getenv(pairs[k][0]), *s = getenv(pairs[k][1]);
+		if (r && s && cli_parse_long(pairs[k][0], r, 0, INT_MAX, i) == 0 &&
+		    cli_parse_long(pairs[k][1], s, 1, INT_MAX, n) == 0 && *i < *n)
+			return 1;
+	}
+	return 0;
+}
+
+static int parse_slice(const char *s, long *i, long *n)
+{
+	char a[32], b[32];
+	const char *slash = strchr(s, '/');
+
+	if (!slash || slash - s >= 31 || strlen(slash + 1) >= 31)
+		return err_set(CORE_EUSAGE, NULL, "--slice '%.40s' is not I/N", s);
+	snprintf(a, sizeof a, "%.*s", (int)(slash - s), s);
+	snprintf(b, sizeof b, "%s", slash + 1);
+	ERR_FORWARD(cli_parse_long("--slice N", b, 1, INT_MAX, n));
+	ERR_FORWARD(cli_parse_long("--slice I", a, 0, *n - 1, i));
+	return 0;
+}
+
+/* One module: skip when done, else the step, then its diagnostics file and line. */
+static int step_module(const struct rundir *r, long t, int m, double wait, int *skipped)
+{
+	const struct topology *topo = &r->topo;
+	const struct topo_module *md = &topo->modules[m];
+	const struct dipaco_config *dc = &r->cfg.dipaco;
+	char out[RUNDIR_PATH_MAX], prev[RUNDIR_PATH_MAX], diag_path[RUNDIR_PATH_MAX];
+	char **ckpts = calloc((size_t)md->npaths, sizeof *ckpts);
+	double *tokens = calloc((size_t)md->npaths, sizeof *tokens);
+	double *weights = calloc((size_t)md->npaths, sizeof *weights);
+	struct outer_diag d = {0};
+	int rc = 0;
+
+	*skipped = 0;
+	if (!ckpts || !tokens || !weights) {
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
+		goto out;
+	}
+	rc = rundir_module(r, t, m, ".safetensors", out, sizeof out);
+	if (!rc)
+		rc = rundir_module(r, t, m, ".json", diag_path, sizeof diag_path);
+	if (!rc)
+		rc = rundir_module(r, t - 1, m, ".safetensors", prev, sizeof prev);
+	if (rc)
+		goto out;
+	if (access(out, F_OK) == 0) {
+		struct st_file f;
+		rc = module_open(&f, out, topo, m, t, r->config_hash, 1);
+		if (rc) {
+			char detail[400];
+			snprintf(detail, sizeof detail, "%s", err_detail());
+			rc = err_set(rc, out, "exists but is not this step's output (%s); remove it "
+				     "to redo the step", detail);
+			goto out;
+		}
+		st_close(&f);
+		*skipped = 1;
+		goto out;
+	}
+	for (int k = 0; k < md->npaths; k++) {
+		ckpts[k] = malloc(RUNDIR_PATH_MAX);
+		if (!ckpts[k]) {
+			rc = err_set(CORE_ENOMEM, NULL, "out of memory");
+			goto out;
+		}
+		rc = rundir_path_ckpt(r, t, md->paths[k], ".safetensors", ckpts[k], RUNDIR_PATH_MAX);
+		if (rc)
+			goto out;
+		tokens[k] = r->have_shards ? r->shard_tokens[md->paths[k]] : 0;
+	}
+	outer_weights(weights, tokens, md->npaths, dc->reweight && r->have_shards);
+	if (dc->reweight && !r->have_shards) {
+		rc = err_set(CORE_ENOTFOUND, r->dir, "dipaco.reweight needs the shard manifest "
+			     "shards/shards.json");
+		goto out;
+	}
+	rc = rundir_make_phase(r, t);
+	if (rc)
+		goto out;
+	struct outer_job j = {
+		.topo = topo, .module = m, .phase = t, .prev_path = prev,
+		.path_ckpts = (const char *const *)ckpts, .weights = weights, .out_path = out,
+		.config_hash = r->config_hash,
+		.params = {dc->outer_lr, dc->outer_momentum, dc->nesterov, dc->rescale,
+			   dc->reweight},
+		.wait_seconds = wait,
+	};
+	rc = outer_step_module(&j, &d);
+	if (rc)
+		goto out;
+	json_t *norms = json_array(), *users = json_array(), *ws = json_array();
+	for (int k = 0; k < md->npaths; k++) {
+		json_array_append_new(norms, json_real(d.delta_norm[k]));
+		json_array_append_new(users, json_integer(md->paths[k]));
+		json_array_append_new(ws, json_real(weights[k]));
+	}
+	json_t *j_diag = json_pack(
+		"{s:s, s:I, s:s, s:s, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o}",
+		"event", "outer", "phase", (json_int_t)t, "module", md->name, "level",
+		topo->levels[md->level].name, "params", (json_int_t)md->nparams, "paths", users,
+		"weights", ws, "delta_norms", norms, "outer_grad_norm", num(d.grad_norm),
+		"outer_grad_norm_rescaled", num(d.grad_norm_scaled), "update_norm",
+		num(d.update_norm), "mean_pairwise_cosine", num(d.mean_cosine), "seconds",
+		num(d.seconds), "wait_seconds", num(d.wait_seconds), "bytes_read",
+		(json_int_t)d.bytes_read, "read_mb_per_s",
+		num(d.seconds - d.wait_seconds > 0 ? (double)d.bytes_read / 1e6 /
+							      (d.seconds - d.wait_seconds)
+						    : NAN));
+	char *line = j_diag ? json_dumps(j_diag, JSON_LINE) : NULL;
+	json_decref(j_diag);
+	if (!line) {
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
+		goto out;
+	}
+	size_t n = strlen(line);
+	line[n] = '\0';
+	char *withnl = malloc(n + 2);
+	if (!withnl) {
+		free(line);
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
+		goto out;
+	}
+	memcpy(withnl, line, n);
+	withnl[n] = '\n';
+	withnl[n + 1] = '\0';
+	free(line);
+	/* The diagnostics are written after the module: a rerun that finds the module done does
+	 * not redo them, so a step killed between the two leaves no diagnostics for it. */
+	rc = file_write_atomic(diag_path, withnl, n + 1);
+	if (!rc && (fputs(withnl, stdout) == EOF || fflush(stdout) != 0))
+		rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
+	free(withnl);
+out:
+	outer_diag_free(&d);
+	for (int k = 0; ckpts && k < md->npaths; k++)
+		free(ckpts[k]);
+	free(ckpts);
+	free(tokens);
+	free(weights);
+	return rc;
+}
+
+static int cmd_step(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{"phase", required_argument, NULL, 'p'}, {"module", required_argument, NULL, 'm'},
+		{"slice", required_argument, NULL, 'S'}, {"wait", optional_argument, NULL, 'w'},
+		{"quiet", no_argument, NULL, 'q'},       {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char **names = calloc((size_t)argc + 1, sizeof *names);
+	long phase = 0, si = 0, sn = 1;
+	double wait = 0;
+	int nnames = 0, have_slice = 0, quiet = 0, c, rc = 0;
+	struct rundir r;
+
+	if (!names)
+		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
+	while ((c = getopt_long(argc, argv, ":p:m:w::qh", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'p': rc = cli_parse_long("--phase", optarg, 1, 1L << 40, &phase); break;
+		case 'm': names[nnames++] = optarg; break;
+		case 'S': rc = parse_slice(optarg, &si, &sn); have_slice = 1; break;
+		case 'w':
+			wait = -1;
+			if (optarg)
+				rc = cli_parse_double("--wait", optarg, 0.001, 1e9, &wait);
+			break;
+		case 'q': quiet = 1; break;
+		case 'h': step_usage(stdout); free(names); return 0;
+		default: free(names); return bad_option("step", longopts, argv, c);
+		}
+		if (rc) {
+			free(names);
+			return cli_report(prog, rc);
+		}
+	}
+	if (argc - optind != 1 || phase == 0) {
+		free(names);
+		return cli_usage_error(prog, "step: expected RUNDIR and --phase T (see %s step "
+				       "--help)", prog);
+	}
+	if (nnames && have_slice) {
+		free(names);
+		return cli_usage_error(prog, "step: --module and --slice exclude each other");
+	}
+	if (!nnames && !have_slice)
+		have_slice = mpi_slice(&si, &sn) || 1;
+	rc = rundir_open(&r, argv[optind], 0);
+	if (rc) {
+		free(names);
+		return cli_report(prog, rc);
+	}
+	if (phase > r.cfg.dipaco.phases)
+		rc = err_set(CORE_EUSAGE, r.dir, "phase %ld is outside 1..%ld", phase,
+			     r.cfg.dipaco.phases);
+	/* The selection: named modules (each must exist), or a slice of all. */
+	int *sel = calloc((size_t)r.topo.nmodules, sizeof *sel), nsel = 0;
+	if (!rc && !sel)
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
+	for (int i = 0; !rc && i < nnames; i++) {
+		int m = topo_find(&r.topo, names[i]);
+		if (m < 0)
+			rc = err_set(CORE_EUSAGE, r.dir, "no module '%.64s' in this run (see %s "
+				     "topology)", names[i], prog);
+		else if (!sel[m])
+			sel[m] = 1, nsel++;
+	}
+	for (int m = 0; !rc && !nnames && m < r.topo.nmodules; m++)
+		if (m % sn == si)
+			sel[m] = 1, nsel++;
+	struct progress pr;
+	char label[48];
+	snprintf(label, sizeof label, "outer phase %ld", phase);
+	progress_init(&pr, label, nsel);
+	if (quiet)
+		pr.enabled = 0;
+	int done = 0, skipped_total = 0;
+	for (int m = 0; !rc && m < r.topo.nmodules; m++) {
+		int skipped;
+		if (!sel[m])
+			continue;
+		rc = step_module(&r, phase, m, wait, &skipped);
+		skipped_total += skipped;
+		progress_update(&pr, ++done, r.topo.modules[m].name);
+	}
+	progress_done(&pr);
+	if (!rc && skipped_total && !quiet)
+		fprintf(stderr, "%s: %d module%s already done\n", prog, skipped_total,
+			skipped_total == 1 ? " was" : "s were");
+	free(sel);
+	free(names);
+	rundir_close(&r);
+	return rc ? cli_report(prog, rc) : 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *cmd = argc > 1 ? argv[1] : NULL;
+
+	opterr = 0;
+	if (!cmd)
+		return cli_usage_error(prog, "missing command (see %s --help)", prog);
+	if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help")) {
+		usage(stdout);
+		return 0;
+	}
+	if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version")) {
+		printf("%s %s\n", prog, CORE_VERSION);
+		return 0;
+	}
+	if (cmd[0] == '-')
+		return cli_usage_error(prog, "unknown option '%s' (see %s --help)", cmd, prog);
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		if (!strcmp(cmd, commands[i].name))
+			return commands[i].run(argc - 1, argv + 1);
+	return cli_usage_error(prog, "unknown command '%s' (see %s --help)", cmd, prog);
+}

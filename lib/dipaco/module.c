@@ -1,0 +1,208 @@
+/* module.c - module checkpoints and the checks every reader of a run's files makes; see
+ * module.h. */
+#include "dipaco/module.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "common/err.h"
+#include "model/checkpoint.h"
+#include "common/banned.h"
+
+/* The model shape keys every checkpoint carries (as ckpt_save writes them). */
+struct shape_meta {
+	char l[16], c[16], h[16], t[16], v[16];
+};
+
+static void shape_meta(struct shape_meta *s, const struct model_config *mc)
+{
+	snprintf(s->l, sizeof s->l, "%d", mc->n_layer);
+	snprintf(s->c, sizeof s->c, "%d", mc->n_embd);
+	snprintf(s->h, sizeof s->h, "%d", mc->n_head);
+	snprintf(s->t, sizeof s->t, "%d", mc->seq_len);
+	snprintf(s->v, sizeof s->v, "%d", mc->vocab_size);
+}
+
+int module_writer_open(struct st_writer **w, const char *path, const struct topology *t, int m,
+		       long phase, const char *config_hash)
+{
+	const struct topo_module *md = &t->modules[m];
+	const int n = 2 * md->nviews;
+	struct tensor *specs = calloc((size_t)n, sizeof *specs);
+	const struct tensor **ptrs = calloc((size_t)n, sizeof *ptrs);
+	char *paths = malloc((size_t)md->npaths * 8 + 1);
+	int rc;
+
+	if (!specs || !ptrs || !paths) {
+		rc = err_set(CORE_ENOMEM, path, "out of memory");
+		goto out;
+	}
+	int k = 0;
+	for (int i = 0; i < t->layout.n; i++) {
+		if (!topo_owns(t, m, i))
+			continue;
+		char name[TENSOR_NAME_MAX + 16];
+		specs[k] = t->layout.views[i];
+		ptrs[k] = &specs[k];
+		k++;
+		snprintf(name, sizeof name, MODULE_MOMENTUM_PREFIX "%s", t->layout.views[i].name);
+		tensor_view(&specs[k], DT_F32, t->layout.views[i].ndim, t->layout.views[i].ne, NULL,
+			    name);
+		ptrs[k] = &specs[k];
+		k++;
+	}
+	size_t off = 0;
+	paths[0] = '\0';
+	for (int i = 0; i < md->npaths; i++)
+		off += (size_t)snprintf(paths + off, 8, "%s%d", i ? "," : "", md->paths[i]);
+	char sphase[32], sindex[16];
+	struct shape_meta sm;
+	shape_meta(&sm, &t->model);
+	snprintf(sphase, sizeof sphase, "%ld", phase);
+	snprintf(sindex, sizeof sindex, "%d", md->index);
+	const struct st_kv meta[] = {
+		{"format", CKPT_FORMAT}, {"kind", "module"}, {"module", md->name},
+		{"level", t->levels[md->level].name}, {"index", sindex}, {"phase", sphase},
+		{"paths", paths}, {"optimizer", "outer-momentum"}, {"n_layer", sm.l},
+		{"n_embd", sm.c}, {"n_head", sm.h}, {"seq_len", sm.t}, {"vocab_size", sm.v},
+		{"config_hash", config_hash},
+	};
+	rc = st_writer_open(w, path, ptrs, n, meta, (int)(sizeof meta / sizeof meta[0]));
+out:
+	free(specs);
+	free(ptrs);
+	free(paths);
+	return rc;
+}
+
+int module_write_init(const char *path, const struct topology *t, int m, uint64_t seed,
+		      const char *config_hash)
+{
+	struct backend *be = NULL;
+	struct st_writer *w = NULL;
+	float *buf = NULL, *zero = NULL;
+	size_t maxn = 0;
+	int rc;
+
+	for (int i = 0; i < t->layout.n; i++)
+		if (topo_owns(t, m, i) && (size_t)tensor_numel(&t->layout.views[i]) > maxn)
+			maxn = (size_t)tensor_numel(&t->layout.views[i]);
+	/* The reference of every backend draws the same numbers; the CPU one is host memory. */
+	ERR_FORWARD(backend_open(&be, "cpu", &(struct backend_params){.threads = 1}));
+	buf = malloc(sizeof *buf * (maxn ? maxn : 1));
+	zero = calloc(maxn ? maxn : 1, sizeof *zero);
+	if (!buf || !zero) {
+		rc = err_set(CORE_ENOMEM, path, "out of memory for %zu floats", maxn);
+		goto out;
+	}
+	rc = module_writer_open(&w, path, t, m, 0, config_hash);
+	for (int i = 0; i < t->layout.n && !rc; i++) {
+		if (!topo_owns(t, m, i))
+			continue;
+		size_t n = (size_t)tensor_numel(&t->layout.views[i]);
+		rc = gpt2_init_view(&t->layout, i, be, buf, seed);
+		if (!rc)
+			rc = st_writer_put(w, buf, sizeof *buf * n);
+		if (!rc)
+			rc = st_writer_put(w, zero, sizeof *zero * n);
+	}
+	if (w) {
+		if (rc)
+			st_writer_abort(w);
+		else
+			rc = st_writer_commit(w);
+	}
+out:
+	free(buf);
+	free(zero);
+	backend_close(be);
+	return rc;
+}
+
+static int meta_long(const struct st_file *f, const char *key, long *out)
+{
+	const char *s = st_meta(f, key);
+	char *end;
+
+	if (!s)
+		return err_set(CORE_EFORMAT, f->path, "metadata key '%s' missing", key);
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < 0)
+		return err_set(CORE_EFORMAT, f->path, "metadata '%s' is not a valid number", key);
+	*out = v;
+	return 0;
+}
+
+/* Format, kind, config hash: the checks common to module and path checkpoints. */
+static int check_common(const struct st_file *f, const char *kind, const char *config_hash)
+{
+	const char *fmt = st_meta(f, "format"), *k = st_meta(f, "kind"),
+		   *h = st_meta(f, "config_hash");
+
+	if (!fmt || strcmp(fmt, CKPT_FORMAT))
+		return err_set(CORE_EFORMAT, f->path, "not a dpc checkpoint");
+	if (!k || strcmp(k, kind))
+		return err_set(CORE_EFORMAT, f->path, "is a %.20s checkpoint, expected a %s "
+			       "checkpoint", k ? k : "unlabelled", kind);
+	if (!h || strcmp(h, config_hash))
+		return err_set(CORE_EFORMAT, f->path, "was made with another config (config_hash "
+			       "%.20s, this run's is %s)", h ? h : "missing", config_hash);
+	return 0;
+}
+
+int module_open(struct st_file *f, const char *path, const struct topology *t, int m,
+		long phase, const char *config_hash, int verify)
+{
+	long ph;
+	int rc;
+
+	ERR_FORWARD(st_open(f, path, verify));
+	rc = check_common(f, "module", config_hash);
+	const char *name = st_meta(f, "module");
+	if (!rc && (!name || strcmp(name, t->modules[m].name)))
+		rc = err_set(CORE_EFORMAT, path, "holds module '%.40s', expected '%s'",
+			     name ? name : "?", t->modules[m].name);
+	if (!rc)
+		rc = meta_long(f, "phase", &ph);
+	if (!rc && ph != phase)
+		rc = err_set(CORE_EFORMAT, path, "is from phase %ld, expected phase %ld", ph, phase);
+	if (rc)
+		st_close(f);
+	return rc;
+}
+
+int pathckpt_open(struct st_file *f, const char *path, int p, long phase,
+		  const char *config_hash, long *step, long *tokens, int verify)
+{
+	long ph = 0, pi = 0, st = 0, tk = 0;
+	int rc;
+
+	ERR_FORWARD(st_open(f, path, verify));
+	rc = check_common(f, "path", config_hash);
+	if (!rc)
+		rc = meta_long(f, "phase", &ph);
+	if (!rc && ph != phase)
+		rc = err_set(CORE_EFORMAT, path, "is from phase %ld, expected phase %ld", ph, phase);
+	if (!rc)
+		rc = meta_long(f, "path", &pi);
+	if (!rc && pi != p)
+		rc = err_set(CORE_EFORMAT, path, "is path %ld, expected path %d", pi, p);
+	if (!rc)
+		rc = meta_long(f, "step", &st);
+	if (!rc)
+		rc = meta_long(f, "shard_tokens", &tk);
+	if (rc) {
+		st_close(f);
+		return rc;
+	}
+	if (step)
+		*step = st;
+	if (tokens)
+		*tokens = tk;
+	return 0;
+}

@@ -1,0 +1,315 @@
+/* pathtrain.c - one training task of a DiPaCo run; see pathtrain.h. */
+#include "dipaco/pathtrain.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "common/progress.h"
+#include "dipaco/module.h"
+#include "io/metrics.h"
+#include "io/tokfile.h"
+#include "model/checkpoint.h"
+#include "model/train.h"
+#include "common/banned.h"
+
+/* Load path p's modules of phase t-1 into g's parameters. */
+static int assemble(const struct rundir *r, long phase, int p, struct gpt2 *g)
+{
+	const struct topology *t = &r->topo;
+	struct backend *be = g->be;
+	char path[RUNDIR_PATH_MAX];
+	float *host = NULL;
+	size_t cap = 0;
+	int rc = 0;
+
+	for (int l = 0; l < t->nlevels && !rc; l++) {
+		int m = topo_module_of(t, p, l);
+		struct st_file f;
+		rc = rundir_module(r, phase - 1, m, ".safetensors", path, sizeof path);
+		if (!rc)
+			rc = module_open(&f, path, t, m, phase - 1, r->config_hash, 1);
+		if (rc)
+			break;
+		for (int i = 0; i < t->layout.n && !rc; i++) {
+			if (!topo_owns(t, m, i))
+				continue;
+			struct tensor *v = &g->views[i], dst;
+			size_t nb = tensor_nbytes(v);
+			if (nb > cap) {
+				free(host);
+				host = malloc(nb);
+				cap = host ? nb : 0;
+				if (!host) {
+					rc = err_set(CORE_ENOMEM, path, "out of memory");
+					break;
+				}
+			}
+			tensor_view(&dst, DT_F32, v->ndim, v->ne, host, v->name);
+			rc = st_read(&f, v->name, &dst);
+			if (!rc)
+				rc = be->op->upload(be, v->data, host, nb);
+		}
+		st_close(&f);
+	}
+	free(host);
+	return rc;
+}
+
+/* The moments and step of path p's checkpoint of phase t-1 (its own AdamW state). */
+static int load_moments(const struct rundir *r, long phase, int p, struct gpt2 *g)
+{
+	char path[RUNDIR_PATH_MAX];
+	struct st_file f;
+	long step = 0, want = (phase - 1) * r->tau;
+
+	ERR_FORWARD(rundir_path_ckpt(r, phase - 1, p, ".safetensors", path, sizeof path));
+	ERR_FORWARD(pathckpt_open(&f, path, p, phase - 1, r->config_hash, &step, NULL, 0));
+	st_close(&f);
+	if (step != want)
+		return err_set(CORE_EFORMAT, path, "is at step %ld, expected step %ld", step, want);
+	return ckpt_load(path, g, CKPT_MOMENTS, NULL);
+}
+
+/* A view of tokens [from, from + n) of tf, sharing its memory. */
+static struct tokfile token_slice(const struct tokfile *tf, uint64_t from, uint64_t n)
+{
+	struct tokfile s = *tf;
+	s.tokens = (const char *)tf->tokens + from * tf->width;
+	s.ntokens = n;
+	s.map = NULL;
+	return s;
+}
+
+/* What one task holds open. */
+struct task {
+	struct tokfile shard, val;
+	int have_shard, have_val, have_model;
+	struct gpt2 g;
+	float *best;
+	struct metrics mx;
+	int32_t *in, *tg;
+};
+
+static void task_close(struct task *k)
+{
+	free(k->in);
+	free(k->tg);
+	metrics_close(&k->mx);
+	if (k->have_model) {
+		k->g.be->op->free(k->g.be, k->best);
+		gpt2_free(&k->g);
+	}
+	if (k->have_val)
+		tokfile_close(&k->val);
+	if (k->have_shard)
+		tokfile_close(&k->shard);
+}
+
+/* Is the output there already, whole and ours? 1 yes, 0 absent, < 0 present but bad. */
+static int output_done(const struct rundir *r, const char *out, long phase, int p)
+{
+	struct st_file f;
+	long step;
+
+	if (access(out, F_OK) != 0)
+		return errno == ENOENT ? 0 : err_errno(CORE_EIO, out, "cannot access", errno);
+	int rc = pathckpt_open(&f, out, p, phase, r->config_hash, &step, NULL, 1);
+	if (rc) {
+		char detail[400];
+		snprintf(detail, sizeof detail, "%s", err_detail());
+		return err_set(rc, out, "exists but is not this task's output (%s); remove it to "
+			       "train the path again", detail);
+	}
+	st_close(&f);
+	if (step != phase * r->tau)
+		return err_set(CORE_EFORMAT, out, "exists at step %ld, expected %ld; remove it to "
+			       "train the path again", step, phase * r->tau);
+	return 1;
+}
+
+int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be, int progress,
+		  struct path_task_result *res)
+{
+	const struct run_config *c = &r->cfg;
+	const struct train_config *tc = &c->train;
+	const struct dipaco_config *dc = &c->dipaco;
+	const int B = tc->batch_size, T = c->model.seq_len;
+	char out[RUNDIR_PATH_MAX], mpath[RUNDIR_PATH_MAX], part[RUNDIR_PATH_MAX + 8],
+		shard[RUNDIR_PATH_MAX], val[RUNDIR_PATH_MAX];
+	double t0 = now_seconds();
+	struct task k;
+	int rc;
+
+	memset(&k, 0, sizeof k);
+	memset(res, 0, sizeof *res);
+	res->heldout_loss = res->val_loss = res->train_loss = NAN;
+	if (phase < 1 || phase > dc->phases)
+		return err_set(CORE_EUSAGE, r->dir, "phase %ld is outside 1..%ld", phase, dc->phases);
+	if (p < 0 || p >= r->topo.npaths)
+		return err_set(CORE_EUSAGE, r->dir, "path %d is outside 0..%d", p,
+			       r->topo.npaths - 1);
+	if (r->tau < 1)
+		return err_set(CORE_ECONFIG, r->dir, "the config gives 0 inner steps per phase");
+	ERR_FORWARD(rundir_path_ckpt(r, phase, p, ".safetensors", out, sizeof out));
+	ERR_FORWARD(rundir_path_ckpt(r, phase, p, ".jsonl", mpath, sizeof mpath));
+	snprintf(part, sizeof part, "%s.part", mpath);
+	rc = output_done(r, out, phase, p);
+	if (rc != 0) {
+		res->skipped = rc > 0;
+		return rc < 0 ? rc : 0;
+	}
+	ERR_FORWARD(rundir_make_phase(r, phase));
+
+	/* Data: the shard, minus the held-out tail when early stopping. */
+	ERR_FORWARD(rundir_shard(r, p, shard, sizeof shard));
+	rc = tokfile_open(&k.shard, shard);
+	if (rc)
+		goto out;
+	k.have_shard = 1;
+	rc = train_check_data(&k.shard, &c->model);
+	if (rc)
+		goto out;
+	uint64_t nheld = dc->early_stop_every > 0 ?
+		(uint64_t)((double)k.shard.ntokens * dc->holdout_frac) : 0;
+	uint64_t ntrain = k.shard.ntokens - nheld;
+	if (dc->early_stop_every > 0 && (nheld < (uint64_t)T + 1 || ntrain < (uint64_t)T + 1)) {
+		rc = err_set(CORE_EFORMAT, shard, "%llu tokens cannot be split %.3g held out with "
+			     "both parts at least %d tokens", (unsigned long long)k.shard.ntokens,
+			     dc->holdout_frac, T + 1);
+		goto out;
+	}
+	struct tokfile trainset = token_slice(&k.shard, 0, ntrain);
+	struct tokfile heldout = token_slice(&k.shard, ntrain, nheld);
+	rc = rundir_file(r, "val.tok", val, sizeof val);
+	if (!rc && access(val, F_OK) == 0) {
+		rc = tokfile_open(&k.val, val);
+		k.have_val = !rc;
+		if (!rc)
+			rc = train_check_data(&k.val, &c->model);
+	}
+	if (rc)
+		goto out;
+
+	/* The model: modules of phase t-1, moments of the path's own phase t-1. */
+	rc = gpt2_create(&k.g, &c->model, B, T, be);
+	if (rc)
+		goto out;
+	k.have_model = 1;
+	rc = assemble(r, phase, p, &k.g);
+	if (!rc && phase > 1)
+		rc = load_moments(r, phase, p, &k.g);
+	if (rc)
+		goto out;
+	if (dc->early_stop_every > 0) {
+		rc = be->op->alloc(be, (void **)&k.best, sizeof(float) * k.g.nparams);
+		if (rc)
+			goto out;
+	}
+	k.in = malloc(sizeof *k.in * (size_t)B * T);
+	k.tg = malloc(sizeof *k.tg * (size_t)B * T);
+	if (!k.in || !k.tg) {
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory for the batch");
+		goto out;
+	}
+	unlink(part);
+	rc = metrics_open(&k.mx, part);
+	if (rc)
+		goto out;
+
+	const long first = (phase - 1) * r->tau, last = phase * r->tau;
+	const long eval_tokens = tc->eval_batches * (long)B * T;
+	struct progress pr;
+	char label[48];
+	double best = INFINITY, timed = 0.0;
+	snprintf(label, sizeof label, "phase %ld path %d", phase, p);
+	progress_init(&pr, label, last - first);
+	if (!progress)
+		pr.enabled = 0;
+	res->first_step = first;
+	res->best_step = last;
+	for (long st = first; st < last; st++) {
+		double ts = now_seconds(), lr;
+		float loss, norm;
+		rc = train_step_on(&k.g, tc, &trainset, st, k.in, k.tg, &loss, &norm, &lr);
+		if (rc)
+			goto out;
+		double dt = now_seconds() - ts;
+		timed += dt;
+		res->train_loss = loss;
+		rc = metrics_event(&k.mx, "train", "phase", 'i', (long long)phase, "path", 'i',
+				   (long long)p, "step", 'i', (long long)(st + 1), "loss", 'f',
+				   (double)loss, "lr", 'f', lr, "grad_norm", 'f', (double)norm,
+				   "tokens_per_s", 'f', (double)B * T / dt, NULL);
+		if (rc)
+			goto out;
+		char extra[64];
+		snprintf(extra, sizeof extra, "loss %.4f", loss);
+		progress_update(&pr, st + 1 - first, extra);
+		long done = st + 1 - first;
+		if (dc->early_stop_every > 0 && (done % dc->early_stop_every == 0 || st + 1 == last)) {
+			double hl;
+			rc = train_evaluate(&k.g, &heldout, eval_tokens, &hl, NULL);
+			if (!rc)
+				rc = metrics_event(&k.mx, "heldout", "phase", 'i', (long long)phase,
+						   "path", 'i', (long long)p, "step", 'i',
+						   (long long)(st + 1), "loss", 'f', hl, NULL);
+			if (rc)
+				goto out;
+			if (hl < best) {
+				best = hl;
+				res->best_step = st + 1;
+				rc = be->op->copy(be, k.best, k.g.params,
+						  sizeof(float) * k.g.nparams);
+				if (rc)
+					goto out;
+			}
+		}
+	}
+	progress_done(&pr);
+	res->last_step = last;
+	res->train_seconds = timed;
+	res->tokens_per_s = timed > 0 ? (double)(last - first) * B * T / timed : NAN;
+	if (dc->early_stop_every > 0) {
+		res->heldout_loss = best;
+		if (res->best_step != last)
+			rc = be->op->copy(be, k.g.params, k.best, sizeof(float) * k.g.nparams);
+		if (rc)
+			goto out;
+	}
+	if (k.have_val) {
+		rc = train_evaluate(&k.g, &k.val, eval_tokens, &res->val_loss, NULL);
+		if (rc)
+			goto out;
+	}
+	res->seconds = now_seconds() - t0;
+	rc = metrics_event(&k.mx, "path", "phase", 'i', (long long)phase, "path", 'i',
+			   (long long)p, "step", 'i', (long long)last, "best_step", 'i',
+			   (long long)res->best_step, "train_loss", 'f', res->train_loss,
+			   "heldout_loss", 'f', res->heldout_loss, "val_loss", 'f', res->val_loss,
+			   "tokens_per_s", 'f', res->tokens_per_s, "train_seconds", 'f', timed,
+			   NULL);
+	metrics_close(&k.mx);
+	/* Metrics first: a task is done when its checkpoint exists, and a rerun of a task
+	 * killed between the two renames rewrites both. */
+	if (!rc && rename(part, mpath) != 0)
+		rc = err_errno(CORE_EIO, mpath, "cannot rename the metrics into place", errno);
+	char sphase[32], spath[16], stok[32], sbest[32];
+	snprintf(sphase, sizeof sphase, "%ld", phase);
+	snprintf(spath, sizeof spath, "%d", p);
+	snprintf(stok, sizeof stok, "%llu", (unsigned long long)ntrain);
+	snprintf(sbest, sizeof sbest, "%ld", res->best_step);
+	const struct st_kv extra[] = {{"phase", sphase}, {"path", spath}, {"shard_tokens", stok},
+				      {"best_step", sbest}};
+	if (!rc)
+		rc = ckpt_save(out, &k.g, c, last, 1, extra, 4);
+out:
+	task_close(&k);
+	if (rc)
+		unlink(part);
+	return rc;
+}

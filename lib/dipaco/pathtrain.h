@@ -1,0 +1,37 @@
+/* pathtrain.h - phase t of path p of a run directory (dpc-train-path --run).
+ *
+ * The path is assembled from phase t-1's module checkpoints (phase 0: the initialisation),
+ * takes its AdamW moments and step from its own checkpoint of phase t-1 (zero at t = 1),
+ * trains global steps (t-1)*tau .. t*tau-1 on its shard exactly as a dense run would train
+ * those steps (batches and learning rate indexed by the global step), and writes
+ * phase-t/paths/path-p.safetensors: a complete GPT-2 checkpoint with its moments and step
+ * t*tau, plus metadata phase, path, shard_tokens.
+ *
+ * Early stopping (dipaco.early_stop_every > 0): the last holdout_frac of the shard's tokens
+ * are not trained on; every early_stop_every steps and at the end the path is evaluated on
+ * them, and the parameters of the best evaluation are the ones written. The moments and the
+ * step written are those of the last step (the optimizer ran to the end; only the published
+ * parameters go back), so the next phase continues the same AdamW trajectory.
+ */
+#ifndef CORE_PATHTRAIN_H
+#define CORE_PATHTRAIN_H
+
+#include "backend/backend.h"
+#include "dipaco/rundir.h"
+
+struct path_task_result {
+	int skipped;          /* the output existed and verified: nothing done */
+	long first_step, last_step; /* global steps trained: first_step+1 .. last_step */
+	long best_step;       /* the step whose parameters were written */
+	double train_loss;    /* of the last step */
+	double heldout_loss;  /* of the written parameters; NaN without early stopping */
+	double val_loss;      /* on RUNDIR/val.tok when it exists; else NaN */
+	double tokens_per_s;
+	double seconds;       /* the whole task, assembly and I/O included */
+	double train_seconds; /* the steps alone */
+};
+
+int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be, int progress,
+		  struct path_task_result *res);
+
+#endif

@@ -1,0 +1,205 @@
+/* rundir.c - the run directory's names and its shared reading; see rundir.h. */
+#include "dipaco/rundir.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "io/atomicio.h"
+#include "common/banned.h"
+
+__attribute__((format(printf, 3, 4)))
+static int name_into(char *buf, size_t n, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	int k = vsnprintf(buf, n, fmt, ap);
+	va_end(ap);
+	if (k < 0 || (size_t)k >= n)
+		return err_set(CORE_EUSAGE, NULL, "file name too long");
+	return 0;
+}
+
+int rundir_file(const struct rundir *r, const char *name, char *buf, size_t n)
+{
+	return name_into(buf, n, "%s/%s", r->dir, name);
+}
+
+int rundir_shard(const struct rundir *r, int p, char *buf, size_t n)
+{
+	return name_into(buf, n, "%s/shards/shard-%0*d.tok", r->dir, topo_path_digits(&r->topo),
+			 p);
+}
+
+int rundir_path_ckpt(const struct rundir *r, long phase, int p, const char *ext, char *buf,
+		     size_t n)
+{
+	return name_into(buf, n, "%s/phase-%04ld/paths/path-%0*d%s", r->dir, phase,
+			 topo_path_digits(&r->topo), p, ext);
+}
+
+int rundir_module(const struct rundir *r, long phase, int m, const char *ext, char *buf,
+		  size_t n)
+{
+	return name_into(buf, n, "%s/phase-%04ld/modules/%s%s", r->dir, phase,
+			 r->topo.modules[m].name, ext);
+}
+
+static int make_dir(const char *path)
+{
+	if (mkdir(path, 0777) == 0 || errno == EEXIST) {
+		struct stat st;
+		if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+			return 0;
+		return err_set(CORE_EIO, path, "exists and is not a directory");
+	}
+	return err_errno(CORE_EIO, path, "cannot create directory", errno);
+}
+
+int rundir_make_phase(const struct rundir *r, long phase)
+{
+	char buf[RUNDIR_PATH_MAX];
+
+	ERR_FORWARD(name_into(buf, sizeof buf, "%s/phase-%04ld", r->dir, phase));
+	ERR_FORWARD(make_dir(buf));
+	ERR_FORWARD(name_into(buf, sizeof buf, "%s/phase-%04ld/paths", r->dir, phase));
+	ERR_FORWARD(make_dir(buf));
+	ERR_FORWARD(name_into(buf, sizeof buf, "%s/phase-%04ld/modules", r->dir, phase));
+	return make_dir(buf);
+}
+
+/* shards/shards.json: {"paths": P, "shards": [{"file", "docs", "tokens"}, ...]}. */
+static int read_manifest(struct rundir *r, int need)
+{
+	char path[RUNDIR_PATH_MAX];
+	json_error_t je;
+
+	ERR_FORWARD(rundir_file(r, "shards/shards.json", path, sizeof path));
+	json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+	if (!root) {
+		if (!need && access(path, F_OK) != 0)
+			return 0;
+		if (access(path, F_OK) != 0)
+			return err_set(CORE_ENOTFOUND, path, "no shard manifest (make the shards "
+				       "with dpc-shard split)");
+		return err_set(CORE_EFORMAT, path, "line %d: %.200s", je.line, je.text);
+	}
+	json_t *sh = json_object_get(root, "shards");
+	json_t *np = json_object_get(root, "paths");
+	int rc = 0;
+	if (!json_is_array(sh) || !json_is_integer(np) ||
+	    json_array_size(sh) != (size_t)json_integer_value(np)) {
+		rc = err_set(CORE_EFORMAT, path, "not a shard manifest (no 'paths' and 'shards' of "
+			     "that length)");
+	} else if (json_array_size(sh) != (size_t)r->topo.npaths) {
+		rc = err_set(CORE_ECONFIG, path, "holds %zu shards, the config has %d paths",
+			     json_array_size(sh), r->topo.npaths);
+	} else {
+		r->shard_tokens = calloc((size_t)r->topo.npaths, sizeof *r->shard_tokens);
+		if (!r->shard_tokens)
+			rc = err_set(CORE_ENOMEM, path, "out of memory");
+		for (int p = 0; !rc && p < r->topo.npaths; p++) {
+			json_t *tk = json_object_get(json_array_get(sh, (size_t)p), "tokens");
+			if (!json_is_integer(tk) || json_integer_value(tk) < 2)
+				rc = err_set(CORE_EFORMAT, path, "shard %d has no valid 'tokens'", p);
+			else
+				r->shard_tokens[p] = (double)json_integer_value(tk);
+		}
+		r->have_shards = !rc;
+	}
+	json_decref(root);
+	return rc;
+}
+
+int rundir_open(struct rundir *r, const char *dir, int need_shards)
+{
+	char path[RUNDIR_PATH_MAX];
+	int rc;
+
+	memset(r, 0, sizeof *r);
+	r->dir = strdup(dir);
+	if (!r->dir)
+		return err_set(CORE_ENOMEM, dir, "out of memory");
+	rc = rundir_file(r, "config.yaml", path, sizeof path);
+	if (!rc && access(path, F_OK) != 0)
+		rc = err_set(CORE_ENOTFOUND, dir, "is not a run directory (no config.yaml; create "
+			     "one with dpc-outer init)");
+	config_defaults(&r->cfg);
+	if (!rc)
+		rc = config_load(&r->cfg, path);
+	if (!rc)
+		rc = config_validate(&r->cfg, path);
+	if (!rc) {
+		rc = topo_build(&r->topo, &r->cfg);
+		if (rc) {
+			char detail[512];
+			snprintf(detail, sizeof detail, "%s", err_detail());
+			rc = err_set(rc, path, "%s", detail);
+		}
+	}
+	if (rc) {
+		free(r->dir);
+		memset(r, 0, sizeof *r);
+		return rc;
+	}
+	config_hash_all(&r->cfg, r->config_hash);
+	r->tau = config_inner_steps(&r->cfg);
+	rc = read_manifest(r, need_shards);
+	if (rc)
+		rundir_close(r);
+	return rc;
+}
+
+void rundir_close(struct rundir *r)
+{
+	topo_free(&r->topo);
+	free(r->shard_tokens);
+	free(r->dir);
+	memset(r, 0, sizeof *r);
+}
+
+int rundir_create(const char *dir, const struct run_config *c)
+{
+	char path[RUNDIR_PATH_MAX], h[17];
+	size_t n = config_yaml(c, NULL, 0) + 1;
+	char *text = malloc(n);
+	int rc;
+
+	if (!text)
+		return err_set(CORE_ENOMEM, dir, "out of memory");
+	config_yaml(c, text, n);
+	rc = make_dir(dir);
+	if (!rc)
+		rc = name_into(path, sizeof path, "%s/shards", dir);
+	if (!rc)
+		rc = make_dir(path);
+	if (!rc)
+		rc = name_into(path, sizeof path, "%s/config.yaml", dir);
+	if (!rc && access(path, F_OK) == 0) {
+		struct run_config old;
+		config_defaults(&old);
+		rc = config_load(&old, path);
+		if (!rc) {
+			config_hash_all(&old, h);
+			char mine[17];
+			config_hash_all(c, mine);
+			if (strcmp(h, mine))
+				rc = err_set(CORE_ECONFIG, path, "holds another config (config_hash "
+					     "%s, this one's is %s); use another run directory", h,
+					     mine);
+		}
+		free(text);
+		return rc;
+	}
+	if (!rc)
+		rc = file_write_atomic(path, text, strlen(text));
+	free(text);
+	return rc;
+}

@@ -1,0 +1,56 @@
+/* rundir.h - a DiPaCo run directory (dpc-rundir(5)): names of its files and what every
+ * program reads from it before it does anything.
+ *
+ *   RUNDIR/config.yaml                      the run's config (config_yaml text)
+ *   RUNDIR/shards/shards.json               shard manifest (dpc-shard split)
+ *   RUNDIR/shards/shard-PPP.tok             path p's shard
+ *   RUNDIR/val.tok                          optional validation tokens
+ *   RUNDIR/phase-TTTT/modules/NAME.safetensors  module checkpoints after phase t's outer
+ *                                           step (phase 0: the initialisation)
+ *   RUNDIR/phase-TTTT/modules/NAME.json     that step's diagnostics (one JSON line)
+ *   RUNDIR/phase-TTTT/paths/path-PPP.safetensors  path p trained in phase t (t >= 1)
+ *   RUNDIR/phase-TTTT/paths/path-PPP.jsonl  that training's metrics
+ *   RUNDIR/Makefile                         the task graph (dpc-outer makefile)
+ *   RUNDIR/metrics.jsonl                    every phase's metrics in order (dpc-outer metrics)
+ */
+#ifndef CORE_RUNDIR_H
+#define CORE_RUNDIR_H
+
+#include <stddef.h>
+
+#include "dipaco/topology.h"
+#include "io/config.h"
+
+#define RUNDIR_PATH_MAX 4096
+
+struct rundir {
+	char *dir;
+	struct run_config cfg;
+	struct topology topo;
+	char config_hash[17];
+	long tau;           /* inner steps per phase */
+	int have_shards;    /* shards/shards.json read */
+	double *shard_tokens; /* [npaths], from the manifest */
+};
+
+/* Load dir/config.yaml (validated) and build its topology; the shard manifest too when it
+ * exists (need_shards: it must). */
+int rundir_open(struct rundir *r, const char *dir, int need_shards);
+void rundir_close(struct rundir *r);
+
+/* Create dir (and its shards/ folder) holding c's config.yaml. An existing config.yaml is
+ * accepted when it holds the same config (same config_hash), so creation can be re-run;
+ * another config there is an error naming the file. */
+int rundir_create(const char *dir, const struct run_config *c);
+
+/* File names (NUL-terminated into buf of n bytes; CORE_EUSAGE when it does not fit). */
+int rundir_shard(const struct rundir *r, int p, char *buf, size_t n);
+int rundir_path_ckpt(const struct rundir *r, long phase, int p, const char *ext, char *buf,
+		     size_t n);
+int rundir_module(const struct rundir *r, long phase, int m, const char *ext, char *buf,
+		  size_t n);
+int rundir_file(const struct rundir *r, const char *name, char *buf, size_t n);
+/* mkdir -p of phase-TTTT/paths and phase-TTTT/modules. */
+int rundir_make_phase(const struct rundir *r, long phase);
+
+#endif

@@ -1,0 +1,105 @@
+# DiPaCo runs: DiLoCo with one path degenerates to dense training bit for bit; a 2x2 run under
+# make -j2 survives workers and outer steps killed with SIGKILL at many points, and its final
+# modules are bit-identical to an uninterrupted run's.
+set -eu
+. "$TESTDIR/lib.sh"
+. "$TESTDIR/corpus.sh"
+cfgdir=$TESTDIR/../../configs
+make_corpus c.jsonl 80
+expect_ok "$BIN/dpc-shard" prepare --val-frac 0.1 --router-frac 0 c.jsonl d
+small="-s model.n_embd=32 -s model.n_head=2 -s model.seq_len=32 -s train.batch_size=2
+       -s train.warmup_steps=2 -s train.eval_batches=1"
+
+# ---- DiLoCo with one path, outer lr 1, momentum 0: T phases of tau steps == T*tau dense ----
+# shellcheck disable=SC2086
+expect_ok "$BIN/dpc-outer" init -c "$cfgdir/dense.yaml" $small -s dipaco.phases=3 \
+	-s dipaco.inner_steps=4 -s train.steps=12 dl
+expect_ok "$BIN/dpc-shard" split -q --random 1 d/train.tok dl/shards
+make -s -C dl -j2 >/dev/null 2>make.err || { cat make.err; die "make of the DiLoCo run failed"; }
+# shellcheck disable=SC2086
+expect_ok "$BIN/dpc-train-path" -q -c "$cfgdir/dense.yaml" $small -s dipaco.phases=3 \
+	-s dipaco.inner_steps=4 -s train.steps=12 -d dl/shards/shard-000.tok -o dense.safetensors
+python3 "$TESTDIR/stcmp.py" dl/phase-0003/modules/all.0.safetensors dense.safetensors \
+	|| die "3 phases of 4 steps differ from 12 dense steps"
+# and the path checkpoint of the last phase is that dense checkpoint, moments and step too
+python3 "$TESTDIR/stcmp.py" dense.safetensors dl/phase-0003/paths/path-000.safetensors \
+	|| die "the last path checkpoint differs from the dense one"
+echo "DiLoCo, 1 path, 3 x 4 steps == 12 dense steps, bit for bit"
+
+# ---- 2x2 DiPaCo: the reference run, uninterrupted ----------------------------------------
+run_init() {
+	# shellcheck disable=SC2086
+	expect_ok "$BIN/dpc-outer" init -c "$cfgdir/dipaco-2x2.yaml" $small -s dipaco.phases=3 \
+		-s model.n_embd=64 -s dipaco.inner_steps=40 -s train.steps=120 "$1"
+	expect_ok "$BIN/dpc-shard" split -q --random 4 --seed 3 d/train.tok "$1/shards"
+	cp d/val.tok "$1/val.tok"
+}
+finals() { ls "$1"/phase-0003/modules/*.safetensors | wc -l; }
+run_init ref
+make -s -C ref -j2 >/dev/null 2>make.err || { cat make.err; die "make of the reference failed"; }
+[ "$(finals ref)" = 4 ] || die "the reference run has $(finals ref) final modules, expected 4"
+
+same_run() {
+	for m in lower.0 lower.1 upper.0 upper.1; do
+		same_file "ref/phase-0003/modules/$m.safetensors" "$1/phase-0003/modules/$m.safetensors"
+	done
+}
+
+# ---- killed workers: one worker in the middle of its training while the other goes on, then
+# the whole make and its workers at several moments; the same command resumes each time ----
+run_init k
+setsid make -s -C k -j2 >/dev/null 2>&1 &
+pid=$!
+i=0
+while [ $i -lt 1000 ] && ! ls k/phase-0002/paths/*.jsonl.part >/dev/null 2>&1; do
+	sleep 0.01; i=$((i + 1))
+done
+pkill -KILL -f -- "--run \. .*--phase 2 --path" || die "no phase-2 worker to kill"
+kills=1
+wait "$pid" 2>/dev/null && die "make succeeded although a worker was killed"
+outputs() { ls k/phase-*/paths/*.safetensors k/phase-*/modules/*.safetensors 2>/dev/null | wc -l; }
+# each round: resume, let one more task finish, kill everything a moment later (0-0.1 s)
+for extra in 0 0.05 0.1 0 0.05; do
+	have=$(outputs)
+	setsid make -s -C k -j2 >/dev/null 2>&1 &
+	pid=$!
+	i=0
+	while [ $i -lt 2000 ] && [ "$(outputs)" -le "$have" ] && kill -0 "$pid" 2>/dev/null; do
+		sleep 0.005; i=$((i + 1))
+	done
+	sleep "$extra"
+	if kill -KILL "-$pid" 2>/dev/null; then kills=$((kills + 1)); fi
+	wait "$pid" 2>/dev/null || true
+done
+[ $kills -ge 5 ] || die "only $kills of 6 kills hit a running make: the run is too short"
+make -s -C k -j2 >/dev/null 2>make.err || { cat make.err; die "the resumed run failed"; }
+same_run k
+echo "2x2 run killed $kills times under make -j2: final modules bit-identical"
+
+# ---- dpc-outer killed halfway through a step: it has folded path 0 and waits for path 1 -----
+run_init o
+expect_ok "$BIN/dpc-train-path" -q --run o --phase 1 --path 0
+"$BIN/dpc-outer" step o --phase 1 --module lower.0 --wait -q >/dev/null 2>&1 &
+opid=$!
+sleep 0.3
+kill -0 "$opid" 2>/dev/null || die "dpc-outer --wait ended before its paths were trained"
+kill -KILL "$opid"
+wait "$opid" 2>/dev/null || true
+[ -e o/phase-0001/modules/lower.0.safetensors ] && die "a killed outer step left a module"
+ls o/phase-0001/modules/ | grep -q tmp && die "a killed outer step left a temporary file"
+# --wait finishes the step when the path appears, with the same bits as the run without it
+"$BIN/dpc-outer" step o --phase 1 --module lower.0 --wait=60 -q >wait.out 2>&1 &
+opid=$!
+expect_ok "$BIN/dpc-train-path" -q --run o --phase 1 --path 1
+wait "$opid" || { cat wait.out; die "dpc-outer --wait failed"; }
+same_file ref/phase-0001/modules/lower.0.safetensors o/phase-0001/modules/lower.0.safetensors
+make -s -C o -j2 >/dev/null 2>make.err || { cat make.err; die "the run after the killed step failed"; }
+same_run o
+echo "outer step killed mid-step and --wait folding paths as they appear: bit-identical"
+
+# ---- the metrics file a user plots ---------------------------------------------------------
+n_train=$(grep -c '"event":"path"' ref/metrics.jsonl || true)
+n_outer=$(grep -c '"event":"outer"' ref/metrics.jsonl || true)
+[ "$n_train" = 12 ] || die "metrics.jsonl has $n_train path events, expected 3 phases x 4 paths"
+[ "$n_outer" = 12 ] || die "metrics.jsonl has $n_outer outer events, expected 3 phases x 4 modules"
+echo "metrics.jsonl: 12 path summaries, 12 outer diagnostics"
