@@ -429,6 +429,7 @@ static int do_metrics(struct rundir *r, const char *bin)
 		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
 	if (!rc)
 		rc = rundir_file(r, "metrics.jsonl", path, sizeof path);
+	rundir_clean_stale(path);
 	if (!rc)
 		rc = file_write_atomic(path, text, len);
 	if (!rc)
@@ -466,6 +467,8 @@ static void step_usage(FILE *fp)
 		"  -w, --wait[=SECS]    wait for path checkpoints still being trained, folding\n"
 		"                       each in as it appears (default: forever; without\n"
 		"                       --wait a missing one is an error)\n"
+		"  -t, --threads N      threads reading and folding (default: OMP_NUM_THREADS or\n"
+		"                       all cores); the module written does not depend on it\n"
 		"  -q, --quiet          no progress line\n"
 		"  -h, --help           show this help and exit\n", prog);
 }
@@ -500,7 +503,8 @@ static int parse_slice(const char *s, long *i, long *n)
 }
 
 /* One module: skip when done, else the step, then its diagnostics file and line. */
-static int step_module(const struct rundir *r, long t, int m, double wait, int *skipped)
+static int step_module(const struct rundir *r, long t, int m, double wait, int threads,
+		       int *skipped)
 {
 	const struct topology *topo = &r->topo;
 	const struct topo_module *md = &topo->modules[m];
@@ -558,13 +562,15 @@ static int step_module(const struct rundir *r, long t, int m, double wait, int *
 	rc = rundir_make_phase(r, t);
 	if (rc)
 		goto out;
+	rundir_clean_stale(out);
+	rundir_clean_stale(diag_path);
 	struct outer_job j = {
 		.topo = topo, .module = m, .phase = t, .prev_path = prev,
 		.path_ckpts = (const char *const *)ckpts, .weights = weights, .out_path = out,
 		.config_hash = r->config_hash,
 		.params = {dc->outer_lr, dc->outer_momentum, dc->nesterov, dc->rescale,
 			   dc->reweight},
-		.wait_seconds = wait,
+		.wait_seconds = wait, .threads = threads,
 	};
 	rc = outer_step_module(&j, &d);
 	if (rc)
@@ -576,17 +582,15 @@ static int step_module(const struct rundir *r, long t, int m, double wait, int *
 		json_array_append_new(ws, json_real(weights[k]));
 	}
 	json_t *j_diag = json_pack(
-		"{s:s, s:I, s:s, s:s, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o}",
+		"{s:s, s:I, s:s, s:s, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o}",
 		"event", "outer", "phase", (json_int_t)t, "module", md->name, "level",
 		topo->levels[md->level].name, "params", (json_int_t)md->nparams, "paths", users,
 		"weights", ws, "delta_norms", norms, "outer_grad_norm", num(d.grad_norm),
 		"outer_grad_norm_rescaled", num(d.grad_norm_scaled), "update_norm",
 		num(d.update_norm), "mean_pairwise_cosine", num(d.mean_cosine), "seconds",
-		num(d.seconds), "wait_seconds", num(d.wait_seconds), "bytes_read",
-		(json_int_t)d.bytes_read, "read_mb_per_s",
-		num(d.seconds - d.wait_seconds > 0 ? (double)d.bytes_read / 1e6 /
-							      (d.seconds - d.wait_seconds)
-						    : NAN));
+		num(d.seconds), "wait_seconds", num(d.wait_seconds), "read_seconds",
+		num(d.read_seconds), "bytes_read", (json_int_t)d.bytes_read, "read_mb_per_s",
+		num(d.read_seconds > 0 ? (double)d.bytes_read / 1e6 / d.read_seconds : NAN));
 	char *line = j_diag ? json_dumps(j_diag, JSON_LINE) : NULL;
 	json_decref(j_diag);
 	if (!line) {
@@ -627,8 +631,10 @@ static int cmd_step(int argc, char **argv)
 		{"phase", required_argument, NULL, 'p'}, {"module", required_argument, NULL, 'm'},
 		{"slice", required_argument, NULL, 'S'}, {"wait", optional_argument, NULL, 'w'},
 		{"quiet", no_argument, NULL, 'q'},       {"help", no_argument, NULL, 'h'},
+		{"threads", required_argument, NULL, 't'},
 		{NULL, 0, NULL, 0},
 	};
+	long threads = 0;
 	const char **names = calloc((size_t)argc + 1, sizeof *names);
 	long phase = 0, si = 0, sn = 1;
 	double wait = 0;
@@ -637,7 +643,7 @@ static int cmd_step(int argc, char **argv)
 
 	if (!names)
 		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
-	while ((c = getopt_long(argc, argv, ":p:m:w::qh", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":p:m:w::qt:h", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'p': rc = cli_parse_long("--phase", optarg, 1, 1L << 40, &phase); break;
 		case 'm': names[nnames++] = optarg; break;
@@ -648,6 +654,7 @@ static int cmd_step(int argc, char **argv)
 				rc = cli_parse_double("--wait", optarg, 0.001, 1e9, &wait);
 			break;
 		case 'q': quiet = 1; break;
+		case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &threads); break;
 		case 'h': step_usage(stdout); free(names); return 0;
 		default: free(names); return bad_option("step", longopts, argv, c);
 		}
@@ -701,7 +708,7 @@ static int cmd_step(int argc, char **argv)
 		int skipped;
 		if (!sel[m])
 			continue;
-		rc = step_module(&r, phase, m, wait, &skipped);
+		rc = step_module(&r, phase, m, wait, (int)threads, &skipped);
 		skipped_total += skipped;
 		progress_update(&pr, ++done, r.topo.modules[m].name);
 	}

@@ -11,9 +11,17 @@
  * the step returns sum_i a_i theta_i; with one path it returns theta_1 bit for bit.
  *
  * Paths are folded into the sum one at a time in the order given, so the result does not
- * depend on when each path checkpoint appeared (--wait) or on the thread count.
- * Memory: about 5 floats per module parameter (prev, the sum in double, the current path's
- * delta, the running sum of unit deltas for the cosine), whatever the number of paths.
+ * depend on when each path checkpoint appeared (--wait), on the thread count or on how the
+ * inputs are read: with every path present, each tensor is read in pieces of 64 KiB, all the
+ * paths' copies of a piece folded while it sits in cache (memory: a few pieces per thread
+ * and one tensor of new momentum, whatever the number of paths); waiting for paths, each is
+ * folded as it appears into sums over the whole module (16 bytes per parameter).
+ * Every input tensor's crc32 is checked before the output is committed.
+ *
+ * Diagnostics: each path's delta norm, the outer gradient's norm before and after rescaling,
+ * the update's norm, and the paths' mean pairwise cosine weighted by the norm products,
+ * sum_{i != j} d_i . d_j / sum_{i != j} |d_i| |d_j| (the plain mean when the paths moved
+ * equally far), which needs no second pass: sum_{i != j} d_i . d_j = |sum d_i|^2 - sum |d_i|^2.
  */
 #ifndef CORE_OUTER_H
 #define CORE_OUTER_H
@@ -50,6 +58,8 @@ struct outer_job {
 	struct outer_params params;
 	double wait_seconds;            /* 0: inputs must exist; > 0: wait up to this long for
 					 * each missing path checkpoint; < 0: wait forever */
+	int threads;                    /* pieces read and folded in parallel (without waiting;
+					 * 0: OpenMP's default); the bits do not depend on it */
 };
 
 struct outer_diag {
@@ -58,9 +68,11 @@ struct outer_diag {
 	double grad_norm;        /* ||sum a_i (prev - theta_i)|| before rescaling */
 	double grad_norm_scaled; /* after */
 	double update_norm;      /* ||theta_new - prev|| */
-	double mean_cosine;      /* mean over pairs i != j of cos(delta_i, delta_j); NaN when
-				  * fewer than 2 paths */
-	double seconds, wait_seconds;
+	double mean_cosine;      /* mean over pairs i != j of cos(delta_i, delta_j) weighted by
+				  * |delta_i| |delta_j|; NaN with fewer than 2 paths */
+	double seconds;      /* the whole step */
+	double wait_seconds; /* of which waiting for path checkpoints to appear */
+	double read_seconds; /* reading and folding the inputs, waits excluded */
 	uint64_t bytes_read;
 };
 

@@ -164,6 +164,7 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 		return rc < 0 ? rc : 0;
 	}
 	ERR_FORWARD(rundir_make_phase(r, phase));
+	rundir_clean_stale(out);
 
 	/* Data: the shard, minus the held-out tail when early stopping. */
 	ERR_FORWARD(rundir_shard(r, p, shard, sizeof shard));

@@ -110,7 +110,7 @@ int plan_makefile(const struct rundir *r, const char *bin, char **out)
 		"# command: make redoes only the files that do not exist.\n"
 		"BIN ?= %s\nTHREADS ?= 1\nDEVICE ?= cpu\n"
 		"TRAIN = $(BIN)/dpc-train-path --run . --quiet --threads $(THREADS) --device $(DEVICE)\n"
-		"OUTER = $(BIN)/dpc-outer step . --quiet\n\n"
+		"OUTER = $(BIN)/dpc-outer step . --quiet --threads $(THREADS)\n\n"
 		".PHONY: all\n.SUFFIXES:\n.DELETE_ON_ERROR:\n\nall: metrics.jsonl\n\n",
 		bin);
 	for (long t = 1; t <= T; t++) {

@@ -2,6 +2,7 @@
 #include "dipaco/rundir.h"
 
 #include <errno.h>
+#include <glob.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -50,6 +51,19 @@ int rundir_module(const struct rundir *r, long phase, int m, const char *ext, ch
 {
 	return name_into(buf, n, "%s/phase-%04ld/modules/%s%s", r->dir, phase,
 			 r->topo.modules[m].name, ext);
+}
+
+void rundir_clean_stale(const char *out)
+{
+	char pat[RUNDIR_PATH_MAX + 8];
+	glob_t g;
+
+	if (snprintf(pat, sizeof pat, "%s.tmp.*", out) >= (int)sizeof pat)
+		return;
+	if (glob(pat, GLOB_NOSORT | GLOB_NOESCAPE, NULL, &g) == 0)
+		for (size_t i = 0; i < g.gl_pathc; i++)
+			unlink(g.gl_pathv[i]);
+	globfree(&g);
 }
 
 static int make_dir(const char *path)

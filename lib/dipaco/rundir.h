@@ -50,6 +50,9 @@ int rundir_path_ckpt(const struct rundir *r, long phase, int p, const char *ext,
 int rundir_module(const struct rundir *r, long phase, int m, const char *ext, char *buf,
 		  size_t n);
 int rundir_file(const struct rundir *r, const char *name, char *buf, size_t n);
+/* Remove what a killed attempt at writing out left: its temporary files out.tmp.* (see
+ * atomicio.h). Only the task that owns out may call it: a run gives every output one task. */
+void rundir_clean_stale(const char *out);
 /* mkdir -p of phase-TTTT/paths and phase-TTTT/modules. */
 int rundir_make_phase(const struct rundir *r, long phase);
 

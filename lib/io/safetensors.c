@@ -14,9 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "io/atomicio.h"
+#include "common/crc.h"
 #include "common/err.h"
 #include "common/banned.h"
 
@@ -277,9 +279,9 @@ int st_writer_open(struct st_writer **out, const char *path, const struct tensor
 		w->specs[i] = *ts[i];
 		w->specs[i].data = NULL;
 		w->specs[i].owns_data = 0;
-		w->crcs[i] = (uint32_t)crc32(0L, Z_NULL, 0);
+		w->crcs[i] = 0u;
 	}
-	w->whole = (uint32_t)crc32(0L, Z_NULL, 0);
+	w->whole = 0u;
 	rc = afile_open(&w->a, path);
 	if (rc) {
 		writer_free(w);
@@ -314,7 +316,7 @@ int st_writer_put(struct st_writer *w, const void *data, size_t nbytes)
 			return err_set(CORE_EUSAGE, w->a.path, "more data than the tensors hold");
 		size_t k = nbytes < w->left ? nbytes : (size_t)w->left;
 		ERR_FORWARD(afile_write(&w->a, p, k));
-		w->crcs[w->cur] = (uint32_t)crc32_z(w->crcs[w->cur], p, k);
+		w->crcs[w->cur] = crc32_update(w->crcs[w->cur], p, k);
 		w->left -= k;
 		p += k;
 		nbytes -= k;
@@ -572,7 +574,7 @@ static int verify_data(struct st_file *f)
 	const char *want = st_meta(f, "crc32");
 	const struct st_entry **by = NULL;
 	unsigned char *buf = NULL;
-	uint32_t whole = (uint32_t)crc32(0L, Z_NULL, 0), expect = 0;
+	uint32_t whole = 0u, expect = 0;
 	const char *bad = NULL;
 	int any = want != NULL, rc = 0;
 
@@ -596,7 +598,7 @@ static int verify_data(struct st_file *f)
 	for (int i = 0; i < f->n; i++) {
 		const struct st_entry *e = by[i];
 		uint64_t left = e->end - e->begin;
-		uint32_t c = (uint32_t)crc32(0L, Z_NULL, 0);
+		uint32_t c = 0u;
 		while (left > 0) {
 			size_t k = left < ST_CHUNK ? (size_t)left : ST_CHUNK;
 			if (fread(buf, 1, k, f->fp) != k) {
@@ -608,7 +610,7 @@ static int verify_data(struct st_file *f)
 						     e->name);
 				goto out;
 			}
-			c = (uint32_t)crc32_z(c, buf, k);
+			c = crc32_update(c, buf, k);
 			left -= k;
 		}
 		whole = (uint32_t)crc32_combine64(whole, c, (z_off64_t)(e->end - e->begin));
@@ -739,25 +741,58 @@ fail:
 	return rc;
 }
 
-int st_read(struct st_file *f, const char *name, struct tensor *dst)
+int st_lookup(const struct st_file *f, const char *name, enum dtype type, int ndim,
+	      const int64_t *ne, const struct st_entry **out)
 {
 	const struct st_entry *e = st_find(f, name);
 
 	if (!e)
 		return err_set(CORE_ENOTFOUND, f->path, "no tensor '%s'", name);
-	int same = dst->type == e->type && dst->ndim == e->ndim;
+	int same = type == e->type && ndim == e->ndim;
 	for (int d = 0; same && d < e->ndim; d++)
-		same = dst->ne[d] == e->ne[d];
+		same = ne[d] == e->ne[d];
 	if (!same) {
 		char have[96], want[96];
 		shape_str(have, sizeof have, e->ndim, e->ne);
-		shape_str(want, sizeof want, dst->ndim, dst->ne);
-		if (dst->type == e->type)
+		shape_str(want, sizeof want, ndim, ne);
+		if (type == e->type)
 			return err_set(CORE_ESHAPE, f->path,
 				       "tensor '%s' has shape %s, expected %s", name, have, want);
 		return err_set(CORE_ESHAPE, f->path, "tensor '%s' is %s %s, expected %s %s", name,
-			       dtype_name(e->type), have, dtype_name(dst->type), want);
+			       dtype_name(e->type), have, dtype_name(type), want);
 	}
+	*out = e;
+	return 0;
+}
+
+int st_read_raw(struct st_file *f, const struct st_entry *e, uint64_t off, void *dst, size_t n)
+{
+	unsigned char *p = dst;
+	uint64_t at = f->data_offset + e->begin + off;
+
+	if (off > e->end - e->begin || n > e->end - e->begin - off)
+		return err_set(CORE_EUSAGE, f->path, "read past the end of tensor '%s'", e->name);
+	while (n > 0) {
+		ssize_t k = pread(fileno(f->fp), p, n, (off_t)at);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return err_errno(CORE_EIO, f->path, "cannot read", errno);
+		if (k == 0)
+			return err_set(CORE_ETRUNC, f->path, "truncated file: it ends before byte "
+				       "%llu", (unsigned long long)(at + n));
+		p += k;
+		at += (uint64_t)k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+int st_read(struct st_file *f, const char *name, struct tensor *dst)
+{
+	const struct st_entry *e;
+
+	ERR_FORWARD(st_lookup(f, name, dst->type, dst->ndim, dst->ne, &e));
 	if (dst->be || !tensor_is_contiguous(dst) || (!dst->data && e->end > e->begin))
 		return err_set(CORE_EUSAGE, f->path, "tensor '%s': destination is not a "
 			       "contiguous host tensor", name);
@@ -765,7 +800,7 @@ int st_read(struct st_file *f, const char *name, struct tensor *dst)
 	if (nb == 0)
 		return 0;
 	ERR_FORWARD(read_at(f, dst->data, nb, f->data_offset + e->begin));
-	if (e->has_crc && (uint32_t)crc32_z(crc32(0L, Z_NULL, 0), dst->data, nb) != e->crc)
+	if (e->has_crc && (uint32_t)crc32_update(0, dst->data, nb) != e->crc)
 		return err_set(CORE_ECHECKSUM, f->path, "checksum mismatch in tensor '%s'", name);
 	return 0;
 }

@@ -66,6 +66,13 @@ int st_open(struct st_file *f, const char *path, int verify);
 void st_close(struct st_file *f);
 const struct st_entry *st_find(const struct st_file *f, const char *name);
 const char *st_meta(const struct st_file *f, const char *key); /* NULL if absent */
+/* The entry named name, checked to have this dtype and shape (CORE_ESHAPE naming both
+ * shapes otherwise; CORE_ENOTFOUND if absent). */
+int st_lookup(const struct st_file *f, const char *name, enum dtype type, int ndim,
+	      const int64_t *ne, const struct st_entry **e);
+/* Bytes [off, off + n) of tensor e into dst, unchecked: a reader streaming a tensor in pieces
+ * checks e->crc (when e->has_crc) over the pieces itself. Safe from several threads. */
+int st_read_raw(struct st_file *f, const struct st_entry *e, uint64_t off, void *dst, size_t n);
 /* Read the named tensor into dst, which must already have the file's dtype and shape
  * (CORE_ESHAPE naming both shapes otherwise; CORE_ENOTFOUND if absent). Checks the tensor's
  * own crc32 when the file has one. */

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/crc.h"
 #include "common/err.h"
 #include "common/banned.h"
 
@@ -107,7 +108,7 @@ static int check_header(const unsigned char *h, size_t flen, const char *path)
 			       "version %u not supported (this build reads %d)", version,
 			       TOKFILE_VERSION);
 	uint32_t want = get_u32(h + 60);
-	uint32_t got = (uint32_t)crc32(0, h, 60);
+	uint32_t got = crc32_update(0, h, 60);
 	if (want != got)
 		return err_set(CORE_ECHECKSUM, path,
 			       "header checksum mismatch (stored %08x, computed %08x)", want, got);
@@ -153,7 +154,6 @@ static int check_structure(struct tokfile *tf)
 	return 0;
 }
 
-/* crc32 of a buffer of any size: zlib takes at most 4 GiB - 1 per call on some builds. */
 static int map_file(struct tokfile *tf, const char *path)
 {
 	struct stat st;
@@ -218,7 +218,7 @@ static int open_checked(struct tokfile *tf, const char *path)
 		return err_set(CORE_EFORMAT, path, "%llu bytes of trailing garbage",
 			       (unsigned long long)((uint64_t)tf->maplen - want));
 
-	uint32_t crc = (uint32_t)crc32_z(crc32(0, NULL, 0), h + TOKFILE_HEADER_BYTES, (size_t)body);
+	uint32_t crc = (uint32_t)crc32_update(0, h + TOKFILE_HEADER_BYTES, (size_t)body);
 	if (crc != tf->crc)
 		return err_set(CORE_ECHECKSUM, path,
 			       "body checksum mismatch (stored %08x, computed %08x)", tf->crc, crc);
@@ -279,7 +279,7 @@ struct tokfile_writer {
 static int tokw_body(struct tokfile_writer *w, const void *p, size_t n)
 {
 	ERR_FORWARD(afile_write(&w->af, p, n));
-	w->crc = (uint32_t)crc32_z(w->crc, p, n);
+	w->crc = crc32_update(w->crc, p, n);
 	return 0;
 }
 
@@ -306,7 +306,7 @@ int tokw_open(struct tokfile_writer **out, const char *path, uint32_t vocab)
 		return err_set(CORE_ENOMEM, path, "out of memory");
 	w->vocab = vocab;
 	w->width = width_for(vocab);
-	w->crc = (uint32_t)crc32(0, NULL, 0);
+	w->crc = 0u;
 	w->cap = 1024;
 	w->offsets = malloc(w->cap * sizeof *w->offsets);
 	w->meta_offsets = malloc(w->cap * sizeof *w->meta_offsets);
@@ -407,7 +407,7 @@ static int tokw_finish(struct tokfile_writer *w)
 	put_u32(h + 32, w->width);
 	put_u32(h + 36, w->crc);
 	put_u64(h + 40, w->meta_len);
-	put_u32(h + 60, (uint32_t)crc32(0, h, 60));
+	put_u32(h + 60, crc32_update(0, h, 60));
 	return afile_pwrite(&w->af, h, sizeof h, 0);
 }
 

@@ -402,19 +402,20 @@ static void check_diag(const struct outer_diag *d, size_t n, int P, const double
 		cr_expect(isnan(d->mean_cosine), "%s: mean_cosine %g with one path, expected NaN",
 			  ctx, d->mean_cosine);
 	} else {
-		double sum = 0.0;
-		int pairs = 0;
+		/* The pairwise cosines' mean weighted by the norm products |d_i| |d_j|, pair by
+		 * pair: sum_{i != j} cos_ij |d_i| |d_j| / sum_{i != j} |d_i| |d_j|. */
+		double sum = 0.0, wsum = 0.0;
 		for (int i = 0; i < P; i++)
 			for (int j = 0; j < P; j++) {
 				if (i == j)
 					continue;
-				double dot = 0.0;
+				double dot = 0.0, w = norm2(delta[i], n) * norm2(delta[j], n);
 				for (size_t k = 0; k < n; k++)
 					dot += delta[i][k] * delta[j][k];
-				sum += dot / (norm2(delta[i], n) * norm2(delta[j], n));
-				pairs++;
+				sum += dot / w * w;
+				wsum += w;
 			}
-		expect_rel(d->mean_cosine, sum / pairs, 1e-6, "mean_cosine", ctx);
+		expect_rel(d->mean_cosine, sum / wsum, 1e-6, "mean_cosine", ctx);
 	}
 	for (int i = 0; i < P; i++)
 		free(delta[i]);
