@@ -403,16 +403,98 @@ static int append_file(FILE *fp, const char *path, int *count)
 	return 0;
 }
 
-static int do_metrics(struct rundir *r, const char *bin)
+/* Per phase: what its paths and its outer steps reported. */
+struct phase_sum {
+	int paths, modules, vals;
+	double val_min, val_max, val_sum, train_sum, tps_sum, cos_sum, grad_sum;
+	int coss;
+};
+
+static double jnum(json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+	return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+static void tally(struct phase_sum *ps, long T, const char *text, size_t len)
+{
+	const char *p = text, *end = text + len;
+
+	while (p < end) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+		json_t *o = json_loadb(p, n, 0, NULL);
+		p += n + 1;
+		if (!o)
+			continue;
+		const char *ev = json_string_value(json_object_get(o, "event"));
+		long t = (long)jnum(o, "phase");
+		if (ev && t >= 1 && t <= T) {
+			struct phase_sum *s = &ps[t - 1];
+			if (!strcmp(ev, "path")) {
+				double v = jnum(o, "val_loss");
+				s->paths++;
+				s->train_sum += jnum(o, "train_loss");
+				s->tps_sum += jnum(o, "tokens_per_s");
+				if (isfinite(v)) {
+					s->val_min = s->vals ? fmin(s->val_min, v) : v;
+					s->val_max = s->vals ? fmax(s->val_max, v) : v;
+					s->val_sum += v;
+					s->vals++;
+				}
+			} else if (!strcmp(ev, "outer")) {
+				double c = jnum(o, "mean_pairwise_cosine");
+				s->modules++;
+				s->grad_sum += jnum(o, "outer_grad_norm_rescaled");
+				if (isfinite(c)) {
+					s->cos_sum += c;
+					s->coss++;
+				}
+			}
+		}
+		json_decref(o);
+	}
+}
+
+static void print_table(const struct rundir *r, const struct phase_sum *ps)
+{
+	printf("%5s %7s %9s %9s %9s %10s %11s %8s %10s %10s\n", "phase", "paths", "val min",
+	       "val mean", "val max", "train mean", "tokens/s", "modules", "mean cos",
+	       "mean |g|");
+	for (long t = 1; t <= r->cfg.dipaco.phases; t++) {
+		const struct phase_sum *s = &ps[t - 1];
+		if (!s->paths && !s->modules)
+			continue;
+		printf("%5ld %3d/%-3d", t, s->paths, r->topo.npaths);
+		if (s->vals)
+			printf(" %9.4f %9.4f %9.4f", s->val_min, s->val_sum / s->vals, s->val_max);
+		else
+			printf(" %9s %9s %9s", "-", "-", "-");
+		printf(" %10.4f %11.0f %4d/%-3d", s->paths ? s->train_sum / s->paths : NAN,
+		       s->paths ? s->tps_sum / s->paths : NAN, s->modules, r->topo.nmodules);
+		if (s->coss)
+			printf(" %10.4f", s->cos_sum / s->coss);
+		else
+			printf(" %10s", "-");
+		printf(" %10.4f\n", s->modules ? s->grad_sum / s->modules : NAN);
+	}
+}
+
+static int do_metrics(struct rundir *r, int table)
 {
 	char path[RUNDIR_PATH_MAX], *text = NULL;
 	size_t len = 0;
 	int files = 0, rc = 0;
 	FILE *fp = open_memstream(&text, &len);
+	struct phase_sum *ps = calloc((size_t)r->cfg.dipaco.phases, sizeof *ps);
 
-	(void)bin;
-	if (!fp)
+	if (!fp || !ps) {
+		if (fp)
+			fclose(fp);
+		free(text);
+		free(ps);
 		return err_set(CORE_ENOMEM, NULL, "out of memory");
+	}
 	for (long t = 1; t <= r->cfg.dipaco.phases && !rc; t++) {
 		for (int p = 0; p < r->topo.npaths && !rc; p++) {
 			rc = rundir_path_ckpt(r, t, p, ".jsonl", path, sizeof path);
@@ -432,19 +514,55 @@ static int do_metrics(struct rundir *r, const char *bin)
 	rundir_clean_stale(path);
 	if (!rc)
 		rc = file_write_atomic(path, text, len);
-	if (!rc)
+	if (!rc && table) {
+		tally(ps, r->cfg.dipaco.phases, text, len);
+		print_table(r, ps);
+		if (fflush(stdout) != 0)
+			rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
+	} else if (!rc) {
 		rc = cli_print_json(json_pack("{s:s, s:i, s:I}", "metrics", path, "files", files,
 					      "bytes", (json_int_t)len), JSON_LINE);
+	}
 	free(text);
+	free(ps);
 	return rc;
 }
 
 static int cmd_metrics(int argc, char **argv)
 {
-	return simple_rundir_command(argc, argv, "metrics",
-				     "Collect the metrics of every task that has run (path training, "
-				     "outer steps), phase\nby phase, into RUNDIR/metrics.jsonl.",
-				     do_metrics);
+	static const struct option longopts[] = {
+		{"table", no_argument, NULL, 'T'}, {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	struct rundir r;
+	int c, rc, table = 0;
+
+	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'T': table = 1; break;
+		case 'h':
+			printf("usage: %s metrics [--table] RUNDIR\n"
+			       "Collect the metrics of every task that has run (path training, outer\n"
+			       "steps), phase by phase, into RUNDIR/metrics.jsonl; print a JSON summary,\n"
+			       "or with --table one line per phase: the paths' validation loss (min,\n"
+			       "mean, max), their mean training loss and tokens/s, and the outer steps'\n"
+			       "mean pairwise cosine and mean rescaled outer gradient norm.\n\n"
+			       "options:\n"
+			       "      --table    the table instead of the JSON summary\n"
+			       "  -h, --help     show this help and exit\n", prog);
+			return 0;
+		default: return bad_option("metrics", longopts, argv, c);
+		}
+	}
+	if (argc - optind != 1)
+		return cli_usage_error(prog, "metrics: expected one RUNDIR (see %s metrics --help)",
+				       prog);
+	rc = rundir_open(&r, argv[optind], 0);
+	if (!rc) {
+		rc = do_metrics(&r, table);
+		rundir_close(&r);
+	}
+	return rc ? cli_report(prog, rc) : 0;
 }
 
 /* ---- step --------------------------------------------------------------------------------- */
