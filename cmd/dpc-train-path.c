@@ -155,12 +155,18 @@ int main(int argc, char **argv)
 		rc = cli_usage_error(prog, "unexpected argument '%s'", argv[optind]);
 		goto out;
 	}
-	if (run_dir && (config_path || nsets || o.data_path || o.val_path || o.out_path ||
-			o.init_path || resume || until || o.metrics_path || eval_path || max_tokens)) {
-		rc = cli_usage_error(prog, "--run takes its config, data and outputs from the run "
-				     "directory: only --phase, --path, --threads, --device and "
-				     "--quiet go with it");
-		goto out;
+	if (run_dir) {
+		/* The first option --run excludes, by name. */
+		const char *clash = config_path ? "--config" : nsets ? "--set" : o.data_path ?
+			"--data" : o.val_path ? "--val" : o.out_path ? "--out" : o.init_path ?
+			"--init" : resume ? "--resume" : until ? "--until" : o.metrics_path ?
+			"--metrics" : eval_path ? "--eval" : max_tokens ? "--max-tokens" : NULL;
+		if (clash) {
+			rc = cli_usage_error(prog, "--run takes its config, data and outputs from the "
+					     "run directory: %s does not go with it (only --phase, "
+					     "--path, --threads, --device and --quiet do)", clash);
+			goto out;
+		}
 	}
 	if (run_dir && (phase == 0 || path < 0)) {
 		rc = cli_usage_error(prog, "--run needs --phase T and --path P");
