@@ -620,6 +620,54 @@ static int parse_slice(const char *s, long *i, long *n)
 	return 0;
 }
 
+/* The diagnostics line of a step: written to NAME.json before the module is committed, so a
+ * module never exists without its diagnostics (a step killed between the two is redone and
+ * rewrites them). The line is kept for stdout. */
+struct diag_ctx {
+	const struct rundir *r;
+	long t;
+	int m;
+	const double *weights;
+	const char *path;
+	char *line;
+};
+
+static int write_diag(void *ctx, const struct outer_diag *d)
+{
+	struct diag_ctx *x = ctx;
+	const struct topology *topo = &x->r->topo;
+	const struct topo_module *md = &topo->modules[x->m];
+	json_t *norms = json_array(), *users = json_array(), *ws = json_array();
+
+	for (int k = 0; k < md->npaths; k++) {
+		json_array_append_new(norms, num(d->delta_norm[k]));
+		json_array_append_new(users, json_integer(md->paths[k]));
+		json_array_append_new(ws, num(x->weights[k]));
+	}
+	json_t *j = json_pack(
+		"{s:s, s:I, s:s, s:s, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o}",
+		"event", "outer", "phase", (json_int_t)x->t, "module", md->name, "level",
+		topo->levels[md->level].name, "params", (json_int_t)md->nparams, "paths", users,
+		"weights", ws, "delta_norms", norms, "outer_grad_norm", num(d->grad_norm),
+		"outer_grad_norm_rescaled", num(d->grad_norm_scaled), "update_norm",
+		num(d->update_norm), "mean_pairwise_cosine", num(d->mean_cosine), "seconds",
+		num(d->seconds), "wait_seconds", num(d->wait_seconds), "read_seconds",
+		num(d->read_seconds), "bytes_read", (json_int_t)d->bytes_read, "read_mb_per_s",
+		num(d->read_seconds > 0 ? (double)d->bytes_read / 1e6 / d->read_seconds : NAN));
+	char *line = j ? json_dumps(j, JSON_LINE) : NULL;
+	json_decref(j);
+	size_t n = line ? strlen(line) : 0;
+	x->line = line ? malloc(n + 2) : NULL;
+	if (!x->line) {
+		free(line);
+		return err_set(CORE_ENOMEM, NULL, "out of memory");
+	}
+	memcpy(x->line, line, n);
+	memcpy(x->line + n, "\n", 2);
+	free(line);
+	return file_write_atomic(x->path, x->line, n + 1);
+}
+
 /* One module: skip when done, else the step, then its diagnostics file and line. */
 static int step_module(const struct rundir *r, long t, int m, double wait, int threads,
 		       int *skipped)
@@ -646,6 +694,9 @@ static int step_module(const struct rundir *r, long t, int m, double wait, int t
 		rc = rundir_module(r, t - 1, m, ".safetensors", prev, sizeof prev);
 	if (rc)
 		goto out;
+	/* What a killed attempt at this step left, whether or not it got as far as the module. */
+	rundir_clean_stale(out);
+	rundir_clean_stale(diag_path);
 	if (access(out, F_OK) == 0) {
 		struct st_file f;
 		rc = module_open(&f, out, topo, m, t, r->config_hash, 1);
@@ -680,8 +731,6 @@ static int step_module(const struct rundir *r, long t, int m, double wait, int t
 	rc = rundir_make_phase(r, t);
 	if (rc)
 		goto out;
-	rundir_clean_stale(out);
-	rundir_clean_stale(diag_path);
 	struct outer_job j = {
 		.topo = topo, .module = m, .phase = t, .prev_path = prev,
 		.path_ckpts = (const char *const *)ckpts, .weights = weights, .out_path = out,
@@ -690,49 +739,13 @@ static int step_module(const struct rundir *r, long t, int m, double wait, int t
 			   dc->reweight},
 		.wait_seconds = wait, .threads = threads,
 	};
+	struct diag_ctx dx = {r, t, m, weights, diag_path, NULL};
+	j.before_commit = write_diag;
+	j.ctx = &dx;
 	rc = outer_step_module(&j, &d);
-	if (rc)
-		goto out;
-	json_t *norms = json_array(), *users = json_array(), *ws = json_array();
-	for (int k = 0; k < md->npaths; k++) {
-		json_array_append_new(norms, json_real(d.delta_norm[k]));
-		json_array_append_new(users, json_integer(md->paths[k]));
-		json_array_append_new(ws, json_real(weights[k]));
-	}
-	json_t *j_diag = json_pack(
-		"{s:s, s:I, s:s, s:s, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o}",
-		"event", "outer", "phase", (json_int_t)t, "module", md->name, "level",
-		topo->levels[md->level].name, "params", (json_int_t)md->nparams, "paths", users,
-		"weights", ws, "delta_norms", norms, "outer_grad_norm", num(d.grad_norm),
-		"outer_grad_norm_rescaled", num(d.grad_norm_scaled), "update_norm",
-		num(d.update_norm), "mean_pairwise_cosine", num(d.mean_cosine), "seconds",
-		num(d.seconds), "wait_seconds", num(d.wait_seconds), "read_seconds",
-		num(d.read_seconds), "bytes_read", (json_int_t)d.bytes_read, "read_mb_per_s",
-		num(d.read_seconds > 0 ? (double)d.bytes_read / 1e6 / d.read_seconds : NAN));
-	char *line = j_diag ? json_dumps(j_diag, JSON_LINE) : NULL;
-	json_decref(j_diag);
-	if (!line) {
-		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
-		goto out;
-	}
-	size_t n = strlen(line);
-	line[n] = '\0';
-	char *withnl = malloc(n + 2);
-	if (!withnl) {
-		free(line);
-		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
-		goto out;
-	}
-	memcpy(withnl, line, n);
-	withnl[n] = '\n';
-	withnl[n + 1] = '\0';
-	free(line);
-	/* The diagnostics are written after the module: a rerun that finds the module done does
-	 * not redo them, so a step killed between the two leaves no diagnostics for it. */
-	rc = file_write_atomic(diag_path, withnl, n + 1);
-	if (!rc && (fputs(withnl, stdout) == EOF || fflush(stdout) != 0))
+	if (!rc && (fputs(dx.line, stdout) == EOF || fflush(stdout) != 0))
 		rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
-	free(withnl);
+	free(dx.line);
 out:
 	outer_diag_free(&d);
 	for (int k = 0; ckpts && k < md->npaths; k++)

@@ -126,16 +126,23 @@ static int stream_check(const struct stream *s)
 	return 0;
 }
 
-/* acc += a (prev - theta), S += prev - theta, and the squared norm of prev - theta. */
+static int all_finite(const float *x, size_t n)
+{
+	int bad = 0;
+
+	for (size_t k = 0; k < n; k++)
+		bad |= !isfinite(x[k]);
+	return !bad;
+}
+
+/* acc += a (prev - theta), S += prev - theta, and the squared norm of prev - theta; -1 when
+ * theta holds a value that is not finite. */
 static int fold_piece(double *acc, float *S, const float *prev, const float *theta, double a,
 		      size_t n, double *n2)
 {
 	double s2 = 0.0;
-	int bad = 0;
 
-	for (size_t k = 0; k < n; k++)
-		bad |= !isfinite(theta[k]);
-	if (bad)
+	if (!all_finite(theta, n))
 		return -1;
 	/* s2 feeds only the diagnostics, so it may be reassociated into vector lanes (the same
 	 * binary still gives the same bits); acc, which feeds the parameters, is element-wise
@@ -179,6 +186,9 @@ static int apply_piece(struct fold *F, struct stream *mom, const float *prev, co
 	double s2 = 0.0, g2 = 0.0, u2 = 0.0;
 
 	ERR_FORWARD(stream_read(mom, off, F->M0, n, &F->d->bytes_read));
+	if (!all_finite(F->M0, n))
+		return err_set(CORE_ENAN, mom->f->path, "tensor '%s' holds a non-finite value",
+			       mom->e->name);
 	outer_apply(F->OUT, F->M0, prev, acc, n, scale, &F->j->params);
 #pragma omp simd reduction(+ : s2, g2, u2)
 	for (size_t k = 0; k < n; k++) {
@@ -229,6 +239,9 @@ static int fold_one_piece(const struct fold *F, struct slot *sl, const struct st
 		return slot_fail(sl, rc);
 	crcs[0] = crc32_update(0, sl->P0, nb);
 	crcs[1] = crc32_update(0, sl->M0, nb);
+	if (!all_finite(sl->P0, n) || !all_finite(sl->M0, n))
+		return slot_fail(sl, err_set(CORE_ENAN, prev->path, "tensor '%s' or its momentum "
+					     "holds a non-finite value", pe->name));
 	memset(sl->acc, 0, sizeof(double) * n);
 	memset(sl->S, 0, sizeof(float) * n);
 	for (int k = 0; k < P; k++) {
@@ -260,20 +273,22 @@ static int fold_one_piece(const struct fold *F, struct slot *sl, const struct st
  * the thread count. */
 static int fold_by_piece(struct fold *F, double scale, int nthreads)
 {
+	/* Pieces per round: a few per thread, so that starting the threads is paid rarely. */
+	const int R = nthreads > 1 ? 4 * nthreads : 1;
 	const struct outer_job *j = F->j;
 	const struct topology *t = j->topo;
 	const int P = t->modules[j->module].npaths;
 	const struct st_entry **te = calloc((size_t)P, sizeof *te);
-	struct slot *slots = calloc((size_t)nthreads, sizeof *slots);
-	uint32_t *crcs = malloc(sizeof *crcs * (size_t)(2 + P) * (size_t)nthreads);
+	struct slot *slots = calloc((size_t)R, sizeof *slots);
+	uint32_t *crcs = malloc(sizeof *crcs * (size_t)(2 + P) * (size_t)R);
 	uint32_t *whole = malloc(sizeof *whole * (size_t)(2 + P));
-	double *n2 = malloc(sizeof *n2 * (size_t)P * (size_t)nthreads);
-	uint64_t *bytes = calloc((size_t)nthreads, sizeof *bytes);
+	double *n2 = malloc(sizeof *n2 * (size_t)P * (size_t)R);
+	uint64_t *bytes = calloc((size_t)R, sizeof *bytes);
 	int rc = 0;
 
 	if (!te || !slots || !crcs || !whole || !n2 || !bytes)
 		rc = err_set(CORE_ENOMEM, j->out_path, "out of memory");
-	for (int q = 0; q < nthreads && !rc; q++) {
+	for (int q = 0; q < R && !rc; q++) {
 		struct slot *sl = &slots[q];
 		sl->P0 = malloc(sizeof(float) * CHUNK);
 		sl->M0 = malloc(sizeof(float) * CHUNK);
@@ -302,9 +317,9 @@ static int fold_by_piece(struct fold *F, double scale, int nthreads)
 
 		for (int k = 0; k < 2 + P; k++)
 			whole[k] = 0;
-		for (size_t r = 0; r < npieces && !rc; r += (size_t)nthreads) {
-			const int nq = npieces - r < (size_t)nthreads ? (int)(npieces - r) : nthreads;
-#pragma omp parallel for num_threads(nq) schedule(static, 1) if (nq > 1)
+		for (size_t r = 0; r < npieces && !rc; r += (size_t)R) {
+			const int nq = npieces - r < (size_t)R ? (int)(npieces - r) : R;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nq > 1 && nthreads > 1)
 			for (int q = 0; q < nq; q++) {
 				size_t off = (r + (size_t)q) * CHUNK, n = nv - off < CHUNK ? nv - off : CHUNK;
 				slots[q].rc = 0;
@@ -344,7 +359,7 @@ static int fold_by_piece(struct fold *F, double scale, int nthreads)
 		if (!rc)
 			rc = st_writer_put(F->w, F->newm, sizeof(float) * nv);
 	}
-	for (int q = 0; q < nthreads; q++) {
+	for (int q = 0; q < R; q++) {
 		F->d->bytes_read += bytes[q];
 		free(slots[q].P0);
 		free(slots[q].M0);
@@ -392,6 +407,9 @@ static int fold_by_path(struct fold *F, double scale, double *read_s)
 					 &F->d->bytes_read);
 		if (!rc)
 			rc = stream_check(&sp);
+		if (!rc && !all_finite(prev + base, nv))
+			rc = err_set(CORE_ENAN, F->prev.path, "tensor '%s' holds a non-finite value",
+				     v->name);
 		base += nv;
 	}
 	for (int k = 0; k < md->npaths && !rc; k++) {
@@ -517,13 +535,15 @@ int outer_step_module(const struct outer_job *j, struct outer_diag *d)
 	d->grad_norm_scaled = scale * d->grad_norm;
 	d->update_norm = sqrt(F.u2);
 	d->read_seconds = read_s;
+	d->seconds = now_seconds() - t0;
+	if (!rc && j->before_commit)
+		rc = j->before_commit(j->ctx, d);
 	if (F.w) {
 		if (rc)
 			st_writer_abort(F.w);
 		else
 			rc = st_writer_commit(F.w);
 	}
-	d->seconds = now_seconds() - t0;
 out:
 	for (int k = 0; k < F.nopen; k++)
 		st_close(&F.paths[k]);

@@ -46,6 +46,8 @@ void outer_apply(float *theta_out, float *buf, const float *prev, const double *
 		 double scale, const struct outer_params *o);
 
 /* One module's step, from files. */
+struct outer_diag;
+
 struct outer_job {
 	const struct topology *topo;
 	int module;                     /* module id in topo */
@@ -60,6 +62,10 @@ struct outer_job {
 					 * each missing path checkpoint; < 0: wait forever */
 	int threads;                    /* pieces read and folded in parallel (without waiting;
 					 * 0: OpenMP's default); the bits do not depend on it */
+	/* Called, when not NULL, with the diagnostics once the output is written and before it
+	 * is committed (renamed into place); an error from it aborts the step. */
+	int (*before_commit)(void *ctx, const struct outer_diag *d);
+	void *ctx;
 };
 
 struct outer_diag {
@@ -70,7 +76,7 @@ struct outer_diag {
 	double update_norm;      /* ||theta_new - prev|| */
 	double mean_cosine;      /* mean over pairs i != j of cos(delta_i, delta_j) weighted by
 				  * |delta_i| |delta_j|; NaN with fewer than 2 paths */
-	double seconds;      /* the whole step */
+	double seconds;      /* the whole step, committing the output aside */
 	double wait_seconds; /* of which waiting for path checkpoints to appear */
 	double read_seconds; /* reading and folding the inputs, waits excluded */
 	uint64_t bytes_read;

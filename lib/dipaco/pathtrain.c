@@ -51,6 +51,10 @@ static int assemble(const struct rundir *r, long phase, int p, struct gpt2 *g)
 			}
 			tensor_view(&dst, DT_F32, v->ndim, v->ne, host, v->name);
 			rc = st_read(&f, v->name, &dst);
+			for (size_t k = 0; !rc && k < nb / sizeof(float); k++)
+				if (!isfinite(host[k]))
+					rc = err_set(CORE_ENAN, path, "tensor '%s' holds a non-finite "
+						     "value", v->name);
 			if (!rc)
 				rc = be->op->upload(be, v->data, host, nb);
 		}

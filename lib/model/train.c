@@ -212,9 +212,8 @@ int train_step_on(struct gpt2 *g, const struct train_config *tc, const struct to
 	*loss = NAN;
 	rc = gpt2_forward(g, in, tg, B, T, loss);
 	if (rc == CORE_ENAN)
-		return err_set(CORE_ENAN, data->path, "training loss is %s at step %ld; nothing "
-			       "written after step %ld", isnan(*loss) ? "NaN" : "infinite", st + 1,
-			       st);
+		return err_set(CORE_ENAN, data->path, "training loss is %s at step %ld",
+			       isnan(*loss) ? "NaN" : "infinite", st + 1);
 	ERR_FORWARD(rc);
 	ERR_FORWARD(gpt2_backward(g));
 	ERR_FORWARD(gpt2_grad_norm(g, norm));

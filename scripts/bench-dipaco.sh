@@ -1,0 +1,154 @@
+#!/bin/sh
+# bench-dipaco.sh - what a DiPaCo run costs beyond training its paths, on this machine.
+#
+#   scripts/bench-dipaco.sh [-s] [TRAIN.tok]     (default data/brown/train.tok)
+#
+# 1. Phase overhead: DiPaCo 2x2 at gpt-tiny size (configs/dipaco-2x2.yaml, 4 paths), 2 phases
+#    of TAU inner steps (default 30; BENCH_TAU), with 1 worker of 2 threads and with 2
+#    workers of 1 thread (make -j). Pure training time is the sum of the paths' own step
+#    times (train_seconds); overhead is the rest of the workers' time: process start,
+#    assembly from module files, checkpoint I/O, evaluation, outer steps, idle workers.
+# 2. dpc-outer's read throughput on the largest module of that run (two paths' copies), warm
+#    page cache and, when /proc/sys/vm/drop_caches is writable, cold; against cat of the
+#    same files (whole files) to /dev/null in the same state.
+# 3. dpc-outer's peak RSS on one module (the whole gpt-tiny model, 3.36M parameters: 26.8 MB
+#    with momentum) averaged over 2 and over 16 paths, reading by piece and with --wait.
+# 4. With -s, the paper's 16x16 DiPaCo by simulation: 256 tiny paths (L=2, C=64), 32 modules,
+#    2 phases of 10 steps under make -j2; per-task overhead, and dpc-outer's time per module
+#    against the number of paths averaged (DiLoCo runs of 4, 16, 64, 256 paths).
+# Programs come from $BIN (default build/bin). About 4 minutes on 2 cores (with -s, 6).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+BIN=$(cd "${BIN:-$here/../build/bin}" && pwd)
+cfg=$here/../configs
+scale=0
+[ "${1:-}" = "-s" ] && { scale=1; shift; }
+train=${1:-$here/../data/brown/train.tok}
+tau=${BENCH_TAU:-30}
+[ -e "$train" ] || { echo "$0: no $train (sh scripts/get-brown.sh data/brown, then dpc-shard prepare)" >&2; exit 1; }
+work=$(mktemp -d "${TMPDIR:-/tmp}/bench-dipaco.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+py() { /usr/bin/python3 -c "$@"; }
+now() { date +%s.%N; }
+
+echo "bench-dipaco: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1), $(nproc) cores; commit $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo
+echo "== 1. phase overhead: dipaco-2x2 at gpt-tiny size, 4 paths, 2 phases of $tau steps"
+printf '%-22s %8s %12s %10s %10s %10s\n' "workers x threads" "wall s" "train s (sum)" "overhead" "outer s" "outer share"
+for wt in "1 2" "2 1"; do
+	set -- $wt
+	run=$work/speed-$1
+	"$BIN/dpc-outer" init -c "$cfg/dipaco-2x2.yaml" -s dipaco.phases=2 -s dipaco.inner_steps="$tau" \
+		-s train.steps=$((2 * tau)) -s train.warmup_steps=5 "$run" >/dev/null
+	"$BIN/dpc-shard" split -q --random 4 "$train" "$run/shards" >/dev/null
+	t0=$(now)
+	make -s -C "$run" -j "$1" THREADS="$2" >/dev/null
+	t1=$(now)
+	py "
+import json
+wall = $t1 - $t0; w = $1
+ev = [json.loads(l) for l in open('$run/metrics.jsonl')]
+tr = sum(e['train_seconds'] for e in ev if e['event'] == 'path')
+ou = sum(e['seconds'] for e in ev if e['event'] == 'outer')
+print('%-22s %8.2f %12.2f %9.1f%% %10.3f %9.2f%%' % ('%d x %d' % (w, $2), wall, tr,
+      100 * (1 - tr / (w * wall)), ou, 100 * ou / (w * wall)))
+"
+done
+
+echo
+echo "== 2. dpc-outer read throughput against cat (module lower.0 of phase 2, 2 paths)"
+run=$work/speed-2
+files="$run/phase-0001/modules/lower.0.safetensors $run/phase-0002/paths/path-000.safetensors $run/phase-0002/paths/path-001.safetensors"
+outer_mbs() {
+	rm -f "$run/phase-0002/modules/lower.0.safetensors"
+	"$BIN/dpc-outer" step "$run" --phase 2 --module lower.0 -q "$@" | py "import json,sys; d=json.loads(sys.stdin.read()); print('%.0f' % d['read_mb_per_s'])"
+}
+cat_mbs() {
+	bytes=$(cat $files | wc -c)
+	t0=$(now); cat $files >/dev/null; t1=$(now)
+	py "print('%.0f' % ($bytes / 1e6 / ($t1 - $t0)))"
+}
+best() { b=0; for i in 1 2 3 4 5; do v=$("$@"); [ "$v" -gt "$b" ] && b=$v; done; echo "$b"; }
+cat $files >/dev/null
+c=$(best cat_mbs); o1=$(best outer_mbs -t 1); o2=$(best outer_mbs -t 2)
+printf 'warm cache: cat %s MB/s; dpc-outer %s MB/s with 1 thread (%.2fx cat), %s MB/s with 2 (%.2fx)\n' \
+	"$c" "$o1" "$(py "print($o1/$c)")" "$o2" "$(py "print($o2/$c)")"
+if sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+	cc=0 oc=0
+	for i in 1 2 3; do
+		echo 3 >/proc/sys/vm/drop_caches; v=$(cat_mbs); [ "$v" -gt "$cc" ] && cc=$v
+		echo 3 >/proc/sys/vm/drop_caches; v=$(outer_mbs -t 2); [ "$v" -gt "$oc" ] && oc=$v
+	done
+	printf 'cold cache: cat %s MB/s; dpc-outer %s MB/s with 2 threads (%.2fx cat)\n' "$cc" "$oc" "$(py "print($oc/$cc)")"
+else
+	echo "cold cache: not measured (cannot write /proc/sys/vm/drop_caches)"
+fi
+
+echo
+echo "== 3. dpc-outer peak RSS on one module (gpt-tiny whole model, 3356160 parameters)"
+printf '%-8s %14s %14s %16s\n' "paths" "by piece MB" "--wait MB" "module+momentum MB"
+for P in 2 16; do
+	run=$work/mem-$P
+	"$BIN/dpc-outer" init -c "$cfg/diloco.yaml" -s dipaco.paths=$P -s dipaco.phases=1 \
+		-s dipaco.inner_steps=1 -s train.steps=1 "$run" >/dev/null
+	"$BIN/dpc-shard" split -q --random $P "$train" "$run/shards" >/dev/null
+	make -s -C "$run" -j 2 phase-0001/paths/path-000.safetensors >/dev/null
+	for p in $(seq 1 $((P - 1))); do
+		printf 'phase-0001/paths/path-%03d.safetensors ' "$p"
+	done | xargs make -s -C "$run" -j 2 >/dev/null
+	rss() {
+		rm -f "$run/phase-0001/modules/all.0.safetensors"
+		/usr/bin/time -f %M "$BIN/dpc-outer" step "$run" --phase 1 -q "$@" 2>&1 >/dev/null | tail -1
+	}
+	a=$(rss -t 2); b=$(rss --wait=60)
+	printf '%-8s %14.1f %14.1f %16.1f\n' "$P" "$(py "print($a/1024)")" "$(py "print($b/1024)")" 26.8
+done
+
+[ $scale = 1 ] || exit 0
+echo
+echo "== 4. 16x16 DiPaCo by simulation: 256 paths (L=2, C=64, T=64, B=4), 32 modules, 2 phases of 10 steps, make -j2"
+cat >"$work/16x16.yaml" <<YAML
+model: {n_layer: 2, n_embd: 64, n_head: 2, seq_len: 64, vocab_size: 256}
+train: {batch_size: 4, steps: 20, warmup_steps: 2, eval_every: 0, eval_batches: 1, checkpoint_every: 0}
+dipaco: {phases: 2, inner_steps: 10}
+levels:
+  - {name: lower, owns: embed h.0, modules: 16}
+  - {name: upper, owns: h.1 head, modules: 16}
+YAML
+# Brown's 489 training documents cannot fill 256 shards: a synthetic corpus of 4000 short ones.
+. "$here/../test/sh/corpus.sh"
+make_corpus "$work/many.jsonl" 4000
+"$BIN/dpc-shard" prepare --val-frac 0 --router-frac 0 "$work/many.jsonl" "$work/many" >/dev/null
+train=$work/many/train.tok
+run=$work/16x16
+"$BIN/dpc-outer" init -c "$work/16x16.yaml" "$run" >/dev/null
+"$BIN/dpc-shard" split -q --random 256 "$train" "$run/shards" >/dev/null
+t0=$(now); make -s -C "$run" -j 2 >/dev/null; t1=$(now)
+py "
+import json
+wall = $t1 - $t0
+ev = [json.loads(l) for l in open('$run/metrics.jsonl')]
+p = [e for e in ev if e['event'] == 'path']; o = [e for e in ev if e['event'] == 'outer']
+task = sum(e['seconds'] for e in p); tr = sum(e['train_seconds'] for e in p); ou = sum(e['seconds'] for e in o)
+n = len(p) + len(o)
+print('wall %.1f s for %d tasks on 2 workers; training %.1f s, rest of the training tasks %.1f s (%.0f ms per task: assembly, checkpoint I/O), outer steps %.1f s (%.0f ms per module of 16 paths)' % (wall, n, tr, task - tr, 1000 * (task - tr) / len(p), ou, 1000 * ou / len(o)))
+print('scheduling and process start: %.0f ms per task (2 x wall - time inside the tasks, over the tasks)' % (1000 * (2 * wall - task - ou) / n))
+"
+sed -e '/^levels:/,$d' -e 's/inner_steps: 10/inner_steps: 1/' -e 's/steps: 20/steps: 1/' "$work/16x16.yaml" >"$work/flat.yaml"
+printf 'levels:\n  - {name: all, owns: embed h.0-1 head, modules: 1}\n' >>"$work/flat.yaml"
+printf '%-8s %12s %12s %14s\n' "paths" "outer s" "MB read" "ms per path"
+for P in 4 16 64 256; do
+	run=$work/sc-$P
+	"$BIN/dpc-outer" init -c "$work/flat.yaml" -s dipaco.paths=$P -s dipaco.phases=1 "$run" >/dev/null
+	"$BIN/dpc-shard" split -q --random $P "$train" "$run/shards" >/dev/null
+	for p in $(seq 0 $((P - 1))); do
+		printf 'phase-0001/paths/path-%03d.safetensors ' "$p"
+	done | xargs make -s -C "$run" -j 2 >/dev/null
+	best=""
+	for i in 1 2 3; do
+		rm -f "$run/phase-0001/modules/all.0.safetensors"
+		"$BIN/dpc-outer" step "$run" --phase 1 -q -t 2 >"$run/step.json"
+		best=$(py "import json; d=json.load(open('$run/step.json')); b='$best'; s=d['seconds']; print(s if not b or s < float(b) else b)")
+	done
+	py "import json; d=json.load(open('$run/step.json')); print('%-8d %12.4f %12.1f %14.2f' % ($P, $best, d['bytes_read']/1e6, 1000*$best/$P))"
+done
