@@ -10,7 +10,7 @@ set -eu
 pkgs="gcc make pkg-config libc6-dev libopenblas-dev libopenblas0-openmp libyaml-dev zlib1g-dev libdeflate-dev
 libjansson-dev ca-certificates"
 if [ "${1:-}" = "--test" ]; then
-	pkgs="$pkgs libcriterion-dev python3-torch python3-numpy groff-base openmpi-bin"
+	pkgs="$pkgs libcriterion-dev python3-torch python3-numpy groff-base openmpi-bin procps"
 elif ! command -v npm >/dev/null 2>&1; then
 	pkgs="$pkgs npm"
 fi

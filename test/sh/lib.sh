@@ -22,3 +22,15 @@ expect_ok() {
 
 # same_file A B: the files are byte-identical.
 same_file() { cmp -s "$1" "$2" || die "'$1' and '$2' differ"; }
+
+# kill_task DIR PATTERN: SIGKILL the processes whose command line matches PATTERN (pgrep -f)
+# and whose working directory is DIR, so that a test never kills another run's tasks (a run's
+# tasks all say "--run ."); fails when there is none.
+kill_task() {
+	want=$(cd "$1" && pwd -P) hit=1
+	for p in $(pgrep -f -- "$2"); do
+		[ "$(readlink "/proc/$p/cwd" 2>/dev/null)" = "$want" ] || continue
+		kill -KILL "$p" 2>/dev/null && hit=0
+	done
+	return $hit
+}

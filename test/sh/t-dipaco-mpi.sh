@@ -27,7 +27,7 @@ i=0
 while [ $i -lt 1000 ] && ! ls viampi/phase-0002/paths/*.jsonl.part >/dev/null 2>&1; do
 	sleep 0.01; i=$((i + 1))
 done
-pkill -KILL -f -- "--run viampi --phase 2 --path" || die "no phase-2 training task to kill"
+kill_task . "--run viampi --phase 2 --path" || die "no phase-2 training task to kill"
 wait "$pid" && die "the launch succeeded although a worker's task was killed"
 run --mpi 3 viampi >mpi2.out 2>&1 || { cat mpi2.out; die "the rerun under mpirun failed"; }
 for m in lower.0 lower.1 upper.0 upper.1; do

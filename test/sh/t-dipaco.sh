@@ -65,7 +65,7 @@ i=0
 while [ $i -lt 1000 ] && ! ls k/phase-0002/paths/*.jsonl.part >/dev/null 2>&1; do
 	sleep 0.01; i=$((i + 1))
 done
-pkill -KILL -f -- "--run \. .*--phase 2 --path" || die "no phase-2 worker to kill"
+kill_task k "--run \. .*--phase 2 --path" || die "no phase-2 worker to kill"
 kills=1
 wait "$pid" 2>/dev/null && die "make succeeded although a worker was killed"
 outputs() { ls k/phase-*/paths/*.safetensors k/phase-*/modules/*.safetensors 2>/dev/null | wc -l; }
