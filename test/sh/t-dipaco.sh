@@ -50,6 +50,19 @@ for how in "-t 1" "-t 3" "--wait=30 -t 1"; do
 done
 echo "outer step with 1 and 3 threads, by piece and by path: the same bits"
 
+# slices: --slice I/N takes modules I, I+N, ... (in topology order: lower.0 lower.1 upper.0
+# upper.1); under mpirun, with neither --module nor --slice, rank I of N takes slice I/N
+rm -f again/phase-0003/modules/*.safetensors
+env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 "$BIN/dpc-outer" step again --phase 3 -q \
+	>out.stdout 2>out.stderr || { cat out.stderr; die "rank 1 of 2 failed"; }
+got=$(cd again/phase-0003/modules && ls ./*.safetensors | tr '\n' ' ')
+[ "$got" = "./lower.1.safetensors ./upper.1.safetensors " ] || die "rank 1 of 2 made: $got"
+expect_ok "$BIN/dpc-outer" step again --phase 3 --slice 0/2 -q
+for m in lower.0 lower.1 upper.0 upper.1; do
+	same_file "ref/phase-0003/modules/$m.safetensors" "again/phase-0003/modules/$m.safetensors"
+done
+echo "rank 1 of 2 under mpirun, then --slice 0/2: the four modules, the same bits"
+
 same_run() {
 	for m in lower.0 lower.1 upper.0 upper.1; do
 		same_file "ref/phase-0003/modules/$m.safetensors" "$1/phase-0003/modules/$m.safetensors"
