@@ -804,7 +804,7 @@ static int cmd_step(int argc, char **argv)
 		return cli_usage_error(prog, "step: --module and --slice exclude each other");
 	}
 	if (!nnames && !have_slice)
-		have_slice = mpi_slice(&si, &sn) || 1;
+		mpi_slice(&si, &sn); /* every module, or this rank's share under mpirun */
 	rc = rundir_open(&r, argv[optind], 0);
 	if (rc) {
 		free(names);

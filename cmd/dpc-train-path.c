@@ -84,14 +84,15 @@ static int run_task(struct backend *be, const char *dir, long phase, long path, 
 		return cli_print_json(json_pack("{s:I, s:I, s:b, s:s}", "phase", (json_int_t)phase,
 						"path", (json_int_t)path, "skipped", 1, "checkpoint",
 						out), json_flags);
-	return cli_print_json(json_pack("{s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:s}",
+	return cli_print_json(json_pack("{s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:s}",
 					"phase", (json_int_t)phase, "path", (json_int_t)path,
 					"step", (json_int_t)res.last_step, "best_step",
 					(json_int_t)res.best_step, "loss", num(res.train_loss),
 					"heldout_loss", num(res.heldout_loss), "val_loss",
 					num(res.val_loss), "tokens_per_s", num(res.tokens_per_s),
 					"seconds", num(res.seconds), "train_seconds",
-					num(res.train_seconds), "checkpoint", out), json_flags);
+					num(res.train_seconds), "eval_seconds", num(res.eval_seconds),
+					"checkpoint", out), json_flags);
 }
 
 int main(int argc, char **argv)

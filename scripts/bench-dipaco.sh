@@ -1,13 +1,14 @@
 #!/bin/sh
 # bench-dipaco.sh - what a DiPaCo run costs beyond training its paths, on this machine.
 #
-#   scripts/bench-dipaco.sh [-s] [TRAIN.tok]     (default data/brown/train.tok)
+#   scripts/bench-dipaco.sh [-s] [TRAIN.tok]     (default data/brown/train.tok; val.tok beside it)
 #
 # 1. Phase overhead: DiPaCo 2x2 at gpt-tiny size (configs/dipaco-2x2.yaml, 4 paths), 2 phases
 #    of TAU inner steps (default 30; BENCH_TAU), with 1 worker of 2 threads and with 2
 #    workers of 1 thread (make -j). Pure training time is the sum of the paths' own step
-#    times (train_seconds); overhead is the rest of the workers' time: process start,
-#    assembly from module files, checkpoint I/O, evaluation, outer steps, idle workers.
+#    times (train_seconds), evaluation on val.tok theirs too (eval_seconds); overhead is the
+#    rest of the workers' time: process start, assembly from module files, checkpoint I/O,
+#    outer steps, workers idle at the graph's joins.
 # 2. dpc-outer's read throughput on the largest module of that run (two paths' copies), warm
 #    page cache and, when /proc/sys/vm/drop_caches is writable, cold; against cat of the
 #    same files (whole files) to /dev/null in the same state.
@@ -24,8 +25,9 @@ cfg=$here/../configs
 scale=0
 [ "${1:-}" = "-s" ] && { scale=1; shift; }
 train=${1:-$here/../data/brown/train.tok}
+val=$(dirname "$train")/val.tok
 tau=${BENCH_TAU:-30}
-[ -e "$train" ] || { echo "$0: no $train (sh scripts/get-brown.sh data/brown, then dpc-shard prepare)" >&2; exit 1; }
+[ -e "$train" ] && [ -e "$val" ] || { echo "$0: no $train (sh scripts/get-brown.sh data/brown, then dpc-shard prepare)" >&2; exit 1; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench-dipaco.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 py() { /usr/bin/python3 -c "$@"; }
@@ -34,13 +36,14 @@ now() { date +%s.%N; }
 echo "bench-dipaco: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1), $(nproc) cores; commit $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo
 echo "== 1. phase overhead: dipaco-2x2 at gpt-tiny size, 4 paths, 2 phases of $tau steps"
-printf '%-22s %8s %12s %10s %10s %10s\n' "workers x threads" "wall s" "train s (sum)" "overhead" "outer s" "outer share"
+printf '%-18s %7s %14s %11s %10s %9s %12s\n' "workers x threads" "wall s" "train s (sum)" "eval s" "overhead" "outer s" "outer share"
 for wt in "1 2" "2 1"; do
 	set -- $wt
 	run=$work/speed-$1
 	"$BIN/dpc-outer" init -c "$cfg/dipaco-2x2.yaml" -s dipaco.phases=2 -s dipaco.inner_steps="$tau" \
 		-s train.steps=$((2 * tau)) -s train.warmup_steps=5 "$run" >/dev/null
 	"$BIN/dpc-shard" split -q --random 4 "$train" "$run/shards" >/dev/null
+	cp "$val" "$run/val.tok"
 	t0=$(now)
 	make -s -C "$run" -j "$1" THREADS="$2" >/dev/null
 	t1=$(now)
@@ -49,9 +52,10 @@ import json
 wall = $t1 - $t0; w = $1
 ev = [json.loads(l) for l in open('$run/metrics.jsonl')]
 tr = sum(e['train_seconds'] for e in ev if e['event'] == 'path')
+evs = sum(e['eval_seconds'] for e in ev if e['event'] == 'path')
 ou = sum(e['seconds'] for e in ev if e['event'] == 'outer')
-print('%-22s %8.2f %12.2f %9.1f%% %10.3f %9.2f%%' % ('%d x %d' % (w, $2), wall, tr,
-      100 * (1 - tr / (w * wall)), ou, 100 * ou / (w * wall)))
+print('%-18s %7.2f %14.2f %11.2f %9.1f%% %9.3f %11.2f%%' % ('%d x %d' % (w, $2), wall, tr, evs,
+      100 * (1 - (tr + evs) / (w * wall)), ou, 100 * ou / (w * wall)))
 "
 done
 
@@ -131,8 +135,8 @@ ev = [json.loads(l) for l in open('$run/metrics.jsonl')]
 p = [e for e in ev if e['event'] == 'path']; o = [e for e in ev if e['event'] == 'outer']
 task = sum(e['seconds'] for e in p); tr = sum(e['train_seconds'] for e in p); ou = sum(e['seconds'] for e in o)
 n = len(p) + len(o)
-print('wall %.1f s for %d tasks on 2 workers; training %.1f s, rest of the training tasks %.1f s (%.0f ms per task: assembly, checkpoint I/O), outer steps %.1f s (%.0f ms per module of 16 paths)' % (wall, n, tr, task - tr, 1000 * (task - tr) / len(p), ou, 1000 * ou / len(o)))
-print('scheduling and process start: %.0f ms per task (2 x wall - time inside the tasks, over the tasks)' % (1000 * (2 * wall - task - ou) / n))
+print('wall %.1f s for %d tasks on 2 workers: training %.1f s, assembly from module files %.1f s (%.1f ms per path task), outer steps %.1f s (%.1f ms per module of 16 paths)' % (wall, n, tr, task - tr, 1000 * (task - tr) / len(p), ou, 1000 * ou / len(o)))
+print('the rest, %.1f s of the 2 workers: process start, checkpoint writes, make: %.1f ms per task' % (2 * wall - task - ou, 1000 * (2 * wall - task - ou) / n))
 "
 sed -e '/^levels:/,$d' -e 's/inner_steps: 10/inner_steps: 1/' -e 's/steps: 20/steps: 1/' "$work/16x16.yaml" >"$work/flat.yaml"
 printf 'levels:\n  - {name: all, owns: embed h.0-1 head, modules: 1}\n' >>"$work/flat.yaml"

@@ -258,7 +258,9 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 		long done = st + 1 - first;
 		if (dc->early_stop_every > 0 && (done % dc->early_stop_every == 0 || st + 1 == last)) {
 			double hl;
+			double te = now_seconds();
 			rc = train_evaluate(&k.g, &heldout, eval_tokens, &hl, NULL);
+			res->eval_seconds += now_seconds() - te;
 			if (!rc)
 				rc = metrics_event(&k.mx, "heldout", "phase", 'i', (long long)phase,
 						   "path", 'i', (long long)p, "step", 'i',
@@ -287,7 +289,9 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 			goto out;
 	}
 	if (k.have_val) {
+		double te = now_seconds();
 		rc = train_evaluate(&k.g, &k.val, eval_tokens, &res->val_loss, NULL);
+		res->eval_seconds += now_seconds() - te;
 		if (rc)
 			goto out;
 	}
@@ -297,7 +301,7 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 			   (long long)res->best_step, "train_loss", 'f', res->train_loss,
 			   "heldout_loss", 'f', res->heldout_loss, "val_loss", 'f', res->val_loss,
 			   "tokens_per_s", 'f', res->tokens_per_s, "train_seconds", 'f', timed,
-			   NULL);
+			   "eval_seconds", 'f', res->eval_seconds, "seconds", 'f', res->seconds, NULL);
 	metrics_close(&k.mx);
 	/* Metrics first: a task is done when its checkpoint exists, and a rerun of a task
 	 * killed between the two renames rewrites both. */

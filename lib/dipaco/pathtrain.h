@@ -29,6 +29,7 @@ struct path_task_result {
 	double tokens_per_s;
 	double seconds;       /* the whole task, assembly and I/O included */
 	double train_seconds; /* the steps alone */
+	double eval_seconds;  /* evaluations: held-out slice and RUNDIR/val.tok */
 };
 
 int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be, int progress,
