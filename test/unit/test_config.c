@@ -680,7 +680,6 @@ static void check_short_run(const struct run_config *c, const char *what)
 	cr_expect_eq(c->dipaco.phases, 4, "%s: phases", what);
 	cr_expect_eq(c->dipaco.inner_steps, 100, "%s: inner_steps", what);
 	cr_expect_eq(c->dipaco.nesterov, 1, "%s: nesterov", what);
-	cr_expect_eq(c->dipaco.rescale, 1, "%s: rescale", what);
 	cr_expect_eq(c->dipaco.reweight, 1, "%s: reweight", what);
 	cr_expect_eq(c->dipaco.early_stop_every, 0, "%s: early_stop_every", what);
 	cr_expect_eq(c->dipaco.holdout_frac, 0.05, "%s: holdout_frac", what);
@@ -690,15 +689,16 @@ static const struct {
 	const char *path;
 	int paths;
 	double outer_lr, outer_momentum;
+	int rescale; /* DiLoCo as published averages without DiPaCo's sqrt(P) */
 	int nlevels;
 	struct want_level levels[3];
 } shipped[] = {
-	{ "configs/dense.yaml", 1, 1.0, 0.0, 0, { { NULL } } },
-	{ "configs/diloco.yaml", 4, 0.7, 0.9, 1, { { "all", 1, 1, 1, 1, { 0 }, { 3 } } } },
-	{ "configs/flat-moe.yaml", 0, 0.7, 0.9, 1, { { "all", 4, 1, 1, 1, { 0 }, { 3 } } } },
-	{ "configs/dipaco-2x2.yaml", 0, 0.7, 0.9, 2,
+	{ "configs/dense.yaml", 1, 1.0, 0.0, 1, 0, { { NULL } } },
+	{ "configs/diloco.yaml", 4, 0.7, 0.9, 0, 1, { { "all", 1, 1, 1, 1, { 0 }, { 3 } } } },
+	{ "configs/flat-moe.yaml", 0, 0.7, 0.9, 1, 1, { { "all", 4, 1, 1, 1, { 0 }, { 3 } } } },
+	{ "configs/dipaco-2x2.yaml", 0, 0.7, 0.9, 1, 2,
 	  { { "lower", 2, 1, 0, 1, { 0 }, { 1 } }, { "upper", 2, 0, 1, 1, { 2 }, { 3 } } } },
-	{ "configs/dipaco-2x2-head.yaml", 0, 0.7, 0.9, 3,
+	{ "configs/dipaco-2x2-head.yaml", 0, 0.7, 0.9, 1, 3,
 	  { { "lower", 2, 1, 0, 1, { 0 }, { 1 } }, { "upper", 2, 0, 0, 1, { 2 }, { 2 } },
 	    { "head", LEVEL_PER_PATH, 0, 1, 1, { 3 }, { 3 } } } },
 };
@@ -718,6 +718,7 @@ Test(config, shipped_dipaco_configs)
 		cr_expect_eq(c.dipaco.outer_lr, shipped[f].outer_lr, "%s: outer_lr", p);
 		cr_expect_eq(c.dipaco.outer_momentum, shipped[f].outer_momentum,
 			     "%s: outer_momentum", p);
+		cr_expect_eq(c.dipaco.rescale, shipped[f].rescale, "%s: rescale", p);
 		cr_expect_eq(c.dipaco.nlevels, shipped[f].nlevels, "%s: nlevels %d", p,
 			     c.dipaco.nlevels);
 		for (int i = 0; i < shipped[f].nlevels && i < c.dipaco.nlevels; i++)
