@@ -10,8 +10,9 @@
 #    rest of the workers' time: process start, assembly from module files, checkpoint I/O,
 #    outer steps, workers idle at the graph's joins.
 # 2. dpc-outer's read throughput on the largest module of that run (two paths' copies), warm
-#    page cache and, when /proc/sys/vm/drop_caches is writable, cold; against cat of the
-#    same files (whole files) to /dev/null in the same state.
+#    page cache, against cat of the same files (whole files) to /dev/null: in MB/s, and in
+#    time on the same files. (Dropping the page cache does not make reads cold in this
+#    project's virtual machines: cat reads "cold" files at memory speed.)
 # 3. dpc-outer's peak RSS on one module (the whole gpt-tiny model, 3.36M parameters: 26.8 MB
 #    with momentum) averaged over 2 and over 16 paths, reading by piece and with --wait.
 # 4. With -s, the paper's 16x16 DiPaCo by simulation: 256 tiny paths (L=2, C=64), 32 modules,
@@ -61,33 +62,29 @@ done
 
 echo
 echo "== 2. dpc-outer read throughput against cat (module lower.0 of phase 2, 2 paths)"
+# dpc-outer reads only the module's tensors of each file (bytes_read); cat reads the files
+# whole (a path checkpoint also holds the other modules and the AdamW moments). Both rates,
+# and the ratio of the times on the same files (best of 5 each, warm page cache).
 run=$work/speed-2
 files="$run/phase-0001/modules/lower.0.safetensors $run/phase-0002/paths/path-000.safetensors $run/phase-0002/paths/path-001.safetensors"
-outer_mbs() {
+bytes=$(cat $files | wc -c)
+outer_s() {
 	rm -f "$run/phase-0002/modules/lower.0.safetensors"
-	"$BIN/dpc-outer" step "$run" --phase 2 --module lower.0 -q "$@" | py "import json,sys; d=json.loads(sys.stdin.read()); print('%.0f' % d['read_mb_per_s'])"
+	"$BIN/dpc-outer" step "$run" --phase 2 --module lower.0 -q "$@" >"$work/step.json"
+	py "import json; d=json.load(open('$work/step.json')); print(d['read_seconds'], d['bytes_read'])"
 }
-cat_mbs() {
-	bytes=$(cat $files | wc -c)
-	t0=$(now); cat $files >/dev/null; t1=$(now)
-	py "print('%.0f' % ($bytes / 1e6 / ($t1 - $t0)))"
-}
-best() { b=0; for i in 1 2 3 4 5; do v=$("$@"); [ "$v" -gt "$b" ] && b=$v; done; echo "$b"; }
+cat_s() { t0=$(now); cat $files >/dev/null; t1=$(now); py "print($t1 - $t0)"; }
+best() { b=""; for i in 1 2 3 4 5; do v=$("$@"); if [ -z "$b" ] || py "import sys; sys.exit(0 if float('${v%% *}') < float('${b%% *}') else 1)"; then b=$v; fi; done; echo "$b"; }
 cat $files >/dev/null
-c=$(best cat_mbs); o1=$(best outer_mbs -t 1); o2=$(best outer_mbs -t 2)
-printf 'warm cache: cat %s MB/s; dpc-outer %s MB/s with 1 thread (%.2fx cat), %s MB/s with 2 (%.2fx)\n' \
-	"$c" "$o1" "$(py "print($o1/$c)")" "$o2" "$(py "print($o2/$c)")"
-if sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
-	cc=0 oc=0
-	for i in 1 2 3; do
-		echo 3 >/proc/sys/vm/drop_caches; v=$(cat_mbs); [ "$v" -gt "$cc" ] && cc=$v
-		echo 3 >/proc/sys/vm/drop_caches; v=$(outer_mbs -t 2); [ "$v" -gt "$oc" ] && oc=$v
-	done
-	printf 'cold cache: cat %s MB/s; dpc-outer %s MB/s with 2 threads (%.2fx cat)\n' "$cc" "$oc" "$(py "print($oc/$cc)")"
-else
-	echo "cold cache: not measured (cannot write /proc/sys/vm/drop_caches)"
-fi
-
+c=$(best cat_s)
+for t in 1 2; do
+	o=$(best outer_s -t "$t")
+	py "
+c, (o, ob) = $c, '$o'.split()
+o, ob = float(o), int(ob)
+print('%d thread%s: dpc-outer %.1f ms, %.0f MB/s of the %.1f MB it reads; cat %.1f ms, %.0f MB/s of the %.1f MB of the files: %.2fx cat in MB/s, %.2fx in time' % ($t, 's' if $t > 1 else ' ', 1e3 * o, ob / 1e6 / o, ob / 1e6, 1e3 * c, $bytes / 1e6 / c, $bytes / 1e6, (ob / o) / ($bytes / c), c / o))
+"
+done
 echo
 echo "== 3. dpc-outer peak RSS on one module (gpt-tiny whole model, 3356160 parameters)"
 printf '%-8s %14s %14s %16s\n' "paths" "by piece MB" "--wait MB" "module+momentum MB"

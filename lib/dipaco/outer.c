@@ -209,6 +209,7 @@ struct slot {
 	float *P0, *M0, *TH, *OUT, *S;
 	double *acc;
 	double s2, g2, u2;
+	uint32_t crc_out, crc_mom; /* of the piece's new parameters and momentum */
 	int rc;
 	char file[256], detail[400];
 };
@@ -226,8 +227,9 @@ static int slot_fail(struct slot *sl, int rc)
  * crcs[2 + k] get the piece's crc in the previous parameters, momentum and path k;
  * n2[k] the squared norm of path k's delta over the piece. */
 static int fold_one_piece(const struct fold *F, struct slot *sl, const struct st_entry *pe,
-			  const struct st_entry *me, const struct st_entry *const *te, size_t off,
-			  size_t n, double scale, uint32_t *crcs, double *n2, uint64_t *bytes)
+			  const struct st_entry *me, const struct st_entry *const *te, int wi,
+			  size_t off, size_t n, double scale, uint32_t *crcs, double *n2,
+			  uint64_t *bytes)
 {
 	const struct outer_job *j = F->j;
 	const int P = j->topo->modules[j->module].npaths;
@@ -264,6 +266,13 @@ static int fold_one_piece(const struct fold *F, struct slot *sl, const struct st
 		u2 += du * du;
 	}
 	sl->s2 = s2, sl->g2 = g2, sl->u2 = u2;
+	/* The piece goes to its place in the output from this thread: writer tensor wi holds
+	 * the parameters, wi + 1 their momentum. */
+	sl->crc_out = crc32_update(0, sl->OUT, nb);
+	sl->crc_mom = crc32_update(0, sl->M0, nb);
+	if ((rc = st_writer_pwrite(F->w, wi, ob, sl->OUT, nb)) ||
+	    (rc = st_writer_pwrite(F->w, wi + 1, ob, sl->M0, nb)))
+		return slot_fail(sl, rc);
 	return 0;
 }
 
@@ -299,12 +308,14 @@ static int fold_by_piece(struct fold *F, double scale, int nthreads)
 		if (!sl->P0 || !sl->M0 || !sl->TH || !sl->OUT || !sl->S || !sl->acc)
 			rc = err_set(CORE_ENOMEM, j->out_path, "out of memory");
 	}
+	int wi = 0; /* the writer's tensor: parameters, then momentum, view after view */
 	for (int i = 0; i < t->layout.n && !rc; i++) {
 		if (!topo_owns(t, j->module, i))
 			continue;
 		const struct tensor *v = &t->layout.views[i];
 		const size_t nv = (size_t)tensor_numel(v);
 		const size_t npieces = (nv + CHUNK - 1) / CHUNK;
+		uint32_t crc_out = 0, crc_mom = 0;
 		struct stream sp, sm;
 		rc = stream_open(&sp, &F->prev, "", v);
 		if (!rc)
@@ -323,7 +334,7 @@ static int fold_by_piece(struct fold *F, double scale, int nthreads)
 			for (int q = 0; q < nq; q++) {
 				size_t off = (r + (size_t)q) * CHUNK, n = nv - off < CHUNK ? nv - off : CHUNK;
 				slots[q].rc = 0;
-				fold_one_piece(F, &slots[q], sp.e, sm.e, te, off, n, scale,
+				fold_one_piece(F, &slots[q], sp.e, sm.e, te, wi, off, n, scale,
 					       crcs + (size_t)q * (2 + P), n2 + (size_t)q * P, &bytes[q]);
 			}
 			for (int q = 0; q < nq && !rc; q++) {
@@ -341,8 +352,10 @@ static int fold_by_piece(struct fold *F, double scale, int nthreads)
 				F->s2 += sl->s2;
 				F->g2 += sl->g2;
 				F->u2 += sl->u2;
-				memcpy(F->newm + off, sl->M0, sizeof(float) * n);
-				rc = st_writer_put(F->w, sl->OUT, sizeof(float) * n);
+				crc_out = (uint32_t)crc32_combine64(crc_out, sl->crc_out,
+								    (z_off64_t)(sizeof(float) * n));
+				crc_mom = (uint32_t)crc32_combine64(crc_mom, sl->crc_mom,
+								    (z_off64_t)(sizeof(float) * n));
 			}
 		}
 		/* The crcs of the whole tensors, before anything is committed. */
@@ -356,8 +369,9 @@ static int fold_by_piece(struct fold *F, double scale, int nthreads)
 			struct stream s = {&F->paths[k], te[k], whole[2 + k]};
 			rc = stream_check(&s);
 		}
-		if (!rc)
-			rc = st_writer_put(F->w, F->newm, sizeof(float) * nv);
+		st_writer_set_crc(F->w, wi, crc_out);
+		st_writer_set_crc(F->w, wi + 1, crc_mom);
+		wi += 2;
 	}
 	for (int q = 0; q < R; q++) {
 		F->d->bytes_read += bytes[q];

@@ -159,7 +159,12 @@ out:
  * width, so the real values patch it in place at commit without moving a byte of data). */
 struct st_writer {
 	struct afile a;
-	int n, cur;             /* tensors, the one being written */
+	int n, cur;             /* tensors, the one being written (in order) */
+	uint64_t *toff;         /* each tensor's offset in the file (out of order) */
+	uint64_t pw_bytes;      /* bytes written out of order (atomic) */
+	int pw_failed;          /* an out-of-order write failed (atomic) */
+	int mode;               /* 0 none yet, 1 in order (put), 2 out of order (pwrite) */
+	unsigned char *pw_crc;  /* tensors whose crc st_writer_set_crc gave */
 	struct tensor *specs;   /* names, dtypes, shapes (no data) */
 	uint64_t left;          /* bytes still owed to specs[cur] */
 	uint32_t *crcs, whole;
@@ -230,6 +235,8 @@ static void writer_free(struct st_writer *w)
 		free((char *)w->meta[i].value);
 	}
 	free(w->meta);
+	free(w->toff);
+	free(w->pw_crc);
 	free(w->specs);
 	free(w->crcs);
 	free(w->header);
@@ -301,16 +308,69 @@ int st_writer_open(struct st_writer **out, const char *path, const struct tensor
 		writer_free(w);
 		return rc;
 	}
+	w->toff = calloc((size_t)(n ? n : 1), sizeof *w->toff);
+	w->pw_crc = calloc((size_t)(n ? n : 1), 1);
+	/* Out-of-order writes go below stdio with pwrite(2): nothing may stay buffered. */
+	if (!w->toff || !w->pw_crc || fflush(w->a.fp) != 0) {
+		rc = w->toff && w->pw_crc ? err_errno(CORE_EIO, path, "cannot write", errno)
+					  : err_set(CORE_ENOMEM, path, "out of memory");
+		afile_abort(&w->a);
+		writer_free(w);
+		return rc;
+	}
+	uint64_t at = 8 + w->hlen;
+	for (int i = 0; i < n; i++) {
+		w->toff[i] = at;
+		at += tensor_nbytes(&w->specs[i]);
+	}
 	w->left = n ? tensor_nbytes(&w->specs[0]) : 0;
 	writer_advance(w);
 	*out = w;
 	return 0;
 }
 
+int st_writer_pwrite(struct st_writer *w, int i, uint64_t off, const void *data, size_t nbytes)
+{
+	const unsigned char *p = data;
+
+	if (w->mode == 1 || i < 0 || i >= w->n || off > tensor_nbytes(&w->specs[i]) ||
+	    nbytes > tensor_nbytes(&w->specs[i]) - off)
+		return err_set(CORE_EUSAGE, w->a.path, "out-of-order write outside tensor %d or "
+			       "after writes in order", i);
+	uint64_t at = w->toff[i] + off;
+	size_t left = nbytes;
+	while (left > 0) {
+		ssize_t k = pwrite(fileno(w->a.fp), p, left, (off_t)at);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			__atomic_store_n(&w->pw_failed, 1, __ATOMIC_RELAXED);
+			return err_errno(CORE_EIO, w->a.path, "cannot write", k < 0 ? errno : EIO);
+		}
+		p += k;
+		at += (uint64_t)k;
+		left -= (size_t)k;
+	}
+	__atomic_fetch_add(&w->pw_bytes, (uint64_t)nbytes, __ATOMIC_RELAXED);
+	return 0;
+}
+
+void st_writer_set_crc(struct st_writer *w, int i, uint32_t crc)
+{
+	if (i >= 0 && i < w->n) {
+		w->mode = 2;
+		w->crcs[i] = crc;
+		w->pw_crc[i] = 1;
+	}
+}
+
 int st_writer_put(struct st_writer *w, const void *data, size_t nbytes)
 {
 	const unsigned char *p = data;
 
+	if (w->mode == 2 || w->pw_bytes)
+		return err_set(CORE_EUSAGE, w->a.path, "a write in order after writes out of order");
+	w->mode = 1;
 	while (nbytes > 0) {
 		if (w->cur >= w->n)
 			return err_set(CORE_EUSAGE, w->a.path, "more data than the tensors hold");
@@ -331,9 +391,27 @@ int st_writer_commit(struct st_writer *w)
 	size_t hlen = 0;
 	int rc = 0;
 
-	if (w->cur < w->n)
+	if (w->mode == 2 || w->pw_bytes) {
+		/* Out of order: every tensor's crc given and every byte written once. */
+		uint64_t total = 0;
+		w->whole = 0;
+		for (int i = 0; i < w->n && !rc; i++) {
+			uint64_t nb = tensor_nbytes(&w->specs[i]);
+			if (!w->pw_crc[i] && nb > 0)
+				rc = err_set(CORE_EUSAGE, w->a.path, "tensor '%s' has no crc",
+					     w->specs[i].name);
+			w->whole = (uint32_t)crc32_combine64(w->whole, w->crcs[i], (z_off64_t)nb);
+			total += nb;
+		}
+		if (!rc && __atomic_load_n(&w->pw_failed, __ATOMIC_RELAXED))
+			rc = err_set(CORE_EIO, w->a.path, "not replaced: an earlier write failed");
+		if (!rc && __atomic_load_n(&w->pw_bytes, __ATOMIC_RELAXED) != total)
+			rc = err_set(CORE_EUSAGE, w->a.path, "%llu of the %llu data bytes written",
+				     (unsigned long long)w->pw_bytes, (unsigned long long)total);
+	} else if (w->cur < w->n) {
 		rc = err_set(CORE_EUSAGE, w->a.path, "tensor '%s' is missing %llu bytes",
 			     w->specs[w->cur].name, (unsigned long long)w->left);
+	}
 	if (!rc)
 		rc = writer_header(w, &header, &hlen);
 	if (!rc && hlen != w->hlen)

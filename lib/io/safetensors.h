@@ -35,6 +35,13 @@ struct st_writer;
 int st_writer_open(struct st_writer **w, const char *path, const struct tensor *const *specs,
 		   int n, const struct st_kv *meta, int nmeta);
 int st_writer_put(struct st_writer *w, const void *data, size_t nbytes);
+/* Out of order, for writers with several threads: bytes [off, off + nbytes) of tensor i at
+ * their place in the file (pwrite(2); safe from several threads at once). A writer uses
+ * either st_writer_put or this; with this, each tensor's crc32 (crc32_update over its bytes
+ * in order, 0 to start) is given with st_writer_set_crc, from one thread, before commit,
+ * which checks that every byte was written. */
+int st_writer_pwrite(struct st_writer *w, int i, uint64_t off, const void *data, size_t nbytes);
+void st_writer_set_crc(struct st_writer *w, int i, uint32_t crc);
 int st_writer_commit(struct st_writer *w); /* frees w */
 void st_writer_abort(struct st_writer *w); /* frees w; NULL is harmless */
 

@@ -799,3 +799,66 @@ Test(safetensors, streamed_short_or_long_is_refused_and_leaves_nothing)
 	free(data);
 	free_set(ts);
 }
+
+/* Out of order: each tensor's bytes in 5-byte pieces written last piece first, crcs given
+ * from zlib: the file must equal the one written whole. */
+Test(safetensors, written_out_of_order_equals_whole)
+{
+	struct tensor ts[NT];
+	char whole[512], path[512];
+	size_t lw, ls;
+	struct st_writer *w;
+
+	make_set(ts);
+	path_in(whole, sizeof whole, "whole.safetensors");
+	write_set(whole, ts);
+	unsigned char *ref = slurp(whole, &lw);
+	path_in(path, sizeof path, "pieces.safetensors");
+	cr_assert(open_writer(&w, path, ts) == 0, "%s", err_detail());
+	for (int i = NT - 1; i >= 0; i--) {
+		size_t nb = tensor_nbytes(&ts[i]);
+		for (size_t off = (nb ? (nb - 1) / 5 * 5 : 0); nb > 0; off -= 5) {
+			size_t m = nb - off < 5 ? nb - off : 5;
+			cr_assert(st_writer_pwrite(w, i, off, (unsigned char *)ts[i].data + off, m) == 0,
+				  "%s", err_detail());
+			if (off == 0)
+				break;
+		}
+		st_writer_set_crc(w, i, zcrc(ts[i].data, nb));
+	}
+	cr_assert(st_writer_commit(w) == 0, "%s", err_detail());
+	unsigned char *got = slurp(path, &ls);
+	cr_expect(ls == lw && memcmp(got, ref, lw) == 0, "out-of-order file differs (%zu vs %zu "
+		  "bytes)", ls, lw);
+	free(got);
+	free(ref);
+	free_set(ts);
+}
+
+Test(safetensors, out_of_order_gaps_and_mixing_are_refused)
+{
+	struct tensor ts[NT];
+	char path[512];
+	struct st_writer *w;
+
+	make_set(ts);
+	path_in(path, sizeof path, "gap.safetensors");
+	cr_assert(open_writer(&w, path, ts) == 0);
+	for (int i = 0; i < NT; i++) {
+		size_t nb = tensor_nbytes(&ts[i]), skip = i == 0 ? 4 : 0; /* wte's first float */
+		cr_assert(st_writer_pwrite(w, i, skip, (unsigned char *)ts[i].data + skip,
+					   nb - skip) == 0);
+		st_writer_set_crc(w, i, zcrc(ts[i].data, nb));
+	}
+	cr_expect_eq(st_writer_put(w, ts[0].data, 4), CORE_EUSAGE, "put after pwrite");
+	err_clear();
+	cr_expect_eq(st_writer_commit(w), CORE_EUSAGE, "a 4-byte gap is refused");
+	cr_expect(strstr(err_detail(), "data bytes written"), "%s", err_detail());
+	cr_expect_eq(count_files(dir), 0, "nothing left after a refused commit");
+
+	cr_assert(open_writer(&w, path, ts) == 0);
+	cr_expect_eq(st_writer_pwrite(w, 0, tensor_nbytes(&ts[0]) - 2, ts[0].data, 4), CORE_EUSAGE,
+		     "a write past the tensor's end");
+	st_writer_abort(w);
+	free_set(ts);
+}
