@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -511,9 +512,10 @@ static int do_metrics(struct rundir *r, int table)
 		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
 	if (!rc)
 		rc = rundir_file(r, "metrics.jsonl", path, sizeof path);
-	rundir_clean_stale(path);
-	if (!rc)
+	if (!rc) {
+		rundir_clean_stale(path);
 		rc = file_write_atomic(path, text, len);
+	}
 	if (!rc && table) {
 		tally(ps, r->cfg.dipaco.phases, text, len);
 		print_table(r, ps);
@@ -856,6 +858,14 @@ static int cmd_step(int argc, char **argv)
 int main(int argc, char **argv)
 {
 	const char *cmd = argc > 1 ? argv[1] : NULL;
+	struct rlimit nofile;
+
+	/* An outer step holds every path checkpoint of its module open: as many descriptors
+	 * as the hard limit allows (it falls back to folding path by path beyond them). */
+	if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+		nofile.rlim_cur = nofile.rlim_max;
+		(void)setrlimit(RLIMIT_NOFILE, &nofile);
+	}
 
 	opterr = 0;
 	if (!cmd)

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -107,7 +108,11 @@ static int stream_open(struct stream *s, struct st_file *f, const char *prefix,
 	snprintf(name, sizeof name, "%s%s", prefix, v->name);
 	s->f = f;
 	s->crc = 0u;
-	return st_lookup(f, name, DT_F32, v->ndim, v->ne, &s->e);
+	ERR_FORWARD(st_lookup(f, name, DT_F32, v->ndim, v->ne, &s->e));
+	/* Our checkpoints carry every tensor's crc32; one without is not ours to trust. */
+	if (!s->e->has_crc)
+		return err_set(CORE_EFORMAT, f->path, "tensor '%s' has no crc32", name);
+	return 0;
 }
 
 static int stream_read(struct stream *s, size_t off, float *dst, size_t n, uint64_t *bytes)
@@ -165,9 +170,8 @@ struct fold {
 	struct st_file prev;         /* the module of phase t-1 */
 	struct st_file *paths;       /* [P] open path checkpoints (chunk order) */
 	int nopen;
-	float *P0, *M0, *TH, *OUT, *S;
-	double *acc;
-	float *newm;                 /* the new momentum of the current tensor */
+	float *M0, *TH, *OUT;        /* one piece (path by path) */
+	float *newm;                 /* path by path: the new momentum of the current tensor */
 	double s2, g2, u2;           /* ||sum of deltas||^2, ||acc||^2, ||update||^2 */
 	struct st_writer *w;
 };
@@ -373,7 +377,7 @@ static int fold_by_piece(struct fold *F, double scale, int nthreads)
 		st_writer_set_crc(F->w, wi + 1, crc_mom);
 		wi += 2;
 	}
-	for (int q = 0; q < R; q++) {
+	for (int q = 0; slots && bytes && q < R; q++) {
 		F->d->bytes_read += bytes[q];
 		free(slots[q].P0);
 		free(slots[q].M0);
@@ -502,15 +506,17 @@ int outer_step_module(const struct outer_job *j, struct outer_diag *d)
 			maxv = (size_t)tensor_numel(&t->layout.views[i]);
 	d->delta_norm = calloc((size_t)P, sizeof *d->delta_norm);
 	F.paths = calloc((size_t)P, sizeof *F.paths);
-	F.P0 = malloc(sizeof(float) * CHUNK);
+	/* By piece needs every path checkpoint open at once; beyond the descriptors this
+	 * process may hold, path by path gives the same bits. */
+	struct rlimit nofile;
+	const int by_piece = j->wait_seconds == 0 &&
+		(getrlimit(RLIMIT_NOFILE, &nofile) != 0 || nofile.rlim_cur == RLIM_INFINITY ||
+		 (rlim_t)P + 16 <= nofile.rlim_cur);
 	F.M0 = malloc(sizeof(float) * CHUNK);
 	F.TH = malloc(sizeof(float) * CHUNK);
 	F.OUT = malloc(sizeof(float) * CHUNK);
-	F.S = malloc(sizeof(float) * CHUNK);
-	F.acc = malloc(sizeof(double) * CHUNK);
-	F.newm = malloc(sizeof(float) * (maxv ? maxv : 1));
-	if (!d->delta_norm || !F.paths || !F.P0 || !F.M0 || !F.TH || !F.OUT || !F.S || !F.acc ||
-	    !F.newm) {
+	F.newm = by_piece ? NULL : malloc(sizeof(float) * (maxv ? maxv : 1));
+	if (!d->delta_norm || !F.paths || !F.M0 || !F.TH || !F.OUT || (!by_piece && !F.newm)) {
 		rc = err_set(CORE_ENOMEM, j->out_path, "out of memory for module %s", md->name);
 		goto out;
 	}
@@ -518,8 +524,8 @@ int outer_step_module(const struct outer_job *j, struct outer_diag *d)
 	if (rc)
 		goto out;
 	have_prev = 1;
-	/* Without --wait every input is opened and checked before a byte is written. */
-	for (int k = 0; k < P && j->wait_seconds == 0 && !rc; k++) {
+	/* By piece, every input is opened and checked before a byte is written. */
+	for (int k = 0; k < P && by_piece && !rc; k++) {
 		rc = wait_for(j->path_ckpts[k], 0, &d->wait_seconds);
 		if (!rc)
 			rc = pathckpt_open(&F.paths[k], j->path_ckpts[k], md->paths[k], j->phase,
@@ -527,7 +533,7 @@ int outer_step_module(const struct outer_job *j, struct outer_diag *d)
 		if (!rc)
 			F.nopen++;
 	}
-	if (!rc && j->wait_seconds == 0) {
+	if (!rc && by_piece) {
 		rc = module_writer_open(&F.w, j->out_path, t, j->module, j->phase, j->config_hash);
 		if (!rc)
 			rc = fold_by_piece(&F, scale, j->threads > 0 ? j->threads : omp_get_max_threads());
@@ -564,12 +570,9 @@ out:
 	if (have_prev)
 		st_close(&F.prev);
 	free(F.paths);
-	free(F.P0);
 	free(F.M0);
 	free(F.TH);
 	free(F.OUT);
-	free(F.S);
-	free(F.acc);
 	free(F.newm);
 	if (rc)
 		outer_diag_free(d);

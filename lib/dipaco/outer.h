@@ -12,10 +12,12 @@
  *
  * Paths are folded into the sum one at a time in the order given, so the result does not
  * depend on when each path checkpoint appeared (--wait), on the thread count or on how the
- * inputs are read: with every path present, each tensor is read in pieces of 64 KiB, all the
- * paths' copies of a piece folded while it sits in cache (memory: a few pieces per thread
- * and one tensor of new momentum, whatever the number of paths); waiting for paths, each is
- * folded as it appears into sums over the whole module (16 bytes per parameter).
+ * inputs are read. With every path present (and descriptors for all of them), each tensor is
+ * read in pieces of 64 KiB, all the paths' copies of a piece folded while it sits in cache,
+ * and the threads write their pieces of the output in place: memory is a few pieces per
+ * thread, whatever the number of paths. Otherwise (--wait, or more paths than open files
+ * allowed) the paths are folded one after another, each as soon as it and the ones before
+ * it exist, into sums over the whole module (16 bytes per parameter, plus one tensor).
  * Every input tensor's crc32 is checked before the output is committed.
  *
  * Diagnostics: each path's delta norm, the outer gradient's norm before and after rescaling,

@@ -95,6 +95,12 @@ int plan_tasks(const struct rundir *r, char **out)
 
 int plan_makefile(const struct rundir *r, const char *bin, char **out)
 {
+	/* make splits words at blanks and reads '#' and '$' itself: such a folder cannot be
+	 * written into a Makefile faithfully. */
+	if (strpbrk(bin, " \t\n#$'\"\\"))
+		return err_set(CORE_EUSAGE, bin, "the programs' folder has a blank or one of # $ ' "
+			       "\" \\ in its name, which a Makefile cannot hold; give another with "
+			       "--bin");
 	struct rundir rel = relative(r);
 	const long T = r->cfg.dipaco.phases;
 	char buf[RUNDIR_PATH_MAX], *text = NULL;

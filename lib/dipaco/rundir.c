@@ -2,7 +2,7 @@
 #include "dipaco/rundir.h"
 
 #include <errno.h>
-#include <glob.h>
+#include <dirent.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -55,15 +55,24 @@ int rundir_module(const struct rundir *r, long phase, int m, const char *ext, ch
 
 void rundir_clean_stale(const char *out)
 {
-	char pat[RUNDIR_PATH_MAX + 8];
-	glob_t g;
+	/* By name in out's folder, not by glob(3): a run directory may hold '*' or '['. */
+	const char *slash = strrchr(out, '/');
+	char dir[RUNDIR_PATH_MAX], prefix[RUNDIR_PATH_MAX], path[2 * RUNDIR_PATH_MAX];
+	DIR *d;
+	struct dirent *e;
 
-	if (snprintf(pat, sizeof pat, "%s.tmp.*", out) >= (int)sizeof pat)
+	if (snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - out) : 1,
+		     slash ? out : ".") >= (int)sizeof dir ||
+	    snprintf(prefix, sizeof prefix, "%s.tmp.", slash ? slash + 1 : out) >=
+		    (int)sizeof prefix)
 		return;
-	if (glob(pat, GLOB_NOSORT | GLOB_NOESCAPE, NULL, &g) == 0)
-		for (size_t i = 0; i < g.gl_pathc; i++)
-			unlink(g.gl_pathv[i]);
-	globfree(&g);
+	if (!(d = opendir(dir[0] ? dir : "/")))
+		return;
+	while ((e = readdir(d)))
+		if (!strncmp(e->d_name, prefix, strlen(prefix)) &&
+		    snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
+			unlink(path);
+	closedir(d);
 }
 
 static int make_dir(const char *path)

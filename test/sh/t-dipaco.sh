@@ -50,6 +50,45 @@ for how in "-t 1" "-t 3" "--wait=30 -t 1"; do
 done
 echo "outer step with 1 and 3 threads, by piece and by path: the same bits"
 
+# tensors of several 64 KiB pieces (n_embd 128: mlp.c_fc is 4 pieces): the same bits with 1
+# and 3 threads, path by path, and path by path because few files may be open; a byte
+# flipped in the third piece of a path's tensor is caught whichever way it is read
+# shellcheck disable=SC2086
+expect_ok "$BIN/dpc-outer" init -c "$cfgdir/dipaco-2x2.yaml" $small -s model.n_embd=128 \
+	-s dipaco.phases=1 -s dipaco.inner_steps=1 -s train.steps=1 wide
+expect_ok "$BIN/dpc-shard" split -q --random 4 d/train.tok wide/shards
+for p in 0 1; do expect_ok "$BIN/dpc-train-path" -q --run wide --phase 1 --path $p; done
+w=wide/phase-0001/modules/lower.0.safetensors
+expect_ok "$BIN/dpc-outer" step wide --phase 1 --module lower.0 -q -t 1
+cp $w wide.ref
+for how in "-t 3" "--wait=30" "few-files"; do
+	rm -f $w
+	if [ "$how" = few-files ]; then
+		(ulimit -n 14; exec "$BIN/dpc-outer" step wide --phase 1 --module lower.0 -q) \
+			>out.stdout 2>out.stderr || { cat out.stderr; die "step with 14 files failed"; }
+	else
+		# shellcheck disable=SC2086
+		expect_ok "$BIN/dpc-outer" step wide --phase 1 --module lower.0 -q $how
+	fi
+	same_file wide.ref $w
+done
+p1=wide/phase-0001/paths/path-001.safetensors
+cp $p1 p1.good
+off=$(python3 -c "
+import json, struct
+raw = open('$p1', 'rb').read(); n = struct.unpack('<Q', raw[:8])[0]
+print(8 + n + json.loads(raw[8:8 + n])['h.0.mlp.c_fc.weight']['data_offsets'][0] + 2 * 65536 + 100)")
+printf '\377' | dd of=$p1 bs=1 seek="$off" conv=notrunc 2>/dev/null
+for how in "-t 1" "-t 3" "--wait=30"; do
+	rm -f $w
+	# shellcheck disable=SC2086
+	expect_fail 1 "path-001\.safetensors': checksum mismatch in tensor 'h\.0\.mlp\.c_fc\.weight'" \
+		"$BIN/dpc-outer" step wide --phase 1 --module lower.0 -q $how
+	[ ! -e $w ] || die "a module was written from a corrupted piece ($how)"
+done
+cp p1.good $p1
+echo "4-piece tensors: same bits by piece (1, 3 threads) and by path; a bad third piece caught"
+
 # slices: --slice I/N takes modules I, I+N, ... (in topology order: lower.0 lower.1 upper.0
 # upper.1); under mpirun, with neither --module nor --slice, rank I of N takes slice I/N
 rm -f again/phase-0003/modules/*.safetensors
