@@ -39,7 +39,8 @@ int st_writer_put(struct st_writer *w, const void *data, size_t nbytes);
  * their place in the file (pwrite(2); safe from several threads at once). A writer uses
  * either st_writer_put or this; with this, each tensor's crc32 (crc32_update over its bytes
  * in order, 0 to start) is given with st_writer_set_crc, from one thread, before commit,
- * which checks that every byte was written. */
+ * which checks that as many bytes were written as the tensors hold (not which: a piece
+ * written twice and one missed would pass here, and fail every reader's crc check). */
 int st_writer_pwrite(struct st_writer *w, int i, uint64_t off, const void *data, size_t nbytes);
 void st_writer_set_crc(struct st_writer *w, int i, uint32_t crc);
 int st_writer_commit(struct st_writer *w); /* frees w */
