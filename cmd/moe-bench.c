@@ -399,7 +399,10 @@ int main(int argc, char **argv)
 		case 'H': rc = cli_parse_long("--hidden-dim", optarg, 1, 1L << 20, &H); break;
 		case 'E': rc = cli_parse_long("--experts", optarg, 1, 1L << 16, &E); break;
 		case 'k': rc = cli_parse_long("--top-k", optarg, 1, 1L << 16, &k); break;
-		case 'c': rc = cli_parse_double("--capacity", optarg, -1e6, 1e6, &x); break;
+		case 'c':
+			rc = cli_parse_double("--capacity", optarg, -TRACE_SETTING_MAX,
+					      TRACE_SETTING_MAX, &x);
+			break;
 		case 1001:
 			rc = cli_parse_long("--capacity-align", optarg, 1, 1L << 20, &align);
 			break;
@@ -467,6 +470,13 @@ int main(int argc, char **argv)
 		if (rc < 0)
 			return cli_report(prog, rc);
 		o.trace = trace;
+	}
+	/* Every run is checked before the first is run: one refused after another has printed
+	 * its results would leave half a report. */
+	rc = moe_bench_check(&o, dense && !dry);
+	if (rc < 0) {
+		free(trace);
+		return cli_report(prog, rc);
 	}
 	rc = backend_open(&be, device, &(struct backend_params){.threads = (int)threads});
 	if (rc == 0) {

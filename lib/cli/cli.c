@@ -1,6 +1,7 @@
 /* cli.c - checked number parsing and error reporting for programs; see cli.h. */
 #include "cli/cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -13,13 +14,20 @@
 #include "common/err.h"
 #include "common/banned.h"
 
+/* strtol and strtod skip leading white space, which no other malformed number gets past:
+ * ' 5' is refused as '5x' is. */
+static int starts_blank(const char *s)
+{
+	return isspace((unsigned char)s[0]);
+}
+
 int cli_parse_long(const char *opt, const char *s, long lo, long hi, long *out)
 {
 	char *end;
 
 	errno = 0;
 	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end != '\0')
+	if (errno || end == s || *end != '\0' || starts_blank(s))
 		return err_set(CORE_EUSAGE, NULL, "option '%s': '%s' is not an integer", opt, s);
 	if (v < lo || v > hi)
 		return err_set(CORE_EUSAGE, NULL, "option '%s': %ld is outside [%ld, %ld]", opt, v,
@@ -34,7 +42,7 @@ int cli_parse_double(const char *opt, const char *s, double lo, double hi, doubl
 
 	errno = 0;
 	double v = strtod(s, &end);
-	if (errno || end == s || *end != '\0' || !isfinite(v))
+	if (errno || end == s || *end != '\0' || starts_blank(s) || !isfinite(v))
 		return err_set(CORE_EUSAGE, NULL, "option '%s': '%s' is not a number", opt, s);
 	if (v < lo || v > hi)
 		return err_set(CORE_EUSAGE, NULL, "option '%s': %g is outside [%g, %g]", opt, v, lo,
@@ -47,6 +55,7 @@ int cli_report(const char *prog, int code)
 {
 	char msg[1200];
 
+	/* err_set escaped the file and the detail: the line is one line. */
 	err_format(msg, sizeof msg, code);
 	fprintf(stderr, "%s: %s\n", prog, msg);
 	return err_exit_status(code);
@@ -54,13 +63,15 @@ int cli_report(const char *prog, int code)
 
 int cli_usage_error(const char *prog, const char *fmt, ...)
 {
+	char raw[1024], msg[1024];
 	va_list ap;
 
-	fprintf(stderr, "%s: ", prog);
+	/* It quotes arguments as typed: escaped as err_set escapes, to stay one line. */
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsnprintf(raw, sizeof raw, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
+	err_escape(msg, sizeof msg, raw);
+	fprintf(stderr, "%s: %s\n", prog, msg);
 	return 2;
 }
 

@@ -10,7 +10,8 @@
 struct json_t;
 struct option;
 
-/* Parse a whole string as a number in [lo, hi]; CORE_EUSAGE naming opt otherwise. */
+/* Parse a whole string as a number in [lo, hi], without white space before or after it;
+ * CORE_EUSAGE naming opt and quoting s otherwise. */
 int cli_parse_long(const char *opt, const char *s, long lo, long hi, long *out);
 int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out);
 /* Print "prog: <message of code>" on stderr; returns err_exit_status(code). */
@@ -24,7 +25,8 @@ int cli_bad_option(const char *prog, const char *help, const struct option *long
  * reference (j may be NULL: a failed json_pack, CORE_ENOMEM). CORE_EIO naming "<stdout>"
  * when the write or the flush fails. */
 int cli_print_json(struct json_t *j, size_t flags);
-/* Print "prog: <printf message>" on stderr and return 2 (usage error). */
+/* Print "prog: <printf message>" on stderr, its control characters escaped as err_escape
+ * does (one line whatever it quotes), and return 2 (usage error). */
 int cli_usage_error(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

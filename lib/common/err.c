@@ -1,4 +1,8 @@
-/* err.c - thread-local error detail; see err.h. */
+/* err.c - thread-local error detail; see err.h.
+ *
+ * The detail and the file name are escaped here, as they are recorded, and nowhere else: a
+ * value quoted from a config, an option or a file header may hold a newline or an escape
+ * sequence, and one message must stay one line whoever quotes what. */
 #include "common/err.h"
 
 #include <ctype.h>
@@ -12,15 +16,45 @@ static _Thread_local int last_code;
 static _Thread_local char last_file[512];
 static _Thread_local char last_detail[512];
 
+void err_escape(char *dst, size_t n, const char *src)
+{
+	size_t o = 0;
+
+	if (n == 0)
+		return;
+	for (const unsigned char *p = (const unsigned char *)src; *p; p++) {
+		char esc[5];
+		size_t len = 1;
+		if (*p == '\n')
+			memcpy(esc, "\\n", len = 2);
+		else if (*p == '\t')
+			memcpy(esc, "\\t", len = 2);
+		else if (*p < 0x20 || *p == 0x7f)
+			len = (size_t)snprintf(esc, sizeof esc, "\\x%02x", *p);
+		else
+			esc[0] = (char)*p;
+		if (o + len >= n) /* truncate, but never inside an escape */
+			break;
+		memcpy(dst + o, esc, len);
+		o += len;
+	}
+	dst[o] = '\0';
+}
+
 int err_set(int code, const char *file, const char *fmt, ...)
 {
+	/* Formatted apart first: callers re-record a saved err_file() or err_detail(), which
+	 * must not be both the source and the destination of one snprintf. */
+	char raw[sizeof last_detail];
 	va_list ap;
 
-	last_code = code;
-	snprintf(last_file, sizeof last_file, "%s", file ? file : "");
 	va_start(ap, fmt);
-	vsnprintf(last_detail, sizeof last_detail, fmt, ap);
+	vsnprintf(raw, sizeof raw, fmt, ap);
 	va_end(ap);
+	last_code = code;
+	err_escape(last_detail, sizeof last_detail, raw);
+	snprintf(raw, sizeof raw, "%s", file ? file : "");
+	err_escape(last_file, sizeof last_file, raw);
 	return code;
 }
 

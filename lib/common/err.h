@@ -27,7 +27,8 @@ enum core_err {
 	CORE_EUNSUPPORTED = -12 /* feature not built in (no CUDA, no MPI) */
 };
 
-/* Record code, file (may be NULL) and a printf-style detail; returns code. */
+/* Record code, file (may be NULL) and a printf-style detail; returns code. Both are recorded
+ * escaped (err_escape), so that a message quoting any value stays on one line. */
 int err_set(int code, const char *file, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* err_set(code, file, "what: <strerror(errnum)>"), the system's text with a lower-case first
@@ -37,6 +38,11 @@ int err_errno(int code, const char *file, const char *what, int errnum);
 const char *err_file(void);
 const char *err_detail(void);
 void err_clear(void);
+/* src into dst (n bytes, always terminated) with its control characters escaped: newline as
+ * \n, tab as \t, other bytes below 0x20 and 0x7f as \xHH; other bytes, backslash and UTF-8
+ * included, as they are, so that escaping twice changes nothing. Truncated, never inside an
+ * escape, when dst is too small. */
+void err_escape(char *dst, size_t n, const char *src);
 /* Short constant text for a code: "checksum mismatch", "config error", ... */
 const char *err_name(int code);
 /* One message "'file': detail" (without program name or newline) into buf; only the

@@ -18,15 +18,22 @@ int trace_read(const char *path, double **out, size_t *n)
 	size_t cap = 0, len = 0, alloc = 0;
 	double *v = NULL;
 	long lineno = 0;
+	ssize_t got;
 	int rc = 0;
 
 	*out = NULL;
 	*n = 0;
 	if (!f)
 		return err_errno(CORE_EIO, path, "cannot open", errno);
-	while (getline(&line, &cap, f) >= 0) {
+	errno = 0;
+	while ((got = getline(&line, &cap, f)) >= 0) {
 		char *s = line, *end;
 		lineno++;
+		/* C strings would stop at a NUL and take the rest of the line for unread. */
+		if (memchr(line, '\0', (size_t)got)) {
+			rc = err_set(CORE_ECONFIG, path, "line %ld: NUL byte in the trace", lineno);
+			goto out;
+		}
 		while (isspace((unsigned char)*s))
 			s++;
 		if (*s == '\0' || *s == '#')
@@ -42,6 +49,11 @@ int trace_read(const char *path, double **out, size_t *n)
 				     lineno, s);
 			goto out;
 		}
+		if (fabs(x) > TRACE_SETTING_MAX) {
+			rc = err_set(CORE_ECONFIG, path, "line %ld: capacity setting %g is outside "
+				     "[%g, %g]", lineno, x, -TRACE_SETTING_MAX, TRACE_SETTING_MAX);
+			goto out;
+		}
 		if (len == alloc) {
 			alloc = alloc ? 2 * alloc : 64;
 			double *nv = realloc(v, sizeof(double) * alloc);
@@ -52,9 +64,13 @@ int trace_read(const char *path, double **out, size_t *n)
 			v = nv;
 		}
 		v[len++] = x;
+		errno = 0;
 	}
 	if (ferror(f)) {
-		rc = err_set(CORE_EIO, path, "read error at line %ld", lineno + 1);
+		char what[64];
+		snprintf(what, sizeof what, "read error at line %ld", lineno + 1);
+		rc = errno ? err_errno(CORE_EIO, path, what, errno)
+			   : err_set(CORE_EIO, path, "%s", what);
 		goto out;
 	}
 	if (len == 0)

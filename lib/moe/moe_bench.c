@@ -265,13 +265,25 @@ static int dense_fits(const struct moe_bench_opts *o)
 	int64_t C = (int64_t)c->k * T;
 	if (c->capacity_setting > 0.0 && !o->trace)
 		C = moe_capacity_fixed(c->E, T, c->k, c->capacity_setting);
-	size_t need = moe_dense_bytes(c, T, c->k, C, !o->forward_only);
+	double need = (double)moe_dense_bytes(c, T, c->k, C, !o->forward_only);
+	/* Its largest buffers, [T,E,C], [E,C,M] and [E,C,H], in floating point: at the largest
+	 * sizes moe_config_check lets through, their bytes overflow the size_t sum above. */
+	int64_t widest = T > c->M ? T : c->M;
+	widest = c->H > widest ? c->H : widest;
+	const double big = sizeof(float) * (double)c->E * (double)C * (double)widest;
+	if (big > need)
+		need = big;
 	double phys = (double)phys_memory_bytes();
-	if (phys > 0 && (double)need > MOE_BENCH_MEM_FRAC * phys)
+	if (phys > 0 && need > MOE_BENCH_MEM_FRAC * phys)
 		return err_set(CORE_ENOMEM, NULL, "the dense formulation needs %.1f GiB at T=%lld "
 			       "(more than %.0f%% of memory); use --dense-tokens or --dry-run",
 			       need / 1073741824.0, (long long)T, 100.0 * MOE_BENCH_MEM_FRAC);
 	return 0;
+}
+
+int moe_bench_check(const struct moe_bench_opts *o, int dense)
+{
+	return dense ? dense_fits(o) : 0;
 }
 
 int moe_bench_dense(const struct moe_bench_opts *o, struct moe_bench_data *d,

@@ -80,6 +80,10 @@ int moe_bench_encdec(const struct moe_bench_opts *o, struct moe_bench_data *d,
  * memory: thrashing it would measure the disk. */
 int moe_bench_dense(const struct moe_bench_opts *o, struct moe_bench_data *d,
 		    struct moe_bench_result *r);
+/* Whether every run asked for can run, checked before any runs, so that a run refused late
+ * never follows one already reported: with dense, the dense formulation's memory (as
+ * moe_bench_dense checks it). CORE_ENOMEM when it would not fit. */
+int moe_bench_check(const struct moe_bench_opts *o, int dense);
 /* Route once to learn C; the analytic bytes of both formulations. */
 int moe_bench_dry(const struct moe_bench_opts *o, struct moe_bench_data *d,
 		  struct moe_bench_result *r);

@@ -29,7 +29,7 @@ printf '1.0\n# a comment\n\n0\n1.2.3\n' >bad.trace
 expect_fail 2 "moe-bench: 'bad.trace': line 5: '1.2.3' is not a capacity setting" \
 	"$B" -T 8 -M 4 -H 4 -E 2 --trace bad.trace
 printf '1.0\n1e30\n' >huge.trace
-expect_fail 2 "moe-bench: capacity 9007199254740992 is too large" \
+expect_fail 2 "moe-bench: 'huge.trace': line 2: capacity setting 1e\\+30 is outside" \
 	"$B" -T 8 -M 4 -H 4 -E 2 -n 2 -w 0 --trace huge.trace
 : >empty.trace
 expect_fail 2 "moe-bench: 'empty.trace': no capacity settings" \
