@@ -178,11 +178,9 @@ static int cmd_prepare(int argc, char **argv)
 		if ((rc = corpus_split_path(paths[s], sizeof paths[s], o.outdir,
 					    (enum corpus_split)s)) < 0)
 			return cli_report(prog, rc);
-		if (!force && lstat(paths[s], &st) == 0) {
-			fprintf(stderr, "%s: '%s': exists (use --force to replace it)\n", prog,
-				paths[s]);
-			return 1;
-		}
+		if (!force && lstat(paths[s], &st) == 0)
+			return cli_report(prog, err_set(CORE_EIO, paths[s], "exists (use --force to "
+							"replace it)"));
 	}
 
 	progress_init(&bar, "prepare", 0);

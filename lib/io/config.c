@@ -697,6 +697,7 @@ struct loader {
 	size_t *key_line;  /* per row: line where the key was set, 0 when not yet */
 	size_t *sec_line;  /* per row that starts a section: line of that section */
 	size_t levels_line;                        /* line of the levels: section, 0 if none */
+	size_t nset;                               /* keys set, the levels counting as one */
 	size_t name_line[CONFIG_MAX_LEVELS];       /* line of each level's name */
 };
 
@@ -838,6 +839,7 @@ static int load_keys(struct loader *L, const char *section)
 			return fail(&w, "duplicate key '%s' (first at line %zu)", name,
 				    L->key_line[row]);
 		L->key_line[row] = w.line;
+		L->nset++;
 
 		/* A block mapping or sequence value starts on the next line; the error is the
 		 * key's, so it keeps the key's line. A scalar's own line is right for multi-line
@@ -1072,6 +1074,7 @@ static int load_sections(struct loader *L)
 				return fail(&w, "duplicate section 'levels' (first at line %zu)",
 					    L->levels_line);
 			L->levels_line = w.line;
+			L->nset++;
 			ERR_FORWARD(load_levels(L, &w));
 			continue;
 		}
@@ -1164,6 +1167,11 @@ static int schema_load(const struct cfg_schema *s, void *base, const char *path)
 	yaml_parser_set_input_string(&L.parser, (const unsigned char *)text, L.len);
 	rc = load_stream(&L);
 	yaml_parser_delete(&L.parser);
+	/* An empty file (or -c /dev/null, or a file of comments) is far more often a mistake than
+	 * a request for every default: refuse it rather than start a default run. */
+	if (rc == 0 && L.nset == 0)
+		rc = err_set(CORE_ECONFIG, path,
+			     "holds no settings (name at least one key)");
 	if (rc == 0)
 		memcpy(base, L.base, s->struct_size);
 out:

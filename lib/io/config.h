@@ -87,7 +87,9 @@ size_t config_yaml(const struct run_config *c, char *buf, size_t n);
 void config_defaults(struct run_config *c);
 /* 1 when both describe the same model (every field equal). */
 int config_model_equal(const struct model_config *a, const struct model_config *b);
-/* Load path over the defaults; CORE_ECONFIG (detail names path and line) or CORE_EIO. */
+/* Load path over the defaults; CORE_ECONFIG (detail names path and line) or CORE_EIO. The
+ * file is read as a stream, so a pipe works; a file that sets no key (empty, comments only)
+ * is CORE_ECONFIG. */
 int config_load(struct run_config *c, const char *path);
 /* Apply "section.key=value" from the command line with the same checks. */
 int config_set(struct run_config *c, const char *assignment);

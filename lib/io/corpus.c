@@ -197,7 +197,8 @@ static int next_file(struct corpus_reader *r, struct corpus_doc *doc)
 			continue;
 		free(r->buf);
 		r->buf = NULL;
-		ERR_FORWARD(file_read_all(r->file, 0, &r->buf, &len));
+		/* Not file_read_all: a file turned into a FIFO since the stat must not block. */
+		ERR_FORWARD(file_read_regular(r->file, 0, &r->buf, &len));
 		json_t *m = json_pack("{s:s}", "file", name);
 		free(r->meta);
 		r->meta = m ? json_dumps(m, JSON_COMPACT) : NULL;
@@ -396,6 +397,10 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 	}
 	if (rc < 0)
 		goto out;
+	if (r->ndocs == 0) { /* an empty dataset is a mistake upstream, not a result */
+		rc = err_set(CORE_EFORMAT, o->input, "holds no documents");
+		goto out;
+	}
 	/* The whole input is in. Complete and sync all three files before renaming any, so that
 	 * a failure to write the tail of one of them (a full disk) leaves all the old ones. */
 	for (s = 0; s < CORPUS_NSPLITS; s++) {

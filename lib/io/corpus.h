@@ -22,13 +22,14 @@ struct corpus_doc {
 struct corpus_reader;
 
 /* path names either a JSON Lines file or a directory.
- * JSONL: one JSON object per line with a string field "text"; the other fields, in their
+ * JSONL: read as a stream, so a pipe or a FIFO works (a FIFO with no writer waits for one, as
+ *   cat(1) does). One JSON object per line with a string field "text"; the other fields, in their
  *   order, become the metadata (compact JSON). JSON escapes (\uXXXX, surrogate pairs, \u0000)
  *   decode to UTF-8 bytes. Lines holding only white space are skipped (they still count in
  *   line numbers). A bad line is CORE_EFORMAT on path with detail "line N: ...".
  * Directory: every regular file whose name does not start with '.', in strcmp order of the
  *   names (not locale order), its bytes verbatim; metadata {"file":"name"}. Subdirectories
- *   are not descended into. */
+ *   are not descended into; FIFOs, devices and sockets there are passed over. */
 int corpus_open(struct corpus_reader **r, const char *path);
 /* Next document into *doc, valid until the next call: 1 = a document, 0 = end, < 0 = error. */
 int corpus_next(struct corpus_reader *r, struct corpus_doc *doc);
@@ -105,8 +106,9 @@ struct corpus_prepare_result {
  * files are written through atomicio, completed and synced only after the whole input was
  * read, and renamed into place only once all three are complete. So an error leaves the old
  * outputs (or none) in place, never a partial file, nor a mix of old and new (short of a
- * failing rename). Existing outputs are replaced: refusing to overwrite is the caller's
- * decision. */
+ * failing rename). An input without a single document (an empty file or directory,
+ * /dev/null) is such an error: CORE_EFORMAT "holds no documents" on o->input. Existing
+ * outputs are replaced: refusing to overwrite is the caller's decision. */
 int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_result *res);
 
 #endif

@@ -1,9 +1,11 @@
 /* metrics.c - JSON Lines metrics; see metrics.h.
  *
  * Each event is formatted completely in memory (jansson does the string escaping), then
- * written with one fwrite and flushed: with O_APPEND that is one write(2) per line, so a crash
- * or a second writer cannot interleave half lines. JSON has no NaN or infinity, so those are
- * written as null rather than as text no parser accepts.
+ * written with one write(2) on an O_APPEND descriptor, so a crash or a second writer cannot
+ * interleave half lines. A write can still stop short (ENOSPC, EFBIG under a file-size limit):
+ * the partial line is then truncated away, because a later line appended after it would be
+ * glued onto it and both would be lost to a JSON Lines reader. JSON has no NaN or infinity,
+ * so those are written as null rather than as text no parser accepts.
  */
 #include "io/metrics.h"
 
@@ -28,7 +30,11 @@ int metrics_open(struct metrics *m, const char *path)
 	m->path = strdup(path);
 	if (!m->path)
 		return err_set(CORE_ENOMEM, path, "cannot allocate");
-	int fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+	/* Read access is for the check of the last byte below; a FIFO opened for reading too
+	 * would be its own reader and fill up, so it is opened for writing only. */
+	struct stat st;
+	int acc = stat(path, &st) == 0 && S_ISFIFO(st.st_mode) ? O_WRONLY : O_RDWR;
+	int fd = open(path, acc | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
 	if (fd < 0) {
 		int e = errno;
 		free(m->path);
@@ -37,9 +43,8 @@ int metrics_open(struct metrics *m, const char *path)
 	}
 	/* A run killed mid-line leaves a last line without its newline; start on a fresh line
 	 * so that the first new event is not glued onto the broken one. */
-	struct stat st;
 	char last = '\n';
-	if (fstat(fd, &st) == 0 && st.st_size > 0 && pread(fd, &last, 1, st.st_size - 1) == 1 &&
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && pread(fd, &last, 1, st.st_size - 1) == 1 &&
 	    last != '\n' && write(fd, "\n", 1) != 1) {
 		int e = errno;
 		close(fd);
@@ -47,14 +52,7 @@ int metrics_open(struct metrics *m, const char *path)
 		m->path = NULL;
 		return err_errno(CORE_EIO, path, "cannot write", e);
 	}
-	m->fp = fdopen(fd, "a");
-	if (!m->fp) {
-		int e = errno;
-		close(fd);
-		free(m->path);
-		m->path = NULL;
-		return err_errno(CORE_EIO, path, "cannot open for appending", e);
-	}
+	m->fd = fd;
 	return 0;
 }
 
@@ -75,13 +73,40 @@ static json_t *string_value(const char *s)
 	return v;
 }
 
+/* The whole line or nothing: see the top of the file. */
+static int write_line(struct metrics *m, const char *s, size_t n)
+{
+	struct stat st;
+	int have_size = fstat(m->fd, &st) == 0 && S_ISREG(st.st_mode);
+	size_t done = 0;
+	int e = 0;
+
+	while (done < n) {
+		ssize_t w = write(m->fd, s + done, n - done);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			e = w < 0 ? errno : EIO;
+			break;
+		}
+		/* A short write is followed by one more, which says why (ENOSPC, EFBIG). */
+		done += (size_t)w;
+	}
+	if (!e)
+		return 0;
+	if (done > 0 && have_size && ftruncate(m->fd, st.st_size) != 0)
+		return err_errno(CORE_EIO, m->path, "cannot write, nor cut off a partial line",
+				 errno);
+	return err_errno(CORE_EIO, m->path, "cannot write", e);
+}
+
 int metrics_event(struct metrics *m, const char *event, ...)
 {
 	va_list ap;
 	json_t *o;
 	int rc = 0;
 
-	if (!m->fp)
+	if (!m->path)
 		return 0;
 	o = json_object();
 	if (!o || json_object_set_new(o, "event", string_value(event)))
@@ -120,8 +145,7 @@ int metrics_event(struct metrics *m, const char *event, ...)
 		return err_set(CORE_ENOMEM, m->path, "cannot format event");
 	size_t n = strlen(s);
 	s[n] = '\n'; /* replaces the NUL; the buffer is not used as a string again */
-	if (fwrite(s, 1, n + 1, m->fp) != n + 1 || fflush(m->fp) != 0)
-		rc = err_errno(CORE_EIO, m->path, "cannot write", errno);
+	rc = write_line(m, s, n + 1);
 	free(s);
 	return rc;
 nomem:
@@ -131,8 +155,8 @@ nomem:
 
 void metrics_close(struct metrics *m)
 {
-	if (m->fp)
-		fclose(m->fp);
+	if (m->path)
+		close(m->fd);
 	free(m->path);
 	memset(m, 0, sizeof *m);
 }

@@ -521,12 +521,15 @@ static int parse_entry(const char *path, const char *name, const json_t *v, stru
 		return err_set(CORE_EFORMAT, path, "tensor '%s' has %zu dimensions, at most %d",
 			       name, json_array_size(shape), TENSOR_MAX_DIMS);
 	e->ndim = (int)json_array_size(shape);
+	int64_t nonzero = 1; /* product of the sizes other than 0: every tensor_numel on the
+			      * way to a shape must fit int64 too, whatever a 0 makes of the total */
 	for (int d = 0; d < e->ndim; d++) {
 		uint64_t s;
 		if (get_uint(json_array_get(shape, (size_t)d), &s) < 0)
 			return err_set(CORE_EFORMAT, path,
 				       "tensor '%s': shape is not a list of sizes", name);
-		if (__builtin_mul_overflow(numel, s, &numel))
+		if (__builtin_mul_overflow(numel, s, &numel) || s > (uint64_t)INT64_MAX ||
+		    (s && __builtin_mul_overflow(nonzero, (int64_t)s, &nonzero)))
 			return err_set(CORE_EFORMAT, path, "tensor '%s': shape too large", name);
 		e->ne[d] = (int64_t)s;
 	}
@@ -787,21 +790,20 @@ int st_open(struct st_file *f, const char *path, int verify)
 	char *header = NULL;
 	struct stat st;
 	uint64_t hlen = 0;
-	int rc = 0;
+	int fd, rc = 0;
 
 	memset(f, 0, sizeof *f);
 	f->path = strdup(path);
 	if (!f->path)
 		return err_set(CORE_ENOMEM, path, "cannot allocate");
-	f->fp = fopen(path, "rb");
-	if (!f->fp) {
-		int e = errno;
-		rc = e == ENOENT ? err_set(CORE_ENOTFOUND, path, "no such file")
-				 : err_errno(CORE_EIO, path, "cannot open", e);
+	/* A checkpoint must be a regular file: a FIFO is refused, not waited on. */
+	rc = file_open_regular(path, &fd, &st);
+	if (rc < 0)
 		goto fail;
-	}
-	if (fstat(fileno(f->fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-		rc = err_set(CORE_EIO, path, "not a regular file");
+	f->fp = fdopen(fd, "rb");
+	if (!f->fp) {
+		rc = err_errno(CORE_EIO, path, "cannot open", errno);
+		close(fd);
 		goto fail;
 	}
 	rc = read_header(f, (uint64_t)st.st_size, &header, &hlen);

@@ -72,7 +72,7 @@ int shard_file_name(char *buf, size_t n, uint32_t s, uint32_t paths);
  *  - unless o->force, outdir holds no shards.json and no shard-<digits>.tok, of this P or
  *    another (CORE_EIO: "'OUTDIR/shard-000.tok': exists (use --force to replace it)").
  * Then outdir is created if missing, every shard file and the manifest are completed and
- * synced under temporary names (tokw_prepare, afile_prepare), and only then renamed into
+ * synced, unnamed or under temporary names (tokw_prepare, afile_prepare), and only then put into
  * place, the manifest last. A failure before the renames leaves outdir as it was (and
  * removes it again if this call created it). With o->force, shard-<digits>.tok files that
  * are not part of the new split (left by a split with another P) are removed after the

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -115,6 +116,33 @@ static int check_header(const unsigned char *h, size_t flen, const char *path)
 	return 0;
 }
 
+/* dpc-tokens(5): a document's metadata is a JSON object in UTF-8 without NUL bytes, or
+ * nothing at all (0 bytes: no metadata). The reader and the writer hold files to the same
+ * rule. jansson's message is left out: it quotes the offending bytes, which may be anything. */
+static int check_meta(int code, const char *path, uint64_t d, const char *meta, size_t len)
+{
+	json_error_t je;
+	json_t *o;
+
+	if (len == 0)
+		return 0;
+	if (memchr(meta, '\0', len))
+		return err_set(code, path, "metadata of document %llu contains a NUL byte",
+			       (unsigned long long)d);
+	/* JSON_ALLOW_NUL: a string may hold \u0000, written escaped, as the corpus reader does. */
+	o = json_loadb(meta, len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+	if (!o)
+		return err_set(code, path,
+			       "metadata of document %llu is not valid JSON (at byte %d of %zu)",
+			       (unsigned long long)d, je.position, len);
+	int obj = json_is_object(o);
+	json_decref(o);
+	if (!obj)
+		return err_set(code, path, "metadata of document %llu is not a JSON object",
+			       (unsigned long long)d);
+	return 0;
+}
+
 static int check_structure(struct tokfile *tf)
 {
 	const uint64_t *o = tf->offsets, *m = tf->meta_offsets;
@@ -137,6 +165,9 @@ static int check_structure(struct tokfile *tf)
 			return err_set(CORE_EFORMAT, tf->path,
 				       "metadata of document %llu out of order",
 				       (unsigned long long)d);
+	for (uint64_t d = 0; d < tf->ndocs; d++)
+		ERR_FORWARD(check_meta(CORE_EFORMAT, tf->path, d, tf->meta + m[d],
+				       (size_t)(m[d + 1] - m[d])));
 	/* 16-bit tokens under a vocabulary of 65536 are all valid: no scan needed. */
 	uint64_t scan = tf->width == 2 && tf->vocab >= 65536 ? 0 : tf->ntokens;
 	for (uint64_t i = 0; i < scan; i++) {
@@ -157,19 +188,12 @@ static int check_structure(struct tokfile *tf)
 static int map_file(struct tokfile *tf, const char *path)
 {
 	struct stat st;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd, rc = file_open_regular(path, &fd, &st);
 
-	if (fd < 0)
-		return err_errno(CORE_EIO, path, "cannot open", errno);
-	if (fstat(fd, &st) != 0) {
-		int e = errno;
-		close(fd);
-		return err_errno(CORE_EIO, path, "cannot stat", e);
-	}
-	if (!S_ISREG(st.st_mode)) {
-		close(fd);
-		return err_set(CORE_EFORMAT, path, "not a token file (not a regular file)");
-	}
+	if (rc == CORE_ENOTFOUND)
+		return err_errno(CORE_EIO, path, "cannot open", ENOENT);
+	if (rc < 0)
+		return rc;
 	tf->maplen = (size_t)st.st_size;
 	if (tf->maplen > 0) {
 		void *m = mmap(NULL, tf->maplen, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -336,8 +360,7 @@ int tokw_add_doc(struct tokfile_writer *w, const uint32_t *tokens, uint64_t n,
 {
 	const char *path = w->af.path;
 
-	if (meta_len && memchr(meta_json, '\0', meta_len))
-		return err_set(CORE_EUSAGE, path, "document metadata contains a NUL byte");
+	ERR_FORWARD(check_meta(CORE_EUSAGE, path, w->ndocs, meta_json, meta_len));
 	if (w->ndocs + 1 == w->cap) {
 		uint64_t cap = w->cap * 2;
 		uint64_t *o = realloc(w->offsets, cap * sizeof *o);

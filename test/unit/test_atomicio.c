@@ -1,15 +1,25 @@
 /* test_atomicio.c - atomic output files: commit replaces, abort and failures leave the old
- * file and no temporary file, and the bytes written in pieces arrive whole. */
+ * file and no temporary file, a killed writer leaves nothing, the bytes written in pieces
+ * arrive whole, devices and FIFOs are written to and never replaced, and inputs that must be
+ * regular files refuse a FIFO at once.
+ *
+ * The test includes atomicio.c itself (as test_config.c does config.c) so that it can switch
+ * off O_TMPFILE and exercise the mkstemp fallback of file systems without it.
+ */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include "io/atomicio.h"
+#include "io/atomicio.c"
 #include "common/err.h"
 #include "common/rng.h"
 #include "common/banned.h"
@@ -78,7 +88,17 @@ static char *get(const char *path, size_t *n)
 	return buf;
 }
 
-Test(atomicio, commit_replaces)
+static void commit_replaces(void);
+
+Test(atomicio, commit_replaces) { commit_replaces(); }
+
+Test(atomicio, commit_replaces_without_o_tmpfile)
+{
+	afile_no_tmpfile = 1;
+	commit_replaces();
+}
+
+static void commit_replaces(void)
 {
 	char path[128];
 	struct afile a;
@@ -87,9 +107,14 @@ Test(atomicio, commit_replaces)
 	snprintf(path, sizeof path, "%s/out.txt", dir);
 	put(path, "old content that is longer than the new one\n");
 	cr_assert(afile_open(&a, path) == 0, "%s", err_detail());
-	cr_assert_eq(count_files(), 2, "temporary file not next to the target");
-	cr_assert(strncmp(a.tmp, path, strlen(path)) == 0 && strstr(a.tmp, ".tmp."),
-		  "temporary name '%s'", a.tmp);
+	if (afile_no_tmpfile) { /* the fallback: a named temporary file next to the target */
+		cr_assert_eq(count_files(), 2, "temporary file not next to the target");
+		cr_assert(strncmp(a.tmp, path, strlen(path)) == 0 && strstr(a.tmp, ".tmp."),
+			  "temporary name '%s'", a.tmp);
+	} else { /* O_TMPFILE: nothing to see until commit */
+		cr_assert_eq(count_files(), 1, "an unnamed temporary file has a name");
+		cr_assert_null(a.tmp, "temporary name '%s'", a.tmp);
+	}
 	cr_assert(afile_write(&a, "new ", 4) == 0);
 	cr_assert(fputs("content\n", a.fp) >= 0); /* writing through fp is allowed too */
 	/* Before commit the target is still the old file. */
@@ -162,7 +187,17 @@ Test(atomicio, pieces_arrive_whole)
 	free(got);
 }
 
-Test(atomicio, failed_rename_removes_temporary)
+static void failed_rename_removes_temporary(void);
+
+Test(atomicio, failed_rename_removes_temporary) { failed_rename_removes_temporary(); }
+
+Test(atomicio, failed_rename_removes_temporary_without_o_tmpfile)
+{
+	afile_no_tmpfile = 1;
+	failed_rename_removes_temporary();
+}
+
+static void failed_rename_removes_temporary(void)
 {
 	char path[128];
 	struct afile a;
@@ -211,5 +246,252 @@ Test(atomicio, read_all_of_empty_and_special_files)
 	/* /proc files report size 0 but have content: read to EOF, not to st_size. */
 	cr_assert(file_read_all("/proc/self/status", 0, &buf, &n) == 0, "%s", err_detail());
 	cr_assert(n > 0 && strstr(buf, "Pid:"), "read %zu bytes", n);
+	free(buf);
+}
+
+/* ---- a killed writer ---------------------------------------------------------------------- */
+
+/* A child writes (and with prepared != 0 also prepares) path, tells the parent through a
+ * pipe, and waits; the parent kills it with SIGKILL in the middle of the write. */
+static void kill_writer(const char *path, int prepared)
+{
+	static char block[1 << 16];
+	int p[2];
+	char c;
+
+	cr_assert(pipe(p) == 0);
+	pid_t pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		struct afile a;
+		alarm(30); /* never outlive a failed test */
+		close(p[0]);
+		if (afile_open(&a, path) != 0)
+			_exit(2);
+		for (int i = 0; i < 16; i++)
+			if (afile_write(&a, block, sizeof block) != 0)
+				_exit(3);
+		if (prepared && afile_prepare(&a) != 0)
+			_exit(4);
+		if (write(p[1], "x", 1) != 1)
+			_exit(5);
+		for (;;)
+			pause();
+	}
+	close(p[1]);
+	cr_assert_eq(read(p[0], &c, 1), 1, "the writer failed before the kill");
+	close(p[0]);
+	cr_assert(kill(pid, SIGKILL) == 0);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "status %d", st);
+}
+
+Test(atomicio, kill_during_write_leaves_nothing)
+{
+	char path[128];
+	size_t n;
+
+	snprintf(path, sizeof path, "%s/out.safetensors", dir);
+	kill_writer(path, 0);
+	cr_assert_eq(count_files(), 0, "a killed writer left a file");
+	kill_writer(path, 1);
+	cr_assert_eq(count_files(), 0, "a writer killed after prepare left a file");
+	put(path, "old\n");
+	kill_writer(path, 0);
+	cr_assert_eq(count_files(), 1, "a killed writer left a temporary file");
+	cr_assert_str_eq(get(path, &n), "old\n");
+}
+
+/* ---- targets that are not regular files --------------------------------------------------- */
+
+/* A private /dev/null (1, 3) or /dev/full (1, 7) in dir; skips the test without root. */
+static void make_device(const char *path, unsigned minor)
+{
+	if (mknod(path, S_IFCHR | 0666, makedev(1, minor)) != 0)
+		cr_skip_test("cannot mknod '%s' (%s): needs root", path, strerror(errno));
+}
+
+static void expect_type(const char *path, mode_t type, const char *what)
+{
+	struct stat st;
+
+	cr_assert(lstat(path, &st) == 0, "%s: %s", path, strerror(errno));
+	cr_assert_eq(st.st_mode & S_IFMT, type, "%s: '%s' is now of type %o", what, path,
+		     st.st_mode & S_IFMT);
+}
+
+Test(atomicio, device_is_written_not_replaced)
+{
+	char path[128];
+	struct afile a;
+
+	snprintf(path, sizeof path, "%s/null", dir);
+	make_device(path, 3);
+	cr_assert(file_write_atomic(path, "discarded\n", 10) == 0, "%s", err_detail());
+	expect_type(path, S_IFCHR, "file_write_atomic");
+	/* a header patched at the end, as the token and checkpoint writers do */
+	cr_assert(afile_open(&a, path) == 0, "%s", err_detail());
+	cr_assert(afile_write(&a, "0123456789", 10) == 0, "%s", err_detail());
+	cr_assert(afile_pwrite(&a, "HEAD", 4, 0) == 0, "%s", err_detail());
+	cr_assert(afile_prepare(&a) == 0, "%s", err_detail());
+	cr_assert(afile_commit(&a) == 0, "%s", err_detail());
+	expect_type(path, S_IFCHR, "afile_commit");
+	cr_assert(afile_open(&a, path) == 0, "%s", err_detail());
+	afile_abort(&a);
+	expect_type(path, S_IFCHR, "afile_abort");
+	/* and through a link to it: the link stays, and so does the device */
+	char link[160];
+	snprintf(link, sizeof link, "%s/null-link", dir);
+	cr_assert(symlink("null", link) == 0);
+	cr_assert(file_write_atomic(link, "x", 1) == 0, "%s", err_detail());
+	expect_type(link, S_IFLNK, "through a link");
+	expect_type(path, S_IFCHR, "through a link");
+	cr_assert_eq(count_files(), 2, "temporary file left behind");
+}
+
+Test(atomicio, full_device_fails_and_stays)
+{
+	char path[128];
+	static char big[1 << 16];
+
+	snprintf(path, sizeof path, "%s/full", dir);
+	make_device(path, 7);
+	int rc = file_write_atomic(path, big, sizeof big);
+	cr_assert_eq(rc, CORE_EIO, "writing to a full device returned %d", rc);
+	cr_assert_str_eq(err_file(), path);
+	cr_assert(strstr(err_detail(), "space"), "detail '%s'", err_detail());
+	expect_type(path, S_IFCHR, "after the failure");
+	cr_assert_eq(count_files(), 1, "temporary file left behind");
+}
+
+/* Fork a reader that copies the FIFO at fifo to the file at copy; returns its pid. */
+static pid_t fifo_reader(const char *fifo, const char *copy)
+{
+	pid_t pid = fork();
+
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		char buf[4096];
+		ssize_t n;
+		alarm(20); /* a FIFO replaced by a file would leave this open waiting forever */
+		int in = open(fifo, O_RDONLY), out = open(copy, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		if (in < 0 || out < 0)
+			_exit(2);
+		while ((n = read(in, buf, sizeof buf)) > 0)
+			if (write(out, buf, (size_t)n) != n)
+				_exit(3);
+		_exit(n == 0 && close(out) == 0 ? 0 : 4);
+	}
+	return pid;
+}
+
+static void reap(pid_t pid)
+{
+	int st;
+
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "reader status %d", st);
+}
+
+Test(atomicio, fifo_with_a_reader_gets_the_bytes)
+{
+	char fifo[128], copy[128];
+	struct afile a;
+	size_t n;
+
+	snprintf(fifo, sizeof fifo, "%s/out.fifo", dir);
+	snprintf(copy, sizeof copy, "%s/copy", dir);
+	cr_assert(mkfifo(fifo, 0600) == 0);
+	pid_t pid = fifo_reader(fifo, copy);
+	cr_assert(file_write_atomic(fifo, "through a pipe\n", 15) == 0, "%s", err_detail());
+	reap(pid);
+	expect_type(fifo, S_IFIFO, "file_write_atomic");
+	cr_assert_str_eq(get(copy, &n), "through a pipe\n");
+	/* A FIFO cannot seek: the header patched at the end still arrives in its place. */
+	pid = fifo_reader(fifo, copy);
+	cr_assert(afile_open(&a, fifo) == 0, "%s", err_detail());
+	cr_assert(afile_write(&a, "....body\n", 9) == 0, "%s", err_detail());
+	cr_assert(afile_pwrite(&a, "HEAD", 4, 0) == 0, "%s", err_detail());
+	cr_assert(afile_commit(&a) == 0, "%s", err_detail());
+	reap(pid);
+	expect_type(fifo, S_IFIFO, "afile_commit");
+	cr_assert_str_eq(get(copy, &n), "HEADbody\n");
+	cr_assert_eq(count_files(), 2, "temporary file left behind");
+}
+
+Test(atomicio, link_to_a_file_is_followed)
+{
+	char path[128], link[128];
+	size_t n;
+
+	snprintf(path, sizeof path, "%s/target.txt", dir);
+	snprintf(link, sizeof link, "%s/link.txt", dir);
+	put(path, "old\n");
+	cr_assert(symlink("target.txt", link) == 0);
+	cr_assert(file_write_atomic(link, "new\n", 4) == 0, "%s", err_detail());
+	expect_type(link, S_IFLNK, "the link");
+	cr_assert_str_eq(get(path, &n), "new\n");
+	cr_assert_eq(count_files(), 2, "temporary file left behind");
+}
+
+/* ---- inputs ------------------------------------------------------------------------------- */
+
+Test(atomicio, regular_inputs_refuse_a_fifo_at_once)
+{
+	char path[128], *buf = NULL;
+	int fd = -1;
+	size_t n;
+
+	snprintf(path, sizeof path, "%s/in.fifo", dir);
+	cr_assert(mkfifo(path, 0600) == 0);
+	/* no writer: a blocking open would hang here until the suite's timeout */
+	cr_assert_eq(file_open_regular(path, &fd, NULL), CORE_EIO);
+	cr_assert_eq(fd, -1);
+	cr_assert_str_eq(err_file(), path);
+	cr_assert_str_eq(err_detail(), "is a FIFO, not a regular file");
+	cr_assert_eq(file_read_regular(path, 0, &buf, &n), CORE_EIO);
+	cr_assert_null(buf);
+	cr_assert_eq(file_open_regular(dir, &fd, NULL), CORE_EIO);
+	cr_assert_str_eq(err_detail(), "is a directory, not a regular file");
+	cr_assert_eq(file_open_regular("/dev/null", &fd, NULL), CORE_EIO);
+	cr_assert_str_eq(err_detail(), "is a character device, not a regular file");
+	snprintf(path, sizeof path, "%s/missing", dir);
+	cr_assert_eq(file_open_regular(path, &fd, NULL), CORE_ENOTFOUND);
+	/* a regular file opens, and reads block again (no O_NONBLOCK left over) */
+	snprintf(path, sizeof path, "%s/plain", dir);
+	put(path, "plain\n");
+	struct stat st;
+	cr_assert_eq(file_open_regular(path, &fd, &st), 0, "%s", err_detail());
+	cr_assert_eq(st.st_size, 6);
+	cr_assert_eq(fcntl(fd, F_GETFL) & O_NONBLOCK, 0, "O_NONBLOCK left on");
+	close(fd);
+	cr_assert_eq(file_read_regular(path, 0, &buf, &n), 0, "%s", err_detail());
+	cr_assert_eq(n, 6);
+	cr_assert_str_eq(buf, "plain\n");
+	free(buf);
+}
+
+Test(atomicio, read_all_reads_a_fifo_as_a_stream)
+{
+	char path[128], *buf;
+	size_t n;
+
+	snprintf(path, sizeof path, "%s/stream.fifo", dir);
+	cr_assert(mkfifo(path, 0600) == 0);
+	pid_t pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		alarm(20); /* never outlive a failed test */
+		int fd = open(path, O_WRONLY);
+		for (int i = 0; fd >= 0 && i < 1000; i++)
+			if (write(fd, "0123456789", 10) != 10)
+				_exit(1);
+		_exit(fd >= 0 && close(fd) == 0 ? 0 : 2);
+	}
+	cr_assert_eq(file_read_all(path, 0, &buf, &n), 0, "%s", err_detail());
+	reap(pid);
+	cr_assert_eq(n, 10000, "read %zu bytes of a stream of 10000", n);
+	cr_assert_eq(memcmp(buf + 9990, "0123456789", 10), 0);
 	free(buf);
 }

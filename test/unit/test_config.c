@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "io/config.c"
@@ -162,7 +164,9 @@ Test(config, crlf_and_byte_order_mark)
 			 "lines counted with CRLF endings");
 }
 
-Test(config, empty_files_give_defaults)
+/* A config that sets nothing is refused (dpc-config(5)): an empty file, -c /dev/null or a file
+ * of comments is far more often a mistake than a request for a default 2000-step run. */
+Test(config, empty_files_are_refused)
 {
 	static const char *const texts[] = {
 		"", "\n", "# only a comment\n", "---\n", "--- ~\n", "{}\n", "model:\n",
@@ -172,11 +176,52 @@ Test(config, empty_files_give_defaults)
 	for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
 		struct run_config c, d;
 		config_defaults(&c);
-		config_defaults(&d);
+		c.train.steps = 5; /* a value loaded before: a refused load leaves it */
+		d = c;
 		int rc = load_text(&c, texts[i]);
-		cr_expect_eq(rc, 0, "yaml '%s': %s", texts[i], err_detail());
+		cr_expect_eq(rc, CORE_ECONFIG, "yaml '%s': returned %d", texts[i], rc);
+		cr_expect_str_eq(err_detail(),
+				 "holds no settings (name at least one key)",
+				 "yaml '%s'", texts[i]);
 		cr_expect_eq(memcmp(&c, &d, sizeof c), 0, "yaml '%s' changed a value", texts[i]);
 	}
+	/* /dev/null itself, the usual way to write an empty config */
+	struct run_config c;
+	config_defaults(&c);
+	cr_expect_eq(config_load(&c, "/dev/null"), CORE_ECONFIG);
+	cr_expect_str_eq(err_file(), "/dev/null");
+	/* one key, or the levels alone, is enough */
+	static const char *const one[] = { "train:\n  steps: 7\n", "levels: []\n" };
+	for (size_t i = 0; i < sizeof one / sizeof one[0]; i++) {
+		config_defaults(&c);
+		cr_expect_eq(load_text(&c, one[i]), 0, "yaml '%s': %s", one[i], err_detail());
+	}
+}
+
+/* A config may come from a pipe (-c <(cat x.yaml) is /dev/fd/N): read as a stream. */
+Test(config, config_from_a_fifo)
+{
+	char path[64];
+	struct run_config c;
+	const char *dir = getenv("TMPDIR");
+
+	snprintf(path, sizeof path, "%.40s/cfgfifo.%d", dir && *dir ? dir : "/tmp", (int)getpid());
+	unlink(path);
+	cr_assert_eq(mkfifo(path, 0600), 0);
+	pid_t pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		alarm(20); /* never outlive a failed test */
+		FILE *fp = fopen(path, "w");
+		_exit(fp && fputs("train:\n  steps: 77\n", fp) >= 0 && fclose(fp) == 0 ? 0 : 1);
+	}
+	config_defaults(&c);
+	int rc = config_load(&c, path);
+	int st;
+	waitpid(pid, &st, 0);
+	unlink(path);
+	cr_assert_eq(rc, 0, "%s", err_detail());
+	cr_expect_eq(c.train.steps, 77);
 }
 
 Test(config, value_limits_accepted)

@@ -1,5 +1,5 @@
-/* test_corpus.c - JSONL and directory readers (escapes, UTF-8, metadata, bad lines), the byte
- * tokenizer, the deterministic split, and corpus_prepare end to end. */
+/* test_corpus.c - JSONL and directory readers (escapes, UTF-8, metadata, bad lines, FIFOs), the
+ * byte tokenizer, the deterministic split, and corpus_prepare end to end, empty input refused. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <math.h>
@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "io/corpus.h"
@@ -464,4 +465,90 @@ Test(corpus, prepare_write_failure_keeps_every_old_output)
 	closedir(d);
 	cr_assert_eq(entries, CORPUS_NSPLITS, "%d entries in the output directory", entries);
 	free(buf);
+}
+
+/* ---- edges: empty inputs, FIFOs ----------------------------------------------------------- */
+
+/* An input without a single document is an error naming it, and makes no dataset. */
+Test(corpus, prepare_of_nothing_is_an_error)
+{
+	char empty[128], out[160];
+	const char *inputs[5];
+	struct corpus_prepare_result res;
+	struct stat st;
+
+	snprintf(empty, sizeof empty, "%s/emptydir", dir);
+	cr_assert_eq(mkdir(empty, 0777), 0);
+	inputs[0] = empty;
+	inputs[1] = "/dev/null";
+	inputs[2] = PUTS("empty.jsonl", "");
+	inputs[3] = PUTS("blank.jsonl", "\n  \r\n\t\n");
+	char sub[160];
+	snprintf(sub, sizeof sub, "%s/emptydir/nested", dir); /* only a subdirectory inside */
+	inputs[4] = empty;
+	snprintf(out, sizeof out, "%s/out", dir);
+	for (int i = 0; i < 5; i++) {
+		if (i == 4)
+			cr_assert_eq(mkdir(sub, 0777), 0);
+		struct corpus_prepare_opts o = { .input = inputs[i], .outdir = out,
+						 .tokenizer = "byte" };
+		cr_assert_eq(corpus_prepare(&o, &res), CORE_EFORMAT, "'%s': %s", inputs[i],
+			     err_detail());
+		cr_assert_str_eq(err_file(), inputs[i]);
+		cr_assert_str_eq(err_detail(), "holds no documents");
+		cr_assert_neq(stat(out, &st), 0, "'%s': output directory made", inputs[i]);
+	}
+}
+
+/* JSON Lines from a FIFO are read as a stream. */
+Test(corpus, jsonl_from_a_fifo)
+{
+	char fifo[128];
+	struct corpus_reader *r;
+	struct corpus_doc d;
+
+	snprintf(fifo, sizeof fifo, "%s/in.fifo", dir);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+	pid_t pid = fork();
+	cr_assert(pid >= 0);
+	if (pid == 0) {
+		alarm(20); /* never outlive a failed test */
+		FILE *f = fopen(fifo, "w");
+		for (int i = 0; f && i < 3000; i++)
+			fprintf(f, "{\"text\":\"document %d\",\"i\":%d}\n", i, i);
+		_exit(f && fclose(f) == 0 ? 0 : 1);
+	}
+	cr_assert_eq(corpus_open(&r, fifo), 0, "%s", err_detail());
+	int n = 0, rc;
+	while ((rc = corpus_next(r, &d)) == 1)
+		n++;
+	cr_assert_eq(rc, 0, "%s", err_detail());
+	cr_assert_eq(n, 3000);
+	cr_assert(d.len > 0);
+	corpus_close(r);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* In a directory of documents a FIFO is passed over, never opened (it has no writer). */
+Test(corpus, directory_passes_over_a_fifo)
+{
+	char sub[128], p[160];
+	struct corpus_reader *r;
+	struct corpus_doc d;
+
+	snprintf(sub, sizeof sub, "%s/docs", dir);
+	cr_assert_eq(mkdir(sub, 0777), 0);
+	PUTS("docs/a.txt", "one");
+	snprintf(p, sizeof p, "%s/b.fifo", sub);
+	cr_assert_eq(mkfifo(p, 0600), 0);
+	PUTS("docs/c.txt", "two");
+	cr_assert_eq(corpus_open(&r, sub), 0, "%s", err_detail());
+	cr_assert_eq(corpus_next(r, &d), 1, "%s", err_detail());
+	cr_assert_str_eq(d.meta, "{\"file\":\"a.txt\"}");
+	cr_assert_eq(corpus_next(r, &d), 1, "%s", err_detail());
+	cr_assert_str_eq(d.meta, "{\"file\":\"c.txt\"}");
+	cr_assert_eq(corpus_next(r, &d), 0);
+	corpus_close(r);
 }

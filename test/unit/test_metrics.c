@@ -1,11 +1,14 @@
-/* test_metrics.c - JSON Lines metrics parse back with jansson and hold the values written. */
+/* test_metrics.c - JSON Lines metrics parse back with jansson and hold the values written, and a
+ * line that does not fit on the disk leaves no half line behind. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/err.h"
@@ -164,4 +167,38 @@ Test(metrics, disabled_and_errors)
 	cr_assert(metrics_open(&m, path) == 0);
 	cr_assert_eq(metrics_event(&m, "x", "a", 'q', 1LL, NULL), CORE_EUSAGE);
 	metrics_close(&m);
+}
+
+/* A full disk, played by a file-size limit: a line that does not fit is not written at all
+ * (the bytes that fit are cut off again), the error says why, and later lines that fit are
+ * whole lines after the last whole line. */
+Test(metrics, a_line_that_does_not_fit_leaves_nothing)
+{
+	struct metrics m;
+	struct rlimit rl;
+	char raw[4096], big[600];
+	json_t *l[8];
+
+	memset(big, 'x', sizeof big - 1);
+	big[sizeof big - 1] = '\0';
+	cr_assert(metrics_open(&m, path) == 0, "%s", err_detail());
+	cr_assert(metrics_event(&m, "first", "step", 'i', 1LL, NULL) == 0, "%s", err_detail());
+	signal(SIGXFSZ, SIG_IGN); /* a write past the limit fails with EFBIG instead */
+	cr_assert(getrlimit(RLIMIT_FSIZE, &rl) == 0);
+	rl.rlim_cur = 512;
+	cr_assert(setrlimit(RLIMIT_FSIZE, &rl) == 0, "setrlimit: %s", strerror(errno));
+	int rc = metrics_event(&m, "big", "text", 's', big, NULL);
+	cr_assert_eq(rc, CORE_EIO, "an event past the limit returned %d", rc);
+	cr_assert_str_eq(err_file(), path);
+	cr_assert(strstr(err_detail(), "cannot write: file too large"), "detail '%s'",
+		  err_detail());
+	cr_assert(metrics_event(&m, "after", "step", 'i', 2LL, NULL) == 0, "%s", err_detail());
+	metrics_close(&m);
+
+	int n = load_lines(l, 8, raw, sizeof raw);
+	cr_assert_eq(n, 2, "%d lines in:\n%s", n, raw);
+	cr_assert_str_eq(raw, "{\"event\":\"first\",\"step\":1}\n"
+			      "{\"event\":\"after\",\"step\":2}\n");
+	for (int i = 0; i < n; i++)
+		json_decref(l[i]);
 }

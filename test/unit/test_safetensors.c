@@ -713,6 +713,21 @@ Test(safetensors, empty_file_and_missing_file)
 	expect_open(path, 0, CORE_ENOTFOUND, NULL, "missing file");
 }
 
+/* A checkpoint must be a regular file: a FIFO without a writer is refused at once (a blocking
+ * open would wait here forever), and so is a directory or a device. */
+Test(safetensors, fifo_and_other_non_files_are_refused_at_once)
+{
+	char path[128];
+
+	path_in(path, sizeof path, "in.fifo");
+	cr_assert_eq(mkfifo(path, 0600), 0);
+	expect_open(path, 1, CORE_EIO, "is a FIFO, not a regular file", "a FIFO");
+	cr_assert_str_eq(err_detail(), "is a FIFO, not a regular file");
+	expect_open(dir, 1, CORE_EIO, "is a directory, not a regular file", "a directory");
+	expect_open("/dev/null", 1, CORE_EIO, "is a character device, not a regular file",
+		    "/dev/null");
+}
+
 /* ---- the streaming writer ----------------------------------------------------------------- */
 
 /* The set's bytes concatenated in order, as one stream the writer is fed in pieces. */

@@ -420,3 +420,74 @@ Test(tokfile, missing_file_is_io_error)
 	snprintf(p, sizeof p, "%s/none.tok", dir);
 	expect_open_fails(p, CORE_EIO, "cannot open", "missing file");
 }
+
+/* dpc-tokens(5): each document's metadata is a JSON object without NUL bytes, or nothing.
+ * The sample's third document holds {"id":"c","n":[1,2]} (20 bytes); each case replaces it
+ * with text of the same length and reseals both crcs, so only the metadata rule can catch it. */
+Test(tokfile, metadata_must_be_json_objects)
+{
+	static const struct {
+		const char meta[21];
+		const char *detail;
+	} bad[] = {
+		{ "{\"id\":\"c\",\"n\":[1,\0]}", "metadata of document 2 contains a NUL byte" },
+		{ "{\"id\":\"c\",\"n\":[1,2]]", "metadata of document 2 is not valid JSON" },
+		{ "not json, 20 bytes!!", "metadata of document 2 is not valid JSON" },
+		{ "[\"id\",\"c\",\"n\",1,2,3]", "metadata of document 2 is not a JSON object" },
+		{ "{\"id\":\"c\",\"id\":1234}", "metadata of document 2 is not valid JSON" },
+		{ "\xff\"id\":\"c\",\"n\":[1,2]}", "metadata of document 2 is not valid JSON" },
+		{ "{\"id\":\"c\"}          ", NULL }, /* white space around it is JSON */
+	};
+	size_t n;
+
+	write_sample(path, 256);
+	unsigned char *b = slurp(path, &n);
+	size_t at = n - strlen(meta[2]);
+	cr_assert_eq(strlen(meta[2]), 20);
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		cr_assert(i == 0 || strlen(bad[i].meta) == 20, "case %zu is not 20 bytes", i);
+		memcpy(b + at, bad[i].meta, 20);
+		reseal(b, n);
+		spill(path, b, n);
+		if (bad[i].detail) {
+			expect_open_fails(path, CORE_EFORMAT, bad[i].detail, bad[i].detail);
+		} else {
+			struct tokfile tf;
+			cr_assert_eq(tokfile_open(&tf, path), 0, "case %zu: %s", i, err_detail());
+			tokfile_close(&tf);
+		}
+	}
+	free(b);
+}
+
+Test(tokfile, writer_refuses_bad_metadata)
+{
+	static const char *const bad[] = { "{\"a\":1}\0", "not json", "[1]", "\"text\"", "{" };
+	static const size_t len[] = { 8, 8, 3, 6, 1 };
+	struct tokfile_writer *w;
+	uint32_t t[] = { 1, 2 };
+
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		cr_assert_eq(tokw_open(&w, path, 256), 0);
+		cr_assert_eq(tokw_add_doc(w, t, 2, "{\"ok\":true}", 11), 0);
+		int rc = tokw_add_doc(w, t, 2, bad[i], len[i]);
+		cr_assert_eq(rc, CORE_EUSAGE, "metadata '%.*s' returned %d", (int)len[i], bad[i],
+			     rc);
+		cr_assert(strstr(err_detail(), "metadata of document 1 "), "detail '%s'",
+			  err_detail());
+		cr_assert_str_eq(err_file(), path);
+		tokw_abort(w);
+	}
+	cr_assert_eq(count_entries(), 0, "abort left files behind");
+}
+
+/* A token file must be a regular file: a FIFO is refused at once, not read (nor waited on). */
+Test(tokfile, fifo_is_refused_at_once)
+{
+	char p[160];
+
+	snprintf(p, sizeof p, "%s/in.fifo", dir);
+	cr_assert_eq(mkfifo(p, 0600), 0);
+	expect_open_fails(p, CORE_EIO, "is a FIFO, not a regular file", "a FIFO");
+	expect_open_fails(dir, CORE_EIO, "is a directory, not a regular file", "a directory");
+}
