@@ -7,6 +7,7 @@
 #   make STRICT=1        warnings are errors (development)
 #   make V=1             full commands instead of one short line per step
 #   make install PREFIX=/usr/local
+#   make fuzz SECS=60    every libFuzzer harness of test/fuzz for SECS seconds (needs clang)
 # Optional parts are probed and reported; override a probe with HAVE_X=0 or HAVE_X=1.
 
 SAN ?= 0
@@ -172,6 +173,77 @@ test-man:
 
 check: test
 	$(MAKE) SAN=1 test-unit test-sh
+
+# ---- fuzzing ------------------------------------------------------------------------------
+# test/fuzz/fuzz_NAME.c: one libFuzzer harness per parser (test/fuzz/harness.h says what each
+# checks), seeded by the committed corpus test/fuzz/corpus/NAME, with every input that ever
+# failed kept in test/fuzz/regress/NAME. Two builds of the same harnesses:
+#   make test-fuzz-replay   each harness linked by $(CC) with test/fuzz/replay.c (a main that
+#                           runs every file of those two folders, in name order) and
+#                           libcore.a; part of test-unit, so of `make test` and, under ASan and
+#                           UBSan, of `make check`. No clang needed.
+#   make fuzz [SECS=60]     each harness built by clang with libFuzzer, ASan and UBSan (libcore
+#                           too, in $(BUILD)/fuzz/libfuzzer), run SECS seconds; prints its
+#                           executions, coverage and crashes; crashing inputs are written to
+#                           test/fuzz/crashes/NAME (move each bug's into regress/NAME).
+FUZZ_SRC := $(sort $(wildcard test/fuzz/fuzz_*.c))
+FUZZ_NAMES := $(FUZZ_SRC:test/fuzz/fuzz_%.c=%)
+FUZZ_REPLAY := $(FUZZ_NAMES:%=$(BUILD)/fuzz/replay/%)
+FUZZ_OBJ := $(FUZZ_SRC:%.c=$(BUILD)/%.o) $(BUILD)/test/fuzz/harness.o $(BUILD)/test/fuzz/replay.o
+FUZZ_CC ?= clang
+SECS ?= 60
+FUZZ_DIR := $(BUILD)/fuzz/libfuzzer
+FUZZ_CFLAGS := $(filter-out -O% -march=% -g -fsanitize=% -fno-sanitize-recover=% \
+	-fno-omit-frame-pointer -Werror,$(CFLAGS)) -g -O1 -fno-omit-frame-pointer \
+	-fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_DIR)/%.o)
+FUZZ_BINS := $(FUZZ_NAMES:%=$(FUZZ_DIR)/bin/%)
+# Evaluated only by `make fuzz`: the replay needs no clang.
+HAVE_LIBFUZZER ?= $(shell echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) \
+	{ return d && n; }' | $(FUZZ_CC) -fsanitize=fuzzer -x c - -o /dev/null >/dev/null 2>&1 \
+	&& echo 1 || echo 0)
+
+.PHONY: fuzz fuzz-probe test-fuzz-replay
+test-unit: test-fuzz-replay
+
+$(BUILD)/fuzz/replay/%: $(BUILD)/test/fuzz/fuzz_%.o $(BUILD)/test/fuzz/harness.o \
+		$(BUILD)/test/fuzz/replay.o $(BUILD)/libcore.a
+	@mkdir -p $(@D)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $(filter %.o,$^) $(BUILD)/libcore.a $(LIBS) -o $@
+
+# Each harness on its corpus and regressions; one line each, the failing input named.
+test-fuzz-replay: $(FUZZ_REPLAY)
+	@fail=0; for n in $(FUZZ_NAMES); do \
+	  dirs=test/fuzz/corpus/$$n; [ -d test/fuzz/regress/$$n ] && dirs="$$dirs test/fuzz/regress/$$n"; \
+	  printf 'fuzz replay %-16s ' $$n; $(BUILD)/fuzz/replay/$$n $$dirs || { fail=1; echo "fuzz replay $$n FAILED"; }; \
+	done; test $$fail = 0 || { echo "fuzz replay FAILED"; exit 1; }
+
+fuzz-probe:
+	@if [ "$(HAVE_LIBFUZZER)" = 1 ]; then echo "==> libFuzzer: found ($(FUZZ_CC))"; else \
+	  echo "==> libFuzzer: not found: make fuzz needs clang with libFuzzer (apt-get install clang; FUZZ_CC=clang-N for another)"; exit 1; fi
+
+$(FUZZ_DIR)/%.o: %.c | fuzz-probe
+	@mkdir -p $(@D)
+	$(call say,FUZZCC,$<)
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+$(FUZZ_DIR)/libcore.a: $(FUZZ_LIB_OBJ)
+	$(call say,AR,$@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(FUZZ_DIR)/bin/%: $(FUZZ_DIR)/test/fuzz/fuzz_%.o $(FUZZ_DIR)/test/fuzz/harness.o \
+		$(FUZZ_DIR)/libcore.a
+	@mkdir -p $(@D)
+	$(call say,LINK,$@)
+	$(Q)$(FUZZ_CC) -fsanitize=fuzzer,address,undefined $(filter %.o,$^) $(FUZZ_DIR)/libcore.a \
+		$(LIBS) -o $@
+
+fuzz: fuzz-probe $(FUZZ_BINS)
+	@sh test/fuzz/run.sh $(FUZZ_DIR)/bin $(BUILD)/fuzz/work $(SECS) $(FUZZ_NAMES)
+
+-include $(FUZZ_OBJ:.o=.d) $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_DIR)/test/fuzz/harness.d \
+	$(FUZZ_SRC:%.c=$(FUZZ_DIR)/%.d)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5

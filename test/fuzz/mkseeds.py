@@ -1,0 +1,123 @@
+#!/usr/bin/python3
+"""Write the seed corpus of the fuzz harnesses under test/fuzz/corpus/ (committed; rerun this
+only to change the seeds). Each file is written from the format's documentation, not by the
+C code: safetensors as test/sh/stedit.py and our writer lay it out (compact JSON header padded
+with spaces to 8 bytes, "__metadata__" first with "crc32" and "crc32.NAME"), token files by
+dpc-tokens(5), manifests as dpc-shard split writes them. The configs are copied from configs/. Not written
+here: tokfile*/prepared.tok, the train.tok of `dpc-shard prepare --val-frac 0.34
+--router-frac 0` on three short JSON Lines documents (our writer's own output).
+usage: python3 test/fuzz/mkseeds.py   (from the repository root)
+"""
+import json, os, shutil, struct, zlib
+
+ROOT = "test/fuzz/corpus"
+
+
+def out(harness, name, data):
+    d = os.path.join(ROOT, harness)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def safetensors(tensors, meta=None, crc=True):
+    """tensors: [(name, dtype, shape, bytes)]"""
+    hdr, md, body = {}, dict(meta or {}), b""
+    for name, dtype, shape, data in tensors:
+        hdr[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(body), len(body) + len(data)]}
+        if crc:
+            md["crc32." + name] = "%08x" % zlib.crc32(data)
+        body += data
+    if crc:
+        md["crc32"] = "%08x" % zlib.crc32(body)
+    if md or crc:
+        hdr = {"__metadata__": md, **hdr}
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + body
+
+
+def tokfile(vocab, docs):
+    """docs: [(tokens, meta_bytes)]"""
+    width = 2 if vocab <= 65536 else 4
+    toks = b"".join(struct.pack("<" + ("H" if width == 2 else "I") * len(t), *t) for t, _ in docs)
+    toks += b"\0" * (-len(toks) % 8)
+    offs, moffs, meta, n, m = [0], [0], b"", 0, 0
+    for t, md in docs:
+        n += len(t)
+        m += len(md)
+        offs.append(n)
+        moffs.append(m)
+        meta += md
+    body = toks + struct.pack("<%dQ" % len(offs), *offs) + struct.pack("<%dQ" % len(moffs), *moffs) + meta
+    h = b"DPCTOKS\0" + struct.pack("<IIQQIIQ", 1, vocab, len(docs), n, width, zlib.crc32(body), len(meta))
+    h += b"\0" * 12
+    h += struct.pack("<I", zlib.crc32(h))
+    assert len(h) == 64
+    return h + body
+
+
+def main():
+    for f in sorted(os.listdir("configs")):
+        if f.endswith(".yaml"):
+            os.makedirs(os.path.join(ROOT, "config"), exist_ok=True)
+            shutil.copy(os.path.join("configs", f), os.path.join(ROOT, "config", f))
+
+    out("override", "train", "train.lr=0.001\0train.steps=10\0train.warmup_steps=2\0train.seed=7")
+    out("override", "model", "model.n_layer=2\0model.n_embd=64\0model.n_head=4\0model.seq_len=32")
+    out("override", "levels", "@levels\0model.n_layer=4\0dipaco.paths=8\0dipaco.phases=2")
+    out("override", "outer", "@levels\0dipaco.outer_lr=1\0dipaco.outer_momentum=0\0dipaco.nesterov=false"
+        "\0dipaco.rescale=true\0dipaco.reweight=true\0dipaco.holdout_frac=0.1\0dipaco.early_stop_every=5")
+    out("override", "numbers", "train.lr=3e-4\0train.eps=1.0e-8\0train.beta2=0.999\0train.grad_clip=0"
+        "\0train.seed=18446744073709551615\0train.eval_every=0\0train.checkpoint_every=100")
+
+    f32 = lambda *v: struct.pack("<%df" % len(v), *v)
+    i64 = lambda *v: struct.pack("<%dq" % len(v), *v)
+    st = {
+        "two.safetensors": safetensors(
+            [("wte.weight", "F32", [2, 3], f32(1, 2, 3, 4, 5, 6)), ("step", "I64", [1], i64(42))],
+            {"format": "pt", "config_hash": "0123456789abcdef"}),
+        "dtypes.safetensors": safetensors(
+            [("h", "F16", [4], b"\x00\x3c" * 4), ("b", "BF16", [2, 2], b"\x80\x3f" * 4),
+             ("u8", "U8", [3], b"abc"), ("u16", "U16", [1], b"\x01\x02"), ("i32", "I32", [2], b"\xff" * 8),
+             ("x", "F32", [1, 1, 1, 1], f32(0.5))]),
+        "nocrc.safetensors": safetensors([("a", "F32", [2], f32(1, -1))], crc=False),
+        "empty.safetensors": safetensors([]),
+        "zero.safetensors": safetensors([("z", "F32", [0, 4], b""), ("s", "F32", [], f32(7))]),
+    }
+    for harness in ("safetensors", "safetensors_crc"):
+        for name, data in st.items():
+            out(harness, name, data)
+
+    tf = {
+        "three.tok": tokfile(256, [([72, 105], b'{"id":1}'), ([], b'{"id":2,"src":"a"}'),
+                                   ([1, 2, 3, 255], b'{"id":3}')]),
+        "wide.tok": tokfile(70000, [([0, 69999, 65536], b'{"file":"x.txt"}'), ([5], b"{}")]),
+        "empty.tok": tokfile(50257, []),
+        "nometa.tok": tokfile(3, [([0, 1, 2], b""), ([2], b'{"k":[1,2]}')]),
+    }
+    for harness in ("tokfile", "tokfile_crc"):
+        for name, data in tf.items():
+            out(harness, name, data)
+
+    out("trace", "simple", "1\n1.25\n2\n")
+    out("trace", "comments", "# capacity per step\n\n1.0\n  0.5  \n# done\n2e0\n")
+    out("trace", "crlf", "1\r\n-2\r\n0x1p-2\r\n")
+    out("trace", "nolf", "# last line without a newline\n3.5")
+
+    out("corpus", "docs.jsonl", '{"text":"Hello world.","id":1}\n\n{"id":2,"text":"caf\\u00e9 \\ud83d\\ude00"}\n'
+        '{"text":"","src":{"a":[1,2.5,null,true]}}\n')
+    out("corpus", "nul.jsonl", '{"text":"a\\u0000b","k":"v\\u0000w"}\n   \n\t\n{"text":"x"}')
+    out("corpus", "crlf.jsonl", '{"text":"one"}\r\n{"text":"two","n":-1e3}\r\n')
+
+    def manifest(tokens, paths=None):
+        sh = [{"file": "shard-%03d.tok" % i, "docs": 1, "tokens": t} for i, t in enumerate(tokens)]
+        return json.dumps({"source": "data/brown/train.tok", "source_crc": "1234abcd", "method": "random",
+                           "seed": 1, "paths": len(tokens) if paths is None else paths, "shards": sh}, indent=2) + "\n"
+    out("manifest", "four.json", manifest([100, 2, 3000, 7]))
+    out("manifest", "two.json", manifest([100, 200]))
+    out("manifest", "few-tokens.json", manifest([100, 1, 5, 5]))
+
+
+if __name__ == "__main__":
+    main()
