@@ -123,21 +123,6 @@ out:
 	return rc;
 }
 
-static int meta_long(const struct st_file *f, const char *key, long *out)
-{
-	const char *s = st_meta(f, key);
-	char *end;
-
-	if (!s)
-		return err_set(CORE_EFORMAT, f->path, "metadata key '%s' missing", key);
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < 0)
-		return err_set(CORE_EFORMAT, f->path, "metadata '%s' is not a valid number", key);
-	*out = v;
-	return 0;
-}
-
 /* Format, kind, config hash: the checks common to module and path checkpoints. */
 static int check_common(const struct st_file *f, const char *kind, const char *config_hash)
 {
@@ -168,7 +153,7 @@ int module_open(struct st_file *f, const char *path, const struct topology *t, i
 		rc = err_set(CORE_EFORMAT, path, "holds module '%.40s', expected '%s'",
 			     name ? name : "?", t->modules[m].name);
 	if (!rc)
-		rc = meta_long(f, "phase", &ph);
+		rc = st_meta_long(f, "phase", 0, LONG_MAX, &ph);
 	if (!rc && ph != phase)
 		rc = err_set(CORE_EFORMAT, path, "is from phase %ld, expected phase %ld", ph, phase);
 	if (rc)
@@ -185,17 +170,17 @@ int pathckpt_open(struct st_file *f, const char *path, int p, long phase,
 	ERR_FORWARD(st_open(f, path, verify));
 	rc = check_common(f, "path", config_hash);
 	if (!rc)
-		rc = meta_long(f, "phase", &ph);
+		rc = st_meta_long(f, "phase", 0, LONG_MAX, &ph);
 	if (!rc && ph != phase)
 		rc = err_set(CORE_EFORMAT, path, "is from phase %ld, expected phase %ld", ph, phase);
 	if (!rc)
-		rc = meta_long(f, "path", &pi);
+		rc = st_meta_long(f, "path", 0, LONG_MAX, &pi);
 	if (!rc && pi != p)
 		rc = err_set(CORE_EFORMAT, path, "is path %ld, expected path %d", pi, p);
 	if (!rc)
-		rc = meta_long(f, "step", &st);
+		rc = st_meta_long(f, "step", 0, LONG_MAX, &st);
 	if (!rc)
-		rc = meta_long(f, "shard_tokens", &tk);
+		rc = st_meta_long(f, "shard_tokens", 0, LONG_MAX, &tk);
 	if (rc) {
 		st_close(f);
 		return rc;

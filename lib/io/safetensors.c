@@ -485,6 +485,21 @@ const char *st_meta(const struct st_file *f, const char *key)
 	return NULL;
 }
 
+int st_meta_long(const struct st_file *f, const char *key, long lo, long hi, long *out)
+{
+	const char *s = st_meta(f, key);
+	char *end;
+
+	if (!s)
+		return err_set(CORE_EFORMAT, f->path, "metadata key '%s' missing", key);
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return err_set(CORE_EFORMAT, f->path, "metadata '%s' = '%s' is not valid", key, s);
+	*out = v;
+	return 0;
+}
+
 /* A JSON integer in [0, 2^63). */
 static int get_uint(const json_t *v, uint64_t *out)
 {

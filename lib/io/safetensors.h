@@ -74,6 +74,9 @@ int st_open(struct st_file *f, const char *path, int verify);
 void st_close(struct st_file *f);
 const struct st_entry *st_find(const struct st_file *f, const char *name);
 const char *st_meta(const struct st_file *f, const char *key); /* NULL if absent */
+/* Metadata key as a decimal integer in [lo, hi] into *out: CORE_EFORMAT on f->path when it is
+ * missing ("metadata key 'K' missing") or not such a number. */
+int st_meta_long(const struct st_file *f, const char *key, long lo, long hi, long *out);
 /* The entry named name, checked to have this dtype and shape (CORE_ESHAPE naming both
  * shapes otherwise; CORE_ENOTFOUND if absent). */
 int st_lookup(const struct st_file *f, const char *name, enum dtype type, int ndim,

@@ -55,6 +55,8 @@ static int host_buffer(const struct gpt2 *g, int which, int fetch, float **host,
 int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c, long step,
 	      int with_optim, const struct st_kv *extra, int nextra)
 {
+	if (with_optim && g->forward_only)
+		return err_set(CORE_EUSAGE, path, "a forward-only model has no optimizer state");
 	const int nbuf = with_optim ? NBUF : 1, n = g->nviews * nbuf;
 	const struct tensor **ts = calloc((size_t)n, sizeof *ts);
 	struct tensor *views = calloc((size_t)n, sizeof *views);
@@ -113,21 +115,6 @@ out:
 	return rc;
 }
 
-static int meta_long(const struct st_file *f, const char *key, long lo, long hi, long *out)
-{
-	const char *s = st_meta(f, key);
-	char *end;
-
-	if (!s)
-		return err_set(CORE_EFORMAT, f->path, "metadata key '%s' missing", key);
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return err_set(CORE_EFORMAT, f->path, "metadata '%s' = '%s' is not valid", key, s);
-	*out = v;
-	return 0;
-}
-
 static int read_info(struct st_file *f, struct ckpt_info *info)
 {
 	const char *fmt = st_meta(f, "format");
@@ -139,9 +126,9 @@ static int read_info(struct st_file *f, struct ckpt_info *info)
 		return err_set(CORE_EFORMAT, f->path, "not a dpc checkpoint (metadata format is %s%s%s)",
 			       fmt ? "'" : "", fmt ? fmt : "missing", fmt ? "'" : "");
 	for (int i = 0; i < 5; i++)
-		ERR_FORWARD(meta_long(f, keys[i], 1, INT_MAX, &v[i]));
+		ERR_FORWARD(st_meta_long(f, keys[i], 1, INT_MAX, &v[i]));
 	info->model = (struct model_config){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]};
-	ERR_FORWARD(meta_long(f, "step", 0, 1L << 62, &info->step));
+	ERR_FORWARD(st_meta_long(f, "step", 0, 1L << 62, &info->step));
 	const char *opt = st_meta(f, "optimizer");
 	info->has_optim = opt && strcmp(opt, "adamw") == 0;
 	const char *h = st_meta(f, "config_hash_model");
@@ -178,6 +165,11 @@ int ckpt_load(const char *path, struct gpt2 *g, int what, long *step)
 			     info.model.n_layer, info.model.n_embd, info.model.n_head,
 			     info.model.seq_len, info.model.vocab_size, g->cfg.n_layer,
 			     g->cfg.n_embd, g->cfg.n_head, g->cfg.seq_len, g->cfg.vocab_size);
+		goto out;
+	}
+	if ((what & CKPT_MOMENTS) && g->forward_only) {
+		rc = err_set(CORE_EUSAGE, path, "no optimizer state to load into a forward-only "
+			     "model");
 		goto out;
 	}
 	if ((what & CKPT_MOMENTS) && !info.has_optim) {

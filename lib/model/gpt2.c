@@ -60,7 +60,16 @@ struct gpt2_acts {
 	unsigned char *seg_decays;
 	int nsegs;
 	int B, T, have_targets;
+	int nla; /* layer_acts sets: n_layer, or 2 (used in turn) for a forward-only model */
 };
+
+/* Layer l's activations: its own set, or one of two in turn when the model is forward only
+ * (block l reads the output of l - 1 and writes the input LayerNorm of l + 1, so two sets
+ * suffice when nothing is kept for a backward). */
+static struct layer_acts *LA(struct gpt2_acts *a, int l)
+{
+	return &a->layer[a->nla == 2 ? l % 2 : l];
+}
 
 static float *P(struct gpt2 *g, int view) { return g->views[view].data; }
 static float *G(struct gpt2 *g, int view)
@@ -85,7 +94,7 @@ static void free_acts(struct gpt2_acts *a, struct backend *be)
 /* Carve the activation buffers out of one block; with mem == NULL only count. Each piece
  * starts on a 64-byte boundary. */
 static size_t layout_acts(struct gpt2_acts *a, const struct model_config *c, int B, int T,
-			  float *mem)
+			  int forward_only, float *mem)
 {
 	size_t off = 0, N = (size_t)B * T, C = (size_t)c->n_embd;
 #define TAKE(ptr, n)                                                                               \
@@ -95,7 +104,7 @@ static size_t layout_acts(struct gpt2_acts *a, const struct model_config *c, int
 		off += ((size_t)(n) + 15) / 16 * 16;                                               \
 	} while (0)
 	TAKE(a->encoded, N * C);
-	for (int l = 0; l < c->n_layer; l++) {
+	for (int l = 0; l < a->nla; l++) {
 		struct layer_acts *la = &a->layer[l];
 		TAKE(la->ln1, N * C);
 		TAKE(la->ln1_mean, N);
@@ -116,9 +125,11 @@ static size_t layout_acts(struct gpt2_acts *a, const struct model_config *c, int
 	TAKE(a->lnf_rstd, N);
 	TAKE(a->probs, N * c->vocab_size);
 	TAKE(a->losses, N);
-	TAKE(a->dres, N * C);
-	TAKE(a->dbuf, N * C);
-	TAKE(a->dbig, N * 4 * C);
+	if (a->nla == c->n_layer && !forward_only) {
+		TAKE(a->dres, N * C);
+		TAKE(a->dbuf, N * C);
+		TAKE(a->dbig, N * 4 * C);
+	}
 #undef TAKE
 	return off;
 }
@@ -220,19 +231,19 @@ static int alloc_buffers(struct gpt2 *g, int B, int T)
 	const size_t pbytes = g->nparams * sizeof(float), N = (size_t)B * T;
 	float **bufs[] = {&g->params, &g->grads, &g->m, &g->v};
 
-	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+	for (size_t i = 0; i < (g->forward_only ? 1 : sizeof bufs / sizeof bufs[0]); i++)
 		ERR_FORWARD(backend_alloc_zero(be, (void **)bufs[i], pbytes));
-	a->nfloats = layout_acts(a, &g->cfg, B, T, NULL);
+	a->nfloats = layout_acts(a, &g->cfg, B, T, g->forward_only, NULL);
 	ERR_FORWARD(backend_alloc_zero(be, (void **)&a->mem, a->nfloats * sizeof(float)));
-	layout_acts(a, &g->cfg, B, T, a->mem);
+	layout_acts(a, &g->cfg, B, T, g->forward_only, a->mem);
 	ERR_FORWARD(backend_alloc_zero(be, (void **)&a->inputs, N * sizeof(int32_t)));
 	ERR_FORWARD(backend_alloc_zero(be, (void **)&a->targets, N * sizeof(int32_t)));
 	ERR_FORWARD(backend_alloc_zero(be, (void **)&a->sums, 2 * sizeof(double)));
 	return 0;
 }
 
-int gpt2_create(struct gpt2 *g, const struct model_config *cfg, int B, int T,
-		struct backend *be)
+static int create(struct gpt2 *g, const struct model_config *cfg, int B, int T,
+		  struct backend *be, int forward_only)
 {
 	size_t *offs = NULL;
 	int rc;
@@ -243,13 +254,15 @@ int gpt2_create(struct gpt2 *g, const struct model_config *cfg, int B, int T,
 	g->be = be;
 	g->B = B;
 	g->T = T;
+	g->forward_only = forward_only;
 	const size_t nv = 2 + (size_t)cfg->n_layer * P_PER_LAYER + 3;
 	offs = calloc(nv, sizeof *offs);
 	g->acts = calloc(1, sizeof *g->acts);
 	if (!offs || !g->acts)
 		goto nomem;
 	struct gpt2_acts *a = g->acts;
-	a->layer = calloc((size_t)cfg->n_layer, sizeof *a->layer);
+	a->nla = forward_only && cfg->n_layer > 2 ? 2 : cfg->n_layer;
+	a->layer = calloc((size_t)a->nla, sizeof *a->layer);
 	a->segs = calloc(nv, sizeof *a->segs);
 	a->seg_decays = calloc(nv, 1);
 	if (!a->layer || !a->segs || !a->seg_decays || define_views(g, offs) < 0)
@@ -273,6 +286,18 @@ fail:
 					   "layers, %d channels) on '%s'", cfg->n_layer,
 					   cfg->n_embd, be->name)
 				 : rc;
+}
+
+int gpt2_create(struct gpt2 *g, const struct model_config *cfg, int B, int T,
+		struct backend *be)
+{
+	return create(g, cfg, B, T, be, 0);
+}
+
+int gpt2_create_forward(struct gpt2 *g, const struct model_config *cfg, int B, int T,
+			struct backend *be)
+{
+	return create(g, cfg, B, T, be, 1);
 }
 
 void gpt2_free(struct gpt2 *g)
@@ -377,21 +402,22 @@ static int check_tokens(const struct gpt2 *g, const int32_t *inputs, const int32
 
 /* The blocks: layer l's attention and MLP, each residual add fused with the LayerNorm that
  * follows (ln_2, then ln_1 of l+1 or ln_f). */
-static int forward_blocks(struct gpt2 *g, int B, int T)
+/* Blocks 0..last (last = L - 1 for the whole model). */
+static int forward_blocks(struct gpt2 *g, int B, int T, int last)
 {
 	struct backend *be = g->be;
 	struct gpt2_acts *a = g->acts;
 	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T;
 
-	for (int l = 0; l < L; l++) {
-		struct layer_acts *la = &a->layer[l];
-		const float *x = l == 0 ? a->encoded : a->layer[l - 1].res3;
+	for (int l = 0; l <= last; l++) {
+		struct layer_acts *la = LA(a, l);
+		const float *x = l == 0 ? a->encoded : LA(a, l - 1)->res3;
 		/* the LayerNorm after this block: ln_1 of l+1, or ln_f */
 		float *nw = P(g, l + 1 < L ? V_LAYER(l + 1, P_LN1_W) : V_LAYER(L, 0));
 		float *nb = P(g, l + 1 < L ? V_LAYER(l + 1, P_LN1_B) : V_LAYER(L, 1));
-		float *nout = l + 1 < L ? a->layer[l + 1].ln1 : a->lnf;
-		float *nmean = l + 1 < L ? a->layer[l + 1].ln1_mean : a->lnf_mean;
-		float *nrstd = l + 1 < L ? a->layer[l + 1].ln1_rstd : a->lnf_rstd;
+		float *nout = l + 1 < L ? LA(a, l + 1)->ln1 : a->lnf;
+		float *nmean = l + 1 < L ? LA(a, l + 1)->ln1_mean : a->lnf_mean;
+		float *nrstd = l + 1 < L ? LA(a, l + 1)->ln1_rstd : a->lnf_rstd;
 #define W(p) P(g, V_LAYER(l, p))
 		ERR_FORWARD(be->op->matmul_forward(be, la->qkv, la->ln1, W(P_ATTN_W), W(P_ATTN_B),
 						   N, C, 3 * C, BACKEND_W_IO));
@@ -417,12 +443,13 @@ static int forward_blocks(struct gpt2 *g, int B, int T)
 	return 0;
 }
 
-int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, int B, int T,
-		 float *loss)
+/* The batch in, then the embedding and blocks 0..last. */
+static int forward_to(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, int B,
+		      int T, int last)
 {
 	struct backend *be = g->be;
 	struct gpt2_acts *a = g->acts;
-	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = g->cfg.vocab_size;
+	const int C = g->cfg.n_embd;
 	if (B < 1 || T < 1 || B > g->B || T > g->T)
 		return err_set(CORE_EUSAGE, NULL, "batch %d x %d exceeds the model's %d x %d", B, T,
 			       g->B, g->T);
@@ -437,11 +464,32 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 
 	ERR_FORWARD(be->op->encoder_forward(be, a->encoded, a->inputs, P(g, V_WTE), P(g, V_WPE),
 					    B, T, C));
-	ERR_FORWARD(be->op->layernorm_forward(be, a->layer[0].ln1, a->layer[0].ln1_mean,
-					      a->layer[0].ln1_rstd, a->encoded,
+	ERR_FORWARD(be->op->layernorm_forward(be, LA(a, 0)->ln1, LA(a, 0)->ln1_mean,
+					      LA(a, 0)->ln1_rstd, a->encoded,
 					      P(g, V_LAYER(0, P_LN1_W)), P(g, V_LAYER(0, P_LN1_B)),
 					      N, C));
-	ERR_FORWARD(forward_blocks(g, B, T));
+	return forward_blocks(g, B, T, last);
+}
+
+int gpt2_forward_hidden(struct gpt2 *g, const int32_t *inputs, int B, int T, int layer,
+			float *out)
+{
+	if (layer < 0 || layer >= g->cfg.n_layer)
+		return err_set(CORE_EUSAGE, NULL, "layer %d outside 0..%d", layer,
+			       g->cfg.n_layer - 1);
+	ERR_FORWARD(forward_to(g, inputs, NULL, B, T, layer));
+	return g->be->op->download(g->be, out, LA(g->acts, layer)->res3,
+				   sizeof(float) * (size_t)B * T * g->cfg.n_embd);
+}
+
+int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, int B, int T,
+		 float *loss)
+{
+	struct backend *be = g->be;
+	struct gpt2_acts *a = g->acts;
+	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = g->cfg.vocab_size;
+	ERR_FORWARD(forward_to(g, inputs, targets, B, T, L - 1));
+	const int N = B * T;
 	ERR_FORWARD(be->op->matmul_forward(be, a->probs, a->lnf, P(g, V_LAYER(L, 2)), NULL, N, C,
 					   V, BACKEND_W_OI));
 	ERR_FORWARD(be->op->crossentropy_forward(be, a->probs, a->losses,
@@ -519,6 +567,8 @@ int gpt2_backward(struct gpt2 *g)
 	struct gpt2_acts *a = g->acts;
 	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = g->cfg.vocab_size;
 	const int B = a->B, T = a->T, N = B * T;
+	if (g->forward_only)
+		return err_set(CORE_EUSAGE, NULL, "backward on a forward-only model");
 	if (!a->have_targets)
 		return err_set(CORE_EUSAGE, NULL, "backward needs a forward with targets");
 	a->have_targets = 0; /* probs become dlogits below */
@@ -547,6 +597,8 @@ int gpt2_grad_norm(struct gpt2 *g, float *norm)
 {
 	struct backend *be = g->be;
 	double ss;
+	if (g->forward_only)
+		return err_set(CORE_EUSAGE, NULL, "gradient norm of a forward-only model");
 	ERR_FORWARD(be->op->sum(be, &g->acts->sums[1], g->grads, g->nparams, 1));
 	ERR_FORWARD(be->op->download(be, &ss, &g->acts->sums[1], sizeof ss));
 	*norm = (float)sqrt(ss);
@@ -557,6 +609,8 @@ int gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, l
 		    float grad_scale)
 {
 	struct gpt2_acts *a = g->acts;
+	if (g->forward_only)
+		return err_set(CORE_EUSAGE, NULL, "optimizer step on a forward-only model");
 	for (int i = 0; i < a->nsegs; i++)
 		a->segs[i].weight_decay = a->seg_decays[i] ? opt->weight_decay : 0.0;
 	return g->be->op->adamw_update(g->be, g->params, g->grads, g->m, g->v, a->segs,

@@ -41,6 +41,7 @@ struct gpt2 {
 	struct tensor *views;      /* named views into params, HF order (t->be = be) */
 	unsigned char *decay_mask; /* per view: 1 if weight decay applies (matrices) */
 	int B, T;                  /* activation capacity */
+	int forward_only;          /* gpt2_create_forward: no grads, moments or backward */
 	struct gpt2_acts *acts;
 };
 
@@ -48,6 +49,12 @@ struct gpt2 {
  * B x T. */
 int gpt2_create(struct gpt2 *g, const struct model_config *cfg, int B, int T,
 		struct backend *be);
+/* A model for evaluation and features: parameters and the forward's activations only (grads,
+ * m and v are NULL; two layers' activations reused in turn), so B x T batches cost about
+ * 2/L of a training model's activation memory. gpt2_backward, gpt2_grad_norm and
+ * gpt2_adamw_step refuse it (CORE_EUSAGE); ckpt_load reads parameters into it. */
+int gpt2_create_forward(struct gpt2 *g, const struct model_config *cfg, int B, int T,
+			struct backend *be);
 void gpt2_free(struct gpt2 *g);
 /* GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual projections
  * (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1. Counter-based:
@@ -73,6 +80,11 @@ int gpt2_init_view(const struct gpt2_layout *l, int i, struct backend *be, float
  * what backward needs is kept. B <= g->B, T <= g->T. */
 int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, int B, int T,
 		 float *loss);
+/* Forward over host tokens [B,T] through blocks 0..layer only, and the output of block
+ * `layer` (the residual stream after it; for the last block, before ln_f) into host out
+ * [B,T,C]. */
+int gpt2_forward_hidden(struct gpt2 *g, const int32_t *inputs, int B, int T, int layer,
+			float *out);
 /* The per-position losses of the last forward with targets, [B*T] floats, into host out. */
 int gpt2_losses(const struct gpt2 *g, float *out);
 /* Gradient of the mean loss of the last forward into g->grads (overwrites). */
