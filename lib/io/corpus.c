@@ -1,8 +1,10 @@
-/* corpus.c - document readers, tokenizers, split and the prepare pipeline; see corpus.h.
+/* corpus.c - document readers, tokenizers, split, chunks and the prepare pipeline; see
+ * corpus.h.
  *
  * JSON is parsed with jansson, one line at a time, so a line's number is known for the error
  * message and memory stays bounded by the longest line. Tokens stream into the token files as
- * documents arrive (tokfile.h), so the corpus itself never has to fit in memory.
+ * documents arrive (tokfile.h), so the corpus itself never has to fit in memory; only one
+ * document's tokens are held at a time, which is what cutting it into pieces needs.
  */
 #include "io/corpus.h"
 
@@ -26,12 +28,14 @@
 struct corpus_reader {
 	char *path;
 	int is_dir;
+	int is_txt; /* a .txt file: one document */
 	uint64_t ndocs;
-	/* JSONL */
+	/* JSONL (and .txt: size, pos, meta, buf) */
 	FILE *fp;
 	char *line;
 	size_t line_cap;
 	uint64_t lineno, size;
+	int started; /* a non-blank line was seen: the first one's first byte was checked */
 	uint64_t pos; /* bytes read so far: the progress, without an lseek per document */
 	json_t *obj;
 	char *meta;
@@ -51,6 +55,13 @@ static int name_filter(const struct dirent *e)
 static int name_cmp(const struct dirent **a, const struct dirent **b)
 {
 	return strcmp((*a)->d_name, (*b)->d_name);
+}
+
+static int has_txt_suffix(const char *path)
+{
+	size_t n = strlen(path);
+
+	return n >= 4 && strcmp(path + n - 4, ".txt") == 0;
 }
 
 int corpus_open(struct corpus_reader **out, const char *path)
@@ -75,6 +86,9 @@ int corpus_open(struct corpus_reader **out, const char *path)
 			corpus_close(r);
 			return err_errno(CORE_EIO, path, "cannot list directory", e);
 		}
+	} else if (S_ISREG(st.st_mode) && has_txt_suffix(path)) {
+		r->is_txt = 1;
+		r->size = (uint64_t)st.st_size;
 	} else {
 		r->fp = fopen(path, "rb");
 		if (!r->fp) {
@@ -148,6 +162,18 @@ static int next_jsonl(struct corpus_reader *r, struct corpus_doc *doc)
 		r->pos += (uint64_t)n;
 	} while (blank(r->line, (size_t)n));
 	ln = (unsigned long long)r->lineno;
+	if (!r->started) {
+		/* Plain text given as JSONL would otherwise fail with jansson's "'[' or '{'
+		 * expected near 'The'", which does not say what is wrong with the input. */
+		size_t i = 0;
+		while (r->line[i] == ' ' || r->line[i] == '\t' || r->line[i] == '\r')
+			i++;
+		if (r->line[i] != '{')
+			return err_set(CORE_EFORMAT, r->path, "not JSON Lines (one {\"text\": ...} "
+				       "object per line); for plain text name the file *.txt or "
+				       "pass a directory of text files");
+		r->started = 1;
+	}
 
 	r->obj = json_loadb(r->line, (size_t)n, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
 	if (!r->obj)
@@ -176,6 +202,19 @@ static int next_jsonl(struct corpus_reader *r, struct corpus_doc *doc)
 	return 1;
 }
 
+/* metadata {"file":"name"} of the file name into r->meta; file names the error */
+static int file_meta(struct corpus_reader *r, const char *file, const char *name)
+{
+	json_t *m = json_pack("{s:s}", "file", name);
+
+	free(r->meta);
+	r->meta = m ? json_dumps(m, JSON_COMPACT) : NULL;
+	json_decref(m);
+	if (!r->meta)
+		return err_set(CORE_EFORMAT, file, "file name is not valid UTF-8");
+	return 0;
+}
+
 static int next_file(struct corpus_reader *r, struct corpus_doc *doc)
 {
 	struct stat st;
@@ -199,12 +238,7 @@ static int next_file(struct corpus_reader *r, struct corpus_doc *doc)
 		r->buf = NULL;
 		/* Not file_read_all: a file turned into a FIFO since the stat must not block. */
 		ERR_FORWARD(file_read_regular(r->file, 0, &r->buf, &len));
-		json_t *m = json_pack("{s:s}", "file", name);
-		free(r->meta);
-		r->meta = m ? json_dumps(m, JSON_COMPACT) : NULL;
-		json_decref(m);
-		if (!r->meta)
-			return err_set(CORE_EFORMAT, r->file, "file name is not valid UTF-8");
+		ERR_FORWARD(file_meta(r, r->file, name));
 		doc->text = r->buf;
 		doc->len = len;
 		doc->meta = r->meta;
@@ -213,9 +247,28 @@ static int next_file(struct corpus_reader *r, struct corpus_doc *doc)
 	}
 }
 
+static int next_txt(struct corpus_reader *r, struct corpus_doc *doc)
+{
+	const char *slash = strrchr(r->path, '/');
+	size_t len = 0;
+
+	if (r->ndocs > 0)
+		return 0;
+	free(r->buf);
+	r->buf = NULL;
+	ERR_FORWARD(file_read_regular(r->path, 0, &r->buf, &len));
+	ERR_FORWARD(file_meta(r, r->path, slash ? slash + 1 : r->path));
+	r->pos = r->size = len;
+	doc->text = r->buf;
+	doc->len = len;
+	doc->meta = r->meta;
+	doc->meta_len = strlen(r->meta);
+	return 1;
+}
+
 int corpus_next(struct corpus_reader *r, struct corpus_doc *doc)
 {
-	int rc = r->is_dir ? next_file(r, doc) : next_jsonl(r, doc);
+	int rc = r->is_dir ? next_file(r, doc) : r->is_txt ? next_txt(r, doc) : next_jsonl(r, doc);
 
 	if (rc == 1)
 		doc->index = r->ndocs++;
@@ -328,6 +381,57 @@ int corpus_split_path(char *buf, size_t n, const char *outdir, enum corpus_split
 	return 0;
 }
 
+/* ---- chunks ------------------------------------------------------------------------------- */
+
+uint64_t corpus_chunk_pieces(uint64_t ntokens, uint64_t chunk)
+{
+	if (chunk == 0 || ntokens < chunk)
+		return 1;
+	/* chunk - chunk / 2 is chunk / 2 rounded up: "at least half a chunk" without 2 * r,
+	 * which could overflow */
+	return ntokens / chunk + (ntokens % chunk >= chunk - chunk / 2);
+}
+
+int corpus_chunk_meta(const char *file, const char *meta, size_t len, uint64_t doc,
+		      uint64_t chunk, char **out, size_t *out_len)
+{
+	json_error_t jerr;
+	json_t *obj = json_loadb(meta, len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
+	const char *clash = NULL;
+	unsigned long long d = (unsigned long long)doc;
+	int rc = 0;
+
+	*out = NULL;
+	*out_len = 0;
+	if (!json_is_object(obj)) {
+		rc = err_set(CORE_EFORMAT, file, "document %llu: metadata is not a JSON object", d);
+		goto out;
+	}
+	/* Replacing a field of the source would lose it silently, and keeping both would give
+	 * duplicate keys; the user renames the field instead. */
+	if (json_object_get(obj, "doc"))
+		clash = "doc";
+	else if (json_object_get(obj, "chunk"))
+		clash = "chunk";
+	if (clash) {
+		rc = err_set(CORE_EFORMAT, file, "document %llu (counted from 0): has a \"%s\" "
+			     "field, which cutting into pieces adds to the metadata", d, clash);
+		goto out;
+	}
+	/* doc and chunk count things read into memory: far below 2^63, json_int_t's limit */
+	if (json_object_set_new(obj, "doc", json_integer((json_int_t)doc)) != 0 ||
+	    json_object_set_new(obj, "chunk", json_integer((json_int_t)chunk)) != 0 ||
+	    !(*out = json_dumps(obj, JSON_COMPACT))) {
+		rc = err_set(CORE_ENOMEM, file, "document %llu: cannot encode the metadata of "
+			     "piece %llu", d, (unsigned long long)chunk);
+		goto out;
+	}
+	*out_len = strlen(*out);
+out:
+	json_decref(obj);
+	return rc;
+}
+
 /* ---- prepare ------------------------------------------------------------------------------ */
 
 static int make_outdir(const char *dir, int *created)
@@ -346,6 +450,65 @@ static int make_outdir(const char *dir, int *created)
 	return 0;
 }
 
+/* Append a tokenized source document to its split's file: whole, or cut into pieces. */
+static int add_doc(struct tokfile_writer *w, const struct corpus_prepare_opts *o,
+		   const struct corpus_doc *doc, const struct corpus_tokens *t,
+		   struct corpus_split_stats *st)
+{
+	uint64_t npieces = corpus_chunk_pieces(t->n, o->chunk);
+
+	if (o->chunk == 0) {
+		ERR_FORWARD(tokw_add_doc(w, t->tok, t->n, doc->meta, doc->meta_len));
+	} else {
+		for (uint64_t k = 0; k < npieces; k++) {
+			uint64_t a = k * o->chunk, b = k + 1 == npieces ? t->n : a + o->chunk;
+			char *meta;
+			size_t ml;
+			ERR_FORWARD(corpus_chunk_meta(o->input, doc->meta, doc->meta_len,
+						      doc->index, k, &meta, &ml));
+			int rc = tokw_add_doc(w, t->tok ? t->tok + a : NULL, b - a, meta, ml);
+			free(meta);
+			if (rc < 0)
+				return rc;
+		}
+	}
+	st->docs += npieces;
+	st->sources++;
+	st->tokens += t->n;
+	return 0;
+}
+
+/* A split asked for (fraction > 0) that no source document went to is refused: a dataset
+ * without validation or router documents would only fail later, or silently measure nothing.
+ * With few long documents the fix is more documents or a larger fraction; --chunk does not
+ * help, since the split is drawn per source document. */
+static int check_splits(const struct corpus_prepare_opts *o,
+			const struct corpus_prepare_result *res, uint64_t ndocs)
+{
+	int ev = o->val_frac > 0 && res->split[CORPUS_SPLIT_VAL].sources == 0;
+	int er = o->router_frac > 0 && res->split[CORPUS_SPLIT_ROUTER].sources == 0;
+	unsigned long long n = (unsigned long long)ndocs;
+	const char *docs = ndocs == 1 ? "document" : "documents";
+
+	if (ev && er)
+		return err_set(CORE_EFORMAT, o->input,
+			       "val and router splits are empty: the input has %llu %s and none "
+			       "went to them (--val-frac %g, --router-frac %g); use more "
+			       "documents or larger fractions, or 0 for no such split (--chunk "
+			       "cuts documents after the split and cannot fill one)", n, docs,
+			       o->val_frac, o->router_frac);
+	if (ev || er) {
+		const char *name = ev ? "val" : "router";
+		return err_set(CORE_EFORMAT, o->input,
+			       "%s split is empty: the input has %llu %s and none went to it "
+			       "(--%s-frac %g); use more documents or a larger --%s-frac, or "
+			       "--%s-frac 0 for no %s split (--chunk cuts documents after the "
+			       "split and cannot fill it)", name, n, docs, name,
+			       ev ? o->val_frac : o->router_frac, name, name, name);
+	}
+	return 0;
+}
+
 int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_result *res)
 {
 	struct corpus_tokenizer tk = { 0 };
@@ -360,6 +523,9 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 	rc = corpus_split_check(o->val_frac, o->router_frac);
 	if (rc < 0)
 		return rc;
+	if (o->chunk == 1)
+		return err_set(CORE_EUSAGE, NULL, "pieces of 1 token: cutting into pieces needs a "
+			       "size of at least 2 tokens (0 for none)");
 	rc = corpus_tokenizer_open(&tk, o->tokenizer);
 	if (rc < 0)
 		return rc;
@@ -384,11 +550,9 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 		rc = tk.encode(&tk, doc.text, doc.len, &toks);
 		if (rc < 0)
 			goto out;
-		rc = tokw_add_doc(w[s], toks.tok, toks.n, doc.meta, doc.meta_len);
+		rc = add_doc(w[s], o, &doc, &toks, &res->split[s]);
 		if (rc < 0)
 			goto out;
-		res->split[s].docs++;
-		res->split[s].tokens += toks.n;
 		if (o->progress) {
 			uint64_t done, total;
 			corpus_progress(r, &done, &total);
@@ -401,6 +565,8 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 		rc = err_set(CORE_EFORMAT, o->input, "holds no documents");
 		goto out;
 	}
+	if ((rc = check_splits(o, res, r->ndocs)) < 0)
+		goto out;
 	/* The whole input is in. Complete and sync all three files before renaming any, so that
 	 * a failure to write the tail of one of them (a full disk) leaves all the old ones. */
 	for (s = 0; s < CORPUS_NSPLITS; s++) {
