@@ -48,6 +48,7 @@ HAVE_OPENBLAS ?= $(call have_pc,openblas)
 HAVE_YAML ?= $(call have_pc,yaml-0.1)
 HAVE_ZLIB ?= $(call have_pc,zlib)
 HAVE_JANSSON ?= $(call have_pc,jansson)
+HAVE_LBFGS ?= $(call have_pc,liblbfgs)
 HAVE_LIBDEFLATE ?= $(call have_pc,libdeflate)
 HAVE_CRITERION ?= $(call have_pc,criterion)
 HAVE_MPI ?= $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1 || echo 0)
@@ -67,14 +68,14 @@ else
 BLAS_FLAVOUR := its default threading (install libopenblas0-openmp for one thread pool)
 endif
 
-REQUIRED := OPENBLAS YAML ZLIB JANSSON OPENMP
+REQUIRED := OPENBLAS YAML ZLIB JANSSON LBFGS OPENMP
 MISSING := $(strip $(foreach r,$(REQUIRED),$(if $(filter 1,$(HAVE_$(r))),,$(r))))
 ifneq ($(MISSING),)
-$(error missing required libraries: $(MISSING); run scripts/setup-debian.sh or install libopenblas-dev libyaml-dev zlib1g-dev libjansson-dev)
+$(error missing required libraries: $(MISSING); run scripts/setup-debian.sh or install libopenblas-dev libyaml-dev zlib1g-dev libjansson-dev liblbfgs-dev)
 endif
 
-CFLAGS += -fopenmp $(BLAS_CFLAGS) $(shell $(PKG_CONFIG) --cflags yaml-0.1 zlib jansson)
-LIBS := $(BLAS_LIBS) $(shell $(PKG_CONFIG) --libs yaml-0.1 zlib jansson) -fopenmp -lm
+CFLAGS += -fopenmp $(BLAS_CFLAGS) $(shell $(PKG_CONFIG) --cflags yaml-0.1 zlib jansson liblbfgs)
+LIBS := $(BLAS_LIBS) $(shell $(PKG_CONFIG) --libs yaml-0.1 zlib jansson liblbfgs) -fopenmp -lm
 # libdeflate: crc32 at about 3x zlib's speed (lib/common/crc.h); zlib's when absent.
 ifeq ($(HAVE_LIBDEFLATE),1)
 CFLAGS += -DHAVE_LIBDEFLATE=1 $(shell $(PKG_CONFIG) --cflags libdeflate)
@@ -110,7 +111,7 @@ all: probe $(BUILD)/libcore.a $(PROGS) $(if $(filter 1,$(HAVE_CUDA)),kernels)
 probe:
 	@echo "==> OpenMP: $(if $(filter 1,$(HAVE_OPENMP)),found,not found)"
 	@echo "==> OpenBLAS (CBLAS): found, $(BLAS_FLAVOUR)"
-	@echo "==> libyaml: found; zlib: found; jansson: found"
+	@echo "==> libyaml: found; zlib: found; jansson: found; liblbfgs: found"
 	@echo "==> libdeflate: $(if $(filter 1,$(HAVE_LIBDEFLATE)),found (fast crc32),not found (crc32 from zlib, about 3x slower; install libdeflate-dev))"
 	@echo "==> Criterion: $(if $(filter 1,$(HAVE_CRITERION)),found,not found (make test needs libcriterion-dev))"
 	@echo "==> MPI: $(if $(filter 1,$(HAVE_MPI)),found ($(MPICC)),not found (single-process only))"

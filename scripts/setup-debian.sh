@@ -8,7 +8,7 @@
 # Debian's npm package conflicts with such a nodejs and apt-get would refuse the whole install.
 set -eu
 pkgs="gcc make pkg-config libc6-dev libopenblas-dev libopenblas0-openmp libyaml-dev zlib1g-dev libdeflate-dev
-libjansson-dev ca-certificates"
+libjansson-dev liblbfgs-dev ca-certificates"
 if [ "${1:-}" = "--test" ]; then
 	pkgs="$pkgs libcriterion-dev python3-torch python3-numpy groff-base openmpi-bin procps"
 elif ! command -v npm >/dev/null 2>&1; then

@@ -17,6 +17,9 @@ enum rng_stream {
 	RNG_STREAM_SPLIT = 4,   /* corpus validation / router split */
 	RNG_STREAM_NOISE = 5,   /* MoE gate noise */
 	RNG_STREAM_SHARD = 6,   /* documents to random shards */
+	RNG_STREAM_KMEANS = 7,  /* k-means++ initialisation */
+	RNG_STREAM_HOLDOUT = 8, /* rows held out when fitting a router */
+	RNG_STREAM_BASELINE = 9, /* shuffles of the random-shards baseline of a routing report */
 	RNG_STREAM_TEST = 100   /* tests and benchmarks */
 };
 
