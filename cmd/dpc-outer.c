@@ -727,7 +727,8 @@ static int step_module(const struct rundir *r, long t, int m, double wait, int t
 	outer_weights(weights, tokens, md->npaths, dc->reweight && r->have_shards);
 	if (dc->reweight && !r->have_shards) {
 		rc = err_set(CORE_ENOTFOUND, r->dir, "dipaco.reweight needs the shard manifest "
-			     "shards/shards.json");
+			     "(shards/shards.json, or phase-TTTT/shards/shards.json after a "
+			     "re-sharding)");
 		goto out;
 	}
 	rc = rundir_make_phase(r, t);
@@ -815,6 +816,9 @@ static int cmd_step(int argc, char **argv)
 	if (phase > r.cfg.dipaco.phases)
 		rc = err_set(CORE_EUSAGE, r.dir, "phase %ld is outside 1..%ld", phase,
 			     r.cfg.dipaco.phases);
+	/* the shard sizes this phase trained on (the run may have been re-sharded) */
+	if (!rc)
+		rc = rundir_read_shards(&r, phase, 0);
 	/* The selection: named modules (each must exist), or a slice of all. */
 	int *sel = calloc((size_t)r.topo.nmodules, sizeof *sel), nsel = 0;
 	if (!rc && !sel)

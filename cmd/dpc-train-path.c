@@ -75,7 +75,10 @@ static int run_task(struct backend *be, const char *dir, long phase, long path, 
 	char out[RUNDIR_PATH_MAX];
 
 	ERR_FORWARD(rundir_open(&r, dir, 0));
-	int rc = pathtrain_run(&r, phase, (int)path, be, !quiet, &res);
+	/* the manifest of the shards this phase trains on (a re-sharding's), checked */
+	int rc = phase >= 1 ? rundir_read_shards(&r, phase, 0) : 0;
+	if (!rc)
+		rc = pathtrain_run(&r, phase, (int)path, be, !quiet, &res);
 	if (!rc)
 		rc = rundir_path_ckpt(&r, phase, (int)path, ".safetensors", out, sizeof out);
 	rundir_close(&r);

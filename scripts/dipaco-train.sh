@@ -10,7 +10,10 @@
 #     --mpi N      N worker ranks under mpirun instead of make; MPIRUN_ARGS adds mpirun
 #                  options (a hostfile, say); RUNDIR must be on a filesystem every host sees
 #     --seed N     seed of the random shards (default 0)
+#     --until T    stop after phase T (to re-shard the run with a router fitted on phase
+#                  T's paths, dpc-route(1); the same command without --until goes on)
 #     --bin DIR    the programs (default: build/bin of this checkout)
+#     -q           no progress lines (by default one on stderr as tasks finish)
 #
 # Stages: dpc-outer init (config, phase-0 modules, Makefile), dpc-shard split --random P
 # (when RUNDIR/shards has no manifest: routers make other shards, see dpc-shard(1)), the
@@ -19,8 +22,8 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$here/../build/bin
-jobs=2 threads=1 mpi=0 seed=0 sets=""
-usage() { sed -n '6,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+jobs=2 threads=1 mpi=0 seed=0 until=0 quiet=0 sets=""
+usage() { sed -n '6,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	-s) sets="$sets -s $2"; shift 2 ;;
@@ -28,8 +31,10 @@ while [ $# -gt 0 ]; do
 	-t) threads=$2; shift 2 ;;
 	--mpi) mpi=$2; shift 2 ;;
 	--seed) seed=$2; shift 2 ;;
+	--until) until=$2; shift 2 ;;
+	-q|--quiet) quiet=1; shift ;;
 	--bin) bin=$2; shift 2 ;;
-	-h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	-*) echo "dipaco-train.sh: unknown option '$1'" >&2; usage ;;
 	*) break ;;
 	esac
@@ -50,18 +55,61 @@ fi
 if [ -n "$val" ] && [ ! -e "$run/val.tok" ]; then
 	cp "$val" "$run/val.tok.tmp.$$" && mv "$run/val.tok.tmp.$$" "$run/val.tok"
 fi
-echo "dipaco-train.sh: $run: $paths paths, $(echo "$init" | sed 's/.*"phases":\([0-9]*\).*/\1/') phases" >&2
+phases=$(echo "$init" | sed 's/.*"phases":\([0-9]*\).*/\1/')
+modules=$(echo "$init" | sed 's/.*"modules":\([0-9]*\).*/\1/')
+echo "dipaco-train.sh: $run: $paths paths, $modules modules, $phases phases" >&2
+
+# A plain progress line on stderr whenever a task finishes (at most every 10 s), terminal or
+# log file alike: tasks done of the phases asked for, and the time since the start.
+last=$phases
+[ "$until" -gt 0 ] && [ "$until" -lt "$phases" ] && last=$until
+total=$((last * (paths + modules))) start=$(date +%s)
+count_done() {
+	n=0 t=1
+	while [ "$t" -le "$last" ]; do
+		d=$(printf '%s/phase-%04d' "$run" "$t")
+		for f in "$d"/paths/*.safetensors "$d"/modules/*.safetensors; do
+			[ -e "$f" ] && n=$((n + 1))
+		done
+		t=$((t + 1))
+	done
+	echo "$n"
+}
+watch() {
+	prev=-1
+	while :; do
+		n=$(count_done)
+		if [ "$n" != "$prev" ]; then
+			echo "dipaco-train.sh: $n/$total tasks done, $(($(date +%s) - start)) s" >&2
+			prev=$n
+		fi
+		sleep 10 </dev/null >/dev/null 2>&1
+	done
+}
+watcher=
+if [ "$quiet" = 0 ]; then
+	watch &
+	watcher=$!
+	trap '[ -z "$watcher" ] || kill "$watcher" 2>/dev/null || true' EXIT
+	trap 'exit 130' INT TERM
+fi
 
 if [ "$mpi" -gt 0 ]; then
 	# A fresh claim folder per launch: claims of a killed launch are not this launch's.
 	epoch=$(date +%Y%m%d-%H%M%S)-$$
 	# shellcheck disable=SC2086
-	mpirun ${MPIRUN_ARGS:-} -np "$mpi" sh "$here/dipaco-worker.sh" "$run" "$epoch" "$bin" "$threads"
+	mpirun ${MPIRUN_ARGS:-} -np "$mpi" sh "$here/dipaco-worker.sh" "$run" "$epoch" "$bin" \
+		"$threads" "$until"
 	# The workers end only when every output exists: no claim is needed any more, not even
 	# the ones a killed launch left.
 	rm -rf "$run/claims"
-	"$bin/dpc-outer" metrics "$run" >/dev/null
+	[ "$until" -gt 0 ] || "$bin/dpc-outer" metrics "$run" >/dev/null
 else
-	make -s -C "$run" -j "$jobs" THREADS="$threads" BIN="$bin" >/dev/null
+	target=all
+	[ "$until" -gt 0 ] && target=through-$until
+	make -s -C "$run" -j "$jobs" THREADS="$threads" BIN="$bin" "$target" >/dev/null
 fi
+[ -z "$watcher" ] || { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null || true; }
+watcher=
+echo "dipaco-train.sh: $(count_done)/$total tasks done, $(($(date +%s) - start)) s" >&2
 "$bin/dpc-outer" metrics --table "$run"

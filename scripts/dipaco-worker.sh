@@ -6,9 +6,10 @@
 # filesystems (NFS included), so two workers never run the same task. EPOCH is new for every
 # launch, so the claims of a killed launch do not block the next one; its outputs are never
 # half-written (atomic renames), so the next launch redoes only what is missing.
-#   sh scripts/dipaco-worker.sh RUNDIR EPOCH BINDIR [THREADS]
+# With UNTIL, only the tasks of phases 1..UNTIL.
+#   sh scripts/dipaco-worker.sh RUNDIR EPOCH BINDIR [THREADS [UNTIL]]
 set -eu
-run=$1 epoch=$2 bin=$3 threads=${4:-1}
+run=$1 epoch=$2 bin=$3 threads=${4:-1} until=${5:-0}
 claims=$run/claims/$epoch
 mkdir -p "$claims"
 tasks=$("$bin/dpc-outer" tasks "$run")
@@ -16,6 +17,7 @@ while :; do
 	left=0 ran=0
 	while read -r kind phase what out deps; do
 		[ -e "$run/$out" ] && continue
+		[ "$until" -gt 0 ] && [ "$phase" -gt "$until" ] && continue
 		left=1
 		ready=1
 		for d in $deps; do

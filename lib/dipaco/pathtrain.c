@@ -17,8 +17,7 @@
 #include "model/train.h"
 #include "common/banned.h"
 
-/* Load path p's modules of phase t-1 into g's parameters. */
-static int assemble(const struct rundir *r, long phase, int p, struct gpt2 *g)
+int pathtrain_assemble(const struct rundir *r, long phase, int p, struct gpt2 *g)
 {
 	const struct topology *t = &r->topo;
 	struct backend *be = g->be;
@@ -30,9 +29,9 @@ static int assemble(const struct rundir *r, long phase, int p, struct gpt2 *g)
 	for (int l = 0; l < t->nlevels && !rc; l++) {
 		int m = topo_module_of(t, p, l);
 		struct st_file f;
-		rc = rundir_module(r, phase - 1, m, ".safetensors", path, sizeof path);
+		rc = rundir_module(r, phase, m, ".safetensors", path, sizeof path);
 		if (!rc)
-			rc = module_open(&f, path, t, m, phase - 1, r->config_hash, 1);
+			rc = module_open(&f, path, t, m, phase, r->config_hash, 1);
 		if (rc)
 			break;
 		for (int i = 0; i < t->layout.n && !rc; i++) {
@@ -171,7 +170,7 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 	rundir_clean_stale(out);
 
 	/* Data: the shard, minus the held-out tail when early stopping. */
-	ERR_FORWARD(rundir_shard(r, p, shard, sizeof shard));
+	ERR_FORWARD(rundir_shard(r, phase, p, shard, sizeof shard));
 	rc = tokfile_open(&k.shard, shard);
 	if (rc)
 		goto out;
@@ -205,7 +204,7 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 	if (rc)
 		goto out;
 	k.have_model = 1;
-	rc = assemble(r, phase, p, &k.g);
+	rc = pathtrain_assemble(r, phase - 1, p, &k.g);
 	if (!rc && phase > 1)
 		rc = load_moments(r, phase, p, &k.g);
 	if (rc)

@@ -32,6 +32,10 @@ struct path_task_result {
 	double eval_seconds;  /* evaluations: held-out slice and RUNDIR/val.tok */
 };
 
+/* Path p's modules after phase `phase`'s outer step (phase 0: the initialisation) into g's
+ * parameters (g has the run's model shape), each module file verified. */
+int pathtrain_assemble(const struct rundir *r, long phase, int p, struct gpt2 *g);
+
 int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be, int progress,
 		  struct path_task_result *res);
 

@@ -23,7 +23,8 @@ static const char *rel_name(const char *s)
 }
 
 /* The dependencies of train (t, p) and of outer (t, m), space-separated, into fp. */
-static void train_deps(FILE *fp, const struct rundir *rel, long t, int p)
+static void train_deps(FILE *fp, const struct rundir *r, const struct rundir *rel, long t,
+		       int p)
 {
 	char buf[RUNDIR_PATH_MAX];
 
@@ -36,8 +37,11 @@ static void train_deps(FILE *fp, const struct rundir *rel, long t, int p)
 		rundir_path_ckpt(rel, t - 1, p, ".safetensors", buf, sizeof buf);
 		fprintf(fp, " %s", rel_name(buf));
 	}
-	rundir_shard(rel, p, buf, sizeof buf);
-	fprintf(fp, " %s", rel_name(buf));
+	/* Which shards phase t trains on depends on what the run directory holds (a re-sharding):
+	 * looked up in the real one, written relative to it. */
+	rundir_shard(r, t, p, buf, sizeof buf);
+	const size_t nd = strlen(r->dir);
+	fprintf(fp, " %s", strncmp(buf, r->dir, nd) == 0 && buf[nd] == '/' ? buf + nd + 1 : buf);
 }
 
 static void outer_deps(FILE *fp, const struct rundir *rel, long t, int m)
@@ -80,7 +84,7 @@ int plan_tasks(const struct rundir *r, char **out)
 		for (int p = 0; p < r->topo.npaths; p++) {
 			rundir_path_ckpt(&rel, t, p, ".safetensors", buf, sizeof buf);
 			fprintf(fp, "train %ld %d %s", t, p, rel_name(buf));
-			train_deps(fp, &rel, t, p);
+			train_deps(fp, r, &rel, t, p);
 			fputc('\n', fp);
 		}
 		for (int m = 0; m < r->topo.nmodules; m++) {
@@ -124,7 +128,7 @@ int plan_makefile(const struct rundir *r, const char *bin, char **out)
 		for (int p = 0; p < r->topo.npaths; p++) {
 			rundir_path_ckpt(&rel, t, p, ".safetensors", buf, sizeof buf);
 			fprintf(fp, "%s:", rel_name(buf));
-			train_deps(fp, &rel, t, p);
+			train_deps(fp, r, &rel, t, p);
 			fprintf(fp, "\n\t$(TRAIN) --phase %ld --path %d\n", t, p);
 		}
 		for (int m = 0; m < r->topo.nmodules; m++) {
@@ -136,6 +140,17 @@ int plan_makefile(const struct rundir *r, const char *bin, char **out)
 		}
 		fputc('\n', fp);
 	}
+	/* through-T: every module of phase T, so phases up to T (a run re-sharded after phase
+	 * T stops there: dipaco-train.sh --until T) */
+	for (long t = 1; t <= T; t++) {
+		fprintf(fp, ".PHONY: through-%ld\nthrough-%ld:", t, t);
+		for (int m = 0; m < r->topo.nmodules; m++) {
+			rundir_module(&rel, t, m, ".safetensors", buf, sizeof buf);
+			fprintf(fp, " %s", rel_name(buf));
+		}
+		fputc('\n', fp);
+	}
+	fputc('\n', fp);
 	fprintf(fp, "metrics.jsonl:");
 	for (int m = 0; m < r->topo.nmodules; m++) {
 		rundir_module(&rel, T, m, ".safetensors", buf, sizeof buf);

@@ -33,10 +33,21 @@ int rundir_file(const struct rundir *r, const char *name, char *buf, size_t n)
 	return name_into(buf, n, "%s/%s", r->dir, name);
 }
 
-int rundir_shard(const struct rundir *r, int p, char *buf, size_t n)
+int rundir_shard_dir(const struct rundir *r, long phase, char *buf, size_t n)
 {
-	return name_into(buf, n, "%s/shards/shard-%0*d.tok", r->dir, topo_path_digits(&r->topo),
-			 p);
+	for (long t = phase - 1; t >= 1; t--) {
+		ERR_FORWARD(name_into(buf, n, "%s/phase-%04ld/shards/shards.json", r->dir, t));
+		if (access(buf, F_OK) == 0)
+			return name_into(buf, n, "%s/phase-%04ld/shards", r->dir, t);
+	}
+	return name_into(buf, n, "%s/shards", r->dir);
+}
+
+int rundir_shard(const struct rundir *r, long phase, int p, char *buf, size_t n)
+{
+	char dir[RUNDIR_PATH_MAX];
+	ERR_FORWARD(rundir_shard_dir(r, phase, dir, sizeof dir));
+	return name_into(buf, n, "%s/shard-%0*d.tok", dir, topo_path_digits(&r->topo), p);
 }
 
 int rundir_path_ckpt(const struct rundir *r, long phase, int p, const char *ext, char *buf,
@@ -98,13 +109,18 @@ int rundir_make_phase(const struct rundir *r, long phase)
 	return make_dir(buf);
 }
 
-/* shards/shards.json: {"paths": P, "shards": [{"file", "docs", "tokens"}, ...]}. */
-static int read_manifest(struct rundir *r, int need)
+/* SHARDS/shards.json: {"paths": P, "shards": [{"file", "docs", "tokens"}, ...]}. */
+int rundir_read_shards(struct rundir *r, long phase, int need)
 {
 	char path[RUNDIR_PATH_MAX];
 	json_error_t je;
 
-	ERR_FORWARD(rundir_file(r, "shards/shards.json", path, sizeof path));
+	free(r->shard_tokens);
+	r->shard_tokens = NULL;
+	r->have_shards = 0;
+	char dir[RUNDIR_PATH_MAX];
+	ERR_FORWARD(rundir_shard_dir(r, phase, dir, sizeof dir));
+	ERR_FORWARD(name_into(path, sizeof path, "%s/shards.json", dir));
 	json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!root) {
 		if (!need && access(path, F_OK) != 0)
@@ -174,7 +190,7 @@ int rundir_open(struct rundir *r, const char *dir, int need_shards)
 	}
 	config_hash_all(&r->cfg, r->config_hash);
 	r->tau = config_inner_steps(&r->cfg);
-	rc = read_manifest(r, need_shards);
+	rc = rundir_read_shards(r, 1, need_shards);
 	if (rc)
 		rundir_close(r);
 	return rc;

@@ -4,6 +4,8 @@
  *   RUNDIR/config.yaml                      the run's config (config_yaml text)
  *   RUNDIR/shards/shards.json               shard manifest (dpc-shard split)
  *   RUNDIR/shards/shard-PPP.tok             path p's shard
+ *   RUNDIR/phase-TTTT/shards/               shards of phases after T, when the run was
+ *                                           re-sharded after phase T (same layout)
  *   RUNDIR/val.tok                          optional validation tokens
  *   RUNDIR/phase-TTTT/modules/NAME.safetensors  module checkpoints after phase t's outer
  *                                           step (phase 0: the initialisation)
@@ -29,8 +31,8 @@ struct rundir {
 	struct topology topo;
 	char config_hash[17];
 	long tau;           /* inner steps per phase */
-	int have_shards;    /* shards/shards.json read */
-	double *shard_tokens; /* [npaths], from the manifest */
+	int have_shards;    /* a shard manifest read (rundir_read_shards) */
+	double *shard_tokens; /* [npaths], from that manifest */
 };
 
 /* Load dir/config.yaml (validated) and build its topology; the shard manifest too when it
@@ -44,7 +46,14 @@ void rundir_close(struct rundir *r);
 int rundir_create(const char *dir, const struct run_config *c);
 
 /* File names (NUL-terminated into buf of n bytes; CORE_EUSAGE when it does not fit). */
-int rundir_shard(const struct rundir *r, int p, char *buf, size_t n);
+/* The folder of the shards phase t trains on: RUNDIR/phase-TTTT/shards for the latest T < t
+ * that holds a shards.json (the run was re-sharded after phase T, by a router fitted on
+ * phase T's paths), else RUNDIR/shards. */
+int rundir_shard_dir(const struct rundir *r, long phase, char *buf, size_t n);
+int rundir_shard(const struct rundir *r, long phase, int p, char *buf, size_t n);
+/* Read the manifest of the shards phase t trains on into shard_tokens (rundir_open reads
+ * phase 1's); with need = 0 a missing manifest leaves have_shards 0. */
+int rundir_read_shards(struct rundir *r, long phase, int need);
 int rundir_path_ckpt(const struct rundir *r, long phase, int p, const char *ext, char *buf,
 		     size_t n);
 int rundir_module(const struct rundir *r, long phase, int m, const char *ext, char *buf,
