@@ -18,6 +18,7 @@
 #include "common/progress.h"
 #include "io/shardsplit.h"
 #include "io/tokfile.h"
+#include "route/routesplit.h"
 #include "common/banned.h"
 
 static const char prog[] = "dpc-shard";
@@ -83,12 +84,21 @@ static void prepare_usage(FILE *fp)
 	fprintf(fp,
 		"usage: %s prepare [options] INPUT OUTDIR\n"
 		"Tokenize the documents of INPUT (a .jsonl file with a \"text\" field per\n"
-		"line, or a directory of text files) into OUTDIR/train.tok, OUTDIR/val.tok\n"
-		"and OUTDIR/router.tok; print a JSON summary on stdout.\n\n"
+		"line, a .txt file read as one document, or a directory of text files, one\n"
+		"document each) into OUTDIR/train.tok, OUTDIR/val.tok and OUTDIR/router.tok;\n"
+		"print a JSON summary on stdout. A split whose fraction is above 0 but that\n"
+		"gets no document is an error, and nothing is written.\n\n"
 		"options:\n"
 		"      --val-frac F      fraction of documents for validation (default %g)\n"
 		"      --router-frac F   fraction of documents for fitting routers (default %g)\n"
 		"      --seed N          seed of the split (default 0)\n"
+		"      --chunk N         cut each document, after its split is drawn, into\n"
+		"                        pieces of N tokens (N >= 2), each written as a\n"
+		"                        document with \"doc\" and \"chunk\" added to its\n"
+		"                        metadata; a remainder under N/2 tokens joins the\n"
+		"                        piece before it, so pieces hold N/2 to 1.5N tokens and\n"
+		"                        a document under N tokens stays whole (default 0:\n"
+		"                        no cutting)\n"
 		"      --tokenizer NAME  tokenizer: byte (default byte)\n"
 		"      --force           replace existing output files\n"
 		"  -h, --help            show this help and exit\n"
@@ -106,8 +116,8 @@ static void show_progress(void *ctx, uint64_t done, uint64_t total)
 
 static json_t *split_json(const struct corpus_split_stats *s, const char *file)
 {
-	return json_pack("{s:I,s:I,s:s}", "docs", (json_int_t)s->docs, "tokens",
-			 (json_int_t)s->tokens, "file", file);
+	return json_pack("{s:I,s:I,s:I,s:s}", "docs", (json_int_t)s->docs, "source_docs",
+			 (json_int_t)s->sources, "tokens", (json_int_t)s->tokens, "file", file);
 }
 
 static int cmd_prepare(int argc, char **argv)
@@ -116,6 +126,7 @@ static int cmd_prepare(int argc, char **argv)
 		{ "val-frac", required_argument, NULL, 'v' },
 		{ "router-frac", required_argument, NULL, 'r' },
 		{ "seed", required_argument, NULL, 's' },
+		{ "chunk", required_argument, NULL, 'c' },
 		{ "tokenizer", required_argument, NULL, 't' },
 		{ "force", no_argument, NULL, 'f' },
 		{ "help", no_argument, NULL, 'h' },
@@ -131,7 +142,7 @@ static int cmd_prepare(int argc, char **argv)
 	struct progress bar;
 	char paths[CORPUS_NSPLITS][4096];
 	int force = 0, c, rc;
-	long seed;
+	long seed, chunk;
 
 	while ((c = getopt_long(argc, argv, ":hV", longopts, NULL)) != -1) {
 		switch (c) {
@@ -148,6 +159,15 @@ static int cmd_prepare(int argc, char **argv)
 			if ((rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &seed)) < 0)
 				return cli_report(prog, rc);
 			o.seed = (uint64_t)seed;
+			break;
+		case 'c':
+			if ((rc = cli_parse_long("--chunk", optarg, 0, LONG_MAX, &chunk)) < 0)
+				return cli_report(prog, rc);
+			if (chunk == 1)
+				return cli_usage_error(prog, "option '--chunk': pieces of 1 "
+						       "token; N must be 2 or more, or 0 for no "
+						       "cutting (see %s prepare --help)", prog);
+			o.chunk = (uint64_t)chunk;
 			break;
 		case 't':
 			o.tokenizer = optarg;
@@ -191,16 +211,19 @@ static int cmd_prepare(int argc, char **argv)
 	if (rc < 0)
 		return cli_report(prog, rc);
 
-	uint64_t docs = 0, tokens = 0;
+	uint64_t docs = 0, sources = 0, tokens = 0;
 	for (int s = 0; s < CORPUS_NSPLITS; s++) {
 		docs += res.split[s].docs;
+		sources += res.split[s].sources;
 		tokens += res.split[s].tokens;
 	}
+	/* docs: documents written (pieces with --chunk); source_docs: documents of INPUT */
 	return print_json(json_pack(
-		"{s:s,s:s,s:s,s:i,s:I,s:f,s:f,s:I,s:I,s:o,s:o,s:o}", "input", o.input, "outdir",
-		o.outdir, "tokenizer", o.tokenizer, "vocab", (int)res.vocab, "seed",
-		(json_int_t)o.seed, "val_frac", o.val_frac, "router_frac", o.router_frac, "docs",
-		(json_int_t)docs, "tokens", (json_int_t)tokens,
+		"{s:s,s:s,s:s,s:i,s:I,s:f,s:f,s:I,s:I,s:I,s:I,s:o,s:o,s:o}", "input", o.input,
+		"outdir", o.outdir, "tokenizer", o.tokenizer, "vocab", (int)res.vocab, "seed",
+		(json_int_t)o.seed, "val_frac", o.val_frac, "router_frac", o.router_frac, "chunk",
+		(json_int_t)o.chunk, "docs", (json_int_t)docs, "source_docs", (json_int_t)sources,
+		"tokens", (json_int_t)tokens,
 		"train", split_json(&res.split[CORPUS_SPLIT_TRAIN], paths[CORPUS_SPLIT_TRAIN]),
 		"val", split_json(&res.split[CORPUS_SPLIT_VAL], paths[CORPUS_SPLIT_VAL]),
 		"router", split_json(&res.split[CORPUS_SPLIT_ROUTER], paths[CORPUS_SPLIT_ROUTER])));
@@ -263,18 +286,83 @@ static void split_usage(FILE *fp)
 {
 	fprintf(fp,
 		"usage: %s split --random P [options] IN.tok OUTDIR\n"
-		"Divide the token file IN.tok into P shards, each document whole in one shard:\n"
+		"       %s split --router ROUTER (-m BASE | --features F) [options] IN.tok OUTDIR\n"
+		"Divide the token file IN.tok into one shard per path, each document whole:\n"
 		"OUTDIR/shard-000.tok ... and OUTDIR/shards.json, which is also printed on\n"
-		"stdout as one line of JSON.\n\n"
+		"stdout as one line of JSON. --random draws each document's shard; --router\n"
+		"sends it to the path a document router (dpc-route kmeans or fit) picks from\n"
+		"its prefix features, or to its two best paths with --top 2, and prints a\n"
+		"routing report on stderr (shard sizes, overlap, and the label-by-shard table\n"
+		"with purity and NMI against random shards of the same sizes); the manifest on\n"
+		"stdout then carries the report as \"report\".\n\n"
 		"options:\n"
 		"      --random P        P shards, each document to one drawn at random,\n"
-		"                        P in [1, %d] (required)\n"
+		"                        P in [1, %d]\n"
 		"      --seed N          seed of the draw (default 0)\n"
+		"      --router FILE     route with this document router (dpc-route(5))\n"
+		"  -m, --model FILE      the base checkpoint the router's features come from\n"
+		"      --features FILE   IN.tok's features (dpc-route features), instead of -m\n"
+		"      --top K           each document in its K best shards: 1 (default) or 2\n"
+		"      --label KEY       the metadata field the report compares shards with\n"
+		"                        (default: category, else genre, when documents have it)\n"
+		"  -B, --batch N         documents per forward when computing features (64)\n"
+		"  -t, --threads N       OpenMP threads for the features\n"
 		"      --force           replace an existing split in OUTDIR\n"
 		"  -q, --quiet           no progress line on stderr\n"
 		"  -h, --help            show this help and exit\n"
 		"  -V, --version         show the version and exit\n",
-		prog, SHARD_MAX_PATHS);
+		prog, prog, SHARD_MAX_PATHS);
+}
+
+/* The routing report as text, on stderr. */
+static void print_report(const json_t *r)
+{
+	const json_t *shards = json_object_get(r, "shards"), *lab = json_object_get(r, "labels");
+	size_t i, P = json_array_size(shards);
+	json_t *v;
+
+	fprintf(stderr, "routed %lld documents with %s router '%s', top %lld:\n",
+		(long long)json_integer_value(json_object_get(r, "docs")),
+		json_string_value(json_object_get(r, "kind")),
+		json_string_value(json_object_get(r, "router")),
+		(long long)json_integer_value(json_object_get(r, "top")));
+	fprintf(stderr, "  %-6s %10s %12s\n", "shard", "docs", "tokens");
+	json_array_foreach(shards, i, v)
+		fprintf(stderr, "  %-6zu %10lld %12lld\n", i,
+			(long long)json_integer_value(json_object_get(v, "docs")),
+			(long long)json_integer_value(json_object_get(v, "tokens")));
+	json_array_foreach(json_object_get(r, "pairs"), i, v) {
+		const json_t *ab = json_object_get(v, "shards");
+		fprintf(stderr, "  shards %lld and %lld share %lld documents\n",
+			(long long)json_integer_value(json_array_get(ab, 0)),
+			(long long)json_integer_value(json_array_get(ab, 1)),
+			(long long)json_integer_value(json_object_get(v, "docs")));
+	}
+	if (!json_is_object(lab))
+		return;
+	const json_t *names = json_object_get(lab, "labels"), *rnd;
+	fprintf(stderr, "  %-16s", json_string_value(json_object_get(lab, "label")));
+	for (i = 0; i < P; i++)
+		fprintf(stderr, " %6zu", i);
+	fputc('\n', stderr);
+	json_array_foreach(json_object_get(lab, "table"), i, v) {
+		size_t k;
+		json_t *n;
+		fprintf(stderr, "  %-16.16s", json_string_value(json_array_get(names, i)));
+		json_array_foreach(v, k, n)
+			fprintf(stderr, " %6lld", (long long)json_integer_value(n));
+		fputc('\n', stderr);
+	}
+	rnd = json_object_get(lab, "random_shards");
+	fprintf(stderr, "  purity %.4f (random shards of these sizes %.4f +- %.4f), NMI %.4f "
+		"(random %.4f +- %.4f), ARI %.4f\n",
+		json_real_value(json_object_get(lab, "purity")),
+		json_real_value(json_object_get(rnd, "purity_mean")),
+		json_real_value(json_object_get(rnd, "purity_sd")),
+		json_real_value(json_object_get(lab, "nmi")),
+		json_real_value(json_object_get(rnd, "nmi_mean")),
+		json_real_value(json_object_get(rnd, "nmi_sd")),
+		json_real_value(json_object_get(lab, "ari")));
 }
 
 static int cmd_split(int argc, char **argv)
@@ -282,6 +370,13 @@ static int cmd_split(int argc, char **argv)
 	static const struct option longopts[] = {
 		{ "random", required_argument, NULL, 'r' },
 		{ "seed", required_argument, NULL, 's' },
+		{ "router", required_argument, NULL, 'R' },
+		{ "model", required_argument, NULL, 'm' },
+		{ "features", required_argument, NULL, 'F' },
+		{ "top", required_argument, NULL, 'k' },
+		{ "label", required_argument, NULL, 'L' },
+		{ "batch", required_argument, NULL, 'B' },
+		{ "threads", required_argument, NULL, 't' },
 		{ "force", no_argument, NULL, 'f' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
@@ -289,13 +384,42 @@ static int cmd_split(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	struct shard_split_opts o = { 0 };
+	struct route_split_opts ro = { .batch = 64 };
 	struct shard_split_result res;
 	struct progress bar;
-	int quiet = 0, c, rc;
-	long v;
+	int quiet = 0, seeded = 0, batched = 0, c, rc;
+	long v, threads = 0;
 
-	while ((c = getopt_long(argc, argv, ":qhV", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":qhVm:B:t:", longopts, NULL)) != -1) {
 		switch (c) {
+		case 'R':
+			ro.router = optarg;
+			break;
+		case 'm':
+			ro.model = optarg;
+			break;
+		case 'F':
+			ro.features = optarg;
+			break;
+		case 'L':
+			ro.label = optarg;
+			break;
+		case 'k':
+			if ((rc = cli_parse_long("--top", optarg, 1, 2, &v)) < 0)
+				return cli_report(prog, rc);
+			o.top = (int)v;
+			break;
+		case 'B':
+			if ((rc = cli_parse_long("--batch", optarg, 1, 4096, &v)) < 0)
+				return cli_report(prog, rc);
+			ro.batch = (int)v;
+			batched = 1;
+			break;
+		case 't':
+			if ((rc = cli_parse_long("--threads", optarg, 1, 4096, &threads)) < 0)
+				return cli_report(prog, rc);
+			batched = 1;
+			break;
 		case 'r':
 			rc = cli_parse_long("--random", optarg, 1, SHARD_MAX_PATHS, &v);
 			if (rc < 0)
@@ -306,6 +430,7 @@ static int cmd_split(int argc, char **argv)
 			if ((rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &v)) < 0)
 				return cli_report(prog, rc);
 			o.seed = (uint64_t)v;
+			seeded = 1;
 			break;
 		case 'f':
 			o.force = 1;
@@ -327,9 +452,21 @@ static int cmd_split(int argc, char **argv)
 				       "split: expected IN.tok and OUTDIR, got %d argument%s "
 				       "(see %s split --help)", argc - optind,
 				       argc - optind == 1 ? "" : "s", prog);
-	if (o.paths == 0)
-		return cli_usage_error(prog, "split: --random P is required (see %s split --help)",
-				       prog);
+	if (!o.paths == !ro.router)
+		return cli_usage_error(prog, "split: give --random P or --router FILE (one of them; "
+				       "see %s split --help)", prog);
+	if (o.paths && (ro.model || ro.features || o.top || ro.label))
+		return cli_usage_error(prog, "split: --model, --features, --top and --label go "
+				       "with --router");
+	if (ro.router && seeded)
+		return cli_usage_error(prog, "split: --seed goes with --random (a router draws "
+				       "nothing)");
+	if (batched && !ro.model)
+		return cli_usage_error(prog, "split: --batch and --threads go with --model (they "
+				       "set how the features are computed)");
+	if (ro.router && !ro.model == !ro.features)
+		return cli_usage_error(prog, "split: --router needs the base checkpoint (--model) "
+				       "or IN.tok's features (--features), one of them");
 	o.outdir = argv[optind + 1];
 
 	progress_init(&bar, "split", 0);
@@ -337,12 +474,30 @@ static int cmd_split(int argc, char **argv)
 		o.progress = show_progress;
 		o.progress_ctx = &bar;
 	}
-	rc = shard_split_random(argv[optind], &o, &res);
+	json_t *report = NULL;
+	if (ro.router) {
+		if (ro.model && (rc = backend_open(&ro.be, "cpu", &(struct backend_params){
+						 .threads = (int)threads})) < 0)
+			return cli_report(prog, rc);
+		ro.split = o;
+		rc = route_split(argv[optind], &ro, &res, &report);
+		if (ro.be)
+			backend_close(ro.be);
+	} else {
+		rc = shard_split_random(argv[optind], &o, &res);
+	}
 	progress_done(&bar);
 	if (rc < 0)
 		return cli_report(prog, rc);
 	json_t *j = shard_manifest_json(&res);
 	shard_split_result_free(&res);
+	if (report) {
+		if (!quiet)
+			print_report(report);
+		if (j)
+			json_object_set(j, "report", report);
+		json_decref(report);
+	}
 	/* One line: a manifest of many shards would run to pages indented. */
 	return print_json_flags(j, 0);
 }

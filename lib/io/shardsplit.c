@@ -166,17 +166,26 @@ static int make_outdir(const char *dir, int *created)
 
 /* Per-shard counts of assign into r->shard; checks every index and every shard's size. */
 static int count_shards(const struct tokfile *in, const uint32_t *assign, uint32_t paths,
-			struct shard_split_result *r)
+			int top, struct shard_split_result *r)
 {
-	for (uint64_t d = 0; d < in->ndocs; d++) {
-		uint32_t s = assign[d];
+	for (uint64_t i = 0; i < in->ndocs * (uint64_t)top; i++) {
+		const uint64_t d = i / (uint64_t)top;
+		uint32_t s = assign[i];
 		if (s >= paths)
 			return err_set(CORE_EUSAGE, in->path,
 				       "document %llu assigned to shard %u of %u",
 				       (unsigned long long)d, s, paths);
+		for (uint64_t j = d * (uint64_t)top; j < i; j++)
+			if (assign[j] == s)
+				return err_set(CORE_EUSAGE, in->path, "document %llu assigned to "
+					       "shard %u twice", (unsigned long long)d, s);
 		r->shard[s].docs++;
 		r->shard[s].tokens += in->offsets[d + 1] - in->offsets[d];
 	}
+	const char *hint = strcmp(r->method, "random") == 0
+				   ? "use fewer shards or another seed"
+				   : "the router sends no document there: refit it, or route with "
+				     "--top 2";
 	for (uint32_t s = 0; s < paths; s++) {
 		if (r->shard[s].docs == 0 && in->ndocs < paths)
 			return err_set(CORE_ESHAPE, in->path,
@@ -186,14 +195,13 @@ static int count_shards(const struct tokfile *in, const uint32_t *assign, uint32
 		if (r->shard[s].docs == 0)
 			return err_set(CORE_ESHAPE, in->path,
 				       "shard %u of %u would be empty: none of the %llu documents "
-				       "falls into it (use fewer shards or another seed)", s, paths,
-				       (unsigned long long)in->ndocs);
+				       "falls into it (%s)", s, paths, (unsigned long long)in->ndocs,
+				       hint);
 		if (r->shard[s].tokens < SHARD_MIN_TOKENS)
 			return err_set(CORE_ESHAPE, in->path,
 				       "shard %u of %u would hold %llu token%s, fewer than %d "
-				       "(use fewer shards or another seed)", s, paths,
-				       (unsigned long long)r->shard[s].tokens,
-				       r->shard[s].tokens == 1 ? "" : "s", SHARD_MIN_TOKENS);
+				       "(%s)", s, paths, (unsigned long long)r->shard[s].tokens,
+				       r->shard[s].tokens == 1 ? "" : "s", SHARD_MIN_TOKENS, hint);
 	}
 	return 0;
 }
@@ -260,10 +268,14 @@ int shard_split_write(const struct tokfile *in, const uint32_t *assign, const ch
 	char name[64], path[4096];
 	int rc, created = 0;
 
+	const int top = o->top ? o->top : 1;
 	memset(r, 0, sizeof *r);
 	if (P < 1 || P > SHARD_MAX_PATHS)
 		return err_set(CORE_EUSAGE, NULL, "number of shards %u is outside [1, %d]", P,
 			       SHARD_MAX_PATHS);
+	if (top > 2 || (uint32_t)top > P)
+		return err_set(CORE_EUSAGE, NULL, "each document in %d of %u shards: 1 or 2, at "
+			       "most the number of shards", top, P);
 	r->shard = calloc(P, sizeof *r->shard);
 	r->source = strdup(in->path);
 	if (!r->shard || !r->source) {
@@ -271,13 +283,18 @@ int shard_split_write(const struct tokfile *in, const uint32_t *assign, const ch
 		goto out;
 	}
 	r->source_crc = in->crc;
+	if (o->router && !(r->router = strdup(o->router))) {
+		rc = err_set(CORE_ENOMEM, in->path, "out of memory");
+		goto out;
+	}
 	r->method = method;
 	r->seed = o->seed;
+	r->top = top;
 	r->paths = P;
 	r->vocab = in->vocab;
 	r->docs = in->ndocs;
 	r->tokens = in->ntokens;
-	if ((rc = count_shards(in, assign, P, r)) < 0)
+	if ((rc = count_shards(in, assign, P, top, r)) < 0)
 		goto out;
 	if (!o->force && (rc = check_existing(o->outdir)) < 0)
 		goto out;
@@ -285,7 +302,7 @@ int shard_split_write(const struct tokfile *in, const uint32_t *assign, const ch
 	/* Stable counting sort: order[start[s] .. start[s + 1]) are shard s's documents in
 	 * input order. */
 	start = calloc((size_t)P + 1, sizeof *start);
-	order = malloc((in->ndocs ? in->ndocs : 1) * sizeof *order);
+	order = malloc((in->ndocs ? in->ndocs * (uint64_t)top : 1) * sizeof *order);
 	w = calloc(P, sizeof *w);
 	for (uint64_t d = 0; d < in->ndocs; d++)
 		if (in->offsets[d + 1] - in->offsets[d] > maxlen)
@@ -297,8 +314,8 @@ int shard_split_write(const struct tokfile *in, const uint32_t *assign, const ch
 	}
 	for (s = 0; s < P; s++)
 		start[s + 1] = start[s] + r->shard[s].docs;
-	for (uint64_t d = 0; d < in->ndocs; d++)
-		order[start[assign[d]]++] = d;
+	for (uint64_t i = 0; i < in->ndocs * (uint64_t)top; i++)
+		order[start[assign[i]]++] = i / (uint64_t)top;
 	for (s = P; s > 0; s--) /* start[] was advanced to each shard's end; shift it back */
 		start[s] = start[s - 1];
 	start[0] = 0;
@@ -390,13 +407,23 @@ json_t *shard_manifest_json(const struct shard_split_result *r)
 	}
 	snprintf(crc, sizeof crc, "%08x", r->source_crc);
 	/* "o" takes the reference to shards, also when the pack fails. */
-	return json_pack("{s:s,s:s,s:s,s:I,s:I,s:o}", "source", r->source, "source_crc", crc,
-			 "method", r->method, "seed", (json_int_t)r->seed, "paths",
-			 (json_int_t)r->paths, "shards", shards);
+	json_t *j = json_pack("{s:s,s:s,s:s,s:I,s:I,s:o}", "source", r->source, "source_crc",
+			      crc, "method", r->method, "seed", (json_int_t)r->seed, "paths",
+			      (json_int_t)r->paths, "shards", shards);
+	/* Fields of routed splits only, so that a random split's manifest stays as it was. */
+	if (j && r->top > 1 && json_object_set_new(j, "top", json_integer(r->top)) < 0)
+		goto fail;
+	if (j && r->router && json_object_set_new(j, "router", json_string(r->router)) < 0)
+		goto fail;
+	return j;
+fail:
+	json_decref(j);
+	return NULL;
 }
 
 void shard_split_result_free(struct shard_split_result *r)
 {
+	free(r->router);
 	free(r->source);
 	free(r->shard);
 	memset(r, 0, sizeof *r);

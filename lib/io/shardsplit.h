@@ -16,6 +16,8 @@
  *   {"source": input path as given, "source_crc": body crc32 of the input, 8 hex digits,
  *    "method": "random", "seed": N, "paths": P,
  *    "shards": [{"file": "shard-000.tok", "docs": n, "tokens": n}, ...]}
+ *   and, for routed splits, "router": the router file, and "top": 2 when every document went
+ *   to its two best shards (absent means 1).
  */
 #ifndef CORE_SHARDSPLIT_H
 #define CORE_SHARDSPLIT_H
@@ -36,6 +38,8 @@ struct shard_split_opts {
 	uint32_t paths;     /* P in [1, SHARD_MAX_PATHS] */
 	uint64_t seed;      /* the random assignment's seed, recorded in the manifest (< 2^63) */
 	int force;          /* replace an existing split in outdir (see shard_split_write) */
+	int top;            /* shards per document: 1 (0 means 1) or 2 (overlapping shards) */
+	const char *router; /* the router file a routed split used, recorded; or NULL */
 	/* Called every few thousand documents written and once at the end; may be NULL. */
 	void (*progress)(void *ctx, uint64_t done, uint64_t total);
 	void *progress_ctx;
@@ -51,6 +55,8 @@ struct shard_split_result {
 	uint32_t source_crc; /* the input's body crc32 (tokfile header) */
 	const char *method;  /* "random", ... (a static string) */
 	uint64_t seed;
+	int top;      /* shards per document */
+	char *router; /* or NULL */
 	uint32_t paths;
 	uint32_t vocab;
 	uint64_t docs, tokens;     /* totals, equal to the input's */
@@ -64,8 +70,10 @@ void shard_assign_random(uint64_t seed, uint32_t paths, uint64_t ndocs, uint32_t
 /* The name of shard s of paths into buf ("shard-007.tok"); CORE_EUSAGE if it does not fit. */
 int shard_file_name(char *buf, size_t n, uint32_t s, uint32_t paths);
 
-/* Write the documents of in to the shards assign[d] says (in->ndocs entries, each < paths)
- * and the manifest, recording method and o->seed. Before anything is written:
+/* Write the documents of in to the shards assign says and the manifest, recording method and
+ * o->seed. assign holds o->top entries per document (document d's shards are
+ * assign[d * top .. d * top + top), distinct, each < paths); a document goes into each of its
+ * shards. Before anything is written:
  *  - every assign[d] < o->paths, and paths in range (CORE_EUSAGE);
  *  - every shard gets at least one document and SHARD_MIN_TOKENS tokens (CORE_ESHAPE, on
  *    in's path: "shard 3 of 8 would be empty: ...");

@@ -1,8 +1,10 @@
 #!/bin/sh
 # t-dpc-shard.sh - dpc-shard prepare, info and split: outputs, token counts against byte
-# counts measured with wc, refusal to overwrite, --force, malformed input, damaged token files,
-# the shards of a split against its manifest and its input, usage errors, and --help agreeing
-# with the man page. (Which document goes to which shard is checked in test_shardsplit.c.)
+# counts measured with wc, refusal to overwrite, --force, malformed input, --chunk against the
+# unchunked output (and a Python reading of the token files), empty splits refused, plain
+# text (.txt, or refused as not JSON Lines), damaged token files, the shards of a split against
+# its manifest and its input, usage errors, and --help agreeing with the man page. (Which
+# document goes to which shard is checked in test_shardsplit.c.)
 set -eu
 . "$TESTDIR/lib.sh"
 S=$BIN/dpc-shard
@@ -34,6 +36,8 @@ expect_ok "$S" prepare --val-frac 0 --router-frac 0 in.jsonl out
 cp out.stdout summary.json
 for s in train val router; do [ -s "out/$s.tok" ] || die "out/$s.tok missing"; done
 [ "$(field docs summary.json)" = 5 ] || die "summary docs: $(cat summary.json)"
+[ "$(field source_docs summary.json)" = 5 ] || die "summary source_docs: $(cat summary.json)"
+[ "$(field chunk summary.json)" = 0 ] || die "summary chunk: $(cat summary.json)"
 [ "$(field tokens summary.json)" = "$want_tokens" ] || die "summary tokens: $(cat summary.json)"
 expect_ok "$S" info out/train.tok
 [ "$(field tokens out.stdout)" = "$want_tokens" ] || die "train tokens: $(cat out.stdout)"
@@ -81,6 +85,126 @@ for s in train val router; do same_file "out/$s.tok" "again/$s.tok"; done
 echo '{"id":1}' >notext.jsonl
 expect_fail 1 "'notext.jsonl': line 1: no \"text\" field" "$S" prepare notext.jsonl o2
 expect_fail 1 "'missing.jsonl': cannot open" "$S" prepare missing.jsonl o2
+
+# --- --chunk: documents cut into pieces, each piece in the split of its document.
+# 40 documents of 0 to 96 bytes, prepared whole and cut into pieces of 10 with the same seed.
+awk 'BEGIN { for (i = 0; i < 40; i++) { s = ""; n = (i * 13) % 97
+	for (j = 0; j < n; j++) s = s sprintf("%c", 97 + (i + j) % 26)
+	printf "{\"id\":\"d%d\",\"text\":\"%s\",\"n\":%d}\n", i, s, n } }' >long.jsonl
+expect_ok "$S" prepare --val-frac 0.2 --router-frac 0.2 --seed 4 long.jsonl whole
+cp out.stdout whole.json
+expect_ok "$S" prepare --chunk 10 --val-frac 0.2 --router-frac 0.2 --seed 4 long.jsonl cut
+cp out.stdout cut.json
+[ "$(field chunk cut.json)" = 10 ] || die "summary chunk: $(cat cut.json)"
+[ "$(field source_docs cut.json)" = 40 ] || die "summary source_docs: $(cat cut.json)"
+[ "$(field tokens cut.json)" = "$(field tokens whole.json)" ] || die "tokens differ: $(cat cut.json)"
+[ "$(field docs cut.json)" -gt 100 ] || die "too few pieces: $(cat cut.json)"
+for s in train val router; do
+	expect_ok "$S" info "cut/$s.tok"
+	t=$(field tokens out.stdout)
+	expect_ok "$S" info "whole/$s.tok"
+	[ "$t" = "$(field tokens out.stdout)" ] || die "$s: $t tokens cut, $(cat out.stdout)"
+done
+if [ -x /usr/bin/python3 ]; then
+	# Read the token files as dpc-tokens(5) describes them and check the pieces against
+	# the whole documents with the rule of dpc-shard(1), written again here.
+	/usr/bin/python3 - whole.json cut.json <<'EOF' || die "the pieces of --chunk do not match the whole documents"
+import json, struct, sys
+N = 10
+def read(path):
+    b = open(path, "rb").read()
+    assert b[:8] == b"DPCTOKS\0", path
+    ndocs, ntok = struct.unpack_from("<QQ", b, 16)
+    width, = struct.unpack_from("<I", b, 32)
+    mbytes, = struct.unpack_from("<Q", b, 40)
+    p = 64
+    toks = struct.unpack_from("<%d%s" % (ntok, "H" if width == 2 else "I"), b, p)
+    p += (ntok * width + 7) // 8 * 8
+    offs = struct.unpack_from("<%dQ" % (ndocs + 1), b, p)
+    moffs = struct.unpack_from("<%dQ" % (ndocs + 1), b, p + 8 * (ndocs + 1))
+    meta = b[p + 16 * (ndocs + 1):]
+    assert len(meta) == mbytes, path
+    docs = []
+    for i in range(ndocs):
+        m = meta[moffs[i]:moffs[i + 1]]
+        keys = json.loads(m, object_pairs_hook=lambda kv: [k for k, _ in kv])
+        docs.append((list(toks[offs[i]:offs[i + 1]]), json.loads(m), keys))
+    return docs
+def lengths(n):
+    # N tokens a piece; a remainder of at least N/2 is a piece of its own, a shorter one
+    # joins the piece before; a document shorter than N stays whole
+    if n < N:
+        return [n]
+    k, r = divmod(n, N)
+    ls = [N] * k
+    if 2 * r >= N:
+        ls.append(r)
+    else:
+        ls[-1] += r
+    return ls
+whole, cut = (json.load(open(f)) for f in sys.argv[1:3])
+split_of = {}
+for s in ("train", "val", "router"):
+    w, c = read("whole/%s.tok" % s), read("cut/%s.tok" % s)
+    assert len(w) > 0, "%s: empty, the test needs all three splits" % s
+    assert whole[s]["docs"] == whole[s]["source_docs"] == len(w), (s, whole[s])
+    assert cut[s]["source_docs"] == len(w) and cut[s]["docs"] == len(c), (s, cut[s])
+    for toks, meta, keys in c:
+        d = meta["doc"]
+        assert split_of.setdefault(d, s) == s, "doc %d in %s and %s" % (d, split_of[d], s)
+    i = 0
+    for toks, meta, keys in w:
+        d = int(meta["id"][1:])
+        assert meta["n"] == len(toks), meta
+        got = []
+        for k, want in enumerate(lengths(len(toks))):
+            ptoks, pmeta, pkeys = c[i]
+            i += 1
+            assert len(ptoks) == want, (d, k, len(ptoks), want)
+            assert pmeta == dict(meta, doc=d, chunk=k), (pmeta, meta)
+            assert pkeys == keys + ["doc", "chunk"], pkeys
+            got += ptoks
+        assert got == toks, "doc %d: the pieces are not the document" % d
+    assert i == len(c), "%s: %d pieces left over" % (s, len(c) - i)
+assert sorted(split_of) == list(range(40)), sorted(split_of)
+EOF
+else
+	echo "python3 missing: the pieces of --chunk not checked against the whole documents"
+fi
+
+# --- a split asked for that gets no document: one line, exit 1, nothing written
+echo '{"text":"only one document","id":1}' >one.jsonl
+expect_fail 1 "^dpc-shard: 'one.jsonl': val and router splits are empty: the input has 1 document and none went to them \(--val-frac 0.02, --router-frac 0.005\); use more documents or larger fractions, or 0 for no such split" \
+	"$S" prepare one.jsonl oneout
+[ ! -e oneout ] || die "oneout/ created by a refused prepare"
+expect_fail 1 "^dpc-shard: 'one.jsonl': val split is empty: the input has 1 document and none went to it \(--val-frac 0.02\); use more documents or a larger --val-frac, or --val-frac 0 for no val split" \
+	"$S" prepare --router-frac 0 --chunk 4 one.jsonl oneout
+expect_fail 1 "^dpc-shard: 'one.jsonl': router split is empty: .*\(--router-frac 0.005\)" \
+	"$S" prepare --val-frac 0 one.jsonl oneout
+[ ! -e oneout ] || die "oneout/ created by a refused prepare"
+# existing outputs stay as they were, with --force too
+expect_fail 1 "'one.jsonl': val and router splits are empty" "$S" prepare --force one.jsonl out
+for s in train val router; do same_file "out/$s.tok" "again/$s.tok"; done
+[ "$(ls -A out | wc -l)" = 3 ] || die "extra files in out/: $(ls -A out)"
+# a fraction of 0 asks for no such split: no error ("only one document": 17 bytes, 4 pieces)
+expect_ok "$S" prepare --val-frac 0 --router-frac 0 --chunk 4 one.jsonl oneout
+[ "$(field docs out.stdout)" = 4 ] && [ "$(field source_docs out.stdout)" = 1 ] ||
+	die "one.jsonl in pieces of 4: $(cat out.stdout)"
+
+# --- plain text: a .txt file is one document; another file that is not JSON Lines says so
+printf 'Plain text,\nnot JSON at all.\n' >story.txt
+[ "$(wc -c <story.txt)" -eq 29 ] || die "story.txt has $(wc -c <story.txt) bytes, expected 29"
+expect_fail 1 "'story.txt': val and router splits are empty: the input has 1 document" \
+	"$S" prepare story.txt tout
+expect_ok "$S" prepare --val-frac 0 --router-frac 0 --chunk 8 story.txt tout
+[ "$(field source_docs out.stdout)" = 1 ] && [ "$(field docs out.stdout)" = 4 ] &&
+	[ "$(field tokens out.stdout)" = 29 ] || die "story.txt in pieces of 8: $(cat out.stdout)"
+grep -q '{"file":"story.txt","doc":0,"chunk":3}$' tout/train.tok ||
+	die "piece metadata missing from tout/train.tok"
+cp story.txt story.md
+expect_fail 1 "^dpc-shard: 'story.md': not JSON Lines \(one \{\"text\": \.\.\.\} object per line\); for plain text name the file \*\.txt or pass a directory of text files$" \
+	"$S" prepare --val-frac 0 --router-frac 0 story.md sout
+[ ! -e sout ] || die "sout/ created for a file that is not JSON Lines"
 
 # --- damaged token files
 n=$(wc -c <out/train.tok)
@@ -187,7 +311,7 @@ expect_fail 1 "'in.jsonl': not a token file" "$S" split --random 2 in.jsonl none
 expect_fail 1 "'in.jsonl'" "$S" split --random 2 sp/train.tok in.jsonl
 
 # usage errors: one line, exit 2, nothing created
-expect_fail 2 "^dpc-shard: split: --random P is required \(see dpc-shard split --help\)$" \
+expect_fail 2 "^dpc-shard: split: give --random P or --router FILE \(one of them; see dpc-shard split --help\)$" \
 	"$S" split sp/train.tok none
 expect_fail 2 "option '--random': 0 is outside \[1, 65536\]" "$S" split --random 0 sp/train.tok none
 expect_fail 2 "option '--random': 65537 is outside" "$S" split --random 65537 sp/train.tok none
@@ -216,6 +340,10 @@ expect_fail 2 "'--val-frac'" "$S" prepare --val-frac 2 in.jsonl o3
 expect_fail 2 "add up to" "$S" prepare --val-frac 0.6 --router-frac 0.6 in.jsonl o3
 expect_fail 2 "expected INPUT and OUTDIR" "$S" prepare in.jsonl
 expect_fail 2 "unknown tokenizer 'bpe'" "$S" prepare --tokenizer bpe in.jsonl o3
+expect_fail 2 "^dpc-shard: option '--chunk': pieces of 1 token; N must be 2 or more, or 0 for no cutting \(see dpc-shard prepare --help\)$" \
+	"$S" prepare --chunk 1 in.jsonl o3
+expect_fail 2 "option '--chunk': -1 is outside" "$S" prepare --chunk -1 in.jsonl o3
+expect_fail 2 "option '--chunk': '8k' is not an integer" "$S" prepare --chunk 8k in.jsonl o3
 [ ! -e o3 ] || die "o3 created by a usage error"
 expect_ok "$S" --help
 grep -q '^usage: dpc-shard' out.stdout || die "--help: $(cat out.stdout)"

@@ -1,0 +1,1145 @@
+/* dpc-route - DiPaCo's routers: prefix features, k-means, path scores, discriminative and
+ * window routers, and evaluation with test-time routing (paper section 2.4).
+ *
+ * Thin by design: options are parsed here, the work is in lib/route (route.h, routefile.h,
+ * lm.h, kmeans.h, logreg.h). Every subcommand writes one file atomically (refusing to replace
+ * one without --force) and prints a JSON summary on stdout; eval prints a table.
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backend/backend.h"
+#include "cli/cli.h"
+#include "common/err.h"
+#include "common/progress.h"
+#include "dipaco/rundir.h"
+#include "io/atomicio.h"
+#include "io/tokfile.h"
+#include "route/kmeans.h"
+#include "route/lm.h"
+#include "route/logreg.h"
+#include "route/route.h"
+#include "route/routefile.h"
+
+#include "common/banned.h"
+
+static const char prog[] = "dpc-route";
+
+#define DEFAULT_PREFIX 32
+#define DEFAULT_BATCH 16
+#define MAX_PATHS_OPT 4096
+#define MAX_WINDOWS 16
+
+struct subcommand {
+	const char *name;
+	const char *summary;
+	int (*run)(int argc, char **argv);
+};
+
+static int cmd_features(int argc, char **argv);
+static int cmd_kmeans(int argc, char **argv);
+static int cmd_score(int argc, char **argv);
+static int cmd_fit(int argc, char **argv);
+static int cmd_eval(int argc, char **argv);
+
+static const struct subcommand commands[] = {
+	{ "features", "prefix features of every document, from a base checkpoint", cmd_features },
+	{ "kmeans", "fit a k-means (generative) router on features", cmd_kmeans },
+	{ "score", "log-likelihood of every token and document under every path", cmd_score },
+	{ "fit", "fit a discriminative document router, or a window router, on scores",
+	  cmd_fit },
+	{ "eval", "perplexity of a DiPaCo routed once per document and every W tokens",
+	  cmd_eval },
+};
+
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *fp)
+{
+	fprintf(fp, "usage: %s COMMAND [options] ARGS...\n"
+		    "       %s -h | --help | -V | --version\n\ncommands:\n", prog, prog);
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
+	fprintf(fp, "\n'%s COMMAND --help' describes one command. See dpc-route(1) and the\n"
+		    "formats in dpc-route(5).\n", prog);
+}
+
+static int version(void)
+{
+	printf("%s %s\n", prog, CORE_VERSION);
+	return 0;
+}
+
+static int bad_option(const char *cmd, const struct option *longopts, char **argv, int c)
+{
+	char help[64];
+
+	snprintf(help, sizeof help, "%s %s", prog, cmd);
+	return cli_bad_option(prog, help, longopts, argv, c);
+}
+
+static int print_json(json_t *j)
+{
+	int rc = cli_print_json(j, JSON_INDENT(2) | JSON_REAL_PRECISION(8));
+
+	return rc < 0 ? cli_report(prog, rc) : 0;
+}
+
+/* ---- options every command shares ---------------------------------------------------------- */
+
+#define COMMON_LONGOPTS                                                                            \
+	{ "output", required_argument, NULL, 'o' }, { "force", no_argument, NULL, 'f' },           \
+	{ "threads", required_argument, NULL, 't' }, { "device", required_argument, NULL, 'D' },  \
+	{ "quiet", no_argument, NULL, 'q' }, { "help", no_argument, NULL, 'h' },                  \
+	{ "version", no_argument, NULL, 'V' }
+#define COMMON_SHORTOPTS ":o:ft:qhV"
+#define COMMON_HELP                                                                                \
+	"  -o, --output FILE     the file to write (required); an existing one is\n"              \
+	"                        replaced only with --force\n"                                      \
+	"  -f, --force           replace an existing output file\n"                                \
+	"  -t, --threads N       OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"         \
+	"      --device NAME     where models run: cpu (default) or ref\n"                          \
+	"  -q, --quiet           no progress line on stderr\n"                                      \
+	"  -h, --help            show this help and exit\n"                                         \
+	"  -V, --version         show the version and exit\n"
+
+struct common {
+	const char *out, *device;
+	long threads;
+	int force, quiet;
+	struct backend *be;
+	struct progress bar;
+};
+
+/* 1 when c was one of the shared options (handled), 0 when not, < 0: exit status negated. */
+static int common_opt(struct common *co, int c, const char *arg)
+{
+	int rc;
+	switch (c) {
+	case 'o': co->out = arg; return 1;
+	case 'f': co->force = 1; return 1;
+	case 'q': co->quiet = 1; return 1;
+	case 'D': co->device = arg; return 1;
+	case 't':
+		if ((rc = cli_parse_long("--threads", arg, 1, 4096, &co->threads)) < 0)
+			return -cli_report(prog, rc);
+		return 1;
+	}
+	return 0;
+}
+
+/* Before any work: an output was named and may be written. */
+static int check_output(const struct common *co, const char *cmd)
+{
+	struct stat st;
+	if (!co->out)
+		return cli_usage_error(prog, "%s: --output FILE is required (see %s %s --help)", cmd,
+				       prog, cmd);
+	if (!co->force && stat(co->out, &st) == 0 && S_ISREG(st.st_mode))
+		return cli_report(prog, err_set(CORE_EIO, co->out, "exists (use --force to "
+						"replace it)"));
+	return 0;
+}
+
+static int open_backend(struct common *co)
+{
+	int rc = backend_open(&co->be, co->device ? co->device : "cpu",
+			      &(struct backend_params){.threads = (int)co->threads});
+	return rc < 0 ? cli_report(prog, rc) : 0;
+}
+
+static void show_progress(void *ctx, uint64_t done)
+{
+	struct common *co = ctx;
+	progress_update(&co->bar, (int64_t)done, NULL);
+}
+
+static void start_progress(struct common *co, const char *label, int64_t total)
+{
+	progress_init(&co->bar, label, total);
+	if (co->quiet)
+		co->bar.enabled = 0;
+}
+
+static int expect_args(int argc, int want, const char *cmd, const char *what)
+{
+	if (argc - optind != want)
+		return cli_usage_error(prog, "%s: expected %s, got %d argument%s (see %s %s --help)",
+				       cmd, what, argc - optind, argc - optind == 1 ? "" : "s",
+				       prog, cmd);
+	return 0;
+}
+
+static json_t *recipe_json(const struct recipe *r)
+{
+	return json_pack("{s:s,s:i,s:i}", "checkpoint_digest", r->digest, "layer", r->layer,
+			 "prefix", r->prefix);
+}
+
+/* ---- features ----------------------------------------------------------------------------- */
+
+static void features_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s features -m BASE.safetensors -o OUT [options] IN.tok\n"
+		"For every document of IN.tok, the mean output of one block of the base\n"
+		"checkpoint over the document's first tokens (forward only), written to OUT\n"
+		"with the recipe that made it (dpc-route(5)).\n\n"
+		"options:\n"
+		"  -m, --model FILE      the base checkpoint (required)\n"
+		"  -p, --prefix N        tokens of each document to average over (default %d;\n"
+		"                        at most the model's context)\n"
+		"      --layer L         the block whose output is averaged, from 0 (default:\n"
+		"                        the last, before the final LayerNorm)\n"
+		"  -B, --batch N         documents per forward (default 64)\n"
+		COMMON_HELP,
+		prog, DEFAULT_PREFIX);
+}
+
+static int cmd_features(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "model", required_argument, NULL, 'm' }, { "prefix", required_argument, NULL, 'p' },
+		{ "layer", required_argument, NULL, 'L' }, { "batch", required_argument, NULL, 'B' },
+		COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
+	};
+	struct common co = {0};
+	const char *model = NULL;
+	long prefix = DEFAULT_PREFIX, layer = -1, batch = 64;
+	int c, rc;
+
+	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "m:p:B:", longopts, NULL)) != -1) {
+		if ((rc = common_opt(&co, c, optarg)) < 0)
+			return -rc;
+		if (rc)
+			continue;
+		switch (c) {
+		case 'm': model = optarg; break;
+		case 'p': rc = cli_parse_long("--prefix", optarg, 1, INT_MAX, &prefix); break;
+		case 'L': rc = cli_parse_long("--layer", optarg, 0, INT_MAX, &layer); break;
+		case 'B': rc = cli_parse_long("--batch", optarg, 1, 4096, &batch); break;
+		case 'h': features_usage(stdout); return 0;
+		case 'V': return version();
+		default: return bad_option("features", longopts, argv, c);
+		}
+		if (rc < 0)
+			return cli_report(prog, rc);
+	}
+	if ((rc = expect_args(argc, 1, "features", "one token file")) ||
+	    (rc = check_output(&co, "features")))
+		return rc;
+	if (!model)
+		return cli_usage_error(prog, "features: --model BASE.safetensors is required");
+
+	struct tokfile tf;
+	struct lm base;
+	struct features f;
+	if ((rc = tokfile_open(&tf, argv[optind])) < 0)
+		return cli_report(prog, rc);
+	if ((rc = open_backend(&co)))
+		goto close_tf;
+	rc = lm_open(&base, model, co.be, (int)batch);
+	if (rc < 0) {
+		rc = cli_report(prog, rc);
+		goto close_be;
+	}
+	if (layer < 0)
+		layer = base.g.cfg.n_layer - 1;
+	start_progress(&co, "features", (int64_t)tf.ndocs);
+	const double t0 = now_seconds();
+	rc = route_features(&base, &tf, (int)prefix, (int)layer, &f, show_progress, &co);
+	const double secs = now_seconds() - t0;
+	progress_done(&co.bar);
+	if (!rc) {
+		rc = features_write(co.out, &f);
+		uint64_t tokens = 0;
+		for (uint64_t d = 0; d < tf.ndocs; d++) {
+			uint64_t l = tf.offsets[d + 1] - tf.offsets[d];
+			tokens += l < (uint64_t)prefix ? l : (uint64_t)prefix;
+		}
+		if (!rc)
+			rc = print_json(json_pack(
+				"{s:s,s:s,s:I,s:i,s:o,s:I,s:f,s:f}", "output", co.out, "corpus",
+				tf.path, "docs", (json_int_t)tf.ndocs, "dim", f.dim, "recipe",
+				recipe_json(&f.r), "tokens", (json_int_t)tokens, "seconds", secs,
+				"tokens_per_s", secs > 0 ? (double)tokens / secs : 0.0));
+		else
+			rc = cli_report(prog, rc);
+		features_free(&f);
+	} else {
+		rc = cli_report(prog, rc);
+	}
+	lm_close(&base);
+close_be:
+	backend_close(co.be);
+close_tf:
+	tokfile_close(&tf);
+	return rc;
+}
+
+/* ---- kmeans ------------------------------------------------------------------------------- */
+
+static void kmeans_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s kmeans -k PATHS -o ROUTER [options] FEATURES\n"
+		"Fit k-means with k = PATHS on the features (k-means++ initialisation, Lloyd\n"
+		"iterations, several restarts, the lowest inertia kept) and write the router:\n"
+		"the centroids and the feature recipe (dpc-route(5)).\n\n"
+		"options:\n"
+		"  -k, --paths K         number of clusters, one per path (required)\n"
+		"      --restarts N      independent restarts (default 4)\n"
+		"      --iters N         Lloyd iterations at most, per restart (default 100)\n"
+		"      --seed N          seed of the initialisations (default 0)\n"
+		"  -o, --output FILE     the router to write (required); an existing one is\n"
+		"                        replaced only with --force\n"
+		"  -f, --force           replace an existing output file\n"
+		"  -t, --threads N       OpenMP threads (results are the same for any number)\n"
+		"      --device NAME     accepted for symmetry; k-means runs on the CPU\n"
+		"  -q, --quiet           accepted; k-means prints no progress\n"
+		"  -h, --help            show this help and exit\n"
+		"  -V, --version         show the version and exit\n",
+		prog);
+}
+
+static int cmd_kmeans(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "paths", required_argument, NULL, 'k' }, { "restarts", required_argument, NULL, 'r' },
+		{ "iters", required_argument, NULL, 'i' }, { "seed", required_argument, NULL, 's' },
+		COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
+	};
+	struct common co = {0};
+	long k = 0, restarts = 4, iters = 100, seed = 0;
+	int c, rc;
+
+	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "k:", longopts, NULL)) != -1) {
+		if ((rc = common_opt(&co, c, optarg)) < 0)
+			return -rc;
+		if (rc)
+			continue;
+		switch (c) {
+		case 'k': rc = cli_parse_long("--paths", optarg, 1, ROUTE_MAX_PATHS, &k); break;
+		case 'r': rc = cli_parse_long("--restarts", optarg, 1, 1000, &restarts); break;
+		case 'i': rc = cli_parse_long("--iters", optarg, 1, 100000, &iters); break;
+		case 's': rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &seed); break;
+		case 'h': kmeans_usage(stdout); return 0;
+		case 'V': return version();
+		default: return bad_option("kmeans", longopts, argv, c);
+		}
+		if (rc < 0)
+			return cli_report(prog, rc);
+	}
+	if ((rc = expect_args(argc, 1, "kmeans", "one features file")) ||
+	    (rc = check_output(&co, "kmeans")))
+		return rc;
+	if (!k)
+		return cli_usage_error(prog, "kmeans: --paths K is required");
+	if (co.threads)
+		omp_set_num_threads((int)co.threads);
+
+	struct features f;
+	struct router r = {0};
+	struct kmeans_report rep = {0};
+	if ((rc = features_read(argv[optind], &f)) < 0)
+		return cli_report(prog, rc);
+	if (f.docs < (uint64_t)k) {
+		rc = cli_report(prog, err_set(CORE_ESHAPE, argv[optind], "%llu documents cannot "
+					      "make %ld clusters", (unsigned long long)f.docs, k));
+		features_free(&f);
+		return rc;
+	}
+	r.kind = ROUTER_KMEANS;
+	r.paths = (int)k;
+	r.dim = f.dim;
+	r.r = f.r;
+	r.centroids = malloc((size_t)k * (size_t)f.dim * sizeof(float));
+	uint32_t *assign = malloc(f.docs * sizeof *assign);
+	const struct kmeans_opts o = {.k = (int)k, .restarts = (int)restarts,
+				      .max_iter = (int)iters, .tol = 0, .seed = (uint64_t)seed};
+	const double t0 = now_seconds();
+	rc = !r.centroids || !assign ? err_set(CORE_ENOMEM, argv[optind], "out of memory")
+				     : kmeans_fit(f.x, f.docs, f.dim, &o, r.centroids, assign, &rep);
+	const double secs = now_seconds() - t0;
+	json_t *sizes = json_array();
+	if (!rc) {
+		uint64_t *n = calloc((size_t)k, sizeof *n);
+		for (uint64_t d = 0; n && d < f.docs; d++)
+			n[assign[d]]++;
+		for (long i = 0; n && i < k; i++)
+			json_array_append_new(sizes, json_integer((json_int_t)n[i]));
+		free(n);
+		json_t *rj = json_pack("{s:s,s:I,s:i,s:f,s:i,s:i,s:O}", "features", argv[optind],
+				       "docs", (json_int_t)f.docs, "restarts", (int)restarts,
+				       "inertia", rep.inertia, "iterations", rep.iterations,
+				       "best_restart", rep.best_restart, "sizes", sizes);
+		r.report = rj ? json_dumps(rj, JSON_COMPACT) : NULL;
+		rc = router_write(co.out, &r);
+		if (!rc)
+			rc = print_json(json_pack("{s:s,s:s,s:o,s:f}", "output", co.out, "kind",
+						  "kmeans", "report", rj, "seconds", secs));
+		else
+			json_decref(rj), rc = cli_report(prog, rc);
+	} else {
+		rc = cli_report(prog, rc);
+	}
+	json_decref(sizes);
+	kmeans_report_free(&rep);
+	free(assign);
+	router_free(&r);
+	features_free(&f);
+	return rc;
+}
+
+/* ---- paths: a run's phase, or checkpoints ------------------------------------------------- */
+
+struct pathset {
+	const char *run;
+	long phase;
+	const char *files[MAX_PATHS_OPT];
+	int nfiles;
+	struct rundir r;
+	int have_run;
+	struct lm *lm;
+	int n;
+};
+
+#define PATHSET_LONGOPTS                                                                           \
+	{ "run", required_argument, NULL, 'R' }, { "phase", required_argument, NULL, 'T' },        \
+	{ "path", required_argument, NULL, 'P' }
+#define PATHSET_HELP                                                                               \
+	"      --run RUNDIR      the paths of a DiPaCo run, assembled from its modules\n"           \
+	"      --phase T         ... after phase T's outer step (default: the last phase\n"        \
+	"                        whose modules all exist)\n"                                       \
+	"      --path CKPT       a path checkpoint instead (repeatable, in path order)\n"
+
+static int pathset_opt(struct pathset *ps, int c, const char *arg)
+{
+	int rc;
+	switch (c) {
+	case 'R': ps->run = arg; return 1;
+	case 'P':
+		if (ps->nfiles == MAX_PATHS_OPT)
+			return -cli_usage_error(prog, "--path: at most %d", MAX_PATHS_OPT);
+		ps->files[ps->nfiles++] = arg;
+		return 1;
+	case 'T':
+		if ((rc = cli_parse_long("--phase", arg, 0, 1000000, &ps->phase)) < 0)
+			return -cli_report(prog, rc);
+		return 1;
+	}
+	return 0;
+}
+
+/* The last phase whose every module checkpoint exists. */
+static long last_phase(const struct rundir *r)
+{
+	char f[RUNDIR_PATH_MAX];
+	for (long t = r->cfg.dipaco.phases; t > 0; t--) {
+		int all = 1;
+		for (int m = 0; m < r->topo.nmodules && all; m++) {
+			struct stat st;
+			all = rundir_module(r, t, m, ".safetensors", f, sizeof f) == 0 &&
+			      stat(f, &st) == 0;
+		}
+		if (all)
+			return t;
+	}
+	return 0;
+}
+
+static void pathset_close(struct pathset *ps)
+{
+	for (int i = 0; ps->lm && i < ps->n; i++)
+		lm_close(&ps->lm[i]);
+	free(ps->lm);
+	if (ps->have_run)
+		rundir_close(&ps->r);
+}
+
+/* Open every path; an error has been reported (the exit status is returned). */
+static int pathset_open(struct pathset *ps, struct backend *be, int B, const char *cmd)
+{
+	int rc, n;
+	if (!!ps->run == !!ps->nfiles)
+		return cli_usage_error(prog, "%s: give the paths with --run RUNDIR or with --path "
+				       "CKPT (one of them)", cmd);
+	if (ps->nfiles && ps->phase >= 0)
+		return cli_usage_error(prog, "%s: --phase goes with --run, not with --path", cmd);
+	if (ps->run) {
+		if ((rc = rundir_open(&ps->r, ps->run, 0)) < 0)
+			return cli_report(prog, rc);
+		ps->have_run = 1;
+		if (ps->phase == 0 || ps->phase > ps->r.cfg.dipaco.phases)
+			return cli_usage_error(prog, "%s: --phase %ld is outside the run's phases "
+					       "1..%ld", cmd, ps->phase, ps->r.cfg.dipaco.phases);
+		if (ps->phase < 0)
+			ps->phase = last_phase(&ps->r);
+		if (ps->phase == 0)
+			return cli_report(prog, err_set(CORE_ENOTFOUND, ps->run, "no phase has "
+							"all its modules yet (nothing trained)"));
+		n = ps->r.topo.npaths;
+	} else {
+		n = ps->nfiles;
+	}
+	ps->lm = calloc((size_t)n, sizeof *ps->lm);
+	if (!ps->lm)
+		return cli_report(prog, CORE_ENOMEM);
+	for (int p = 0; p < n; p++) {
+		rc = ps->run ? lm_open_run(&ps->lm[p], &ps->r, ps->phase, p, be, B)
+			     : lm_open(&ps->lm[p], ps->files[p], be, B);
+		if (rc < 0)
+			return cli_report(prog, rc);
+		ps->n = p + 1;
+		if (p && !config_model_equal(&ps->lm[p].g.cfg, &ps->lm[0].g.cfg))
+			return cli_report(prog, err_set(CORE_ESHAPE, ps->lm[p].path, "has another "
+							"model shape than '%s'", ps->lm[0].path));
+	}
+	return 0;
+}
+
+static char *pathset_digests(const struct pathset *ps)
+{
+	const size_t n = (size_t)ps->n * (LM_DIGEST_CHARS + 1) + 1;
+	char *s = malloc(n);
+	size_t off = 0;
+	if (!s)
+		return NULL;
+	s[0] = 0;
+	for (int p = 0; p < ps->n; p++)
+		off += (size_t)snprintf(s + off, n - off, "%s%s", p ? "," : "", ps->lm[p].digest);
+	return s;
+}
+
+/* "run RUNDIR phase T", or "paths CKPT CKPT ...". */
+static char *pathset_source(const struct pathset *ps)
+{
+	size_t n = 64 + (ps->run ? strlen(ps->run) : 0), off;
+	for (int p = 0; p < ps->nfiles; p++)
+		n += strlen(ps->files[p]) + 1;
+	char *s = malloc(n);
+	if (!s)
+		return NULL;
+	if (ps->run) {
+		snprintf(s, n, "run %s phase %ld", ps->run, ps->phase);
+		return s;
+	}
+	off = (size_t)snprintf(s, n, "paths");
+	for (int p = 0; p < ps->nfiles; p++)
+		off += (size_t)snprintf(s + off, n - off, " %s", ps->files[p]);
+	return s;
+}
+
+/* ---- score -------------------------------------------------------------------------------- */
+
+static void score_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s score (--run RUNDIR [--phase T] | --path CKPT...) -o SCORES\n"
+		"                 [options] IN.tok\n"
+		"Log-likelihood of every token of IN.tok under every path, and each document's\n"
+		"sum from position PREFIX on (what a discriminative router learns from), into\n"
+		"SCORES (dpc-route(5)). Documents longer than the model's context are run in\n"
+		"consecutive windows of the context.\n\n"
+		"options:\n"
+		PATHSET_HELP
+		"  -p, --prefix N        tokens each document starts with that are not counted\n"
+		"                        in its sum (default %d)\n"
+		"  -B, --batch N         context windows per forward (default %d)\n"
+		COMMON_HELP,
+		prog, DEFAULT_PREFIX, DEFAULT_BATCH);
+}
+
+static int cmd_score(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		PATHSET_LONGOPTS, { "prefix", required_argument, NULL, 'p' },
+		{ "batch", required_argument, NULL, 'B' }, COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
+	};
+	struct common co = {0};
+	struct pathset ps = {.phase = -1};
+	long prefix = DEFAULT_PREFIX, batch = DEFAULT_BATCH;
+	int c, rc;
+
+	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "p:B:", longopts, NULL)) != -1) {
+		if ((rc = common_opt(&co, c, optarg)) < 0 || (!rc && (rc = pathset_opt(&ps, c, optarg)) < 0))
+			return -rc;
+		if (rc)
+			continue;
+		switch (c) {
+		case 'p': rc = cli_parse_long("--prefix", optarg, 1, INT_MAX, &prefix); break;
+		case 'B': rc = cli_parse_long("--batch", optarg, 1, 4096, &batch); break;
+		case 'h': score_usage(stdout); return 0;
+		case 'V': return version();
+		default: return bad_option("score", longopts, argv, c);
+		}
+		if (rc < 0)
+			return cli_report(prog, rc);
+	}
+	if ((rc = expect_args(argc, 1, "score", "one token file")) ||
+	    (rc = check_output(&co, "score")))
+		return rc;
+
+	struct tokfile tf;
+	struct scores s;
+	if ((rc = tokfile_open(&tf, argv[optind])) < 0)
+		return cli_report(prog, rc);
+	if ((rc = open_backend(&co)))
+		goto close_tf;
+	if ((rc = pathset_open(&ps, co.be, (int)batch, "score")))
+		goto close;
+	start_progress(&co, "score", (int64_t)tf.ndocs * ps.n);
+	const double t0 = now_seconds();
+	rc = route_score(ps.lm, ps.n, &tf, (int)prefix, &s, show_progress, &co);
+	const double secs = now_seconds() - t0;
+	progress_done(&co.bar);
+	if (rc < 0) {
+		rc = cli_report(prog, rc);
+		goto close;
+	}
+	s.digests = pathset_digests(&ps);
+	s.source = pathset_source(&ps);
+	rc = !s.digests || !s.source ? CORE_ENOMEM : scores_write(co.out, &s);
+	if (!rc) {
+		/* each document's best path, counted */
+		json_t *best = json_array();
+		int *n = calloc((size_t)ps.n, sizeof *n);
+		for (uint64_t d = 0; n && d < tf.ndocs; d++) {
+			int b = 0;
+			for (int p = 1; p < ps.n; p++)
+				if (s.doc[d * (uint64_t)ps.n + (uint64_t)p] >
+				    s.doc[d * (uint64_t)ps.n + (uint64_t)b])
+					b = p;
+			n[b]++;
+		}
+		for (int p = 0; n && p < ps.n; p++)
+			json_array_append_new(best, json_integer(n[p]));
+		free(n);
+		rc = print_json(json_pack("{s:s,s:s,s:s,s:i,s:I,s:I,s:o,s:f,s:f}", "output", co.out,
+					  "corpus", tf.path, "source", s.source, "paths", ps.n,
+					  "docs", (json_int_t)tf.ndocs, "tokens",
+					  (json_int_t)tf.ntokens, "best_path_counts", best,
+					  "seconds", secs, "tokens_per_s",
+					  secs > 0 ? (double)tf.ntokens * ps.n / secs : 0.0));
+	} else {
+		rc = cli_report(prog, rc);
+	}
+	scores_free(&s);
+close:
+	pathset_close(&ps);
+	backend_close(co.be);
+close_tf:
+	tokfile_close(&tf);
+	return rc;
+}
+
+/* ---- fit ---------------------------------------------------------------------------------- */
+
+static void fit_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s fit --scores SCORES --features FEATURES -o ROUTER [options]\n"
+		"                IN.tok\n"
+		"       %s fit --scores SCORES --window W -m BASE -o ROUTER [options] IN.tok\n"
+		"Fit a router on the paths' scores of IN.tok (the router split; dpc-route\n"
+		"score). The first form is the discriminative document router (DiPaCo 2.4.2):\n"
+		"each document is labelled with its best path, a multinomial logistic regression\n"
+		"(L2, L-BFGS) learns the labels from the prefix features, then an extra bias\n"
+		"makes the predicted path counts match the labels' (each path at least\n"
+		"--min-share of an even share, so that none is starved). The second form is a window router for\n"
+		"re-routing every W tokens at evaluation (DiPaCo 2.4.3): at each boundary b =\n"
+		"PREFIX + m W it predicts the best path for the next W tokens from the base\n"
+		"model's features of the text before b. Train and held-out accuracy and the\n"
+		"per-path counts before and after the bias are printed and kept in the router.\n\n"
+		"options:\n"
+		"      --scores FILE     the paths' scores of IN.tok (required)\n"
+		"      --features FILE   prefix features of IN.tok (document router)\n"
+		"      --window W        fit a window router for re-routing every W tokens\n"
+		"  -m, --model FILE      the base checkpoint (window router)\n"
+		"      --layer L         the block whose output makes window features (default:\n"
+		"                        the last)\n"
+		"      --context N       tokens before a boundary averaged for its features\n"
+		"                        (default: the scores' prefix)\n"
+		"      --l2 X            L2 penalty on the weights (default 1e-3)\n"
+		"      --holdout F       fraction of rows held out to report accuracy on\n"
+		"                        (default 0.2; the router kept is refitted on all)\n"
+		"      --iters N         L-BFGS iterations at most (default 500)\n"
+		"      --min-share F     the bias correction gives every path at least F times\n"
+		"                        an even share of the rows (default 0.5 for a document\n"
+		"                        router, 0 for a window router)\n"
+		"      --seed N          seed of the held-out draw (default 0)\n"
+		COMMON_HELP,
+		prog, prog);
+}
+
+/* Labels of a document router: each document's best path, for documents with a token past
+ * the prefix; rows copied into x / y. */
+static int doc_rows(const struct scores *s, const struct features *f, const struct tokfile *tf,
+		    float **x, uint32_t **y, uint64_t *n)
+{
+	*x = malloc(f->docs * (size_t)f->dim * sizeof **x + 1);
+	*y = malloc(f->docs * sizeof **y + 1);
+	*n = 0;
+	if (!*x || !*y)
+		return err_set(CORE_ENOMEM, NULL, "out of memory");
+	for (uint64_t d = 0; d < f->docs; d++) {
+		if (tf->offsets[d + 1] - tf->offsets[d] <= (uint64_t)s->prefix)
+			continue;
+		const float *sc = s->doc + d * (uint64_t)s->paths;
+		uint32_t b = 0;
+		for (int p = 1; p < s->paths; p++)
+			if (sc[p] > sc[b])
+				b = (uint32_t)p;
+		memcpy(*x + *n * (uint64_t)f->dim, f->x + d * (uint64_t)f->dim,
+		       sizeof **x * (size_t)f->dim);
+		(*y)[(*n)++] = b;
+	}
+	return 0;
+}
+
+/* Rows of a window router: every boundary of every document, labelled with the path of the
+ * highest log-likelihood over the next W tokens. */
+static int window_rows(const struct scores *s, struct lm *base, const struct tokfile *tf,
+		       int layer, int context, int W, float **x, uint32_t **y, uint64_t *n,
+		       struct common *co)
+{
+	const size_t C = (size_t)base->g.cfg.n_embd, P = (size_t)s->paths;
+	uint64_t rows = 0, maxlen = 1;
+	for (uint64_t d = 0; d < tf->ndocs; d++) {
+		uint64_t len = tf->offsets[d + 1] - tf->offsets[d];
+		maxlen = len > maxlen ? len : maxlen;
+		if (len > (uint64_t)s->prefix + (uint64_t)W)
+			rows += (len - (uint64_t)s->prefix - 1) / (uint64_t)W;
+	}
+	*n = 0;
+	*x = malloc(rows * 2 * C * sizeof **x + 1);
+	*y = malloc(rows * sizeof **y + 1);
+	float *hidden = malloc(maxlen * C * sizeof *hidden);
+	if (!*x || !*y || !hidden) {
+		free(hidden);
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate %llu rows of %zu",
+			       (unsigned long long)rows, 2 * C);
+	}
+	start_progress(co, "window features", (int64_t)tf->ndocs);
+	for (uint64_t d = 0; d < tf->ndocs; d++) {
+		int nb;
+		int rc = route_window_features(base, tf, d, layer, s->prefix, context, W, hidden,
+					       *x + *n * 2 * C, &nb);
+		if (rc < 0) {
+			free(hidden);
+			return rc;
+		}
+		const uint64_t s0 = tf->offsets[d], len = tf->offsets[d + 1] - s0;
+		for (int m = 0; m < nb; m++) {
+			const uint64_t b = (uint64_t)s->prefix + (uint64_t)(m + 1) * (uint64_t)W;
+			const uint64_t e = b + (uint64_t)W < len ? b + (uint64_t)W : len;
+			uint32_t best = 0;
+			double bv = -INFINITY;
+			for (size_t p = 0; p < P; p++) {
+				double v = 0;
+				for (uint64_t j = b; j < e; j++)
+					v += s->logprob[(s0 + j) * P + p];
+				if (v > bv)
+					bv = v, best = (uint32_t)p;
+			}
+			(*y)[*n + (uint64_t)m] = best;
+		}
+		*n += (uint64_t)nb;
+		progress_update(&co->bar, (int64_t)d + 1, NULL);
+	}
+	progress_done(&co->bar);
+	free(hidden);
+	return 0;
+}
+
+static int cmd_fit(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "scores", required_argument, NULL, 'S' }, { "features", required_argument, NULL, 'F' },
+		{ "window", required_argument, NULL, 'W' }, { "model", required_argument, NULL, 'm' },
+		{ "layer", required_argument, NULL, 'L' }, { "context", required_argument, NULL, 'c' },
+		{ "l2", required_argument, NULL, 'l' }, { "holdout", required_argument, NULL, 'H' },
+		{ "iters", required_argument, NULL, 'i' }, { "seed", required_argument, NULL, 's' },
+		{ "min-share", required_argument, NULL, 'M' }, COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
+	};
+	struct common co = {0};
+	const char *scores_path = NULL, *feat_path = NULL, *model = NULL;
+	long window = 0, layer = -1, context = 0, iters = 500, seed = 0;
+	struct route_fit_opts fo = {.l2 = 1e-3, .holdout = 0.2, .min_share = -1};
+	int c, rc;
+
+	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "m:", longopts, NULL)) != -1) {
+		if ((rc = common_opt(&co, c, optarg)) < 0)
+			return -rc;
+		if (rc)
+			continue;
+		switch (c) {
+		case 'S': scores_path = optarg; break;
+		case 'F': feat_path = optarg; break;
+		case 'm': model = optarg; break;
+		case 'W': rc = cli_parse_long("--window", optarg, 1, INT_MAX, &window); break;
+		case 'L': rc = cli_parse_long("--layer", optarg, 0, INT_MAX, &layer); break;
+		case 'c': rc = cli_parse_long("--context", optarg, 1, INT_MAX, &context); break;
+		case 'l': rc = cli_parse_double("--l2", optarg, 0, 1e6, &fo.l2); break;
+		case 'H': rc = cli_parse_double("--holdout", optarg, 0, 0.9, &fo.holdout); break;
+		case 'M': rc = cli_parse_double("--min-share", optarg, 0, 1, &fo.min_share); break;
+		case 'i': rc = cli_parse_long("--iters", optarg, 1, 1000000, &iters); break;
+		case 's': rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &seed); break;
+		case 'h': fit_usage(stdout); return 0;
+		case 'V': return version();
+		default: return bad_option("fit", longopts, argv, c);
+		}
+		if (rc < 0)
+			return cli_report(prog, rc);
+	}
+	if ((rc = expect_args(argc, 1, "fit", "one token file")) ||
+	    (rc = check_output(&co, "fit")))
+		return rc;
+	if (!scores_path)
+		return cli_usage_error(prog, "fit: --scores FILE is required");
+	if (window ? !model || feat_path : !feat_path || model)
+		return cli_usage_error(prog, "fit: a document router takes --features, a window "
+				       "router --window W and --model BASE (see %s fit --help)",
+				       prog);
+	fo.max_iter = (int)iters;
+	if (co.threads)
+		omp_set_num_threads((int)co.threads);
+	if (fo.min_share < 0)
+		fo.min_share = window ? 0.0 : 0.5;
+	fo.seed = (uint64_t)seed;
+
+	struct tokfile tf;
+	struct scores s;
+	struct features f = {0};
+	struct lm base = {0};
+	struct router r = {0};
+	float *x = NULL;
+	uint32_t *y = NULL;
+	uint64_t n = 0;
+	int have_base = 0;
+
+	if ((rc = tokfile_open(&tf, argv[optind])) < 0)
+		return cli_report(prog, rc);
+	if ((rc = scores_read(scores_path, &s)) < 0) {
+		tokfile_close(&tf);
+		return cli_report(prog, rc);
+	}
+	rc = scores_check_corpus(&s, scores_path, &tf);
+	if (!rc && !window) {
+		rc = features_read(feat_path, &f);
+		if (!rc)
+			rc = features_check_corpus(&f, feat_path, &tf);
+		if (!rc && f.r.prefix != s.prefix)
+			rc = err_set(CORE_EFORMAT, feat_path, "features of %d-token prefixes, but "
+				     "the scores count from token %d", f.r.prefix, s.prefix);
+		if (!rc)
+			rc = doc_rows(&s, &f, &tf, &x, &y, &n);
+		r.kind = ROUTER_LOGREG;
+		r.dim = f.dim;
+		r.r = f.r;
+	} else if (!rc) {
+		if ((rc = open_backend(&co))) {
+			co.be = NULL;
+			goto out; /* reported */
+		}
+		if ((rc = lm_open(&base, model, co.be, DEFAULT_BATCH)) == 0)
+			have_base = 1;
+		if (!rc) {
+			if (layer < 0)
+				layer = base.g.cfg.n_layer - 1;
+			if (!context)
+				context = s.prefix ? s.prefix : DEFAULT_PREFIX;
+			rc = window_rows(&s, &base, &tf, (int)layer, (int)context, (int)window, &x,
+					 &y, &n, &co);
+		}
+		r.kind = ROUTER_WINDOW;
+		r.dim = 2 * base.g.cfg.n_embd;
+		memcpy(r.r.digest, base.digest, sizeof r.r.digest);
+		r.r.layer = (int)layer;
+		r.r.prefix = s.prefix;
+		r.window = (int)window;
+		r.context = (int)context;
+	}
+	if (!rc && n < 2)
+		rc = err_set(CORE_ESHAPE, tf.path, "%llu %s to fit on: too few (a longer router "
+			     "split, or a shorter prefix or window)", (unsigned long long)n,
+			     window ? "windows" : "documents");
+	r.paths = s.paths;
+	const double t0 = now_seconds();
+	if (!rc)
+		rc = route_fit_logreg(x, y, n, r.dim, r.paths, &fo, &r.lr, &r.report);
+	const double secs = now_seconds() - t0;
+	if (!rc)
+		rc = router_write(co.out, &r);
+	if (!rc) {
+		json_error_t je;
+		rc = print_json(json_pack("{s:s,s:s,s:i,s:I,s:o,s:f}", "output", co.out, "kind",
+					  router_kind_name(r.kind), "paths", r.paths, "rows",
+					  (json_int_t)n, "report", json_loads(r.report, 0, &je),
+					  "seconds", secs));
+	} else if (rc < 0) {
+		rc = cli_report(prog, rc);
+	}
+out:
+	free(x);
+	free(y);
+	router_free(&r);
+	features_free(&f);
+	if (have_base)
+		lm_close(&base);
+	if (co.be)
+		backend_close(co.be);
+	scores_free(&s);
+	tokfile_close(&tf);
+	return rc;
+}
+
+/* ---- eval --------------------------------------------------------------------------------- */
+
+static void eval_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s eval (--run RUNDIR [--phase T] | --path CKPT...) -m BASE\n"
+		"                --router ROUTER [--window-router WROUTER...] [options] IN.tok\n"
+		"Perplexity of the paths on IN.tok over every token from position PREFIX on\n"
+		"(the router's prefix), routing once per document with ROUTER, then for each\n"
+		"window router re-routing every W tokens: window m >= 1 goes to the path the\n"
+		"window router predicts from the text before it. A switch recomputes the\n"
+		"context on the new path: that path runs the current context window from its\n"
+		"start. Prints a table; --json FILE writes it as JSON too.\n\n"
+		"options:\n"
+		PATHSET_HELP
+		"  -m, --model FILE      the base checkpoint the routers' features come from\n"
+		"      --router FILE     the document router (kmeans or logreg; required unless\n"
+		"                        there is one path)\n"
+		"      --window-router FILE  a window router (repeatable, up to %d)\n"
+		"      --json FILE       also write the table as JSON to FILE\n"
+		"  -B, --batch N         context windows per forward (default %d)\n"
+		"  -t, --threads N       OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
+		"      --device NAME     where models run: cpu (default) or ref\n"
+		"  -q, --quiet           no progress line on stderr\n"
+		"  -h, --help            show this help and exit\n"
+		"  -V, --version         show the version and exit\n",
+		prog, MAX_WINDOWS, DEFAULT_BATCH);
+}
+
+static json_t *mode_json(const struct route_eval_mode *m, const struct route_eval_mode *doc,
+			 uint64_t docs)
+{
+	const double loss = m->tokens ? m->nll / (double)m->tokens : NAN;
+	return json_pack("{s:s,s:i,s:f,s:f,s:I,s:I,s:I,s:I,s:f,s:f,s:f}", "routing",
+			 m->window ? "window" : "document", "window", m->window, "loss", loss,
+			 "perplexity", exp(loss), "tokens", (json_int_t)m->tokens, "forwarded",
+			 (json_int_t)m->forwarded, "base_tokens", (json_int_t)m->base_tokens,
+			 "switches", (json_int_t)m->switches, "switches_per_doc",
+			 docs ? (double)m->switches / (double)docs : 0.0, "seconds", m->seconds,
+			 "cost_vs_document",
+			 doc->seconds > 0 ? m->seconds / doc->seconds : 0.0);
+}
+
+static int cmd_eval(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		PATHSET_LONGOPTS, { "model", required_argument, NULL, 'm' },
+		{ "router", required_argument, NULL, 'r' },
+		{ "window-router", required_argument, NULL, 'w' },
+		{ "json", required_argument, NULL, 'J' }, { "batch", required_argument, NULL, 'B' },
+		COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
+	};
+	struct common co = {0};
+	struct pathset ps = {.phase = -1};
+	const char *model = NULL, *router_path = NULL, *json_path = NULL, *wpaths[MAX_WINDOWS];
+	long batch = DEFAULT_BATCH;
+	int nw = 0, c, rc;
+
+	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "m:B:", longopts, NULL)) != -1) {
+		if ((rc = common_opt(&co, c, optarg)) < 0 || (!rc && (rc = pathset_opt(&ps, c, optarg)) < 0))
+			return -rc;
+		if (rc)
+			continue;
+		switch (c) {
+		case 'm': model = optarg; break;
+		case 'r': router_path = optarg; break;
+		case 'w':
+			if (nw == MAX_WINDOWS)
+				return cli_usage_error(prog, "eval: at most %d window routers",
+						       MAX_WINDOWS);
+			wpaths[nw++] = optarg;
+			break;
+		case 'J': json_path = optarg; break;
+		case 'B': rc = cli_parse_long("--batch", optarg, 1, 4096, &batch); break;
+		case 'h': eval_usage(stdout); return 0;
+		case 'V': return version();
+		default: return bad_option("eval", longopts, argv, c);
+		}
+		if (rc < 0)
+			return cli_report(prog, rc);
+	}
+	if ((rc = expect_args(argc, 1, "eval", "one token file")))
+		return rc;
+	if (co.out)
+		return cli_usage_error(prog, "eval: the table goes to stdout (and --json FILE); "
+				       "there is no --output");
+	if (!model)
+		return cli_usage_error(prog, "eval: --model BASE.safetensors is required");
+
+	struct tokfile tf;
+	struct lm base = {0};
+	struct router doc = {0}, win[MAX_WINDOWS];
+	const struct router *wp[MAX_WINDOWS];
+	struct route_eval_mode modes[MAX_WINDOWS + 1];
+	int nread = 0, have_doc = 0, have_base = 0;
+
+	memset(win, 0, sizeof win);
+	if ((rc = tokfile_open(&tf, argv[optind])) < 0)
+		return cli_report(prog, rc);
+	if (router_path && (rc = router_read(router_path, &doc)) == 0)
+		have_doc = 1;
+	for (int i = 0; !rc && i < nw; i++) {
+		if ((rc = router_read(wpaths[i], &win[i])) == 0)
+			nread = i + 1;
+		if (!rc && win[i].kind != ROUTER_WINDOW)
+			rc = err_set(CORE_EFORMAT, wpaths[i], "is a %s router, not a window router",
+				     router_kind_name(win[i].kind));
+		wp[i] = &win[i];
+	}
+	if (!rc && have_doc && doc.kind == ROUTER_WINDOW)
+		rc = err_set(CORE_EFORMAT, router_path, "is a window router; --router takes a "
+			     "document router (kmeans or logreg)");
+	if (rc < 0) {
+		rc = cli_report(prog, rc);
+		goto out;
+	}
+	if ((rc = open_backend(&co)))
+		goto out;
+	if ((rc = pathset_open(&ps, co.be, (int)batch, "eval")))
+		goto out;
+	if ((rc = lm_open(&base, model, co.be, (int)batch)) == 0)
+		have_base = 1;
+	if (!rc && !have_doc && ps.n > 1)
+		rc = err_set(CORE_EUSAGE, NULL, "eval: %d paths need a --router", ps.n);
+	if (!rc && !have_doc) {
+		/* one path: a router that sends everything to it, with the default prefix */
+		doc.kind = ROUTER_KMEANS;
+		doc.paths = 1;
+		doc.dim = base.g.cfg.n_embd;
+		memcpy(doc.r.digest, base.digest, sizeof doc.r.digest);
+		doc.r.layer = base.g.cfg.n_layer - 1;
+		doc.r.prefix = DEFAULT_PREFIX;
+		doc.centroids = calloc((size_t)doc.dim, sizeof(float));
+		have_doc = 1;
+		if (!doc.centroids)
+			rc = CORE_ENOMEM;
+	}
+	if (!rc && doc.paths != ps.n)
+		rc = err_set(CORE_ESHAPE, router_path, "routes to %d paths, the model has %d",
+			     doc.paths, ps.n);
+	/* the routers' features come from the base given */
+	if (!rc && strcmp(doc.r.digest, base.digest))
+		rc = err_set(CORE_EFORMAT, router_path, "was fitted on features of checkpoint %s, "
+			     "but --model '%s' is %s", doc.r.digest, model, base.digest);
+	if (!rc && doc.dim != base.g.cfg.n_embd)
+		rc = err_set(CORE_ESHAPE, router_path, "has %d features, the base model %d",
+			     doc.dim, base.g.cfg.n_embd);
+	for (int i = 0; !rc && i < nw; i++) {
+		if (win[i].paths != ps.n)
+			rc = err_set(CORE_ESHAPE, wpaths[i], "routes to %d paths, the model has %d",
+				     win[i].paths, ps.n);
+		else if (strcmp(win[i].r.digest, base.digest) || win[i].dim != 2 * base.g.cfg.n_embd)
+			rc = err_set(CORE_EFORMAT, wpaths[i], "was fitted on features of checkpoint "
+				     "%s (%d values), but --model '%s' is %s (%d)", win[i].r.digest,
+				     win[i].dim, model, base.digest, 2 * base.g.cfg.n_embd);
+		else if (win[i].r.prefix != doc.r.prefix)
+			rc = err_set(CORE_EFORMAT, wpaths[i], "has windows from token %d, the "
+				     "document router's prefix is %d", win[i].r.prefix, doc.r.prefix);
+	}
+	if (!rc && doc.r.prefix > base.g.cfg.seq_len)
+		rc = err_set(CORE_EFORMAT, router_path, "prefix %d is longer than the context %d",
+			     doc.r.prefix, base.g.cfg.seq_len);
+	if (rc < 0) {
+		rc = cli_report(prog, rc);
+		goto out;
+	}
+	if (rc)
+		goto out;
+	start_progress(&co, "eval", (int64_t)tf.ndocs * (nw + 1));
+	rc = route_evaluate(ps.lm, ps.n, &base, &doc, wp, nw, &tf, modes, show_progress, &co);
+	progress_done(&co.bar);
+	if (rc < 0) {
+		rc = cli_report(prog, rc);
+		goto out;
+	}
+	json_t *rows = json_array();
+	printf("%-22s %10s %10s %10s %10s %10s %8s\n", "routing", "ppl", "loss", "tokens",
+	       "switches/doc", "forwarded", "cost");
+	for (int i = 0; i <= nw; i++) {
+		const struct route_eval_mode *m = &modes[i];
+		char name[32];
+		const double loss = m->tokens ? m->nll / (double)m->tokens : NAN;
+		if (m->window)
+			snprintf(name, sizeof name, "every %d tokens", m->window);
+		else
+			snprintf(name, sizeof name, "once per document");
+		printf("%-22s %10.4f %10.5f %10llu %12.2f %10.3f %7.2fx\n", name, exp(loss), loss,
+		       (unsigned long long)m->tokens,
+		       tf.ndocs ? (double)m->switches / (double)tf.ndocs : 0.0,
+		       m->tokens ? (double)m->forwarded / (double)m->tokens : 0.0,
+		       modes[0].seconds > 0 ? m->seconds / modes[0].seconds : 0.0);
+		json_array_append_new(rows, mode_json(m, &modes[0], tf.ndocs));
+	}
+	printf("(forwarded: tokens run through the paths per token scored; cost: wall time\n"
+	       " against routing once per document, base-model features included)\n");
+	fflush(stdout);
+	char *src = pathset_source(&ps);
+	json_t *j = json_pack("{s:s,s:s,s:I,s:i,s:i,s:s,s:o}", "corpus", tf.path, "source",
+			      src ? src : "", "docs", (json_int_t)tf.ndocs, "paths", ps.n,
+			      "prefix", doc.r.prefix, "router", router_path ? router_path : "",
+			      "modes", rows);
+	free(src);
+	if (json_path) {
+		char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(8)) : NULL;
+		rc = text ? file_write_atomic(json_path, text, strlen(text)) : CORE_ENOMEM;
+		free(text);
+		if (rc < 0)
+			rc = cli_report(prog, rc);
+	}
+	json_decref(j);
+out:
+	if (have_base)
+		lm_close(&base);
+	pathset_close(&ps);
+	if (co.be)
+		backend_close(co.be);
+	if (have_doc)
+		router_free(&doc);
+	for (int i = 0; i < nread; i++)
+		router_free(&win[i]);
+	tokfile_close(&tf);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	opterr = 0;
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+		usage(stdout);
+		return 0;
+	}
+	if (!strcmp(argv[1], "-V") || !strcmp(argv[1], "--version"))
+		return version();
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		if (!strcmp(argv[1], commands[i].name))
+			return commands[i].run(argc - 1, argv + 1);
+	return cli_usage_error(prog, "unknown command '%s' (see %s --help)", argv[1], prog);
+}

@@ -1,0 +1,73 @@
+/* route.h - DiPaCo's routing (paper section 2.4) on top of the files of routefile.h: features
+ * of documents and of windows, scoring paths, fitting routers, and evaluating a DiPaCo with
+ * test-time routing.
+ *
+ * Window routing (section 2.4.3). A document is scored from position prefix on, in windows of
+ * W tokens: window 0 is [prefix, prefix + W), window m is [prefix + m W, prefix + (m + 1) W).
+ * Window 0 goes to the document router's path (so W larger than every document is routing
+ * once per document); window m >= 1 goes to the path a window router predicts from the text
+ * before it, [0, b) with b = prefix + m W. Its features are two means of the base model's
+ * block-`layer` output: over the last `context` tokens [b - context, b) and over the whole
+ * [0, b), concatenated (2 C values). It is fitted on the router split: the target at b is the
+ * path with the highest log-likelihood of the window's tokens (the paper's transduction
+ * target with L = W).
+ */
+#ifndef CORE_ROUTE_ROUTE_H
+#define CORE_ROUTE_ROUTE_H
+
+#include <stdint.h>
+
+#include "io/tokfile.h"
+#include "route/lm.h"
+#include "route/routefile.h"
+
+/* Prefix features of every document of tf with the base model (progress may be NULL). */
+int route_features(struct lm *base, const struct tokfile *tf, int prefix, int layer,
+		   struct features *out, void (*progress)(void *ctx, uint64_t done), void *ctx);
+
+/* CORE_EFORMAT on the router's file unless its recipe is the features' / base's. */
+int route_check_recipe(const struct recipe *want, const char *path, const struct recipe *have,
+		       const char *what);
+
+/* Score every document of tf under every path: out->logprob and out->doc (routefile.h). */
+int route_score(struct lm *paths, int npaths, const struct tokfile *tf, int prefix,
+		struct scores *out, void (*progress)(void *ctx, uint64_t done), void *ctx);
+
+/* The window features at every boundary b = prefix + m W (m >= 1, b < length) of document d:
+ * nb rows of 2 C into out (room for (length - prefix) / W + 1 rows); hidden is scratch of
+ * length x C floats. */
+int route_window_features(struct lm *base, const struct tokfile *tf, uint64_t d, int layer,
+			  int prefix, int context, int W, float *hidden, float *out, int *nb);
+
+/* Fit a logistic-regression router on rows x [n, dim] with labels y, with the bias
+ * correction to the labels' counts (raised to o->min_share of an even share); report (JSON text, caller frees) gets train and held-out
+ * accuracy (holdout fraction of the rows, chosen by a hash of the row index and seed), and
+ * per-path counts of the labels and of the predictions before and after the correction. The
+ * router returned is refitted on all rows. */
+struct route_fit_opts {
+	double l2, holdout;
+	double min_share; /* each path's bias-correction target is at least this fraction of an
+			   * even share n / paths (taken from the largest): no starved path */
+	int max_iter;
+	uint64_t seed;
+};
+int route_fit_logreg(const float *x, const uint32_t *y, uint64_t n, int dim, int paths,
+		     const struct route_fit_opts *o, struct logreg *out, char **report);
+
+/* Evaluation: perplexity over every token from position prefix on of each document of tf,
+ * routing once per document (doc router) and every W tokens (window routers). */
+struct route_eval_mode {
+	int window;       /* 0 for once per document */
+	double nll;       /* summed over the tokens scored, nats */
+	uint64_t tokens;  /* tokens scored */
+	uint64_t forwarded; /* tokens run through path models (each switch recomputes context) */
+	uint64_t base_tokens; /* tokens run through the base model for routing */
+	uint64_t switches;  /* windows whose path differs from the previous window's */
+	double seconds;
+};
+int route_evaluate(struct lm *paths, int npaths, struct lm *base, const struct router *doc,
+		   const struct router *const *windows, int nwindows, const struct tokfile *tf,
+		   struct route_eval_mode *modes, void (*progress)(void *ctx, uint64_t done),
+		   void *ctx);
+
+#endif
