@@ -14,6 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+#include <zlib.h>
+
 #include "common/err.h"
 #include "common/banned.h"
 
@@ -160,3 +163,65 @@ const char fuzz_levels_yaml[] =
 	"  - name: upper\n"
 	"    owns: h.2-3 head\n"
 	"    modules: 2\n";
+
+static void set_hex(json_t *md, const char *key, uint32_t crc)
+{
+	char hex[9];
+	snprintf(hex, sizeof hex, "%08x", crc);
+	json_object_set_new(md, key, json_string(hex));
+}
+
+uint8_t *fuzz_fix_st_crcs(const uint8_t *data, size_t size, size_t *out_size)
+{
+	uint64_t n = 0;
+	json_error_t je;
+
+	if (size < 8)
+		return NULL;
+	for (int i = 0; i < 8; i++)
+		n |= (uint64_t)data[i] << (8 * i);
+	if (n < 2 || n > size - 8)
+		return NULL;
+	json_t *root = json_loadb((const char *)data + 8, (size_t)n, JSON_REJECT_DUPLICATES, &je);
+	json_t *md = json_object_get(root, "__metadata__");
+	if (!json_is_object(md)) {
+		json_decref(root);
+		return NULL;
+	}
+	const uint8_t *body = data + 8 + n;
+	size_t blen = size - 8 - (size_t)n;
+	const char *k;
+	json_t *v, *tmp;
+	int fixed = 0;
+	json_object_foreach_safe(md, tmp, k, v) {
+		if (strcmp(k, "crc32") == 0) {
+			set_hex(md, k, (uint32_t)crc32(0, body, (uInt)blen));
+			fixed = 1;
+		} else if (strncmp(k, "crc32.", 6) == 0) {
+			json_t *offs = json_object_get(json_object_get(root, k + 6), "data_offsets");
+			json_t *b = json_array_get(offs, 0), *e = json_array_get(offs, 1);
+			if (!json_is_integer(b) || !json_is_integer(e))
+				continue;
+			json_int_t lo = json_integer_value(b), hi = json_integer_value(e);
+			if (lo < 0 || hi < lo || (uint64_t)hi > blen)
+				continue;
+			set_hex(md, k, (uint32_t)crc32(0, body + lo, (uInt)(hi - lo)));
+			fixed = 1;
+		}
+	}
+	char *text = fixed ? json_dumps(root, JSON_COMPACT) : NULL;
+	json_decref(root);
+	if (!text)
+		return NULL;
+	size_t hlen = strlen(text);
+	uint8_t *out = malloc(8 + hlen + blen);
+	if (!out)
+		fuzz_fail("out of memory");
+	for (int i = 0; i < 8; i++)
+		out[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+	memcpy(out + 8, text, hlen);
+	memcpy(out + 8 + hlen, body, blen);
+	free(text);
+	*out_size = 8 + hlen + blen;
+	return out;
+}

@@ -34,6 +34,12 @@ void fuzz_ok(void);
 /* A broken invariant: print "fuzz: " and the message (control characters escaped), abort. */
 void fuzz_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
+/* A safetensors input with every crc key it holds recomputed (zlib's crc32 of the tensor's
+ * byte range, or of the whole data section), malloc'd; or NULL to use the input as it is (no
+ * parseable header with crc keys). So that mutations reach the structure behind the
+ * checksums instead of stopping at "checksum mismatch". */
+uint8_t *fuzz_fix_st_crcs(const uint8_t *data, size_t size, size_t *out_size);
+
 /* "ok" or the last error message: what replay -v prints for each input. */
 extern char fuzz_outcome[1024];
 
