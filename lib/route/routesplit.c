@@ -165,6 +165,18 @@ int route_split(const char *input, const struct route_split_opts *o,
 		rc = err_set(CORE_ENOMEM, input, "out of memory");
 	for (uint64_t d = 0; !rc && d < tf.ndocs; d++)
 		router_route(&r, f.x + d * (uint64_t)f.dim, top, assign + d * (uint64_t)top);
+	if (!rc && o->label) {
+		/* a label asked for must be there: said before anything is written */
+		uint32_t *lab = malloc(tf.ndocs * sizeof *lab + 1);
+		json_t *names = json_array();
+		if (!lab || !names)
+			rc = err_set(CORE_ENOMEM, input, "out of memory");
+		else if (!doc_labels(&tf, o->label, lab, names))
+			rc = err_set(CORE_EFORMAT, input, "--label %.64s: not a string field of every "
+				     "document's metadata", o->label);
+		free(lab);
+		json_decref(names);
+	}
 	so.paths = (uint32_t)r.paths;
 	so.top = top;
 	so.router = o->router;

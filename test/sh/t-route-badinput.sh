@@ -226,6 +226,9 @@ refused 1 "^dpc-route: 'K4\.st': is a kmeans router, not a window router$" \
 refused 2 "^dpc-shard: option '--top': 3 is outside \[1, 2\]$" \
 	s.out "$SH" split -q --router K3.st --features F.st --top 3 d/train.tok s.out
 echo "window router as --router, document router as --window-router, --top 3: refused"
+refused 1 "^dpc-shard: 'd/train\.tok': --label nope: not a string field of every document's metadata$" \
+	s.out "$SH" split -q --router K3.st --features F.st --label nope d/train.tok s.out
+echo "a --label the documents do not carry: refused"
 
 # ---- existing outputs: refused without --force, replaced with it ---------------------------
 printf 'not a routing file\n' >keep
