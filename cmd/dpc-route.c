@@ -667,13 +667,18 @@ static void fit_usage(FILE *fp)
 		"                        the last)\n"
 		"      --context N       tokens before a boundary averaged for its features\n"
 		"                        (default: the scores' prefix)\n"
-		"      --l2 X            L2 penalty on the weights (default 1e-3)\n"
+		"      --l2 X            L2 penalty on the weights (default 0.1)\n"
 		"      --holdout F       fraction of rows held out to report accuracy on\n"
 		"                        (default 0.2; the router kept is refitted on all)\n"
 		"      --iters N         L-BFGS iterations at most (default 500)\n"
 		"      --min-share F     the bias correction gives every path at least F times\n"
 		"                        an even share of the rows (default 0.5 for a document\n"
 		"                        router, 0 for a window router)\n"
+		"      --correction      keep the bias correction in the router written (the\n"
+		"                        default for a document router, which makes shards)\n"
+		"      --no-correction   write the plain argmax router (the default for a window\n"
+		"                        router, which only evaluates: the most accurate one);\n"
+		"                        the report shows the correction's effect either way\n"
 		"      --seed N          seed of the held-out draw (default 0)\n"
 		COMMON_HELP,
 		prog, prog);
@@ -767,12 +772,13 @@ static int cmd_fit(int argc, char **argv)
 		{ "layer", required_argument, NULL, 'L' }, { "context", required_argument, NULL, 'c' },
 		{ "l2", required_argument, NULL, 'l' }, { "holdout", required_argument, NULL, 'H' },
 		{ "iters", required_argument, NULL, 'i' }, { "seed", required_argument, NULL, 's' },
-		{ "min-share", required_argument, NULL, 'M' }, COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
+		{ "min-share", required_argument, NULL, 'M' }, { "correction", no_argument, NULL, 'C' },
+		{ "no-correction", no_argument, NULL, 'N' }, COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
 	};
 	struct common co = {0};
 	const char *scores_path = NULL, *feat_path = NULL, *model = NULL;
 	long window = 0, layer = -1, context = 0, iters = 500, seed = 0;
-	struct route_fit_opts fo = {.l2 = 1e-3, .holdout = 0.2, .min_share = -1};
+	struct route_fit_opts fo = {.l2 = 0.1, .holdout = 0.2, .min_share = -1, .correct = -1};
 	int c, rc;
 
 	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "m:", longopts, NULL)) != -1) {
@@ -790,6 +796,8 @@ static int cmd_fit(int argc, char **argv)
 		case 'l': rc = cli_parse_double("--l2", optarg, 0, 1e6, &fo.l2); break;
 		case 'H': rc = cli_parse_double("--holdout", optarg, 0, 0.9, &fo.holdout); break;
 		case 'M': rc = cli_parse_double("--min-share", optarg, 0, 1, &fo.min_share); break;
+		case 'C': fo.correct = 1; break;
+		case 'N': fo.correct = 0; break;
 		case 'i': rc = cli_parse_long("--iters", optarg, 1, 1000000, &iters); break;
 		case 's': rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &seed); break;
 		case 'h': fit_usage(stdout); return 0;
@@ -813,6 +821,8 @@ static int cmd_fit(int argc, char **argv)
 		omp_set_num_threads((int)co.threads);
 	if (fo.min_share < 0)
 		fo.min_share = window ? 0.0 : 0.5;
+	if (fo.correct < 0)
+		fo.correct = !window;
 	fo.seed = (uint64_t)seed;
 
 	struct tokfile tf;

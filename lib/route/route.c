@@ -260,14 +260,15 @@ int route_fit_logreg(const float *x, const uint32_t *y, uint64_t n, int dim, int
 	const double acc_tr1 = accuracy(&m, x, y, tr, ntr, dim, NULL);
 	const double acc_ho1 = accuracy(&m, x, y, ho, nho, dim, NULL);
 	logreg_free(&m);
-	/* the router kept: all rows, corrected to all rows' targets */
+	/* the router kept: all rows, corrected to all rows' targets (or not) */
 	bias_targets(y, all, n, paths, o->min_share, tg);
-	if ((rc = fit_rows(x, y, all, n, dim, paths, o, tg, out, &rep)) < 0)
+	if ((rc = fit_rows(x, y, all, n, dim, paths, o, o->correct ? tg : NULL, out, &rep)) < 0)
 		goto out;
 	accuracy(out, x, y, all, n, dim, c + 2 * (size_t)paths);
-	j = json_pack("{s:I,s:I,s:I,s:f,s:f,s:f,s:i,s:{s:f,s:f},s:{s:f,s:f},s:o,s:o,s:o,s:o}",
+	j = json_pack("{s:I,s:I,s:I,s:f,s:b,s:f,s:f,s:i,s:{s:f,s:f},s:{s:f,s:f},s:o,s:o,s:o,s:o}",
 		      "rows", (json_int_t)n, "train_rows", (json_int_t)ntr, "heldout_rows",
-		      (json_int_t)nho, "l2", o->l2, "min_share", o->min_share, "loss", rep.loss, "iterations",
+		      (json_int_t)nho, "l2", o->l2, "corrected", o->correct, "min_share",
+		      o->min_share, "loss", rep.loss, "iterations",
 		      rep.iterations, "before_correction", "train_accuracy", acc_tr0,
 		      "heldout_accuracy", nho ? acc_ho0 : -1.0, "after_correction",
 		      "train_accuracy", acc_tr1, "heldout_accuracy", nho ? acc_ho1 : -1.0,

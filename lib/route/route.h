@@ -42,12 +42,14 @@ int route_window_features(struct lm *base, const struct tokfile *tf, uint64_t d,
 /* Fit a logistic-regression router on rows x [n, dim] with labels y, with the bias
  * correction to the labels' counts (raised to o->min_share of an even share); report (JSON text, caller frees) gets train and held-out
  * accuracy (holdout fraction of the rows, chosen by a hash of the row index and seed), and
- * per-path counts of the labels and of the predictions before and after the correction. The
- * router returned is refitted on all rows. */
+ * per-path counts of the labels and of the predictions before and after the correction
+ * ("predicted_after": of the router returned). The router returned is refitted on all rows. */
 struct route_fit_opts {
 	double l2, holdout;
 	double min_share; /* each path's bias-correction target is at least this fraction of an
 			   * even share n / paths (taken from the largest): no starved path */
+	int correct;      /* 1: the router returned has the correction; 0: plain argmax (the
+			   * report still shows what the correction does on the split) */
 	int max_iter;
 	uint64_t seed;
 };
