@@ -119,21 +119,23 @@ int route_window_features(struct lm *base, const struct tokfile *tf, uint64_t d,
 	if (len <= (uint64_t)prefix + (uint64_t)W)
 		return 0;
 	ERR_FORWARD(lm_doc_hidden(base, tf, d, layer, hidden, NULL));
-	double *cum = calloc(C, sizeof *cum);
+	/* running sums: cum over [0, done), lag over [0, lagged); each position added once to
+	 * each, so a boundary costs O(C) whatever the context */
+	double *cum = calloc(2 * C, sizeof *cum), *lag = cum + C;
 	if (!cum)
 		return err_set(CORE_ENOMEM, tf->path, "out of memory");
-	uint64_t done = 0; /* cum holds the sum over [0, done) */
+	uint64_t done = 0, lagged = 0;
 	for (uint64_t b = (uint64_t)prefix + (uint64_t)W; b < len; b += (uint64_t)W) {
+		const uint64_t a = b > (uint64_t)context ? b - (uint64_t)context : 0;
 		for (; done < b; done++)
 			for (size_t c = 0; c < C; c++)
 				cum[c] += hidden[done * C + c];
-		const uint64_t a = b > (uint64_t)context ? b - (uint64_t)context : 0;
+		for (; lagged < a; lagged++)
+			for (size_t c = 0; c < C; c++)
+				lag[c] += hidden[lagged * C + c];
 		float *o = out + (size_t)*nb * 2 * C;
 		for (size_t c = 0; c < C; c++) {
-			double s = 0;
-			for (uint64_t j = a; j < b; j++)
-				s += hidden[j * C + c];
-			o[c] = (float)(s / (double)(b - a));
+			o[c] = (float)((cum[c] - lag[c]) / (double)(b - a));
 			o[C + c] = (float)(cum[c] / (double)b);
 		}
 		(*nb)++;
@@ -248,17 +250,17 @@ int route_fit_logreg(const float *x, const uint32_t *y, uint64_t n, int dim, int
 	/* c[0]: labels, c[1]: predictions before the correction, c[2]: after (all rows) */
 	for (uint64_t i = 0; i < n; i++)
 		c[y[i]]++;
+	/* One fit on the training rows serves both sides of the report: the correction only sets
+	 * m.bias, so with it zeroed the model is the uncorrected one. */
 	bias_targets(y, tr, ntr, paths, o->min_share, tg);
-	if ((rc = fit_rows(x, y, tr, ntr, dim, paths, o, NULL, &m, &rep)) < 0)
-		goto out;
-	const double acc_tr0 = accuracy(&m, x, y, tr, ntr, dim, NULL);
-	const double acc_ho0 = accuracy(&m, x, y, ho, nho, dim, NULL);
-	accuracy(&m, x, y, all, n, dim, c + paths);
-	logreg_free(&m);
 	if ((rc = fit_rows(x, y, tr, ntr, dim, paths, o, tg, &m, &rep)) < 0)
 		goto out;
 	const double acc_tr1 = accuracy(&m, x, y, tr, ntr, dim, NULL);
 	const double acc_ho1 = accuracy(&m, x, y, ho, nho, dim, NULL);
+	memset(m.bias, 0, sizeof *m.bias * (size_t)paths);
+	const double acc_tr0 = accuracy(&m, x, y, tr, ntr, dim, NULL);
+	const double acc_ho0 = accuracy(&m, x, y, ho, nho, dim, NULL);
+	accuracy(&m, x, y, all, n, dim, c + paths);
 	logreg_free(&m);
 	/* the router kept: all rows, corrected to all rows' targets (or not) */
 	bias_targets(y, all, n, paths, o->min_share, tg);

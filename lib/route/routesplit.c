@@ -78,21 +78,29 @@ static int doc_labels(const struct tokfile *tf, const char *key, uint32_t *lab, 
 	return (int)json_array_size(names);
 }
 
-static json_t *label_report(const struct tokfile *tf, const uint32_t *first, int P,
-			    const char *want)
+/* The documents' labels under the key asked for (want), else "category", else "genre": their
+ * number G (0: none) into lab, names and *key. */
+static int find_labels(const struct tokfile *tf, const char *want, uint32_t *lab, json_t *names,
+		       const char **key)
 {
-	uint32_t *lab = malloc(tf->ndocs * sizeof *lab + 1), *shuf = malloc(tf->ndocs * sizeof *shuf + 1);
-	json_t *names = json_array(), *out = NULL;
 	const char *keys[] = {want, "category", "genre"};
-	const char *key = NULL;
 	int G = 0;
 
-	for (int i = want ? 0 : 1; lab && names && i < 3 && !G; i++) {
+	for (int i = want ? 0 : 1; i < 3 && !G; i++) {
 		G = doc_labels(tf, keys[i], lab, names);
-		key = keys[i];
+		*key = keys[i];
 		if (want)
 			break;
 	}
+	return G;
+}
+
+/* The label-by-shard report of the first choices, for G > 0 labels lab[] named names. */
+static json_t *label_report(const struct tokfile *tf, const uint32_t *first, int P,
+			    const uint32_t *lab, int G, json_t *names, const char *key)
+{
+	uint32_t *shuf = malloc(tf->ndocs * sizeof *shuf + 1);
+	json_t *out = NULL;
 	struct cluster_stats cs = {0};
 	if (G > 0 && shuf && clusterstats_compute(first, lab, tf->ndocs, P, G, &cs) == 0) {
 		/* random shards of the same sizes: the first choices shuffled */
@@ -129,8 +137,6 @@ static json_t *label_report(const struct tokfile *tf, const uint32_t *first, int
 				"nmi_sd", sqrt(fmax(0, sn2 / k - (sn / k) * (sn / k))));
 		clusterstats_free(&cs);
 	}
-	json_decref(names);
-	free(lab);
 	free(shuf);
 	return out;
 }
@@ -165,18 +171,18 @@ int route_split(const char *input, const struct route_split_opts *o,
 		rc = err_set(CORE_ENOMEM, input, "out of memory");
 	for (uint64_t d = 0; !rc && d < tf.ndocs; d++)
 		router_route(&r, f.x + d * (uint64_t)f.dim, top, assign + d * (uint64_t)top);
-	if (!rc && o->label) {
-		/* a label asked for must be there: said before anything is written */
-		uint32_t *lab = malloc(tf.ndocs * sizeof *lab + 1);
-		json_t *names = json_array();
-		if (!lab || !names)
-			rc = err_set(CORE_ENOMEM, input, "out of memory");
-		else if (!doc_labels(&tf, o->label, lab, names))
-			rc = err_set(CORE_EFORMAT, input, "--label %.64s: not a string field of every "
-				     "document's metadata", o->label);
-		free(lab);
-		json_decref(names);
-	}
+	/* the labels, read once; one asked for must be there, said before anything is written */
+	uint32_t *lab = rc ? NULL : malloc(tf.ndocs * sizeof *lab + 1);
+	json_t *names = json_array();
+	const char *key = NULL;
+	int G = 0;
+	if (!rc && (!lab || !names))
+		rc = err_set(CORE_ENOMEM, input, "out of memory");
+	if (!rc)
+		G = find_labels(&tf, o->label, lab, names, &key);
+	if (!rc && o->label && !G)
+		rc = err_set(CORE_EFORMAT, input, "--label %.64s: not a string field of every "
+			     "document's metadata", o->label);
 	so.paths = (uint32_t)r.paths;
 	so.top = top;
 	so.router = o->router;
@@ -206,13 +212,16 @@ int route_split(const char *input, const struct route_split_opts *o,
 		uint32_t *first = malloc(tf.ndocs * sizeof *first + 1);
 		for (uint64_t d = 0; first && d < tf.ndocs; d++)
 			first[d] = assign[d * (uint64_t)top];
-		json_t *labels = first ? label_report(&tf, first, r.paths, o->label) : NULL;
+		json_t *labels = first && G ? label_report(&tf, first, r.paths, lab, G, names, key)
+					    : NULL;
 		free(first);
 		*report = json_pack("{s:s,s:s,s:i,s:i,s:I,s:o,s:o,s:o}", "router", o->router, "kind",
 				    router_kind_name(r.kind), "paths", r.paths, "top", top, "docs",
 				    (json_int_t)tf.ndocs, "shards", shards, "pairs", pairs,
 				    "labels", labels ? labels : json_null());
 	}
+	free(lab);
+	json_decref(names);
 	free(assign);
 	features_free(&f);
 	router_free(&r);
