@@ -202,10 +202,10 @@ def st_write(path, tensors, meta=None):
 
 
 # ---- token files ------------------------------------------------------------------------------
-def read_tokens(path):
-    """All tokens, documents concatenated in file order, as int64.
+def read_tokfile(path):
+    """(tokens int64 [ntokens], offsets int64 [ndocs + 1], body crc32) of a DPCTOKS file.
 
-    DPCTOKS layout of dpc-tokens(5) / lib/io/tokfile.h: 64-byte header (magic "DPCTOKS\0",
+    Layout of dpc-tokens(5) / lib/io/tokfile.h: 64-byte header (magic "DPCTOKS\0",
     u32 version, u32 vocab, u64 ndocs, u64 ntokens, u32 width, u32 crc32 of the body,
     u64 meta_bytes, 12 reserved bytes, u32 crc32 of header bytes 0..59), then the tokens
     (zero-padded to 8 bytes), u64 offsets[ndocs + 1], u64 meta_offsets[ndocs + 1], metadata.
@@ -215,8 +215,6 @@ def read_tokens(path):
             raw = f.read()
     except OSError as e:
         die(f"cannot read '{path}': {e.strerror}")
-    if raw[:6] == b"\x93NUMPY":
-        return np.load(path).astype(np.int64).ravel()
     if len(raw) < 64 or raw[:8] != b"DPCTOKS\0":
         die(f"cannot read '{path}': not a token file (magic {raw[:8]!r})")
     version, vocab, ndocs, ntokens, width, body_crc, meta_bytes = \
@@ -233,14 +231,28 @@ def read_tokens(path):
             f"bytes need {want} bytes, file has {len(raw)} (layout changed?)")
     if body_crc != zlib.crc32(raw[64:]):
         die(f"cannot read '{path}': checksum mismatch")
-    offsets = np.frombuffer(raw, dtype="<u8", count=ndocs + 1, offset=64 + tok_bytes)
-    if offsets[0] != 0 or offsets[-1] != ntokens or np.any(np.diff(offsets.astype(np.int64)) < 0):
+    offsets = np.frombuffer(raw, dtype="<u8", count=ndocs + 1,
+                            offset=64 + tok_bytes).astype(np.int64)
+    if offsets[0] != 0 or offsets[-1] != ntokens or np.any(np.diff(offsets) < 0):
         die(f"cannot read '{path}': document offsets do not run 0..{ntokens} (layout changed?)")
     toks = np.frombuffer(raw, dtype="<u2" if width == 2 else "<u4", count=ntokens,
                          offset=64).astype(np.int64)
     if ntokens and toks.max() >= vocab:
         die(f"cannot read '{path}': token {toks.max()} >= vocab {vocab}")
-    return toks
+    return toks, offsets, body_crc
+
+
+def read_tokens(path):
+    """All tokens, documents concatenated in file order, as int64 (read_tokfile), or the
+    array of a .npy file."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        die(f"cannot read '{path}': {e.strerror}")
+    if magic == b"\x93NUMPY":
+        return np.load(path).astype(np.int64).ravel()
+    return read_tokfile(path)[0]
 
 
 # ---- configs ----------------------------------------------------------------------------------

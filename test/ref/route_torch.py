@@ -60,7 +60,7 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpt2_torch as g2  # noqa: E402  (st_read, st_write, param_shapes, MODEL_KEYS)
+import gpt2_torch as g2  # noqa: E402  (st_read, st_write, read_tokfile, param_shapes, ...)
 
 PROG = "route_torch.py"
 FEAT_RTOL = 1e-5
@@ -76,39 +76,7 @@ def die(msg, code=1):
 
 
 # ---- token files, with the document offsets ------------------------------------------------
-def read_tokfile(path):
-    """(tokens int64 [ntokens], offsets int64 [ndocs + 1], body crc32) of a DPCTOKS file
-    (lib/io/tokfile.h), every field cross-checked so that a layout change is reported."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        die(f"cannot read '{path}': {e.strerror}")
-    if len(raw) < 64 or raw[:8] != b"DPCTOKS\0":
-        die(f"cannot read '{path}': not a token file (magic {raw[:8]!r})")
-    version, vocab, ndocs, ntokens, width, body_crc, meta_bytes = \
-        struct.unpack_from("<IIQQIIQ", raw, 8)
-    (head_crc,) = struct.unpack_from("<I", raw, 60)
-    if head_crc != zlib.crc32(raw[:60]):
-        die(f"cannot read '{path}': header checksum mismatch")
-    if version != 1 or width not in (2, 4):
-        die(f"cannot read '{path}': version {version}, token width {width}")
-    tok_bytes = (ntokens * width + 7) // 8 * 8
-    want = 64 + tok_bytes + 16 * (ndocs + 1) + meta_bytes
-    if want != len(raw):
-        die(f"cannot read '{path}': {ndocs} documents, {ntokens} tokens, {meta_bytes} metadata "
-            f"bytes need {want} bytes, file has {len(raw)}")
-    if body_crc != zlib.crc32(raw[64:]):
-        die(f"cannot read '{path}': checksum mismatch")
-    toks = np.frombuffer(raw, dtype="<u2" if width == 2 else "<u4", count=ntokens,
-                         offset=64).astype(np.int64)
-    offs = np.frombuffer(raw, dtype="<u8", count=ndocs + 1,
-                         offset=64 + tok_bytes).astype(np.int64)
-    if offs[0] != 0 or offs[-1] != ntokens or np.any(np.diff(offs) < 0):
-        die(f"cannot read '{path}': document offsets are not 0 .. {ntokens} non-decreasing")
-    if ntokens and int(toks.max()) >= vocab:
-        die(f"cannot read '{path}': token {int(toks.max())} >= vocab {vocab}")
-    return toks, offs, body_crc
+read_tokfile = g2.read_tokfile
 
 
 def write_tokfile(path, docs, vocab):

@@ -64,30 +64,8 @@ print(json.loads(raw[8:8 + n])["__metadata__"][sys.argv[2]])' "$1" "$2"
 }
 
 # ---- inputs: three genres, bases A (n_embd 32), B (another seed), C (n_embd 16) -----------
-"$PY" - <<'EOF'
-import json, random
-rng = random.Random(11)
-words = ("the of and to in a is that for it as was with be by on not he this are or his "
-         "from at which but have an they you were her she there one all we their been").split()
-def text(g, n):
-    s = ""
-    while len(s) < n:
-        if g == "digits":
-            s += "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 6))) + " "
-        elif g == "upper":
-            s += "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
-                         for _ in range(rng.randint(2, 8))) + " "
-        else:
-            s += rng.choice(words) + rng.choice("   ,.")
-    return s[:n]
-genres = ["digits", "upper", "prose"]
-with open("c.jsonl", "w") as f, open("digits.jsonl", "w") as g:
-    for i in range(120):
-        k = genres[i % 3]
-        f.write(json.dumps({"text": text(k, rng.randint(150, 400)), "category": k}) + "\n")
-    for i in range(20):
-        g.write(json.dumps({"text": text("digits", 200), "category": "digits"}) + "\n")
-EOF
+"$PY" "$TESTDIR/genres.py" c.jsonl 120
+"$PY" "$TESTDIR/genres.py" digits.jsonl 20 --only digits --min 200 --max 200 --seed 12
 expect_ok "$SH" prepare --chunk 64 --val-frac 0.1 --router-frac 0.2 c.jsonl d
 expect_ok "$SH" prepare --chunk 64 --val-frac 0 --router-frac 0 digits.jsonl dg
 base() {

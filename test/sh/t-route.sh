@@ -278,30 +278,7 @@ EOF
 rt() { "$PY" rt.py "$@" || die "the check '$1' failed (above)"; }
 
 # ---- the corpus and the base model ----------------------------------------------------
-"$PY" - <<'EOF'
-import json, random
-rng = random.Random(11)
-words = ("the of and to in a is that for it as was with be by on not he this are or his "
-         "from at which but have an they you were her she there one all we their been has "
-         "river garden model path city token corpus").split()
-def text(g, n):
-    s = ""
-    while len(s) < n:
-        if g == "digits":
-            s += "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 6))) + " "
-        elif g == "upper":
-            s += "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
-                         for _ in range(rng.randint(2, 8))) + " "
-        else:
-            s += rng.choice(words) + rng.choice("   ,.")
-    return s[:n]
-genres = ["digits", "upper", "prose"]
-with open("c.jsonl", "w") as f:
-    for i in range(120):
-        g = genres[i % 3]
-        f.write(json.dumps({"text": text(g, rng.randint(150, 400)), "category": g,
-                            "id": i}) + "\n")
-EOF
+"$PY" "$TESTDIR/genres.py" c.jsonl 120 --ids
 expect_ok "$BIN/dpc-shard" prepare --chunk 64 --val-frac 0.1 --router-frac 0.2 c.jsonl d
 # whole documents (150 to 400 tokens) for the long window router
 expect_ok "$BIN/dpc-shard" prepare --val-frac 0 --router-frac 0 c.jsonl long
