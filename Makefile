@@ -52,7 +52,13 @@ HAVE_LBFGS ?= $(call have_pc,liblbfgs)
 HAVE_LIBDEFLATE ?= $(call have_pc,libdeflate)
 HAVE_CRITERION ?= $(call have_pc,criterion)
 HAVE_MPI ?= $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1 || echo 0)
+# The CUDA backend (kernels/) is linked into libcore whenever nvcc is found, except in the
+# sanitizer build (ASan and the CUDA runtime do not mix).
+ifeq ($(SAN),1)
+HAVE_CUDA ?= 0
+else
 HAVE_CUDA ?= $(if $(NVCC),1,0)
+endif
 HAVE_PYTORCH ?= $(shell /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 && echo 1 || echo 0)
 
 # OpenBLAS: headers and link name from pkg-config; at run time prefer Debian's OpenMP
@@ -93,6 +99,18 @@ TEST_SRC := $(sort $(wildcard test/unit/test_*.c))
 TESTS := $(TEST_SRC:test/unit/%.c=$(BUILD)/test/%)
 CU_SRC := $(sort $(shell find kernels -name '*.cu' 2>/dev/null))
 CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.o)
+ifeq ($(HAVE_CUDA),1)
+# sm_90 machine code (Hopper: H100, H200) and compute_90 PTX, which newer GPUs compile at load
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCCFLAGS ?= -O3
+NVCCFLAGS += -std=c++20 $(CUDA_ARCH) -DCORE_VERSION='"$(VERSION)"' -Ilib -Ikernels \
+	-Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+LIB_OBJ += $(CU_OBJ)
+LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -lstdc++ \
+	-ldl -lrt -lpthread
+$(BUILD)/lib/backend/backend.o: CFLAGS += -DCORE_HAVE_CUDA=1
+endif
 MANS := $(sort $(wildcard man/*.1 man/*.5))
 DEPS := $(LIB_OBJ:.o=.d) $(CMD_SRC:%.c=$(BUILD)/%.d) $(TEST_SRC:%.c=$(BUILD)/%.d)
 
@@ -105,8 +123,8 @@ Q := @
 say = @printf '  %-6s %s\n' $(1) $(2)
 endif
 
-.PHONY: all probe test test-unit test-sh test-man check install clean kernels
-all: probe $(BUILD)/libcore.a $(PROGS) $(if $(filter 1,$(HAVE_CUDA)),kernels)
+.PHONY: all probe test test-unit test-sh test-man check install clean
+all: probe $(BUILD)/libcore.a $(PROGS)
 
 probe:
 	@echo "==> OpenMP: $(if $(filter 1,$(HAVE_OPENMP)),found,not found)"
@@ -115,7 +133,7 @@ probe:
 	@echo "==> libdeflate: $(if $(filter 1,$(HAVE_LIBDEFLATE)),found (fast crc32),not found (crc32 from zlib, about 3x slower; install libdeflate-dev))"
 	@echo "==> Criterion: $(if $(filter 1,$(HAVE_CRITERION)),found,not found (make test needs libcriterion-dev))"
 	@echo "==> MPI: $(if $(filter 1,$(HAVE_MPI)),found ($(MPICC)),not found (single-process only))"
-	@echo "==> CUDA: $(if $(filter 1,$(HAVE_CUDA)),nvcc found ($(NVCC)); $(if $(CU_SRC),kernels/ built,kernels/ has no sources yet),nvcc not found; skipping kernels/)"
+	@echo "==> CUDA: $(if $(filter 1,$(HAVE_CUDA)),nvcc found ($(NVCC)): the cuda backend (kernels/) is built,$(if $(NVCC),off in this build,nvcc not found): no cuda backend)"
 	@echo "==> PyTorch (reference tests): $(if $(filter 1,$(HAVE_PYTORCH)),found,not found; reference tests will be skipped)"
 	@echo "==> build: $(BUILD) $(if $(filter 1,$(SAN)),(ASan + UBSan))"
 
@@ -141,9 +159,7 @@ $(BUILD)/test/%: $(BUILD)/test/unit/%.o $(BUILD)/libcore.a
 $(BUILD)/kernels/%.o: kernels/%.cu
 	@mkdir -p $(@D)
 	$(call say,NVCC,$<)
-	$(Q)$(NVCC) -O3 -Ilib -Xcompiler -Wall -c $< -o $@
-
-kernels: $(CU_OBJ)
+	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
 # Objects of programs and tests are kept (make would delete them as intermediates).
 .SECONDARY:

@@ -14,6 +14,9 @@ static const struct {
 } registry[] = {
 	{"cpu", backend_cpu_init},
 	{"ref", backend_ref_init},
+#ifdef CORE_HAVE_CUDA
+	{"cuda", backend_cuda_init},
+#endif
 };
 #define NREG (sizeof registry / sizeof registry[0])
 
@@ -21,12 +24,19 @@ static const struct {
 static const struct {
 	const char *name, *why;
 } unbuilt[] = {
-	{"cuda", "this build has no CUDA backend"},
+#ifndef CORE_HAVE_CUDA
+	{"cuda", "it was built without nvcc"},
+#endif
+	{NULL, NULL},
 };
 
 const char *backend_names(void)
 {
+#ifdef CORE_HAVE_CUDA
+	return "cpu, ref, cuda";
+#else
 	return "cpu, ref";
+#endif
 }
 
 int backend_open(struct backend **out, const char *name, const struct backend_params *params)
@@ -49,7 +59,7 @@ int backend_open(struct backend **out, const char *name, const struct backend_pa
 		*out = be;
 		return 0;
 	}
-	for (size_t i = 0; i < sizeof unbuilt / sizeof unbuilt[0]; i++)
+	for (size_t i = 0; unbuilt[i].name; i++)
 		if (strcmp(name, unbuilt[i].name) == 0)
 			return err_set(CORE_EUSAGE, NULL, "device '%s' is not built into this binary "
 				       "(%s; built: %s)", name, unbuilt[i].why, backend_names());

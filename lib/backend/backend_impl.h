@@ -12,5 +12,7 @@
 
 int backend_cpu_init(struct backend *be, const struct backend_params *params);
 int backend_ref_init(struct backend *be, const struct backend_params *params);
+/* kernels/backend_cuda.cu, linked when the build found nvcc (CORE_HAVE_CUDA). */
+int backend_cuda_init(struct backend *be, const struct backend_params *params);
 
 #endif

