@@ -1,0 +1,191 @@
+#!/bin/sh
+# gpu-check.sh - every GPU test and the GPU benchmarks of the CUDA backend, in one run, with one
+# summary table at the end. Runs on the GPU machine from a pack made by scripts/gpu-pack.sh
+# (nothing is built there and nothing is installed: the machine needs the NVIDIA driver,
+# cuBLAS 13 and python3 with torch and numpy).
+#
+#   sh scripts/gpu-check.sh [--pack DIR] [--out DIR] [--quick]
+#
+# Checks (each one PASS or FAIL in the table):
+#   backend ops    test_backend: every op of the backend table on cuda against the reference
+#                  backend, at many shapes, aligned and misaligned, plus one GPT-2 training
+#                  step and one MoE layer step compared tensor by tensor
+#   moe layer      test_moe on the GPU machine's CPU (the layer itself; the cuda layer step is
+#                  in test_backend)
+#   sanitizer      compute-sanitizer memcheck over a small moe-bench step and 2 training steps
+#   train 50       dpc-train-path, gpt-tiny, 50 steps on Brown on cpu and on cuda: every step's
+#                  loss within 1e-3 relative
+# Benchmarks (each with its ratio):
+#   encode+decode  moe-bench --only=encode-decode at T=65536 M=2048 E=64 k=2: GB/s against a
+#                  device copy of as many bytes in the same run (target >= 0.70)
+#   moe layer      moe-bench forward+backward against the same layer in PyTorch on the same GPU
+#                  (test/gpu/torch_moe_bench.py, eager and torch.compile)
+#   training       dpc-train-path tokens/s, L=12 C=768 T=1024 vocab 256 B=8, against PyTorch
+#                  eager and torch.compile (test/gpu/torch_gpt2_bench.py), fp32, no TF32
+# Raw outputs are kept in --out (default /tmp/gpu-check); the whole run takes 4-6 minutes on an
+# H200 (--quick: small sizes, about a minute).
+set -u
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+pack=$here/.gpu
+out=/tmp/gpu-check
+quick=0
+while [ $# -gt 0 ]; do
+	case $1 in
+	--pack) pack=$2; shift 2 ;;
+	--out) out=$2; shift 2 ;;
+	--quick) quick=1; shift ;;
+	-h|--help) sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//; /^set -u/d'; exit 0 ;;
+	*) echo "gpu-check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+	esac
+done
+[ -s "$pack/pack.tar.gz" ] || { echo "gpu-check.sh: '$pack/pack.tar.gz': no pack here (run scripts/gpu-pack.sh where the project builds)" >&2; exit 2; }
+mkdir -p "$out"
+# unpacked once per pack: a rerun with the same pack starts at once
+unpacked=/tmp/gpu-check-pack
+if ! cmp -s "$pack/pack.tar.gz" "$unpacked/pack.tar.gz" 2>/dev/null; then
+	rm -rf "$unpacked" && mkdir -p "$unpacked" && tar -C "$unpacked" -xzf "$pack/pack.tar.gz" &&
+		cp "$pack/pack.tar.gz" "$unpacked/" ||
+		{ echo "gpu-check.sh: cannot unpack '$pack/pack.tar.gz'" >&2; exit 1; }
+fi
+pack=$unpacked
+PY=${PY:-python3}
+summary=$out/summary.txt
+: >"$summary"
+row() { printf '%-16s %-5s %s\n' "$1" "$2" "$3" | tee -a "$summary"; }
+# The last line of a check's output as "PASS ..." or "FAIL ...": anything else (a traceback's
+# last line) is a FAIL naming the raw files to read.
+verdict() {
+	v=$(tail -n 1)
+	case $v in PASS*|FAIL*) echo "$v" ;; *) echo "FAIL $v (see $out/$1*)" ;; esac
+}
+t0=$(date +%s)
+stamp() { echo "=== [$(( $(date +%s) - t0 )) s] $*" >&2; }
+
+# cuBLAS: the machine's own, wherever its CUDA 13 lives
+cublas_dir=
+for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+	"$($PY -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)"; do
+	[ -n "$d" ] && [ -e "$d/libcublas.so.13" ] && { cublas_dir=$d; break; }
+done
+[ -n "$cublas_dir" ] || cublas_dir=$(dirname "$(ldconfig -p | awk '/libcublas.so.13 / { print $NF; exit }')" 2>/dev/null)
+export LD_LIBRARY_PATH="$pack/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader >"$out/gpu.txt" 2>&1
+stamp "GPU: $(cat "$out/gpu.txt"); cuBLAS from ${cublas_dir:-nowhere}; $(nproc) CPUs"
+
+B=$pack/bin
+# ---- correctness -------------------------------------------------------------------------
+stamp "test_backend (cuda against ref)"
+timeout 300 "$pack/test/test_backend" --jobs=4 >"$out/test_backend.log" 2>&1
+rc=$?
+ops=$(grep -c "on 'cuda'" "$out/test_backend.log")
+worst=$(grep "on 'cuda'" "$out/test_backend.log" | sed 's/.*test_backend: //' | tr '\n' ';' | cut -c1-400)
+if [ $rc = 0 ] && [ "$ops" -gt 0 ]; then row "backend ops" PASS "$ops tests on cuda; $(grep -c SKIPPED "$out/test_backend.log") skipped"; else row "backend ops" FAIL "rc $rc, $ops cuda lines (test_backend.log)"; fi
+echo "$worst" | tr ';' '\n' >>"$out/backend_summary.txt"
+
+stamp "test_moe"
+timeout 120 "$pack/test/test_moe" --jobs=4 >"$out/test_moe.log" 2>&1
+rc=$?
+if [ $rc = 0 ]; then row "moe layer (cpu)" PASS "test_moe"; else row "moe layer (cpu)" FAIL "rc $rc (test_moe.log)"; fi
+
+stamp "compute-sanitizer"
+san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$san" ]; then
+	$san --tool memcheck --error-exitcode 9 "$B/moe-bench" --device cuda -T 1000 -M 64 -H 96 \
+		-E 6 -k 2 -n 1 -w 0 --bpr >"$out/san_moe.log" 2>&1
+	r1=$?
+	$san --tool memcheck --error-exitcode 9 "$B/moe-bench" --device cuda -T 777 -M 33 -H 50 \
+		-E 5 -k 3 -n 1 -w 0 --gate-noise 1 --aux-loss load-importance --activation gelu \
+		--capacity 0.5 >>"$out/san_moe.log" 2>&1
+	r2=$?
+	$san --tool memcheck --error-exitcode 9 "$B/dpc-train-path" --device cuda \
+		-c "$here/configs/gpt-tiny.yaml" -s train.steps=2 -s train.eval_every=0 \
+		-s model.n_layer=2 -s model.seq_len=64 -s train.batch_size=3 \
+		-d "$pack/data/val.tok" -o "$out/san.safetensors" -q >"$out/san_train.log" 2>&1
+	r3=$?
+	if [ $r1$r2$r3 = 000 ]; then row "sanitizer" PASS "memcheck: 2 moe-bench steps, 2 training steps, no error"; else row "sanitizer" FAIL "exit $r1 $r2 $r3 (san_*.log)"; fi
+else
+	row "sanitizer" SKIP "no compute-sanitizer here"
+fi
+
+stamp "train 50 steps on cpu and cuda"
+for dev in cpu cuda; do
+	rm -f "$out/train50-$dev.jsonl"
+	timeout 300 "$B/dpc-train-path" --device $dev -c "$here/configs/gpt-tiny.yaml" -s train.steps=50 \
+		-s train.eval_every=0 -s train.checkpoint_every=0 -d "$pack/data/val.tok" \
+		-o "$out/train50-$dev.safetensors" -m "$out/train50-$dev.jsonl" -q \
+		>"$out/train50-$dev.json" 2>"$out/train50-$dev.err"
+done
+$PY - "$out" <<'EOF' >"$out/train50.txt" 2>&1
+import json, sys
+out = sys.argv[1]
+def losses(dev):
+    return [json.loads(l)["loss"] for l in open(f"{out}/train50-{dev}.jsonl") if '"event":"train"' in l]
+a, b = losses("cpu"), losses("cuda")
+assert len(a) == 50 and len(b) == 50, (len(a), len(b))
+rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+tc = json.load(open(f"{out}/train50-cpu.json"))["tokens_per_s"]
+tg = json.load(open(f"{out}/train50-cuda.json"))["tokens_per_s"]
+print(f"{'PASS' if rel <= 1e-3 else 'FAIL'} max rel diff {rel:.2e} over 50 steps (loss {a[0]:.4f} -> {a[-1]:.4f} cpu, {b[-1]:.4f} cuda); {tc:.0f} vs {tg:.0f} tok/s")
+EOF
+res=$(verdict train50 <"$out/train50.txt")
+row "train 50 steps" "${res%% *}" "${res#* }"
+
+# ---- speed -------------------------------------------------------------------------------
+if [ $quick = 1 ]; then
+	ED="-T 8192 -M 512 -E 16"; LY="-T 4096 -M 512 -H 1024 -E 8"; TR="-s model.n_layer=2"; IT=3
+else
+	ED="-T 65536 -M 2048 -E 64"; LY="-T 16384 -M 2048 -H 2048 -E 16"; TR=""; IT=10
+fi
+stamp "encode+decode"
+"$B/moe-bench" --device cuda --only=encode-decode $ED -k 2 -n $IT -w 3 >"$out/encdec.json" 2>"$out/encdec.err"
+ed=$($PY -c 'import json,sys; j=json.load(open(sys.argv[1])); r=j["encdec_gbps"]/j["copy_gbps"]; print(("PASS" if r>=0.7 else "FAIL"), "%.0f GB/s, copy %.0f GB/s, ratio %.2f (target 0.70)" % (j["encdec_gbps"], j["copy_gbps"], r))' "$out/encdec.json" 2>&1 | verdict encdec)
+row "encode+decode" "${ed%% *}" "${ed#* }"
+
+stamp "moe layer: ours and PyTorch"
+"$B/moe-bench" --device cuda $LY -k 2 -n $IT -w 3 >"$out/layer.json" 2>"$out/layer.err"
+$PY "$here/test/gpu/torch_moe_bench.py" $LY -k 2 --iters $IT --warmup 3 >"$out/layer_torch.json" 2>"$out/layer_torch.err"
+ly=$( ($PY - "$out" <<'EOF'
+import json, sys
+out = sys.argv[1]
+ours = json.load(open(f"{out}/layer.json"))["step_ms"]["median"]
+t = json.load(open(f"{out}/layer_torch.json"))
+runs = {r["mode"]: r.get("step_ms") for r in t["runs"]}
+best = min(v for v in runs.values() if v)
+parts = ", ".join(f"torch {m} {v:.2f} ms ({v / ours:.2f}x)" for m, v in runs.items() if v)
+print(("PASS" if ours < best else "FAIL"), f"ours {ours:.2f} ms; {parts}")
+EOF
+) 2>&1 | verdict layer)
+row "moe layer f+b" "${ly%% *}" "${ly#* }"
+
+stamp "training throughput: ours and PyTorch"
+timeout 300 "$B/dpc-train-path" --device cuda -c "$here/configs/gpt-tiny.yaml" -s model.n_layer=12 \
+	-s model.n_embd=768 -s model.n_head=12 -s model.seq_len=1024 -s train.batch_size=8 \
+	-s train.steps=$IT -s train.eval_every=0 -s train.checkpoint_every=0 $TR \
+	-d "$pack/data/val.tok" -o "$out/big.safetensors" -m "$out/big.jsonl" -q \
+	>"$out/big.json" 2>"$out/big.err"
+TL=12; [ $quick = 1 ] && TL=2
+timeout 300 $PY "$here/test/gpu/torch_gpt2_bench.py" -L $TL -C 768 --heads 12 -T 1024 -B 8 \
+	--iters $IT --warmup 3 >"$out/big_torch.json" 2>"$out/big_torch.err"
+tr=$( ($PY - "$out" <<'EOF'
+import json, sys, statistics
+out = sys.argv[1]
+steps = [json.loads(l)["tokens_per_s"] for l in open(f"{out}/big.jsonl") if '"event":"train"' in l]
+ours = statistics.median(steps[2:] if len(steps) > 3 else steps)
+t = json.load(open(f"{out}/big_torch.json"))
+runs = [(r["mode"] + "/" + r.get("attention", "?"), r.get("tok_per_s")) for r in t["runs"]]
+eager = [v for m, v in runs if m.startswith("eager") and v]
+parts = ", ".join(f"{m} {v:.0f} ({ours / v:.2f}x)" for m, v in runs if v)
+manual = [v for m, v in runs if m == "eager/manual" and v]
+print(("PASS" if manual and ours >= manual[0] else "FAIL"), f"ours {ours:.0f} tok/s; torch: {parts}")
+EOF
+) 2>&1 | verdict big)
+row "training tok/s" "${tr%% *}" "${tr#* }"
+
+stamp "done"
+echo
+echo "gpu-check summary ($(cat "$out/gpu.txt"))"
+cat "$summary"
+grep -q FAIL "$summary" && exit 1
+exit 0
