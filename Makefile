@@ -106,10 +106,16 @@ CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=c
 NVCCFLAGS ?= -O3
 NVCCFLAGS += -std=c++20 $(CUDA_ARCH) -DCORE_VERSION='"$(VERSION)"' -Ilib -Ikernels \
 	-Xcompiler -Wall,-Wextra,-Wno-unused-parameter
-LIB_OBJ += $(CU_OBJ)
-LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -lstdc++ \
-	-ldl -lrt -lpthread
+# cuBLAS is not linked but loaded when the cuda device is opened (kernels/cublas_dl.c: linked,
+# it costs every program ~215 MiB of memory at start); the CUDA runtime is linked statically.
+LIB_OBJ += $(CU_OBJ) $(BUILD)/kernels/cublas_dl.o
+LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt \
+	-lpthread
 $(BUILD)/lib/backend/backend.o: CFLAGS += -DCORE_HAVE_CUDA=1
+$(BUILD)/kernels/cublas_dl.o: kernels/cublas_dl.c
+	@mkdir -p $(@D)
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CFLAGS) -isystem $(CUDA_HOME)/include -MMD -MP -c $< -o $@
 endif
 MANS := $(sort $(wildcard man/*.1 man/*.5))
 DEPS := $(LIB_OBJ:.o=.d) $(CMD_SRC:%.c=$(BUILD)/%.d) $(TEST_SRC:%.c=$(BUILD)/%.d)

@@ -1,0 +1,122 @@
+/* cublas_dl.c - the cuBLAS entry points the cuda backend calls, loaded with dlopen on first use
+ * instead of linked.
+ *
+ * Linking libcublas (which pulls in its half-gigabyte libcublasLt) costs every program ~215
+ * MiB of resident memory and ~80 ms at start, whether or not it ever opens the cuda device,
+ * and makes the programs fail to start on a machine without the CUDA libraries. So the
+ * programs link these definitions instead: each has the prototype of cublas_v2.h (included, so
+ * the compiler checks them), loads libcublas.so.13 on the first call (the program's run path,
+ * then LD_LIBRARY_PATH and the loader's cache, then /usr/local/cuda/lib64) and forwards.
+ * When it cannot be loaded, cublasCreate returns CUBLAS_STATUS_NOT_INITIALIZED and
+ * cublasGetStatusString says why, which the backend reports as its open error.
+ */
+#include <cublas_v2.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+
+#include "common/banned.h"
+
+#define CUBLAS_SONAME "libcublas.so.13"
+
+static struct {
+	pthread_once_t once;
+	void *lib;
+	char why[512];
+	cublasStatus_t (*create)(cublasHandle_t *);
+	cublasStatus_t (*destroy)(cublasHandle_t);
+	cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+	cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t);
+	const char *(*status_string)(cublasStatus_t);
+	__typeof__(cublasSgemm_v2) *sgemm;
+	__typeof__(cublasSgemmStridedBatched) *sgemm_sb;
+} api = {.once = PTHREAD_ONCE_INIT};
+
+static void load(void)
+{
+	void *lib = dlopen(CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+	if (!lib)
+		lib = dlopen("/usr/local/cuda/lib64/" CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		const char *e = dlerror();
+		snprintf(api.why, sizeof api.why, "cannot load %s (%s)", CUBLAS_SONAME,
+			 e ? e : "not found");
+		return;
+	}
+	static const struct {
+		const char *name;
+		void **slot;
+	} sym[] = {
+		{"cublasCreate_v2", (void **)&api.create},
+		{"cublasDestroy_v2", (void **)&api.destroy},
+		{"cublasSetStream_v2", (void **)&api.set_stream},
+		{"cublasSetMathMode", (void **)&api.set_math_mode},
+		{"cublasGetStatusString", (void **)&api.status_string},
+		{"cublasSgemm_v2", (void **)&api.sgemm},
+		{"cublasSgemmStridedBatched", (void **)&api.sgemm_sb},
+	};
+	for (size_t i = 0; i < sizeof sym / sizeof sym[0]; i++) {
+		*sym[i].slot = dlsym(lib, sym[i].name);
+		if (!*sym[i].slot) {
+			snprintf(api.why, sizeof api.why, "%s has no %s", CUBLAS_SONAME,
+				 sym[i].name);
+			dlclose(lib);
+			return;
+		}
+	}
+	api.lib = lib;
+}
+
+static int loaded(void)
+{
+	pthread_once(&api.once, load);
+	return api.lib != NULL;
+}
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t *handle)
+{
+	return loaded() ? api.create(handle) : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle)
+{
+	return loaded() ? api.destroy(handle) : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream)
+{
+	return loaded() ? api.set_stream(handle, stream) : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode)
+{
+	return loaded() ? api.set_math_mode(handle, mode) : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+const char *cublasGetStatusString(cublasStatus_t status)
+{
+	return loaded() ? api.status_string(status) : api.why;
+}
+
+cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa,
+			      cublasOperation_t transb, int m, int n, int k, const float *alpha,
+			      const float *A, int lda, const float *B, int ldb, const float *beta,
+			      float *C, int ldc)
+{
+	if (!loaded())
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	return api.sgemm(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+					 cublasOperation_t transb, int m, int n, int k,
+					 const float *alpha, const float *A, int lda,
+					 long long int strideA, const float *B, int ldb,
+					 long long int strideB, const float *beta, float *C, int ldc,
+					 long long int strideC, int batchCount)
+{
+	if (!loaded())
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	return api.sgemm_sb(handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb,
+			    strideB, beta, C, ldc, strideC, batchCount);
+}
