@@ -289,14 +289,18 @@ static int report_dry(const struct moe_bench_opts *o, const char *trace,
 	const double below = 1.0 - (double)r->sparse_bytes / (double)r->dense_bytes;
 	json_t *j = base_json(o, trace, "dry-run", "layer", o->cfg.T);
 	json_object_set_new(j, "capacity", json_integer(r->C));
-	json_object_set_new(j, "dropped", json_integer(r->dropped));
+	json_object_set_new(j, "capacity_exact", json_boolean(r->C_exact));
+	json_object_set_new(j, "data_bytes_analytic", json_integer((json_int_t)r->data_bytes));
 	json_object_set_new(j, "sparse_bytes_analytic", json_integer((json_int_t)r->sparse_bytes));
 	json_object_set_new(j, "dense_T", json_integer(o->dense_T));
 	json_object_set_new(j, "dense_bytes_analytic", json_integer((json_int_t)r->dense_bytes));
 	json_object_set_new(j, "sparse_below_dense", json_real(below));
-	fprintf(stderr, "dry run: C %lld; sparse layer %.1f MiB, dense formulation %.1f MiB "
-		"(T=%lld): %.1f%% below\n", (long long)r->C, r->sparse_bytes / 1048576.0,
-		r->dense_bytes / 1048576.0, (long long)o->dense_T, 100.0 * below);
+	fprintf(stderr, "dry run: C %s%lld (%s); parameters, gradients and inputs %.1f MiB; "
+		"sparse layer %.1f MiB, dense formulation %.1f MiB (T=%lld): %.1f%% below\n",
+		r->C_exact ? "" : "<= ", (long long)r->C,
+		r->C_exact ? "set by the capacity factor" : "depends on the routing: its bound",
+		r->data_bytes / 1048576.0, r->sparse_bytes / 1048576.0, r->dense_bytes / 1048576.0,
+		(long long)o->dense_T, 100.0 * below);
 	return print_json(j);
 }
 
@@ -306,13 +310,13 @@ static int run(const struct moe_bench_opts *o, const char *trace, int only_encde
 {
 	struct moe_bench_data d;
 	struct moe_bench_result r = {0};
-	int rc = moe_bench_data_alloc(&d, o);
 
-	if (rc == 0 && dry) {
-		rc = moe_bench_dry(o, &d, &r);
-		if (rc == 0)
-			rc = report_dry(o, trace, &r);
-	} else if (rc == 0 && only_encdec) {
+	if (dry) { /* computed, nothing allocated: the question is whether it would fit */
+		int rc = moe_bench_dry(o, &r);
+		return rc < 0 ? rc : report_dry(o, trace, &r);
+	}
+	int rc = moe_bench_data_alloc(&d, o);
+	if (rc == 0 && only_encdec) {
 		rc = moe_bench_encdec(o, &d, &r);
 		if (rc == 0)
 			rc = report_encdec(o, trace, &r);
@@ -322,7 +326,7 @@ static int run(const struct moe_bench_opts *o, const char *trace, int only_encde
 			rc = report_layer(o, trace, &r);
 	}
 	moe_bench_result_free(&r);
-	if (rc == 0 && dense && !dry) {
+	if (rc == 0 && dense) {
 		rc = moe_bench_dense(o, &d, &r);
 		if (rc == 0)
 			rc = report_dense(o, trace, &r);

@@ -328,25 +328,30 @@ int moe_bench_dense(const struct moe_bench_opts *o, struct moe_bench_data *d,
 	return rc;
 }
 
-int moe_bench_dry(const struct moe_bench_opts *o, struct moe_bench_data *d,
-		  struct moe_bench_result *r)
+int moe_bench_dry(const struct moe_bench_opts *o, struct moe_bench_result *r)
 {
 	const struct moe_config *c = &o->cfg;
-	struct moe_layer *l = NULL;
-	int rc;
+	const double setting = moe_bench_setting(o, 0);
+	const size_t M = (size_t)c->M, H = (size_t)c->H, E = (size_t)c->E;
+	int64_t *count = calloc((size_t)c->E, sizeof *count);
 
+	if (!count)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate %d expert counts", c->E);
 	memset(r, 0, sizeof *r);
 	r->T = c->T;
-	rc = moe_layer_init(&l, c, o->be);
-	if (rc == 0)
-		rc = moe_route(l, d->p.wg, d->x, c->T, c->k, moe_bench_setting(o, 0), 0);
-	if (rc == 0) {
-		const struct moe_routing *rt = moe_layer_routing(l);
-		r->C = rt->C;
-		r->dropped = rt->dropped;
-		r->sparse_bytes = moe_layer_bytes_for(c, c->T, c->k, rt->C, !o->forward_only);
-		r->dense_bytes = moe_dense_bytes(c, o->dense_T, c->k, rt->C, !o->forward_only);
-	}
-	moe_layer_free(l);
-	return rc;
+	/* the worst routing for the capacity: every choice on one expert (k distinct experts
+	 * per token, so at most T on any one) */
+	count[0] = c->T;
+	r->C = moe_capacity(count, c->E, c->T, c->k, setting, c->capacity_align);
+	free(count);
+	r->C_exact = setting > 0;
+	if (r->C <= 0)
+		return err_set(CORE_EUSAGE, NULL, "capacity setting %g leaves no slot for T=%lld "
+			       "tokens over E=%d experts", setting, (long long)c->T, c->E);
+	/* as moe_bench_data_alloc: parameters and gradients, x, y, dy, dx */
+	r->data_bytes = 2 * sizeof(float) * (M * E + E * M * H + E * H + E * H * M + E * M) +
+			4 * sizeof(float) * (size_t)c->T * M;
+	r->sparse_bytes = moe_layer_bytes_for(c, c->T, c->k, r->C, !o->forward_only);
+	r->dense_bytes = moe_dense_bytes(c, o->dense_T, c->k, r->C, !o->forward_only);
+	return 0;
 }

@@ -59,7 +59,9 @@ struct moe_bench_result {
 	/* encode-decode: bytes read + written per step, and a plain copy of as many bytes */
 	double bytes_moved, copy_gbps;
 	/* dry run */
-	int64_t C, dropped;
+	int64_t C;
+	int C_exact;       /* C is the setting's (> 0); else the largest routing could need */
+	size_t data_bytes; /* parameters, their gradients and the step's four [T, M] arrays */
 	size_t sparse_bytes, dense_bytes;
 };
 
@@ -84,9 +86,11 @@ int moe_bench_dense(const struct moe_bench_opts *o, struct moe_bench_data *d,
  * never follows one already reported: with dense, the dense formulation's memory (as
  * moe_bench_dense checks it). CORE_ENOMEM when it would not fit. */
 int moe_bench_check(const struct moe_bench_opts *o, int dense);
-/* Route once to learn C; the analytic bytes of both formulations. */
-int moe_bench_dry(const struct moe_bench_opts *o, struct moe_bench_data *d,
-		  struct moe_bench_result *r);
+/* What a run would allocate, computed, not allocated (nothing is routed): C from the
+ * capacity setting when it fixes it (> 0), else the largest C any routing could give (every
+ * token choosing the same expert: T, or the cap of a negative setting); the bytes of the data
+ * and of both formulations at that C. */
+int moe_bench_dry(const struct moe_bench_opts *o, struct moe_bench_result *r);
 void moe_bench_result_free(struct moe_bench_result *r);
 
 /* The most of the physical memory a dense run may plan to take. */

@@ -87,6 +87,20 @@ grep -q '"capacity_last":22,' out.stdout || die "C at x = 0.9 is not 22: $(cat o
 expect_ok "$B" -T 64 -M 8 -H 16 -E 4 --dry-run
 check_json 1
 grep -q '"sparse_below_dense":' out.stdout || die "no dry-run figures"
+# A dry run computes, it does not allocate (issue 10): the issue's size, whose data alone is
+# 80 GiB, answers inside a 1 GB address space, with C from the factor (2 * 1 * 262144/64) and
+# the data's bytes by hand: 2 * 4 (M E + 2 E M H + E H + E M) + 4 * 4 T M.
+(ulimit -v 1000000 && exec "$B" --dry-run -T 262144 -M 4096 -H 16384 -E 64) >out.stdout \
+	2>out.stderr || { cat out.stderr; die "--dry-run at T=262144 M=4096 H=16384 E=64 failed"; }
+for f in '"capacity":8192,' '"capacity_exact":true,' '"data_bytes_analytic":85911928832,'; do
+	grep -q "$f" out.stdout || die "dry run: $f not in $(cat out.stdout)"
+done
+grep -q '^dry run: C 8192 (set by the capacity factor)' out.stderr || die "dry run: $(cat out.stderr)"
+# with a capacity that depends on the routing, the bound every routing stays under: T
+expect_ok "$B" --dry-run -T 262144 -M 64 -H 64 -E 64 -c 0
+grep -q '"capacity":262144,"capacity_exact":false,' out.stdout || die "dry run -c 0: $(cat out.stdout)"
+expect_ok "$B" --dry-run -T 1000 -M 64 -H 64 -E 64 -c -2 --capacity-align 8
+grep -q '"capacity":64,"capacity_exact":false,' out.stdout || die "dry run -c -2: $(cat out.stdout)"
 # A failed allocation of the timing samples leaves nothing allocated. Only the sanitizer
 # build can make it fail for certain (an allocation above max_allocation_size_mb returns
 # NULL: the 64M-step [88-byte] stage times do not fit, the 8-byte arrays before them do), and
