@@ -192,7 +192,9 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if (!o.data_path) {
-		rc = cli_usage_error(prog, "--data is required");
+		rc = cli_usage_error(prog, argc == 1 ? "no arguments: train with -c CONFIG -d TRAIN.tok "
+				     "-o OUT.safetensors, or evaluate with --eval CKPT -d TOKENS (see "
+				     "--help)" : "--data is required");
 		goto out;
 	}
 	if (eval_path) {
@@ -215,6 +217,17 @@ int main(int argc, char **argv)
 		rc = cli_report(prog, rc);
 		goto out;
 	}
+	if (until > cfg.train.steps) {
+		rc = cli_usage_error(prog, "--until %ld is past train.steps = %ld, where the "
+				     "learning-rate schedule ends (raise it: -s train.steps=%ld)", until,
+				     cfg.train.steps, until);
+		goto out;
+	}
+	if ((rc = cli_make_parents(o.out_path)) < 0 ||
+	    (o.metrics_path && (rc = cli_make_parents(o.metrics_path)) < 0)) {
+		rc = cli_report(prog, rc);
+		goto out;
+	}
 	if (resume && !o.init_path && access(o.out_path, F_OK) == 0)
 		o.init_path = o.out_path;
 	o.cfg = &cfg;
@@ -231,8 +244,11 @@ int main(int argc, char **argv)
 	double rss_mb = (double)peak_rss_bytes() / 1048576.0;
 	rc = cli_print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s}", "steps",
 				      (json_int_t)(r.final_step - r.start_step), "step",
-				      (json_int_t)r.final_step, "loss", num(r.loss), "val_loss",
-				      num(r.val_loss), "tokens_per_s", num(r.tokens_per_s),
+				      (json_int_t)r.final_step, "loss",
+				      num(r.final_step > r.start_step ? r.loss : NAN), "val_loss",
+				      num(r.val_loss), "tokens_per_s",
+				      num(r.final_step > r.start_step && r.tokens_per_s > 0
+					  ? r.tokens_per_s : NAN),
 				      "peak_rss_mb", num(rss_mb), "matmul_frac",
 				      num(r.matmul_frac), "checkpoint", o.out_path),
 			    json_flags);

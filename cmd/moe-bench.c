@@ -83,6 +83,11 @@ static const char *flops_formula =
 	"step time";
 
 #define MS(v) json_real(1e3 * (v))
+
+static json_t *num_or_null(double v)
+{
+	return isfinite(v) ? json_real(v) : json_null();
+}
 #define STAGE(s, f) moe_bench_stage_median(s, offsetof(struct moe_times, f))
 
 static json_t *times_json(const struct moe_bench_samples *s)
@@ -201,9 +206,10 @@ static int report_layer(const struct moe_bench_opts *o, const char *trace,
 	const double md = stats_median(s->step, s->n, NULL, NULL), R = r->kept_rows_mean;
 	/* Expert GEMM rate inside the layer (time inside its GEMM calls) against the plain
 	 * GEMM of the expert shape. */
-	const double ex_rate = 4.0 * R * c->M * c->H / STAGE(s, gemm_fwd) / 1e9;
-	const double bex_rate = o->forward_only ? NAN : (o->input_grad ? 8.0 : 6.0) * R * c->M *
-								c->H / STAGE(s, gemm_bwd) / 1e9;
+	const double gf = STAGE(s, gemm_fwd), gb = STAGE(s, gemm_bwd);
+	const double ex_rate = gf > 0 ? 4.0 * R * c->M * c->H / gf / 1e9 : NAN;
+	const double bex_rate = o->forward_only || !(gb > 0) ? NAN : (o->input_grad ? 8.0 : 6.0) *
+								       R * c->M * c->H / gb / 1e9;
 	json_t *j = base_json(o, trace, "sparse", "layer", c->T);
 	add_step_stats(j, o, r);
 	json_object_set_new(j, "flops_per_step", json_real(r->flops));
@@ -215,21 +221,30 @@ static int report_layer(const struct moe_bench_opts *o, const char *trace,
 	json_object_set_new(j, "dense_bytes_analytic",
 			    json_integer((json_int_t)moe_dense_bytes(c, c->T, c->k, s->C[s->n - 1],
 								     !o->forward_only)));
-	json_object_set_new(j, "expert_fwd_gflops", json_real(ex_rate));
+	json_object_set_new(j, "expert_fwd_gflops", num_or_null(ex_rate));
 	if (!o->forward_only)
-		json_object_set_new(j, "expert_bwd_gflops", json_real(bex_rate));
+		json_object_set_new(j, "expert_bwd_gflops", num_or_null(bex_rate));
 	json_object_set_new(j, "sgemm_gflops", json_real(r->ref_gflops));
 	json_object_set_new(j, "sgemm_shape", json_pack("[I,I,I]", (json_int_t)r->ref_rows,
 							(json_int_t)c->M, (json_int_t)c->H));
-	json_object_set_new(j, "expert_fwd_to_sgemm", json_real(ex_rate / r->ref_gflops));
+	json_object_set_new(j, "expert_fwd_to_sgemm", num_or_null(ex_rate / r->ref_gflops));
 	if (!o->forward_only)
-		json_object_set_new(j, "expert_bwd_to_sgemm", json_real(bex_rate / r->ref_gflops));
+		json_object_set_new(j, "expert_bwd_to_sgemm",
+				    num_or_null(bex_rate / r->ref_gflops));
 	json_object_set_new(j, "non_gemm_ms", MS(r->nongemm_s));
 	print_table("sparse", r, r->flops / md / 1e9);
-	fprintf(stderr, "        expert GEMMs %.1f GFLOP/s fwd, %.1f bwd; plain sgemm "
-		"[%lld,%lld]x[%lld,%lld] %.1f GFLOP/s (ratio %.2f); non-GEMM %.2f ms\n",
-		ex_rate, bex_rate, (long long)r->ref_rows, (long long)c->M, (long long)c->M,
-		(long long)c->H, r->ref_gflops, ex_rate / r->ref_gflops, 1e3 * r->nongemm_s);
+	/* a rate the clock could not resolve, or a backward not run, is "-", never inf or nan */
+	char fwd[32] = "-", bwd[48] = "", eff[32] = "-";
+	if (isfinite(ex_rate)) {
+		snprintf(fwd, sizeof fwd, "%.1f", ex_rate);
+		snprintf(eff, sizeof eff, "%.2f", ex_rate / r->ref_gflops);
+	}
+	if (!o->forward_only)
+		snprintf(bwd, sizeof bwd, isfinite(bex_rate) ? ", %.1f bwd" : ", - bwd", bex_rate);
+	fprintf(stderr, "        expert GEMMs %s GFLOP/s fwd%s; plain sgemm [%lld,%lld]x[%lld,%lld] "
+		"%.1f GFLOP/s (forward efficiency %s of it); non-GEMM %.2f ms\n", fwd, bwd,
+		(long long)r->ref_rows, (long long)c->M, (long long)c->M, (long long)c->H,
+		r->ref_gflops, eff, 1e3 * r->nongemm_s);
 	return print_json(j);
 }
 
@@ -257,7 +272,7 @@ static int report_encdec(const struct moe_bench_opts *o, const char *trace,
 								     !o->forward_only)));
 	print_table("encdec", r, 0.0);
 	fprintf(stderr, "        %.1f MB moved: %.2f GB/s; plain copy of the same bytes %.2f GB/s "
-		"(%.2f ms); ratio %.2f\n", bytes / 1e6, bytes / md / 1e9, r->copy_gbps,
+		"(%.2f ms); time over the copy's %.2f\n", bytes / 1e6, bytes / md / 1e9, r->copy_gbps,
 		1e3 * copy_s, md / copy_s);
 	return print_json(j);
 }
@@ -468,6 +483,9 @@ int main(int argc, char **argv)
 	if (dense_T > T)
 		return cli_usage_error(prog, "option '--dense-tokens': %ld is above T = %ld",
 				       dense_T, T);
+	if (dense_T && !dense)
+		return cli_usage_error(prog, "option '--dense-tokens' sizes the dense baseline: it "
+				       "needs --baseline=dense");
 	o.dense_T = dense_T ? dense_T : T;
 	if (trace_path) {
 		rc = trace_read(trace_path, &trace, &o.trace_n);

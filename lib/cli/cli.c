@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/err.h"
 #include "common/banned.h"
@@ -117,5 +118,32 @@ int cli_print_json(json_t *j, size_t flags)
 		return e ? err_errno(CORE_EIO, "<stdout>", "write failed", e)
 			 : err_set(CORE_EIO, "<stdout>", "write failed");
 	}
+	return 0;
+}
+
+int cli_make_parents(const char *path)
+{
+	char dir[4096];
+	const char *slash = strrchr(path, '/');
+	if (!slash || slash == path)
+		return 0;
+	size_t n = (size_t)(slash - path);
+	if (n >= sizeof dir)
+		return err_set(CORE_EIO, path, "path too long");
+	memcpy(dir, path, n);
+	dir[n] = '\0';
+	/* each prefix in turn, as mkdir -p */
+	for (size_t i = 1; i <= n; i++) {
+		if (dir[i] != '/' && dir[i] != '\0')
+			continue;
+		char c = dir[i];
+		dir[i] = '\0';
+		if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+			return err_errno(CORE_EIO, dir, "cannot create directory", errno);
+		dir[i] = c;
+	}
+	struct stat st;
+	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+		return err_set(CORE_EIO, dir, "not a directory");
 	return 0;
 }

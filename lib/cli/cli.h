@@ -28,5 +28,8 @@ int cli_print_json(struct json_t *j, size_t flags);
 /* Print "prog: <printf message>" on stderr, its control characters escaped as err_escape
  * does (one line whatever it quotes), and return 2 (usage error). */
 int cli_usage_error(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* mkdir -p of the directory part of path (nothing when it has none): an output may name a
+ * directory that does not exist yet. CORE_EIO naming the directory on failure. */
+int cli_make_parents(const char *path);
 
 #endif

@@ -744,9 +744,12 @@ static int read_header(struct st_file *f, uint64_t fsize, char **header, uint64_
 	ERR_FORWARD(read_at(f, lenbuf, 8, 0));
 	for (int i = 0; i < 8; i++)
 		n |= (uint64_t)lenbuf[i] << (8 * i);
+	if (memcmp(lenbuf, "DPCTOKS", 8) == 0)
+		return err_set(CORE_EFORMAT, f->path, "not a safetensors file: a token file "
+			       "(dpc-tokens(5))");
 	if (n < 2 || n > ST_HEADER_MAX)
-		return err_set(CORE_EFORMAT, f->path, "header length %llu is not sane",
-			       (unsigned long long)n);
+		return err_set(CORE_EFORMAT, f->path, "not a safetensors file (its first 8 bytes "
+			       "give a header length of %llu)", (unsigned long long)n);
 	if (n > fsize - 8)
 		return err_set(CORE_ETRUNC, f->path, "truncated file: header length %llu exceeds "
 			       "file size %llu", (unsigned long long)n, (unsigned long long)fsize);

@@ -96,6 +96,13 @@ for f in '"capacity":8192,' '"capacity_exact":true,' '"data_bytes_analytic":8591
 	grep -q "$f" out.stdout || die "dry run: $f not in $(cat out.stdout)"
 done
 grep -q '^dry run: C 8192 (set by the capacity factor)' out.stderr || die "dry run: $(cat out.stderr)"
+# --dense-tokens without the dense baseline it sizes is refused (it was silently ignored)
+expect_fail 2 "^moe-bench: option '--dense-tokens' sizes the dense baseline: it needs --baseline=dense$" \
+	"$B" -T 64 -M 8 -H 8 -E 4 --dense-tokens 32
+# --forward-only prints no backward rate, and no rate is ever nan or inf
+expect_ok "$B" -T 64 -M 8 -H 8 -E 4 -n 1 -w 0 --forward-only
+! grep -qi 'nan\|inf' out.stderr || die "--forward-only: $(cat out.stderr)"
+grep -q 'bwd;' out.stderr && die "--forward-only reports a backward rate: $(cat out.stderr)"
 # with a capacity that depends on the routing, the bound every routing stays under: T
 expect_ok "$B" --dry-run -T 262144 -M 64 -H 64 -E 64 -c 0
 grep -q '"capacity":262144,"capacity_exact":false,' out.stdout || die "dry run -c 0: $(cat out.stdout)"

@@ -112,4 +112,25 @@ if [ -x /usr/bin/python3 ]; then
 else
 	echo "python3 missing: crafted NaN / wrong-shape checkpoint cases not run"
 fi
+# Small wrong answers (issue 10, item 6), each of which the old code gave:
+# a bare call names what to do, not one missing option
+expect_fail 2 "^dpc-train-path: no arguments: train with -c CONFIG .*see --help\)$" "$T"
+# a token file given as a checkpoint is named as such, not as an insane header length
+expect_fail 1 "'d/val.tok': not a safetensors file: a token file \(dpc-tokens\(5\)\)$" \
+	"$T" --eval d/val.tok -d d/val.tok
+expect_fail 1 "'$cfg': not a safetensors file \(its first 8 bytes give a header length of" \
+	"$T" --eval "$cfg" -d d/val.tok
+# --until past the schedule's end is refused, naming the key to raise
+sentinel
+expect_fail 2 "^dpc-train-path: --until 9 is past train.steps = 3, .*-s train.steps=9\)$" \
+	"$T" -q -c "$cfg" -s train.steps=3 -u 9 -d d/train.tok -o out.safetensors
+untouched
+# a run with nothing to do reports no loss and no rate (null), not 0.0
+cp good.safetensors done.safetensors
+expect_ok "$T" -q -c "$cfg" -s train.steps=3 -d d/train.tok -o done.safetensors -r
+grep -q '"steps":0,"step":3,"loss":null,"val_loss":null,"tokens_per_s":null,' out.stdout ||
+	die "nothing-to-do run: $(cat out.stdout)"
+# an output in directories that do not exist yet gets them
+expect_ok "$T" -q -c "$cfg" -s train.steps=1 -d d/train.tok -o new/a/b.safetensors -m new/m/m.jsonl
+[ -s new/a/b.safetensors ] && [ -s new/m/m.jsonl ] || die "-o/-m in new directories: not written"
 echo "every bad input refused with one line, outputs untouched"
