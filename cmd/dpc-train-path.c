@@ -1,11 +1,13 @@
 /* dpc-train-path - train one path (or a dense GPT-2) on a token file, or evaluate a
  * checkpoint. Thin: options here, the loop in lib/train.c. See dpc-train-path(1). */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -34,9 +36,10 @@ static const char usage[] =
 	"  -o, --out FILE           checkpoint to write (atomically, every train.checkpoint_every\n"
 	"                           steps and at the end)\n"
 	"  -i, --init CKPT          start from this checkpoint (parameters, AdamW state, step)\n"
-	"  -r, --resume             continue from --out if it exists\n"
+	"  -r, --resume             continue from --out if it exists (and append to --metrics)\n"
+	"  -f, --force              replace an existing --out, start an existing --metrics afresh\n"
 	"  -u, --until STEP         stop after global step STEP (default train.steps)\n"
-	"  -m, --metrics FILE       append JSON Lines metrics to FILE\n"
+	"  -m, --metrics FILE       write JSON Lines metrics to FILE\n"
 	"  -t, --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
 	"      --device NAME        where the model runs: cpu (default), ref (the slow\n"
 	"                           reference backend), cuda (when built)\n"
@@ -52,6 +55,14 @@ static const char usage[] =
 
 /* A finite number, or JSON null (NaN: not measured). */
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+/* path names a regular file (through links): an output that is replaced, not written to as a
+ * device or a FIFO is. */
+static int is_regular(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
 
 /* The results: one JSON object on a line of stdout (cli_print_json). */
 static const size_t json_flags = JSON_COMPACT | JSON_REAL_PRECISION(9);
@@ -110,14 +121,14 @@ int main(int argc, char **argv)
 		{"quiet", no_argument, NULL, 'q'},        {"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},      {"device", required_argument, NULL, 'D'},
 		{"run", required_argument, NULL, 'R'},    {"phase", required_argument, NULL, 'P'},
-		{"path", required_argument, NULL, 'A'},
+		{"path", required_argument, NULL, 'A'},   {"force", no_argument, NULL, 'f'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *config_path = NULL, *eval_path = NULL, *device = "cpu", *run_dir = NULL;
 	long phase = 0, path = -1;
 	struct backend *be = NULL;
 	const char **sets = calloc((size_t)argc, sizeof *sets);
-	int nsets = 0, resume = 0, quiet = 0, rc = 0, opt;
+	int nsets = 0, resume = 0, force = 0, quiet = 0, rc = 0, opt;
 	long threads = 0, until = 0, max_tokens = 0;
 	struct train_opts o = {0};
 	struct run_config cfg;
@@ -125,7 +136,7 @@ int main(int argc, char **argv)
 	if (!sets)
 		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
 	opterr = 0;
-	while ((opt = getopt_long(argc, argv, ":c:s:d:v:o:i:ru:m:t:e:n:qhV", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, ":c:s:d:v:o:i:rfu:m:t:e:n:qhV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': config_path = optarg; break;
 		case 's': sets[nsets++] = optarg; break;
@@ -134,6 +145,7 @@ int main(int argc, char **argv)
 		case 'o': o.out_path = optarg; break;
 		case 'i': o.init_path = optarg; break;
 		case 'r': resume = 1; break;
+		case 'f': force = 1; break;
 		case 'u': rc = cli_parse_long("--until", optarg, 1, 1L << 50, &until); break;
 		case 'm': o.metrics_path = optarg; break;
 		case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &threads); break;
@@ -163,7 +175,7 @@ int main(int argc, char **argv)
 		/* The first option --run excludes, by name. */
 		const char *clash = config_path ? "--config" : nsets ? "--set" : o.data_path ?
 			"--data" : o.val_path ? "--val" : o.out_path ? "--out" : o.init_path ?
-			"--init" : resume ? "--resume" : until ? "--until" : o.metrics_path ?
+			"--init" : resume ? "--resume" : force ? "--force" : until ? "--until" : o.metrics_path ?
 			"--metrics" : eval_path ? "--eval" : max_tokens ? "--max-tokens" : NULL;
 		if (clash) {
 			rc = cli_usage_error(prog, "--run takes its config, data and outputs from the "
@@ -222,6 +234,28 @@ int main(int argc, char **argv)
 				     "learning-rate schedule ends (raise it: -s train.steps=%ld)", until,
 				     cfg.train.steps, until);
 		goto out;
+	}
+	/* An existing output is continued (--resume) or replaced (--force), never silently
+	 * overwritten; the metrics of a continued run go on in the same file, those of any other
+	 * run would follow the old run's lines with repeated step numbers. */
+	int continuing = resume && !o.init_path && is_regular(o.out_path);
+	if (!force && !continuing && is_regular(o.out_path)) {
+		rc = cli_report(prog, err_set(CORE_EIO, o.out_path, "exists (use --resume to "
+					      "continue it or --force to replace it)"));
+		goto out;
+	}
+	if (o.metrics_path && is_regular(o.metrics_path) && !continuing) {
+		if (!force) {
+			rc = cli_report(prog, err_set(CORE_EIO, o.metrics_path, "exists (a run "
+						      "continued with --resume appends to it; use "
+						      "--force to start it afresh)"));
+			goto out;
+		}
+		if (truncate(o.metrics_path, 0) != 0) {
+			rc = cli_report(prog, err_errno(CORE_EIO, o.metrics_path, "cannot truncate",
+						       errno));
+			goto out;
+		}
 	}
 	if ((rc = cli_make_parents(o.out_path)) < 0 ||
 	    (o.metrics_path && (rc = cli_make_parents(o.metrics_path)) < 0)) {

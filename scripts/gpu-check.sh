@@ -99,7 +99,7 @@ if [ -n "$san" ]; then
 		-E 5 -k 3 -n 1 -w 0 --gate-noise 1 --aux-loss load-importance --activation gelu \
 		--capacity 0.5 >>"$out/san_moe.log" 2>&1
 	r2=$?
-	$san --tool memcheck --error-exitcode 9 "$B/dpc-train-path" --device cuda \
+	$san --tool memcheck --error-exitcode 9 "$B/dpc-train-path" --device cuda -f \
 		-c "$here/configs/gpt-tiny.yaml" -s train.steps=2 -s train.eval_every=0 \
 		-s model.n_layer=2 -s model.seq_len=64 -s train.batch_size=3 \
 		-d "$pack/data/val.tok" -o "$out/san.safetensors" -q >"$out/san_train.log" 2>&1
@@ -112,7 +112,7 @@ fi
 stamp "train 50 steps on cpu and cuda"
 for dev in cpu cuda; do
 	rm -f "$out/train50-$dev.jsonl"
-	timeout 300 "$B/dpc-train-path" --device $dev -c "$here/configs/gpt-tiny.yaml" -s train.steps=50 \
+	timeout 300 "$B/dpc-train-path" --device $dev -f -c "$here/configs/gpt-tiny.yaml" -s train.steps=50 \
 		-s train.eval_every=0 -s train.checkpoint_every=0 -d "$pack/data/val.tok" \
 		-o "$out/train50-$dev.safetensors" -m "$out/train50-$dev.jsonl" -q \
 		>"$out/train50-$dev.json" 2>"$out/train50-$dev.err"
@@ -160,7 +160,7 @@ EOF
 row "moe layer f+b" "${ly%% *}" "${ly#* }"
 
 stamp "training throughput: ours and PyTorch"
-timeout 300 "$B/dpc-train-path" --device cuda -c "$here/configs/gpt-tiny.yaml" -s model.n_layer=12 \
+timeout 300 "$B/dpc-train-path" --device cuda -f -c "$here/configs/gpt-tiny.yaml" -s model.n_layer=12 \
 	-s model.n_embd=768 -s model.n_head=12 -s model.seq_len=1024 -s train.batch_size=8 \
 	-s train.steps=$IT -s train.eval_every=0 -s train.checkpoint_every=0 $TR \
 	-d "$pack/data/val.tok" -o "$out/big.safetensors" -m "$out/big.jsonl" -q \

@@ -53,7 +53,7 @@ same_file got.safetensors good.safetensors
 # a symlink to a regular file is followed: the file is replaced, the link stays
 echo old >target.safetensors
 ln -s target.safetensors link.safetensors
-expect_ok "$T" $tiny -d d/train.tok -o link.safetensors
+expect_ok "$T" $tiny -d d/train.tok -o link.safetensors --force
 [ -L link.safetensors ] || die "the link was replaced by a file"
 same_file target.safetensors good.safetensors
 

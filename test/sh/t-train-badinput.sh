@@ -20,13 +20,13 @@ untouched() { [ "$(cat out.safetensors)" = sentinel ] || die "output was overwri
 # GPU, a runtime error (exit 1) saying so
 sentinel
 expect_fail 2 "^dpc-train-path: unknown device 'nosuch' \(built: cpu, ref(, cuda)?\)$" \
-	"$T" --device=nosuch -q -c "$cfg" -d d/train.tok -o out.safetensors
+	"$T" --device=nosuch -q -c "$cfg" -d d/train.tok -f -o out.safetensors
 if ! grep -q 'built: cpu, ref, cuda' out.stderr; then
 	expect_fail 2 "^dpc-train-path: device 'cuda' is not built into this binary \(.*; built: cpu, ref\)$" \
-		"$T" --device cuda -q -c "$cfg" -d d/train.tok -o out.safetensors
+		"$T" --device cuda -q -c "$cfg" -d d/train.tok -f -o out.safetensors
 elif ! nvidia-smi -L >/dev/null 2>&1; then
 	expect_fail 1 "^dpc-train-path: no usable CUDA device here \(.*\)$" \
-		"$T" --device cuda -q -c "$cfg" -d d/train.tok -o out.safetensors
+		"$T" --device cuda -q -c "$cfg" -d d/train.tok -f -o out.safetensors
 fi
 untouched
 # the reference backend evaluates the same checkpoint to the same loss (1e-5 relative)
@@ -41,7 +41,7 @@ awk -v a="$cpu" -v b="$ref" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1
 head -c $((size - 100)) good.safetensors >trunc.safetensors
 sentinel
 expect_fail 1 "dpc-train-path: 'trunc.safetensors': .*(truncated|short|size)" \
-	"$T" -q -c "$cfg" -d d/train.tok -i trunc.safetensors -o out.safetensors
+	"$T" -q -c "$cfg" -d d/train.tok -i trunc.safetensors -f -o out.safetensors
 untouched
 head -c 5 good.safetensors >tiny.safetensors
 expect_fail 1 "'tiny.safetensors'" "$T" --eval tiny.safetensors -d d/val.tok
@@ -54,24 +54,24 @@ printf "$(printf '\\%03o' $((byte ^ 4)))" | dd of=flip.safetensors bs=1 seek=$of
 expect_fail 1 "'flip.safetensors': .*checksum" "$T" --eval flip.safetensors -d d/val.tok
 sentinel
 expect_fail 1 "'flip.safetensors': .*checksum" \
-	"$T" -q -c "$cfg" -d d/train.tok -i flip.safetensors -o out.safetensors
+	"$T" -q -c "$cfg" -d d/train.tok -i flip.safetensors -f -o out.safetensors
 untouched
 
 # a checkpoint of another shape than the config
 expect_ok "$T" -q -c "$cfg" -s model.n_embd=64 -s train.steps=1 -d d/train.tok -o wide.safetensors
 sentinel
 expect_fail 1 "'wide.safetensors': .*(shape|model is)" \
-	"$T" -q -c "$cfg" -d d/train.tok -i wide.safetensors -o out.safetensors
+	"$T" -q -c "$cfg" -d d/train.tok -i wide.safetensors -f -o out.safetensors
 untouched
 
 # token files: truncated, bit-flipped, wrong magic, wrong version
 tsize=$(wc -c <d/train.tok)
 head -c $((tsize - 7)) d/train.tok >trunc.tok
-expect_fail 1 "'trunc.tok': " "$T" -q -c "$cfg" -d trunc.tok -o out.safetensors
+expect_fail 1 "'trunc.tok': " "$T" -q -c "$cfg" -d trunc.tok -f -o out.safetensors
 cp d/train.tok flip.tok
 byte=$(od -An -tu1 -j $((tsize - 3)) -N1 flip.tok | tr -d ' ')
 printf "$(printf '\\%03o' $((byte ^ 1)))" | dd of=flip.tok bs=1 seek=$((tsize - 3)) conv=notrunc 2>/dev/null
-expect_fail 1 "'flip.tok': .*checksum" "$T" -q -c "$cfg" -d flip.tok -o out.safetensors
+expect_fail 1 "'flip.tok': .*checksum" "$T" -q -c "$cfg" -d flip.tok -f -o out.safetensors
 cp d/train.tok magic.tok
 printf 'XXXXXXXX' | dd of=magic.tok bs=1 seek=0 conv=notrunc 2>/dev/null
 expect_fail 1 "'magic.tok': .*(not a token file|magic)" "$T" --eval good.safetensors -d magic.tok
@@ -82,12 +82,12 @@ untouched
 
 # configs: malformed YAML, unknown key, wrong type, out of range
 printf 'model:\n  n_layer: [1, 2\n' >bad.yaml
-expect_fail 2 "'bad.yaml': .*line" "$T" -q -c bad.yaml -d d/train.tok -o out.safetensors
+expect_fail 2 "'bad.yaml': .*line" "$T" -q -c bad.yaml -d d/train.tok -f -o out.safetensors
 printf 'model:\n  n_layer: 2\ntrain:\n  setps: 10\n' >unknown.yaml
-expect_fail 2 "'unknown.yaml': line 4: .*setps" "$T" -q -c unknown.yaml -d d/train.tok -o out.safetensors
+expect_fail 2 "'unknown.yaml': line 4: .*setps" "$T" -q -c unknown.yaml -d d/train.tok -f -o out.safetensors
 printf 'train:\n  lr: fast\n' >type.yaml
-expect_fail 2 "'type.yaml': line 2: .*lr" "$T" -q -c type.yaml -d d/train.tok -o out.safetensors
-expect_fail 2 "train.lr" "$T" -q -c "$cfg" -s train.lr=-1 -d d/train.tok -o out.safetensors
+expect_fail 2 "'type.yaml': line 2: .*lr" "$T" -q -c type.yaml -d d/train.tok -f -o out.safetensors
+expect_fail 2 "train.lr" "$T" -q -c "$cfg" -s train.lr=-1 -d d/train.tok -f -o out.safetensors
 untouched
 
 # usage errors
@@ -95,23 +95,45 @@ expect_fail 2 "dpc-train-path: " "$T" --bogus
 expect_fail 2 "^dpc-train-path: option '--resume' takes no argument" "$T" --resume=1
 expect_fail 2 "^dpc-train-path: unknown option '-x'" "$T" --until=3 -qx
 expect_fail 2 "^dpc-train-path: unknown option '-x'" "$T" --until=3 -xq
-expect_fail 2 "--data" "$T" -c "$cfg" -o out.safetensors
-expect_fail 2 "--threads" "$T" -t zero -c "$cfg" -d d/train.tok -o out.safetensors
+expect_fail 2 "--data" "$T" -c "$cfg" -f -o out.safetensors
+expect_fail 2 "--threads" "$T" -t zero -c "$cfg" -d d/train.tok -f -o out.safetensors
 
 # crafted defects that keep the checksums right (needs python3 for the crafting only)
 if [ -x /usr/bin/python3 ]; then
 	/usr/bin/python3 "$TESTDIR/stedit.py" good.safetensors nan.safetensors nan h.0.mlp.c_fc.weight
 	sentinel
-	expect_fail 1 "NaN" "$T" -q -c "$cfg" -s train.steps=5 -d d/train.tok -i nan.safetensors -o out.safetensors
+	expect_fail 1 "NaN" "$T" -q -c "$cfg" -s train.steps=5 -d d/train.tok -i nan.safetensors -f -o out.safetensors
 	untouched
 	/usr/bin/python3 "$TESTDIR/stedit.py" good.safetensors shape.safetensors reshape h.1.attn.c_proj.weight 16 32
 	expect_fail 1 "'shape.safetensors': .*h.1.attn.c_proj.weight.*shape" \
-		"$T" -q -c "$cfg" -d d/train.tok -i shape.safetensors -o out.safetensors
+		"$T" -q -c "$cfg" -d d/train.tok -i shape.safetensors -f -o out.safetensors
 	untouched
 	expect_fail 1 "'shape.safetensors': .*h.1.attn.c_proj.weight" "$T" --eval shape.safetensors -d d/val.tok
 else
 	echo "python3 missing: crafted NaN / wrong-shape checkpoint cases not run"
 fi
+# An existing checkpoint is continued (--resume) or replaced (--force), never overwritten by a
+# plain run (issue 10, item 3); nor does a new run append its metrics after an old run's.
+cp good.safetensors keep.safetensors
+expect_fail 1 "^dpc-train-path: 'keep.safetensors': exists \(use --resume to continue it or --force to replace it\)$" \
+	"$T" -q -c "$cfg" -s train.steps=3 -d d/train.tok -o keep.safetensors
+same_file keep.safetensors good.safetensors
+expect_fail 1 "^dpc-train-path: 'keep.safetensors': exists" \
+	"$T" -q -c "$cfg" -s train.steps=3 -d d/train.tok -i good.safetensors -o keep.safetensors
+same_file keep.safetensors good.safetensors
+expect_ok "$T" -q -c "$cfg" -s train.steps=2 -d d/train.tok -o m1.safetensors -m m.jsonl
+expect_fail 1 "^dpc-train-path: 'm.jsonl': exists \(a run continued with --resume appends to it; use --force to start it afresh\)$" \
+	"$T" -q -c "$cfg" -s train.steps=2 -d d/train.tok -o m2.safetensors -m m.jsonl
+[ ! -e m2.safetensors ] || die "a refused run wrote its checkpoint"
+# continued: the metrics go on (steps 1 2 then 3 4); forced: replaced and started afresh (1 2)
+expect_ok "$T" -q -c "$cfg" -s train.steps=4 -d d/train.tok -o m1.safetensors -m m.jsonl -r
+[ "$(sed 's/.*"step":\([0-9]*\).*/\1/' m.jsonl | tr '\n' ' ')" = "1 2 3 4 " ] ||
+	die "--resume: metrics steps $(sed 's/.*"step":\([0-9]*\).*/\1/' m.jsonl | tr '\n' ' ')"
+expect_ok "$T" -q -c "$cfg" -s train.steps=2 -d d/train.tok -o m1.safetensors -m m.jsonl -f
+[ "$(sed 's/.*"step":\([0-9]*\).*/\1/' m.jsonl | tr '\n' ' ')" = "1 2 " ] ||
+	die "--force: metrics steps $(sed 's/.*"step":\([0-9]*\).*/\1/' m.jsonl | tr '\n' ' ')"
+grep -q '"step":2,' out.stdout || die "--force did not train afresh: $(cat out.stdout)"
+
 # Small wrong answers (issue 10, item 6), each of which the old code gave:
 # a bare call names what to do, not one missing option
 expect_fail 2 "^dpc-train-path: no arguments: train with -c CONFIG .*see --help\)$" "$T"
@@ -123,7 +145,7 @@ expect_fail 1 "'$cfg': not a safetensors file \(its first 8 bytes give a header 
 # --until past the schedule's end is refused, naming the key to raise
 sentinel
 expect_fail 2 "^dpc-train-path: --until 9 is past train.steps = 3, .*-s train.steps=9\)$" \
-	"$T" -q -c "$cfg" -s train.steps=3 -u 9 -d d/train.tok -o out.safetensors
+	"$T" -q -c "$cfg" -s train.steps=3 -u 9 -d d/train.tok -f -o out.safetensors
 untouched
 # a run with nothing to do reports no loss and no rate (null), not 0.0
 cp good.safetensors done.safetensors
