@@ -1,13 +1,15 @@
-/* progress.c - one-line progress display on stderr; see progress.h.
+/* progress.c - progress on stderr; see progress.h.
  *
- * Only for people watching a terminal: when stderr is a file or a pipe (logs, tests, batch
- * jobs) nothing at all is written, so logs stay one line per event. On a terminal the line is
- * redrawn in place with \r and cleared to its end, at most ten times a second, so that the
- * display costs nothing measurable inside a training loop.
+ * On a terminal the line is redrawn in place with \r and cleared to its end, at most ten
+ * times a second, so that the display costs nothing measurable inside a training loop. When
+ * stderr is a file or a pipe (logs, batch jobs) a plain newline-ended line is written every
+ * interval instead, without escapes, so a log stays one line per event and a run shorter
+ * than the interval writes nothing.
  */
 #include "common/progress.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -15,7 +17,6 @@
 
 #include "common/banned.h"
 
-#define PROGRESS_INTERVAL 0.1 /* seconds between redraws */
 
 double now_seconds(void)
 {
@@ -43,8 +44,16 @@ void progress_init(struct progress *p, const char *label, int64_t total)
 {
 	memset(p, 0, sizeof *p);
 	p->label = label ? label : "";
+	p->unit = "";
 	p->total = total;
-	p->enabled = isatty(2);
+	p->enabled = isatty(2) ? PROGRESS_TTY : PROGRESS_LOG;
+	p->interval = 0.1;
+	if (p->enabled == PROGRESS_LOG) {
+		const char *e = getenv("DPC_PROGRESS_SECONDS");
+		char *end;
+		double v = e ? strtod(e, &end) : 0.0;
+		p->interval = e && end != e && *end == '\0' && v >= 0.0 ? v : PROGRESS_LOG_SECONDS;
+	}
 	p->start = now_seconds();
 	p->last_draw = -1.0; /* nothing drawn yet */
 }
@@ -83,21 +92,29 @@ void progress_update(struct progress *p, int64_t done, const char *extra)
 		return;
 	double now = now_seconds();
 	int finished = p->total > 0 && done >= p->total;
-	if (p->last_draw >= 0 && now - p->last_draw < PROGRESS_INTERVAL && !finished)
+	if (p->enabled == PROGRESS_LOG) { /* a line per interval, the first one interval in */
+		if (now - (p->last_draw >= 0 ? p->last_draw : p->start) < p->interval)
+			return;
+	} else if (p->last_draw >= 0 && now - p->last_draw < p->interval && !finished) {
 		return;
+	}
 	p->last_draw = now;
+	const int tty = p->enabled == PROGRESS_TTY;
 	double el = now - p->start;
 	double r = el > 0 ? (double)done / el : 0.0;
-	human(rate, sizeof rate, r);
+	char num[24];
+	human(num, sizeof num, r);
+	snprintf(rate, sizeof rate, "%s%s%s", num, *p->unit ? " " : "", p->unit);
 	if (p->total > 0) {
 		duration(eta, sizeof eta, r > 0 ? (double)(p->total - done) / r : -1.0);
-		snprintf(line, sizeof line, "\r%s  %lld/%lld  %5.1f%%  %s/s  eta %s%s%s\033[K",
-			 p->label, (long long)done, (long long)p->total,
-			 100.0 * (double)done / (double)p->total, rate, eta, extra ? "  " : "",
-			 extra ? extra : "");
+		snprintf(line, sizeof line, "%s%s  %lld/%lld  %5.1f%%  %s/s  eta %s%s%s%s",
+			 tty ? "\r" : "", p->label, (long long)done, (long long)p->total,
+			 100.0 * (double)done / (double)p->total, rate, eta,
+			 extra ? "  " : "", extra ? extra : "", tty ? "\033[K" : "\n");
 	} else {
-		snprintf(line, sizeof line, "\r%s  %lld  %s/s%s%s\033[K", p->label,
-			 (long long)done, rate, extra ? "  " : "", extra ? extra : "");
+		snprintf(line, sizeof line, "%s%s  %lld  %s/s%s%s%s", tty ? "\r" : "", p->label,
+			 (long long)done, rate, extra ? "  " : "", extra ? extra : "",
+			 tty ? "\033[K" : "\n");
 	}
 	/* stderr is unbuffered: one fwrite keeps the redraw a single write(2). */
 	fwrite(line, 1, strlen(line), stderr);
@@ -105,7 +122,7 @@ void progress_update(struct progress *p, int64_t done, const char *extra)
 
 void progress_done(struct progress *p)
 {
-	if (p->enabled && p->last_draw >= 0)
+	if (p->enabled == PROGRESS_TTY && p->last_draw >= 0)
 		fputc('\n', stderr);
 	p->enabled = 0;
 }

@@ -255,6 +255,7 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 
 	gpt2_profile(&s.g, 1);
 	progress_init(&pr, "train", until - step);
+	pr.unit = "steps";
 	if (!o->progress)
 		pr.enabled = 0;
 	for (long st = step; st < until; st++) {
@@ -279,8 +280,13 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 		if (rc)
 			goto out;
 
-		char extra[64];
-		snprintf(extra, sizeof extra, "loss %.4f", loss);
+		/* this run's steps are the bar; the line also gives the global step (a resumed run
+		 * is at 21/40 when the bar says 1/20), the last validation loss and tokens/s */
+		char extra[160], val[32] = "";
+		if (isfinite(r->val_loss))
+			snprintf(val, sizeof val, "  val %.4f", r->val_loss);
+		snprintf(extra, sizeof extra, "step %ld/%ld  loss %.4f%s  %.0f tok/s", st + 1, until,
+			 loss, val, (double)B * T / dt);
 		progress_update(&pr, st + 1 - step, extra);
 
 		int last = st + 1 == until;

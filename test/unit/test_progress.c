@@ -1,5 +1,6 @@
-/* test_progress.c - the progress display writes nothing when stderr is not a terminal, and on
- * a terminal (a pseudo-terminal here) redraws at most ten times a second and ends its line. */
+/* test_progress.c - the progress display writes plain lines, one per interval, when stderr
+ * is not a terminal (nothing within the first), and on a terminal (a pseudo-terminal here)
+ * redraws at most ten times a second and ends its line. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <fcntl.h>
@@ -13,17 +14,62 @@
 
 TestSuite(progress, .timeout = 20);
 
-Test(progress, silent_when_stderr_is_not_a_terminal, .init = cr_redirect_stderr)
+Test(progress, a_log_gets_nothing_within_the_first_interval, .init = cr_redirect_stderr)
 {
 	struct progress p;
 
 	progress_init(&p, "train", 100);
-	cr_assert_eq(p.enabled, 0);
-	for (int i = 0; i <= 100; i++)
+	cr_assert_eq(p.enabled, PROGRESS_LOG);
+	cr_assert_eq(p.interval, PROGRESS_LOG_SECONDS, "interval %g", p.interval);
+	for (int i = 0; i <= 100; i++) /* far under 10 s: a short run leaves no trace */
 		progress_update(&p, i, "loss 1.0");
 	progress_done(&p);
 	fflush(stderr);
 	cr_assert_stderr_eq_str("");
+}
+
+/* In a log (stderr not a terminal) each line is plain text ended by a newline: no carriage
+ * return, no escape; one per interval (0 here: one per update), with the unit on the rate. */
+Test(progress, a_log_gets_plain_lines, .init = cr_redirect_stderr)
+{
+	struct progress p;
+
+	progress_init(&p, "train", 4);
+	p.unit = "steps";
+	p.interval = 0.0;
+	for (int i = 1; i <= 4; i++)
+		progress_update(&p, i, "loss 2.5");
+	progress_done(&p);
+	fflush(stderr);
+	char buf[1024] = {0};
+	FILE *f = cr_get_redirected_stderr();
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	int lines = 0;
+	for (size_t i = 0; i < n; i++) {
+		cr_assert(buf[i] != '\r' && buf[i] != '\033', "a control character in '%s'", buf);
+		lines += buf[i] == '\n';
+	}
+	cr_assert_eq(lines, 4, "expected 4 lines, got '%s'", buf);
+	cr_assert(strstr(buf, "train  1/4   25.0%  ") == buf, "first line: '%s'", buf);
+	cr_assert(strstr(buf, " steps/s  eta ") && strstr(buf, "  loss 2.5\ntrain  2/4"),
+		  "lines: '%s'", buf);
+}
+
+/* DPC_PROGRESS_SECONDS sets the log interval; a value that is not a number >= 0 is ignored */
+Test(progress, the_environment_sets_the_log_interval, .init = cr_redirect_stderr)
+{
+	struct progress p;
+
+	setenv("DPC_PROGRESS_SECONDS", "2.5", 1);
+	progress_init(&p, "x", 1);
+	cr_assert_eq(p.interval, 2.5);
+	setenv("DPC_PROGRESS_SECONDS", "soon", 1);
+	progress_init(&p, "x", 1);
+	cr_assert_eq(p.interval, PROGRESS_LOG_SECONDS);
+	setenv("DPC_PROGRESS_SECONDS", "-1", 1);
+	progress_init(&p, "x", 1);
+	cr_assert_eq(p.interval, PROGRESS_LOG_SECONDS);
+	unsetenv("DPC_PROGRESS_SECONDS");
 }
 
 Test(progress, redraws_on_a_terminal_at_most_ten_hertz)
