@@ -35,7 +35,10 @@ static const char usage[] =
 	"  -v, --val FILE           validation tokens for periodic evaluation\n"
 	"  -o, --out FILE           checkpoint to write (atomically, every train.checkpoint_every\n"
 	"                           steps and at the end)\n"
-	"  -i, --init CKPT          start from this checkpoint (parameters, AdamW state, step)\n"
+	"  -i, --init CKPT          continue this checkpoint (parameters, AdamW state, step;\n"
+	"                           its optimisation settings must be the config's)\n"
+	"  -w, --weights CKPT       start at step 0 from this checkpoint's parameters alone\n"
+	"                           (fine-tuning: fresh AdamW state, any train settings)\n"
 	"  -r, --resume             continue from --out if it exists (and append to --metrics)\n"
 	"  -f, --force              replace an existing --out, start an existing --metrics afresh\n"
 	"  -u, --until STEP         stop after global step STEP (default train.steps)\n"
@@ -122,6 +125,7 @@ int main(int argc, char **argv)
 		{"version", no_argument, NULL, 'V'},      {"device", required_argument, NULL, 'D'},
 		{"run", required_argument, NULL, 'R'},    {"phase", required_argument, NULL, 'P'},
 		{"path", required_argument, NULL, 'A'},   {"force", no_argument, NULL, 'f'},
+		{"weights", required_argument, NULL, 'w'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *config_path = NULL, *eval_path = NULL, *device = "cpu", *run_dir = NULL;
@@ -136,7 +140,7 @@ int main(int argc, char **argv)
 	if (!sets)
 		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
 	opterr = 0;
-	while ((opt = getopt_long(argc, argv, ":c:s:d:v:o:i:rfu:m:t:e:n:qhV", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, ":c:s:d:v:o:i:w:rfu:m:t:e:n:qhV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': config_path = optarg; break;
 		case 's': sets[nsets++] = optarg; break;
@@ -144,6 +148,7 @@ int main(int argc, char **argv)
 		case 'v': o.val_path = optarg; break;
 		case 'o': o.out_path = optarg; break;
 		case 'i': o.init_path = optarg; break;
+		case 'w': o.weights_path = optarg; break;
 		case 'r': resume = 1; break;
 		case 'f': force = 1; break;
 		case 'u': rc = cli_parse_long("--until", optarg, 1, 1L << 50, &until); break;
@@ -175,7 +180,7 @@ int main(int argc, char **argv)
 		/* The first option --run excludes, by name. */
 		const char *clash = config_path ? "--config" : nsets ? "--set" : o.data_path ?
 			"--data" : o.val_path ? "--val" : o.out_path ? "--out" : o.init_path ?
-			"--init" : resume ? "--resume" : force ? "--force" : until ? "--until" : o.metrics_path ?
+			"--init" : o.weights_path ? "--weights" : resume ? "--resume" : force ? "--force" : until ? "--until" : o.metrics_path ?
 			"--metrics" : eval_path ? "--eval" : max_tokens ? "--max-tokens" : NULL;
 		if (clash) {
 			rc = cli_usage_error(prog, "--run takes its config, data and outputs from the "
@@ -227,6 +232,12 @@ int main(int argc, char **argv)
 		rc = config_validate(&cfg, config_path);
 	if (rc) {
 		rc = cli_report(prog, rc);
+		goto out;
+	}
+	if (o.weights_path && (o.init_path || resume)) {
+		rc = cli_usage_error(prog, "--weights starts a new run from a checkpoint's "
+				     "parameters: it does not go with %s, which continue one",
+				     o.init_path ? "--init" : "--resume");
 		goto out;
 	}
 	if (until > cfg.train.steps) {

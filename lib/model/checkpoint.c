@@ -147,6 +147,40 @@ int ckpt_info(const char *path, struct ckpt_info *info)
 	return rc;
 }
 
+int ckpt_train_config(const char *path, struct train_config *out)
+{
+	struct st_file f;
+	struct run_config c;
+	char line[256];
+
+	ERR_FORWARD(st_open(&f, path, 0));
+	const char *text = st_meta(&f, "config");
+	int rc = text ? 0 : err_set(CORE_EFORMAT, path, "no 'config' metadata");
+	config_defaults(&c);
+	/* "train.key: value" lines, each as the override "train.key=value" */
+	for (const char *p = text; rc == 0 && p && *p;) {
+		const char *nl = strchr(p, '\n'), *end = nl ? nl : p + strlen(p);
+		size_t n = (size_t)(end - p);
+		if (n < sizeof line && strncmp(p, "train.", 6) == 0) {
+			memcpy(line, p, n);
+			line[n] = '\0';
+			char *colon = strstr(line, ": ");
+			if (colon) {
+				*colon = '=';
+				memmove(colon + 1, colon + 2, strlen(colon + 2) + 1);
+				rc = config_set(&c, line);
+				if (rc < 0)
+					rc = err_set(CORE_EFORMAT, path, "its config metadata: %s",
+						     err_detail());
+			}
+		}
+		p = nl ? nl + 1 : NULL;
+	}
+	st_close(&f);
+	*out = c.train;
+	return rc;
+}
+
 int ckpt_load(const char *path, struct gpt2 *g, int what, long *step)
 {
 	struct backend *be = g->be;

@@ -26,6 +26,9 @@ struct ckpt_info {
 /* Open path, check it is one of ours, and read the model shape and step from its metadata.
  * Reads the header only: the data is verified by ckpt_load. */
 int ckpt_info(const char *path, struct ckpt_info *info);
+/* The train section the checkpoint was written with: its "config" metadata (one
+ * "section.key: value" line per key, config_dump's canonical text) over the defaults. */
+int ckpt_train_config(const char *path, struct train_config *out);
 /* What ckpt_load reads. */
 enum { CKPT_PARAMS = 1, CKPT_MOMENTS = 2 };
 /* Load the parameters and/or the AdamW moments (what) into g, whose shape must match the

@@ -169,6 +169,40 @@ static void run_close(struct run *s)
 
 /* Open the data, build the model (fresh or from o->init_path: *step is its step), the
  * metrics and the batch buffers. */
+/* A continued run keeps the optimisation it was started with: the keys of the train section
+ * that shape the updates or the data order must be the checkpoint's. What may change: steps
+ * (a longer or shorter schedule, recomputed from the current step), eval_every, eval_batches,
+ * checkpoint_every. */
+static int resume_check(const char *path, const struct run_config *now)
+{
+	struct train_config was;
+	ERR_FORWARD(ckpt_train_config(path, &was));
+	const struct train_config *a = &was, *b = &now->train;
+	struct {
+		const char *key;
+		double was, now;
+	} k[] = {
+		{"batch_size", a->batch_size, b->batch_size},
+		{"lr", a->lr, b->lr},
+		{"warmup_steps", (double)a->warmup_steps, (double)b->warmup_steps},
+		{"min_lr_frac", a->min_lr_frac, b->min_lr_frac},
+		{"weight_decay", a->weight_decay, b->weight_decay},
+		{"beta1", a->beta1, b->beta1},
+		{"beta2", a->beta2, b->beta2},
+		{"eps", a->eps, b->eps},
+		{"grad_clip", a->grad_clip, b->grad_clip},
+		{"seed", (double)a->seed, (double)b->seed},
+	};
+	for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+		if (k[i].was != k[i].now)
+			return err_set(CORE_ECONFIG, path, "was trained with train.%s = %.9g, this run "
+				       "has %.9g: a continued run keeps its optimisation (only "
+				       "train.steps, eval_every, eval_batches and checkpoint_every may "
+				       "change; --weights starts afresh from its parameters)", k[i].key,
+				       k[i].was, k[i].now);
+	return 0;
+}
+
 static int run_open(struct run *s, const struct train_opts *o, long until, long *step)
 {
 	const struct model_config *mc = &o->cfg->model;
@@ -185,10 +219,16 @@ static int run_open(struct run *s, const struct train_opts *o, long until, long 
 	}
 	ERR_FORWARD(gpt2_create(&s->g, mc, B, T, o->be));
 	s->have_model = 1;
-	if (o->init_path)
+	if (o->init_path) {
+		ERR_FORWARD(resume_check(o->init_path, o->cfg));
 		ERR_FORWARD(ckpt_load(o->init_path, &s->g, CKPT_PARAMS | CKPT_MOMENTS, step));
-	else
+	} else if (o->weights_path) {
+		long was;
+		ERR_FORWARD(ckpt_load(o->weights_path, &s->g, CKPT_PARAMS, &was));
+		*step = 0; /* the moments stay as gpt2_create made them: zero */
+	} else {
 		ERR_FORWARD(gpt2_init_params(&s->g, o->cfg->train.seed));
+	}
 	if (*step > until)
 		return err_set(CORE_EUSAGE, o->init_path, "checkpoint is at step %ld, past --until "
 			       "%ld", *step, until);

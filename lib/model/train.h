@@ -23,7 +23,10 @@ struct train_opts {
 	const char *data_path;    /* training tokens (required) */
 	const char *val_path;     /* validation tokens for periodic evaluation, or NULL */
 	const char *out_path;     /* checkpoint written every checkpoint_every and at the end */
-	const char *init_path;    /* start from this checkpoint, or NULL for a fresh init */
+	const char *init_path;    /* continue this checkpoint (parameters, moments, step; its
+				   * optimisation settings must be the config's), or NULL */
+	const char *weights_path; /* start at step 0 from this checkpoint's parameters alone
+				   * (fine-tuning; fresh moments), or NULL */
 	const char *metrics_path; /* JSON Lines, or NULL */
 	long until;               /* stop after this global step; 0 means cfg->train.steps */
 	int progress;             /* draw a progress line (only shown on a terminal) */
