@@ -35,11 +35,12 @@ static const char usage[] =
 	"  -v, --val FILE           validation tokens for periodic evaluation\n"
 	"  -o, --out FILE           checkpoint to write (atomically, every train.checkpoint_every\n"
 	"                           steps and at the end)\n"
-	"  -i, --init CKPT          continue this checkpoint (parameters, AdamW state, step;\n"
-	"                           its optimisation settings must be the config's)\n"
+	"  -i, --init CKPT          start from this checkpoint's parameters, AdamW state and\n"
+	"                           step (a branch: any train settings)\n"
 	"  -w, --weights CKPT       start at step 0 from this checkpoint's parameters alone\n"
 	"                           (fine-tuning: fresh AdamW state, any train settings)\n"
-	"  -r, --resume             continue from --out if it exists (and append to --metrics)\n"
+	"  -r, --resume             continue from --out if it exists (and append to --metrics),\n"
+	"                           with the optimisation settings it was trained with\n"
 	"  -f, --force              replace an existing --out, start an existing --metrics afresh\n"
 	"  -u, --until STEP         stop after global step STEP (default train.steps)\n"
 	"  -m, --metrics FILE       write JSON Lines metrics to FILE\n"
@@ -273,8 +274,10 @@ int main(int argc, char **argv)
 		rc = cli_report(prog, rc);
 		goto out;
 	}
-	if (resume && !o.init_path && access(o.out_path, F_OK) == 0)
+	if (resume && !o.init_path && access(o.out_path, F_OK) == 0) {
 		o.init_path = o.out_path;
+		o.resuming = 1;
+	}
 	o.cfg = &cfg;
 	o.be = be;
 	o.until = until;

@@ -169,7 +169,7 @@ static void run_close(struct run *s)
 
 /* Open the data, build the model (fresh or from o->init_path: *step is its step), the
  * metrics and the batch buffers. */
-/* A continued run keeps the optimisation it was started with: the keys of the train section
+/* A resumed run keeps the optimisation it was started with: the keys of the train section
  * that shape the updates or the data order must be the checkpoint's. What may change: steps
  * (a longer or shorter schedule, recomputed from the current step), eval_every, eval_batches,
  * checkpoint_every. */
@@ -196,9 +196,9 @@ static int resume_check(const char *path, const struct run_config *now)
 	for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
 		if (k[i].was != k[i].now)
 			return err_set(CORE_ECONFIG, path, "was trained with train.%s = %.9g, this run "
-				       "has %.9g: a continued run keeps its optimisation (only "
+				       "has %.9g: a resumed run keeps its optimisation (only "
 				       "train.steps, eval_every, eval_batches and checkpoint_every may "
-				       "change; --weights starts afresh from its parameters)", k[i].key,
+				       "change; --init or --weights start a new run from it)", k[i].key,
 				       k[i].was, k[i].now);
 	return 0;
 }
@@ -220,7 +220,8 @@ static int run_open(struct run *s, const struct train_opts *o, long until, long 
 	ERR_FORWARD(gpt2_create(&s->g, mc, B, T, o->be));
 	s->have_model = 1;
 	if (o->init_path) {
-		ERR_FORWARD(resume_check(o->init_path, o->cfg));
+		if (o->resuming)
+			ERR_FORWARD(resume_check(o->init_path, o->cfg));
 		ERR_FORWARD(ckpt_load(o->init_path, &s->g, CKPT_PARAMS | CKPT_MOMENTS, step));
 	} else if (o->weights_path) {
 		long was;

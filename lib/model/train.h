@@ -23,8 +23,10 @@ struct train_opts {
 	const char *data_path;    /* training tokens (required) */
 	const char *val_path;     /* validation tokens for periodic evaluation, or NULL */
 	const char *out_path;     /* checkpoint written every checkpoint_every and at the end */
-	const char *init_path;    /* continue this checkpoint (parameters, moments, step; its
-				   * optimisation settings must be the config's), or NULL */
+	const char *init_path;    /* start from this checkpoint's parameters, moments and step,
+				   * or NULL */
+	int resuming;             /* init_path is the run's own checkpoint, continued: its
+				   * optimisation settings must be the config's */
 	const char *weights_path; /* start at step 0 from this checkpoint's parameters alone
 				   * (fine-tuning; fresh moments), or NULL */
 	const char *metrics_path; /* JSON Lines, or NULL */

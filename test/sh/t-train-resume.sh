@@ -14,14 +14,16 @@ cmp -s half.safetensors split.safetensors && die "resuming did not change the ch
 same_file straight.safetensors split.safetensors
 # and the resumed run reports the step it reached
 grep -q '"step":200' out.stdout || die "summary does not say step 200: $(cat out.stdout)"
-# A continued run keeps its optimisation (issue 10, item 5): a changed lr or seed is refused,
+# A resumed run keeps its optimisation (issue 10, item 5): a changed lr or seed is refused,
 # naming the key; a longer schedule (train.steps) is allowed.
 cp half.safetensors h2.safetensors
-expect_fail 2 "^dpc-train-path: 'h2.safetensors': was trained with train.lr = 0.001, this run has 0.002: a continued run keeps its optimisation .*--weights starts afresh from its parameters\)$" \
+expect_fail 2 "^dpc-train-path: 'h2.safetensors': was trained with train.lr = 0.001, this run has 0.002: a resumed run keeps its optimisation .*--init or --weights start a new run from it\)$" \
 	train -s train.lr=2e-3 -o h2.safetensors --resume
-expect_fail 2 "^dpc-train-path: 'half.safetensors': was trained with train.seed = 1, this run has 7:" \
-	train -s train.seed=7 -i half.safetensors -o h3.safetensors
+expect_fail 2 "^dpc-train-path: 'h2.safetensors': was trained with train.seed = 1, this run has 7:" \
+	train -s train.seed=7 -o h2.safetensors --resume
 same_file h2.safetensors half.safetensors
+# --init branches a new run from a checkpoint: any settings (t-route-torch's paths do)
+expect_ok train -s train.seed=7 -i half.safetensors -o h3.safetensors --until 101
 expect_ok train -s train.steps=210 -o h2.safetensors --resume --until 101
 # --weights starts at step 0 from the parameters alone, with any settings: at lr 1e-30 the
 # parameters come out the same (to 1e-20), the step counts from 0, and the moments are fresh:
