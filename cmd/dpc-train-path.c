@@ -1,5 +1,5 @@
-/* dpc-train-path - train one path (or a dense GPT-2) on a token file, or evaluate a
- * checkpoint. Thin: options here, the loop in lib/train.c. See dpc-train-path(1). */
+/* dpc-train-path - train one path (or a dense GPT-2) on a token file, evaluate a checkpoint,
+ * or export one for Hugging Face transformers. Thin: options here, the loop in lib/train.c. See dpc-train-path(1). */
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -15,6 +15,7 @@
 #include "common/err.h"
 #include "common/progress.h"
 #include "io/config.h"
+#include "model/checkpoint.h"
 #include "model/train.h"
 #include "dipaco/pathtrain.h"
 #include "dipaco/rundir.h"
@@ -26,6 +27,7 @@ static const char usage[] =
 	"usage: dpc-train-path -c CONFIG -d TRAIN.tok -o OUT.safetensors [options]\n"
 	"       dpc-train-path --run RUNDIR --phase T --path P [options]\n"
 	"       dpc-train-path --eval CKPT -d TOKENS [--max-tokens N]\n"
+	"       dpc-train-path --export CKPT -o DIR\n"
 	"\n"
 	"Train a GPT-2 path on a token file and write its checkpoint, or evaluate a checkpoint.\n"
 	"\n"
@@ -53,6 +55,9 @@ static const char usage[] =
 	"      --path P             with --run: the path to train (0 .. paths-1)\n"
 	"  -e, --eval CKPT          evaluate CKPT on --data; print JSON on stdout\n"
 	"  -n, --max-tokens N       evaluate at most N predicted tokens (default all)\n"
+	"  -x, --export CKPT        write CKPT for Hugging Face transformers into the\n"
+	"                           directory --out: model.safetensors (GPT2LMHeadModel's\n"
+	"                           names) and config.json\n"
 	"  -q, --quiet              no progress line\n"
 	"  -h, --help               show this help and exit\n"
 	"  -V, --version            show the version and exit\n";
@@ -80,6 +85,33 @@ static int run_eval(struct backend *be, const char *ckpt, const char *data, long
 					"data", data, "step", (json_int_t)r.step, "tokens",
 					(json_int_t)r.tokens, "loss", num(r.loss), "perplexity",
 					num(exp(r.loss))), json_flags);
+}
+
+/* --export: CKPT as a Hugging Face model directory. Returns the exit status. */
+static int run_export(struct backend *be, const char *ckpt, const char *dir, int force)
+{
+	static const char *const files[] = {"model.safetensors", "config.json"};
+	char path[4096];
+	int rc;
+
+	if (!dir)
+		return cli_usage_error(prog, "--export needs --out DIR, the directory to write");
+	for (size_t i = 0; i < 2; i++) {
+		snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+		if (!force && access(path, F_OK) == 0)
+			return cli_report(prog, err_set(CORE_EIO, path, "exists (use --force to "
+							"replace it)"));
+	}
+	snprintf(path, sizeof path, "%s/%s", dir, files[0]);
+	if ((rc = cli_make_parents(path)) < 0 || (rc = ckpt_export_hf(ckpt, dir, be)) < 0)
+		return cli_report(prog, rc);
+	struct ckpt_info info;
+	if ((rc = ckpt_info(ckpt, &info)) < 0)
+		return cli_report(prog, rc);
+	rc = cli_print_json(json_pack("{s:s, s:s, s:I, s:[s,s]}", "checkpoint", ckpt, "out", dir,
+				      "step", (json_int_t)info.step, "files", files[0], files[1]),
+			    json_flags);
+	return rc ? cli_report(prog, rc) : 0;
 }
 
 /* --run: one task of a DiPaCo run. */
@@ -126,10 +158,11 @@ int main(int argc, char **argv)
 		{"version", no_argument, NULL, 'V'},      {"device", required_argument, NULL, 'D'},
 		{"run", required_argument, NULL, 'R'},    {"phase", required_argument, NULL, 'P'},
 		{"path", required_argument, NULL, 'A'},   {"force", no_argument, NULL, 'f'},
-		{"weights", required_argument, NULL, 'w'},
+		{"weights", required_argument, NULL, 'w'}, {"export", required_argument, NULL, 'x'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *config_path = NULL, *eval_path = NULL, *device = "cpu", *run_dir = NULL;
+	const char *export_path = NULL;
 	long phase = 0, path = -1;
 	struct backend *be = NULL;
 	const char **sets = calloc((size_t)argc, sizeof *sets);
@@ -141,7 +174,7 @@ int main(int argc, char **argv)
 	if (!sets)
 		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
 	opterr = 0;
-	while ((opt = getopt_long(argc, argv, ":c:s:d:v:o:i:w:rfu:m:t:e:n:qhV", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, ":c:s:d:v:o:i:w:rfu:m:t:e:n:x:qhV", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': config_path = optarg; break;
 		case 's': sets[nsets++] = optarg; break;
@@ -150,6 +183,7 @@ int main(int argc, char **argv)
 		case 'o': o.out_path = optarg; break;
 		case 'i': o.init_path = optarg; break;
 		case 'w': o.weights_path = optarg; break;
+		case 'x': export_path = optarg; break;
 		case 'r': resume = 1; break;
 		case 'f': force = 1; break;
 		case 'u': rc = cli_parse_long("--until", optarg, 1, 1L << 50, &until); break;
@@ -182,7 +216,7 @@ int main(int argc, char **argv)
 		const char *clash = config_path ? "--config" : nsets ? "--set" : o.data_path ?
 			"--data" : o.val_path ? "--val" : o.out_path ? "--out" : o.init_path ?
 			"--init" : o.weights_path ? "--weights" : resume ? "--resume" : force ? "--force" : until ? "--until" : o.metrics_path ?
-			"--metrics" : eval_path ? "--eval" : max_tokens ? "--max-tokens" : NULL;
+			"--metrics" : eval_path ? "--eval" : export_path ? "--export" : max_tokens ? "--max-tokens" : NULL;
 		if (clash) {
 			rc = cli_usage_error(prog, "--run takes its config, data and outputs from the "
 					     "run directory: %s does not go with it (only --phase, "
@@ -207,6 +241,10 @@ int main(int argc, char **argv)
 		rc = run_task(be, run_dir, phase, path, quiet);
 		if (rc)
 			rc = cli_report(prog, rc);
+		goto out;
+	}
+	if (export_path) {
+		rc = run_export(be, export_path, o.out_path, force);
 		goto out;
 	}
 	if (!o.data_path) {

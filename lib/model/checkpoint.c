@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "io/atomicio.h"
 #include "io/safetensors.h"
 #include "common/banned.h"
 
@@ -230,5 +231,72 @@ int ckpt_load(const char *path, struct gpt2 *g, int what, long *step)
 out:
 	free(staged);
 	st_close(&f);
+	return rc;
+}
+
+int ckpt_export_hf(const char *ckpt, const char *dir, struct backend *be)
+{
+	struct ckpt_info info;
+	struct gpt2 g;
+	char path[4096];
+	int rc;
+
+	ERR_FORWARD(ckpt_info(ckpt, &info));
+	ERR_FORWARD(gpt2_create_forward(&g, &info.model, 1, 1, be));
+	const struct tensor **ts = calloc((size_t)g.nviews, sizeof *ts);
+	struct tensor *views = calloc((size_t)g.nviews, sizeof *views);
+	float *host = NULL, *staged = NULL;
+	rc = ts && views ? 0 : err_set(CORE_ENOMEM, ckpt, "out of memory");
+	if (!rc)
+		rc = ckpt_load(ckpt, &g, CKPT_PARAMS, NULL);
+	if (!rc)
+		rc = host_buffer(&g, BUF_PARAMS, 1, &host, &staged);
+	for (int i = 0; i < g.nviews && !rc; i++) {
+		const struct tensor *p = &g.views[i];
+		char name[TENSOR_NAME_MAX];
+		size_t off = (size_t)((const float *)p->data - g.params);
+		if ((size_t)snprintf(name, sizeof name, "%s%s", strcmp(p->name, "lm_head.weight") == 0
+				     ? "" : "transformer.", p->name) >= sizeof name) {
+			rc = err_set(CORE_EUSAGE, ckpt, "tensor name '%s' too long", p->name);
+			break;
+		}
+		tensor_view(&views[i], DT_F32, p->ndim, p->ne, host + off, name);
+		ts[i] = &views[i];
+	}
+	static const struct st_kv meta[] = {{"format", "pt"}};
+	if (!rc && (size_t)snprintf(path, sizeof path, "%s/model.safetensors", dir) >= sizeof path)
+		rc = err_set(CORE_EUSAGE, dir, "path too long");
+	if (!rc)
+		rc = st_write(path, ts, g.nviews, meta, 1);
+	if (!rc) {
+		const struct model_config *m = &info.model;
+		char *json = NULL;
+		/* GPT2Config's keys (transformers' configuration_gpt2.py); "gelu_new" is GPT-2's
+		 * tanh approximation */
+		int n = asprintf(&json,
+			"{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+			"  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n"
+			"  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n"
+			"  \"n_inner\": null,\n  \"activation_function\": \"gelu_new\",\n"
+			"  \"layer_norm_epsilon\": 1e-05,\n  \"resid_pdrop\": 0.0,\n"
+			"  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n"
+			"  \"scale_attn_weights\": true,\n  \"scale_attn_by_inverse_layer_idx\": false,\n"
+			"  \"reorder_and_upcast_attn\": false,\n  \"tie_word_embeddings\": false,\n"
+			"  \"bos_token_id\": null,\n  \"eos_token_id\": null,\n"
+			"  \"torch_dtype\": \"float32\",\n  \"dpc_step\": %ld\n}\n",
+			m->vocab_size, m->seq_len, m->seq_len, m->n_embd, m->n_layer, m->n_head,
+			info.step);
+		if (n < 0)
+			rc = err_set(CORE_ENOMEM, dir, "out of memory");
+		else if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+			rc = err_set(CORE_EUSAGE, dir, "path too long");
+		else
+			rc = file_write_atomic(path, json, (size_t)n);
+		free(json);
+	}
+	free(staged);
+	free(ts);
+	free(views);
+	gpt2_free(&g);
 	return rc;
 }

@@ -36,4 +36,11 @@ enum { CKPT_PARAMS = 1, CKPT_MOMENTS = 2 };
  * host memory, else one staging buffer the size of the parameters. */
 int ckpt_load(const char *path, struct gpt2 *g, int what, long *step);
 
+/* Export the path checkpoint ckpt for Hugging Face transformers: DIR/model.safetensors, the
+ * parameters alone under GPT2LMHeadModel's names ("transformer." + our name, lm_head.weight
+ * as it is; metadata {"format": "pt"}), and DIR/config.json, a GPT2Config of the same shape
+ * (gelu_new, layer_norm_epsilon 1e-5, n_positions = seq_len, untied lm_head, no dropout).
+ * Both written atomically; be only stages the parameters. */
+int ckpt_export_hf(const char *ckpt, const char *dir, struct backend *be);
+
 #endif
