@@ -68,6 +68,10 @@ static void usage(FILE *f)
 "  -h, --help               print this help and exit\n"
 "  -V, --version            print the version and exit\n"
 "\n"
+"Tutel's option names are accepted too, with hyphens or underscores: --num-tokens\n"
+"(-T), --hidden-size (-H), --num-local-experts and --num-experts (-E), --top (-k),\n"
+"--capacity-factor (-c), --num-steps (-n); e.g. --capacity_factor=2.\n"
+"\n"
 "For timings on virtual machines set OMP_WAIT_POLICY=active (scripts/bench-moe.sh\n"
 "does): a sleeping OpenMP thread can take a whole timer tick to wake, which adds\n"
 "milliseconds to every kernel.\n"
@@ -396,6 +400,14 @@ int main(int argc, char **argv)
 		{"threads", required_argument, NULL, 't'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, 'V'},
+		/* Tutel's names (tutel/examples/helloworld.py) where they mean the same */
+		{"num-tokens", required_argument, NULL, 'T'},
+		{"hidden-size", required_argument, NULL, 'H'},
+		{"num-local-experts", required_argument, NULL, 'E'},
+		{"num-experts", required_argument, NULL, 'E'},
+		{"top", required_argument, NULL, 'k'},
+		{"capacity-factor", required_argument, NULL, 'c'},
+		{"num-steps", required_argument, NULL, 'n'},
 		{NULL, 0, NULL, 0},
 	};
 	static const char *const parts[] = {"layer", "encode-decode", NULL};
@@ -410,6 +422,12 @@ int main(int argc, char **argv)
 	double *trace = NULL;
 	struct backend *be = NULL;
 
+	/* --capacity_factor=2 as Tutel's argparse spells it: underscores in a long option's
+	 * name read as hyphens (the value after '=' is left alone) */
+	for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+		if (strncmp(argv[i], "--", 2) == 0)
+			for (char *p = argv[i] + 2; *p && *p != '='; p++)
+				*p = *p == '_' ? '-' : *p;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":T:M:H:E:k:c:n:w:s:t:hV", lopts, NULL)) != -1) {
 		switch (c) {

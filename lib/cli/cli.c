@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/editdist.h"
 #include "common/err.h"
 #include "common/banned.h"
 
@@ -99,6 +100,30 @@ int cli_bad_option(const char *prog, const char *help, const struct option *long
 	}
 	if (optopt && optopt != '?')
 		return cli_usage_error(prog, "unknown option '-%c' (see %s --help)", optopt, help);
+	/* The nearest long option: underscores read as hyphens (Tutel's and argparse's
+	 * --capacity_factor), then within 2 edits, or a third of the name's length. */
+	if (strncmp(what, "--", 2) == 0) {
+		char name[64];
+		size_t n = strcspn(what + 2, "=");
+		if (n < sizeof name) {
+			memcpy(name, what + 2, n);
+			name[n] = '\0';
+			for (char *p = name; *p; p++)
+				*p = *p == '_' ? '-' : *p;
+			const char *best = NULL;
+			size_t bd = n / 3 > 2 ? n / 3 : 2;
+			for (const struct option *o = longopts; o && o->name; o++) {
+				size_t d = edit_distance(name, o->name);
+				if (d <= bd && (!best || d < edit_distance(name, best))) {
+					best = o->name;
+					bd = d;
+				}
+			}
+			if (best)
+				return cli_usage_error(prog, "unknown option '%s' (did you mean '--%s'? "
+						       "see %s --help)", what, best, help);
+		}
+	}
 	return cli_usage_error(prog, "unknown option '%s' (see %s --help)", what, help);
 }
 

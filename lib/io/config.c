@@ -32,6 +32,7 @@
 #include <strings.h>
 #include <yaml.h>
 
+#include "common/editdist.h"
 #include "common/err.h"
 #include "io/atomicio.h"
 #include "common/banned.h"
@@ -241,35 +242,6 @@ static int range_fail(const struct where *w, const struct cfg_key *k, const char
 }
 
 /* ---- names and suggestions ---------------------------------------------------------------- */
-
-/* Optimal string alignment distance (Levenshtein plus adjacent transposition), so that
- * "setps" is one edit from "steps". Names longer than 63 bytes are never close. */
-static size_t edit_distance(const char *a, const char *b)
-{
-	size_t la = strlen(a), lb = strlen(b);
-	size_t d[64][64];
-
-	if (la >= 64 || lb >= 64)
-		return SIZE_MAX;
-	for (size_t i = 0; i <= la; i++)
-		d[i][0] = i;
-	for (size_t j = 0; j <= lb; j++)
-		d[0][j] = j;
-	for (size_t i = 1; i <= la; i++) {
-		for (size_t j = 1; j <= lb; j++) {
-			size_t best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-			if (d[i - 1][j] + 1 < best)
-				best = d[i - 1][j] + 1;
-			if (d[i][j - 1] + 1 < best)
-				best = d[i][j - 1] + 1;
-			if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
-			    d[i - 2][j - 2] + 1 < best)
-				best = d[i - 2][j - 2] + 1;
-			d[i][j] = best;
-		}
-	}
-	return d[la][lb];
-}
 
 static void full_name(const struct cfg_key *k, char *buf, size_t n)
 {

@@ -96,6 +96,15 @@ for f in '"capacity":8192,' '"capacity_exact":true,' '"data_bytes_analytic":8591
 	grep -q "$f" out.stdout || die "dry run: $f not in $(cat out.stdout)"
 done
 grep -q '^dry run: C 8192 (set by the capacity factor)' out.stderr || die "dry run: $(cat out.stderr)"
+# Tutel's option names, as its argparse spells them, mean the same as ours (issue 10)
+expect_ok "$B" --num_tokens=64 --model-dim 8 --hidden_size=8 --num_local_experts=4 --top=1 \
+	--capacity_factor=2 --num_steps=1 -w 0
+grep -q '"T":64,"M":8,"H":8,"E":4,"k":1,"capacity_setting":2.0,' out.stdout ||
+	die "Tutel's names: $(cat out.stdout)"
+grep -q '"iterations":1,' out.stdout || die "--num_steps: $(cat out.stdout)"
+# an unknown option names the nearest one
+expect_fail 2 "^moe-bench: unknown option '--capacity-factr=2' \(did you mean '--capacity-factor'\? see moe-bench --help\)$" \
+	"$B" --capacity-factr=2
 # --dense-tokens without the dense baseline it sizes is refused (it was silently ignored)
 expect_fail 2 "^moe-bench: option '--dense-tokens' sizes the dense baseline: it needs --baseline=dense$" \
 	"$B" -T 64 -M 8 -H 8 -E 4 --dense-tokens 32
