@@ -178,6 +178,32 @@ static void add_step_stats(json_t *j, const struct moe_bench_opts *o,
 	json_object_set_new(j, "capacity_factor_last",
 			    json_real((double)s->C[n - 1] / (double)(o->cfg.k * per_expert)));
 	json_object_set_new(j, "stage_ms", times_json(s));
+	/* What a Tutel user reads off a step: the auxiliary loss, the share of choices dropped,
+	 * each expert's load and its imbalance (max over mean; 1 is perfectly even), and with a
+	 * trace the capacity of every timed step. */
+	json_object_set_new(j, "aux_loss_last", num_or_null(s->aux[n - 1]));
+	json_object_set_new(j, "dropped_frac", json_real((double)dsum /
+							 ((double)o->cfg.k * (double)r->T * n)));
+	int64_t lsum = 0, lmax = 0;
+	json_t *load = json_array();
+	for (int e = 0; e < s->E; e++) {
+		lsum += s->load[e];
+		lmax = s->load[e] > lmax ? s->load[e] : lmax;
+		json_array_append_new(load, json_integer(s->load[e]));
+	}
+	if (lsum > 0) {
+		json_object_set_new(j, "expert_load_last", load);
+		json_object_set_new(j, "load_imbalance_last",
+				    json_real((double)lmax * s->E / (double)lsum));
+	} else {
+		json_decref(load);
+	}
+	if (o->trace) {
+		json_t *cs = json_array();
+		for (long i = 0; i < n; i++)
+			json_array_append_new(cs, json_integer(s->C[i]));
+		json_object_set_new(j, "capacity_per_step", cs);
+	}
 }
 
 static void print_table(const char *impl, const struct moe_bench_result *r, double gflops)
@@ -194,6 +220,16 @@ static void print_table(const char *impl, const struct moe_bench_result *r, doub
 	fprintf(stderr, " | bwd decode %.2f  experts %.2f  encode %.2f  gate %.2f (ms)\n",
 		1e3 * STAGE(s, bwd_decode), 1e3 * STAGE(s, bwd_experts), 1e3 * STAGE(s, bwd_encode),
 		1e3 * STAGE(s, bwd_gate));
+	int64_t lsum = 0, lmax = 0;
+	for (int e = 0; e < s->E; e++) {
+		lsum += s->load[e];
+		lmax = s->load[e] > lmax ? s->load[e] : lmax;
+	}
+	if (lsum > 0 && isfinite(s->aux[s->n - 1]))
+		fprintf(stderr, "        last step: aux loss %.4f, load imbalance (max/mean) %.2f, "
+			"dropped %.2f%% of the choices\n", s->aux[s->n - 1],
+			(double)lmax * s->E / (double)lsum,
+			100.0 * (double)s->dropped[s->n - 1] / ((double)lsum));
 }
 
 /* One JSON object per run on a line of stdout; takes the reference. */

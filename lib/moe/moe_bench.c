@@ -59,14 +59,21 @@ static void samples_free(struct moe_bench_samples *s)
 	free(s->dropped);
 	free(s->C);
 	free(s->rows);
+	free(s->aux);
+	free(s->load);
 	memset(s, 0, sizeof *s);
 }
 
 /* On failure nothing stays allocated. */
-static int samples_alloc(struct moe_bench_samples *s, long n)
+static int samples_alloc(struct moe_bench_samples *s, long n, int E)
 {
 	memset(s, 0, sizeof *s);
 	s->n = n;
+	s->E = E;
+	s->aux = malloc((size_t)n * sizeof(double));
+	s->load = calloc((size_t)E, sizeof(int64_t));
+	for (long i = 0; s->aux && i < n; i++)
+		s->aux[i] = NAN;
 	s->step = calloc((size_t)n, sizeof(double));
 	s->fwd = calloc((size_t)n, sizeof(double));
 	s->bwd = calloc((size_t)n, sizeof(double));
@@ -74,7 +81,8 @@ static int samples_alloc(struct moe_bench_samples *s, long n)
 	s->dropped = calloc((size_t)n, sizeof(int64_t));
 	s->C = calloc((size_t)n, sizeof(int64_t));
 	s->rows = calloc((size_t)n, sizeof(int64_t));
-	if (!s->step || !s->fwd || !s->bwd || !s->st || !s->dropped || !s->C || !s->rows) {
+	if (!s->step || !s->fwd || !s->bwd || !s->st || !s->dropped || !s->C || !s->rows ||
+	    !s->aux || !s->load) {
 		samples_free(s);
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the timing samples");
 	}
@@ -132,7 +140,7 @@ int moe_bench_layer(const struct moe_bench_opts *o, struct moe_bench_data *d,
 
 	memset(r, 0, sizeof *r);
 	r->T = c->T;
-	ERR_FORWARD(samples_alloc(&r->s, o->iters));
+	ERR_FORWARD(samples_alloc(&r->s, o->iters, o->cfg.E));
 	struct moe_bench_samples *s = &r->s;
 	ref_t = calloc((size_t)o->iters, sizeof(double));
 	rc = ref_t ? moe_layer_init(&l, c, be)
@@ -162,6 +170,8 @@ int moe_bench_layer(const struct moe_bench_opts *o, struct moe_bench_data *d,
 		s->dropped[j] = rt->dropped;
 		s->C[j] = rt->C;
 		s->rows[j] = kept_rows(rt);
+		s->aux[j] = rt->aux_loss;
+		memcpy(s->load, rt->count, sizeof(int64_t) * (size_t)c->E);
 		ref_t[j] = probe_gemm_seconds(&ref);
 	}
 	if (rc == 0) {
@@ -208,7 +218,7 @@ int moe_bench_encdec(const struct moe_bench_opts *o, struct moe_bench_data *d,
 
 	memset(r, 0, sizeof *r);
 	r->T = c->T;
-	ERR_FORWARD(samples_alloc(&r->s, o->iters));
+	ERR_FORWARD(samples_alloc(&r->s, o->iters, o->cfg.E));
 	struct moe_bench_samples *s = &r->s;
 	rc = moe_layer_init(&l, c, be);
 	if (rc == 0)
@@ -240,6 +250,8 @@ int moe_bench_encdec(const struct moe_bench_opts *o, struct moe_bench_data *d,
 		s->dropped[j] = rt->dropped;
 		s->C[j] = rt->C;
 		s->rows[j] = kept_rows(rt);
+		s->aux[j] = rt->aux_loss;
+		memcpy(s->load, rt->count, sizeof(int64_t) * (size_t)c->E);
 		bytes_sum += encdec_bytes(c, rt, !o->forward_only);
 	}
 	if (rc == 0) {
@@ -297,7 +309,7 @@ int moe_bench_dense(const struct moe_bench_opts *o, struct moe_bench_data *d,
 	memset(r, 0, sizeof *r);
 	r->T = T;
 	ERR_FORWARD(dense_fits(o));
-	ERR_FORWARD(samples_alloc(&r->s, o->iters));
+	ERR_FORWARD(samples_alloc(&r->s, o->iters, o->cfg.E));
 	struct moe_bench_samples *s = &r->s;
 	for (long i = 0; rc == 0 && i < o->warmup + o->iters; i++) {
 		struct moe_dense_result dr;
@@ -316,6 +328,7 @@ int moe_bench_dense(const struct moe_bench_opts *o, struct moe_bench_data *d,
 		s->st[j] = *tm;
 		s->dropped[j] = dr.dropped;
 		s->C[j] = dr.C;
+		s->aux[j] = dr.aux_loss;
 		/* Same useful-flop count as the sparse layer: kept pairs, not E*C. */
 		s->rows[j] = (int64_t)c->k * T - dr.dropped;
 		r->layer_bytes_peak = dr.peak_bytes;

@@ -44,6 +44,10 @@ struct moe_bench_samples {
 	double *step, *fwd, *bwd; /* seconds */
 	struct moe_times *st;
 	int64_t *dropped, *C, *rows; /* rows: kept (token, expert) pairs */
+	double *aux;      /* the auxiliary loss of each step (NaN where not computed) */
+	int E;
+	int64_t *load;    /* [E] n_e of the last timed step: choices per expert before dropping
+			   * (all zero where not known) */
 };
 
 struct moe_bench_result {

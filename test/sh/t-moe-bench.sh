@@ -102,6 +102,26 @@ expect_ok "$B" --num_tokens=64 --model-dim 8 --hidden_size=8 --num_local_experts
 grep -q '"T":64,"M":8,"H":8,"E":4,"k":1,"capacity_setting":2.0,' out.stdout ||
 	die "Tutel's names: $(cat out.stdout)"
 grep -q '"iterations":1,' out.stdout || die "--num_steps: $(cat out.stdout)"
+# What a Tutel user reads off a step (issue 10): with a trace of factors 1, 2, 0.5 at T=100,
+# E=8, k=2 the capacities are 2*int(x*13) = 26, 52, 12; the last step's loads count every
+# choice (k T = 200), the imbalance is their max over their mean, the dropped share is
+# dropped_total over k T steps, and the aux loss is a number.
+printf '1.0\n2.0\n0.5\n' >factors.txt
+expect_ok "$B" -T 100 -M 8 -H 8 -E 8 -k 2 -n 3 -w 0 --trace factors.txt
+grep -q '"capacity_per_step":\[26,52,12\]' out.stdout || die "capacity per step: $(cat out.stdout)"
+grep -q '^        last step: aux loss [0-9.]*, load imbalance (max/mean) [0-9.]*, dropped' out.stderr ||
+	die "no last-step line: $(cat out.stderr)"
+if [ -x /usr/bin/python3 ]; then
+	/usr/bin/python3 -c '
+import json
+o = json.loads(open("out.stdout").read())
+load = o["expert_load_last"]
+assert len(load) == 8 and sum(load) == 200, load
+assert abs(o["load_imbalance_last"] - max(load) * 8 / 200) < 1e-6, o["load_imbalance_last"]
+assert abs(o["dropped_frac"] - o["dropped_total"] / 600) < 1e-6, o["dropped_frac"]
+assert o["aux_loss_last"] > 0, o["aux_loss_last"]
+' || die "Tutel-style figures: $(cat out.stdout)"
+fi
 # an unknown option names the nearest one
 expect_fail 2 "^moe-bench: unknown option '--capacity-factr=2' \(did you mean '--capacity-factor'\? see moe-bench --help\)$" \
 	"$B" --capacity-factr=2
