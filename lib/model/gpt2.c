@@ -506,6 +506,127 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 	return 0;
 }
 
+int gpt2_forward_logits(struct gpt2 *g, const int32_t *inputs, int B, int T, float *out)
+{
+	struct backend *be = g->be;
+	struct gpt2_acts *a = g->acts;
+	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = g->cfg.vocab_size;
+	ERR_FORWARD(forward_to(g, inputs, NULL, B, T, L - 1));
+	ERR_FORWARD(be->op->matmul_forward(be, a->probs, a->lnf, P(g, V_LAYER(L, 2)), NULL, B * T,
+					   C, V, BACKEND_W_OI));
+	return be->op->download(be, out, a->probs, sizeof(float) * (size_t)B * T * V);
+}
+
+/* ---- incremental decoding ------------------------------------------------------------------ */
+
+int gpt2_decoder_open(struct gpt2_decoder *d, struct gpt2 *g)
+{
+	struct backend *be = g->be;
+	const size_t L = (size_t)g->cfg.n_layer, T = (size_t)g->cfg.seq_len;
+	const size_t C = (size_t)g->cfg.n_embd, V = (size_t)g->cfg.vocab_size;
+	struct {
+		float **p;
+		size_t n;
+	} b[] = {{&d->qkv, L * T * 3 * C}, {&d->x, C}, {&d->res, C}, {&d->ln, C}, {&d->atty, C},
+		 {&d->fch, 4 * C}, {&d->fch_act, 4 * C}, {&d->scores, T}, {&d->logits, V},
+		 {&d->stat, 2}};
+
+	memset(d, 0, sizeof *d);
+	d->g = g;
+	for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+		if (backend_alloc_zero(be, (void **)b[i].p, sizeof(float) * b[i].n) < 0) {
+			gpt2_decoder_close(d);
+			return err_set(CORE_ENOMEM, NULL, "cannot allocate the decoding cache");
+		}
+	if (backend_alloc_zero(be, (void **)&d->tok, sizeof(int32_t)) < 0) {
+		gpt2_decoder_close(d);
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the decoding cache");
+	}
+	return 0;
+}
+
+void gpt2_decoder_close(struct gpt2_decoder *d)
+{
+	struct backend *be = d->g ? d->g->be : NULL;
+	if (be) {
+		float *b[] = {d->qkv, d->x, d->res, d->ln, d->atty, d->fch, d->fch_act, d->scores,
+			      d->logits, d->stat};
+		for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+			be->op->free(be, b[i]);
+		be->op->free(be, d->tok);
+	}
+	memset(d, 0, sizeof *d);
+}
+
+void gpt2_decoder_reset(struct gpt2_decoder *d)
+{
+	d->pos = 0;
+}
+
+/* The same operations as forward_blocks on one row, with the attention over the cache: per
+ * head, scores = q K^T / sqrt(hs) over positions 0..t (a row of gemm against the cached k
+ * rows, stride 3C), their softmax (the cross-entropy op without targets), then P V. */
+int gpt2_decoder_step(struct gpt2_decoder *d, int32_t token, float *logits)
+{
+	struct gpt2 *g = d->g;
+	struct backend *be = g->be;
+	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head, hs = C / NH;
+	const int T = g->cfg.seq_len, V = g->cfg.vocab_size, t = d->pos;
+	if (t >= T)
+		return err_set(CORE_EUSAGE, NULL, "the decoding cache is full: %d positions", T);
+	if (token < 0 || token >= V)
+		return err_set(CORE_EUSAGE, NULL, "token %d outside the vocabulary [0, %d)",
+			       (int)token, V);
+	ERR_FORWARD(be->op->upload(be, d->tok, &token, sizeof token));
+	/* position t: the encoder op adds wpe row n % T of what it is given, here row 0 of
+	 * wpe + t C */
+	ERR_FORWARD(be->op->encoder_forward(be, d->x, d->tok, P(g, V_WTE),
+					    P(g, V_WPE) + (size_t)t * C, 1, 1, C));
+	ERR_FORWARD(be->op->layernorm_forward(be, d->ln, d->stat, d->stat + 1, d->x,
+					      P(g, V_LAYER(0, P_LN1_W)), P(g, V_LAYER(0, P_LN1_B)),
+					      1, C));
+	const float scale = 1.0f / sqrtf((float)hs);
+	float *x = d->x, *res = d->res;
+	for (int l = 0; l < L; l++) {
+		float *cache = d->qkv + (size_t)l * T * 3 * C, *row = cache + (size_t)t * 3 * C;
+		float *nw = P(g, l + 1 < L ? V_LAYER(l + 1, P_LN1_W) : V_LAYER(L, 0));
+		float *nb = P(g, l + 1 < L ? V_LAYER(l + 1, P_LN1_B) : V_LAYER(L, 1));
+#define W(p) P(g, V_LAYER(l, p))
+		ERR_FORWARD(be->op->matmul_forward(be, row, d->ln, W(P_ATTN_W), W(P_ATTN_B), 1, C,
+						   3 * C, BACKEND_W_IO));
+		for (int h = 0; h < NH; h++) {
+			const float *q = row + (size_t)h * hs, *k = cache + C + (size_t)h * hs;
+			ERR_FORWARD(be->op->gemm(be, 0, 1, 1, t + 1, hs, scale, q, 3 * C, k, 3 * C,
+						 0.0f, d->scores, t + 1));
+			ERR_FORWARD(be->op->crossentropy_forward(be, d->scores, NULL, NULL, 1,
+								 t + 1));
+			ERR_FORWARD(be->op->gemm(be, 0, 0, 1, hs, t + 1, 1.0f, d->scores, t + 1,
+						 k + C, 3 * C, 0.0f, d->atty + (size_t)h * hs, C));
+		}
+		ERR_FORWARD(be->op->matmul_forward(be, res, d->atty, W(P_APROJ_W), NULL, 1, C, C,
+						   BACKEND_W_IO));
+		ERR_FORWARD(be->op->residual_layernorm_forward(be, res, d->ln, d->stat, d->stat + 1,
+							       x, W(P_APROJ_B), W(P_LN2_W),
+							       W(P_LN2_B), 1, C));
+		ERR_FORWARD(be->op->matmul_forward(be, d->fch, d->ln, W(P_FC_W), NULL, 1, C, 4 * C,
+						   BACKEND_W_IO));
+		ERR_FORWARD(be->op->bias_act_forward(be, d->fch, d->fch_act, W(P_FC_B), 1, 4 * C,
+						     BACKEND_ACT_GELU));
+		/* the block's output goes to x (its input is no longer needed): x = res + mlp */
+		ERR_FORWARD(be->op->matmul_forward(be, x, d->fch_act, W(P_MPROJ_W), NULL, 1, 4 * C,
+						   C, BACKEND_W_IO));
+		ERR_FORWARD(be->op->residual_layernorm_forward(be, x, d->ln, d->stat, d->stat + 1,
+							       res, W(P_MPROJ_B), nw, nb, 1, C));
+#undef W
+	}
+	d->pos = t + 1;
+	if (!logits)
+		return 0;
+	ERR_FORWARD(be->op->matmul_forward(be, d->logits, d->ln, P(g, V_LAYER(L, 2)), NULL, 1, C,
+					   V, BACKEND_W_OI));
+	return be->op->download(be, logits, d->logits, sizeof(float) * (size_t)V);
+}
+
 int gpt2_losses(const struct gpt2 *g, float *out)
 {
 	const struct gpt2_acts *a = g->acts;

@@ -85,6 +85,29 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
  * [B,T,C]. */
 int gpt2_forward_hidden(struct gpt2 *g, const int32_t *inputs, int B, int T, int layer,
 			float *out);
+/* Forward over host tokens [B,T] and the logits [B,T,V] (before the softmax) into host out. */
+int gpt2_forward_logits(struct gpt2 *g, const int32_t *inputs, int B, int T, float *out);
+
+/* Incremental decoding with a key/value cache: each step feeds one token at the next
+ * position and costs one position's work (the attention reads the cached q/k/v rows of the
+ * earlier positions), where a full forward would redo the whole prefix. Over g's parameters
+ * and backend (g is the caller's and outlives the decoder); batch 1, up to g->cfg.seq_len
+ * positions. */
+struct gpt2_decoder {
+	struct gpt2 *g;
+	int pos;           /* positions in the cache */
+	float *qkv;        /* [L, seq_len, 3C]: the c_attn output of every position so far */
+	float *x, *res, *ln, *atty, *fch, *fch_act, *scores, *logits, *stat; /* one row each */
+	int32_t *tok;
+};
+int gpt2_decoder_open(struct gpt2_decoder *d, struct gpt2 *g);
+/* Feed token at position d->pos (< seq_len; CORE_EUSAGE beyond) and write the logits [V] for
+ * the next token into host logits (may be NULL while feeding a prompt). */
+int gpt2_decoder_step(struct gpt2_decoder *d, int32_t token, float *logits);
+/* Forget every position (the next step is position 0). */
+void gpt2_decoder_reset(struct gpt2_decoder *d);
+void gpt2_decoder_close(struct gpt2_decoder *d);
+
 /* The per-position losses of the last forward with targets, [B*T] floats, into host out. */
 int gpt2_losses(const struct gpt2 *g, float *out);
 /* Gradient of the mean loss of the last forward into g->grads (overwrites). */
