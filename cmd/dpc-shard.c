@@ -4,6 +4,7 @@
  * shard_split_random() in libcore. Subcommands live in one table so that new ones (a
  * router-based split) slot in as new rows.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
@@ -32,11 +33,13 @@ struct subcommand {
 static int cmd_prepare(int argc, char **argv);
 static int cmd_info(int argc, char **argv);
 static int cmd_split(int argc, char **argv);
+static int cmd_cat(int argc, char **argv);
 
 static const struct subcommand commands[] = {
 	{ "prepare", "tokenize documents into train.tok, val.tok and router.tok", cmd_prepare },
 	{ "info", "print a token file's header as JSON, after verifying the file", cmd_info },
 	{ "split", "divide a token file into per-path shards, documents kept whole", cmd_split },
+	{ "cat", "decode a token file's documents back to text (byte tokenizer)", cmd_cat },
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
@@ -278,6 +281,91 @@ static int cmd_info(int argc, char **argv)
 			      "bytes", (json_int_t)tf.maplen, "crc32", crc, "crc_ok", 1);
 	tokfile_close(&tf);
 	return print_json(j);
+}
+
+/* ---- cat ---------------------------------------------------------------------------------- */
+
+static void cat_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s cat [options] FILE\n"
+		"Decode the documents of the token file FILE (byte tokenizer: vocabulary 256)\n"
+		"back to text on stdout, each followed by a newline; with --doc N only that\n"
+		"document, as it is; with --json one JSON object per document:\n"
+		"{\"doc\":N,\"tokens\":n,\"meta\":{...},\"text\":\"...\"}.\n\n"
+		"options:\n"
+		"  -d, --doc N           only document N (from 0)\n"
+		"      --json            JSON Lines with each document's metadata\n"
+		"  -h, --help            show this help and exit\n"
+		"  -V, --version         show the version and exit\n",
+		prog);
+}
+
+static int cmd_cat(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "doc", required_argument, NULL, 'd' }, { "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct tokfile tf;
+	long doc = -1;
+	int json = 0, c, rc = 0;
+
+	while ((c = getopt_long(argc, argv, ":d:hV", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'd':
+			if ((rc = cli_parse_long("--doc", optarg, 0, LONG_MAX, &doc)) < 0)
+				return cli_report(prog, rc);
+			break;
+		case 'j': json = 1; break;
+		case 'h': cat_usage(stdout); return 0;
+		case 'V': return version();
+		default: return bad_option("cat", longopts, argv, c);
+		}
+	}
+	if (argc - optind != 1)
+		return cli_usage_error(prog, "cat: expected one FILE, got %d arguments "
+				       "(see %s cat --help)", argc - optind, prog);
+	if ((rc = tokfile_open(&tf, argv[optind])) < 0)
+		return cli_report(prog, rc);
+	if (tf.vocab != 256)
+		rc = err_set(CORE_EUSAGE, tf.path, "vocabulary of %u: only the byte tokenizer's "
+			     "(256) decodes to text", tf.vocab);
+	else if (doc >= 0 && (uint64_t)doc >= tf.ndocs)
+		rc = err_set(CORE_EUSAGE, tf.path, "--doc %ld: the file holds %llu documents", doc,
+			     (unsigned long long)tf.ndocs);
+	uint64_t first = doc >= 0 ? (uint64_t)doc : 0;
+	uint64_t last = doc >= 0 ? (uint64_t)doc + 1 : tf.ndocs;
+	char *buf = NULL;
+	for (uint64_t d = first; rc == 0 && d < last; d++) {
+		uint64_t a = tf.offsets[d], n = tf.offsets[d + 1] - a;
+		char *b = realloc(buf, n + 1);
+		if (!b) {
+			rc = err_set(CORE_ENOMEM, tf.path, "out of memory for document %llu",
+				     (unsigned long long)d);
+			break;
+		}
+		buf = b;
+		for (uint64_t i = 0; i < n; i++)
+			buf[i] = (char)tokfile_token(&tf, a + i);
+		if (json) {
+			size_t mlen;
+			const char *mt = tokfile_doc_meta(&tf, d, &mlen);
+			json_t *meta = json_loadb(mt, mlen, 0, NULL);
+			json_t *j = json_pack("{s:I,s:I,s:o,s:s%}", "doc", (json_int_t)d, "tokens",
+					      (json_int_t)n, "meta", meta ? meta : json_null(), "text",
+					      buf, (size_t)n);
+			rc = cli_print_json(j, JSON_COMPACT | JSON_ENSURE_ASCII);
+		} else if (fwrite(buf, 1, n, stdout) != n || (doc < 0 && putchar('\n') == EOF)) {
+			rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
+		}
+	}
+	if (rc == 0 && fflush(stdout) != 0)
+		rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
+	free(buf);
+	tokfile_close(&tf);
+	return rc < 0 ? cli_report(prog, rc) : 0;
 }
 
 /* ---- split -------------------------------------------------------------------------------- */

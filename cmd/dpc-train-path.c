@@ -15,6 +15,7 @@
 #include "common/err.h"
 #include "common/progress.h"
 #include "io/config.h"
+#include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "model/train.h"
 #include "dipaco/pathtrain.h"
@@ -28,6 +29,7 @@ static const char usage[] =
 	"       dpc-train-path --run RUNDIR --phase T --path P [options]\n"
 	"       dpc-train-path --eval CKPT -d TOKENS [--max-tokens N]\n"
 	"       dpc-train-path --export CKPT -o DIR\n"
+	"       dpc-train-path --info CKPT | -c CONFIG [-s ...] --print-config\n"
 	"\n"
 	"Train a GPT-2 path on a token file and write its checkpoint, or evaluate a checkpoint.\n"
 	"\n"
@@ -55,6 +57,9 @@ static const char usage[] =
 	"      --path P             with --run: the path to train (0 .. paths-1)\n"
 	"  -e, --eval CKPT          evaluate CKPT on --data; print JSON on stdout\n"
 	"  -n, --max-tokens N       evaluate at most N predicted tokens (default all)\n"
+	"      --info CKPT          verify CKPT and print its metadata and tensor table as JSON\n"
+	"      --print-config       print the config (-c, with -s overrides and defaults\n"
+	"                           filled in) as the checkpoints store it, and exit\n"
 	"  -x, --export CKPT        write CKPT for Hugging Face transformers into the\n"
 	"                           directory --out: model.safetensors (GPT2LMHeadModel's\n"
 	"                           names) and config.json\n"
@@ -81,10 +86,111 @@ static int run_eval(struct backend *be, const char *ckpt, const char *data, long
 	struct eval_result r;
 
 	ERR_FORWARD(train_eval_checkpoint(be, ckpt, data, max_tokens, &r));
-	return cli_print_json(json_pack("{s:s, s:s, s:I, s:I, s:o, s:o}", "checkpoint", ckpt,
-					"data", data, "step", (json_int_t)r.step, "tokens",
-					(json_int_t)r.tokens, "loss", num(r.loss), "perplexity",
-					num(exp(r.loss))), json_flags);
+	struct ckpt_info info;
+	ERR_FORWARD(ckpt_info(ckpt, &info));
+	/* bits per token; with the byte tokenizer a token is a byte, so also bits per byte, the
+	 * figure byte-level language models are compared by */
+	json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:o, s:o, s:o}", "checkpoint", ckpt, "data",
+			      data, "step", (json_int_t)r.step, "tokens", (json_int_t)r.tokens,
+			      "loss", num(r.loss), "perplexity", num(exp(r.loss)), "bits_per_token",
+			      num(r.loss / M_LN2));
+	if (info.model.vocab_size == 256)
+		json_object_set_new(j, "bits_per_byte", num(r.loss / M_LN2));
+	return cli_print_json(j, json_flags);
+}
+
+/* config_dump's canonical lines ("section.key: value", "levels.N: name=X modules=M owns=...")
+ * as the YAML a config file is written in, so that --print-config's output is a config. */
+static void print_yaml(const char *dump)
+{
+	char section[32] = "";
+	int in_levels = 0;
+	for (const char *p = dump; *p;) {
+		const char *nl = strchr(p, '\n'), *end = nl ? nl : p + strlen(p);
+		const char *dot = memchr(p, '.', (size_t)(end - p));
+		const char *colon = memchr(p, ':', (size_t)(end - p));
+		if (dot && colon && dot < colon) {
+			size_t sl = (size_t)(dot - p);
+			if (sl == 6 && strncmp(p, "levels", 6) == 0) {
+				if (!in_levels)
+					printf("levels:\n");
+				in_levels = 1;
+				/* name=X modules=M owns=A B ...: owns takes the rest of the line */
+				const char *q = colon + 2, *ow = strstr(q, "owns=");
+				int first = 1;
+				while (q < end && (!ow || q < ow)) {
+					const char *sp = memchr(q, ' ', (size_t)(end - q));
+					const char *e = sp && (!ow || sp < ow) ? sp : (ow ? ow : end);
+					const char *eq = memchr(q, '=', (size_t)(e - q));
+					if (eq)
+						printf("  %s%.*s: %.*s\n", first ? "- " : "  ", (int)(eq - q), q,
+						       (int)(e - eq - 1 > 0 && e[-1] == ' ' ? e - eq - 2 : e - eq - 1),
+						       eq + 1);
+					first = 0;
+					q = e + (e < end && *e == ' ');
+				}
+				if (ow && ow < end)
+					printf("  %sowns: %.*s\n", first ? "- " : "  ", (int)(end - ow - 5),
+					       ow + 5);
+			} else {
+				if (sl != strlen(section) || strncmp(section, p, sl) != 0) {
+					snprintf(section, sizeof section, "%.*s", (int)sl, p);
+					printf("%s:\n", section);
+				}
+				printf("  %.*s\n", (int)(end - dot - 1), dot + 1);
+			}
+		}
+		p = nl ? nl + 1 : end;
+	}
+}
+
+/* --info: a checkpoint's metadata and tensor table as JSON, after verifying every tensor's
+ * checksum. Returns the exit status. */
+static int run_info(const char *ckpt)
+{
+	struct st_file f;
+	struct ckpt_info info;
+	int rc = ckpt_info(ckpt, &info);
+
+	if (rc == 0)
+		rc = st_open(&f, ckpt, 1);
+	if (rc < 0)
+		return cli_report(prog, rc);
+	json_t *meta = json_object(), *tensors = json_array();
+	const char *config = NULL;
+	for (int i = 0; i < f.nmeta; i++) {
+		if (strcmp(f.meta_keys[i], "config") == 0)
+			config = f.meta_values[i];
+		else if (strncmp(f.meta_keys[i], "crc32", 5) != 0)
+			json_object_set_new(meta, f.meta_keys[i], json_string(f.meta_values[i]));
+	}
+	json_int_t params = 0, moments = 0;
+	for (int i = 0; i < f.n; i++) {
+		const struct st_entry *e = &f.entries[i];
+		json_t *shape = json_array();
+		json_int_t numel = 1;
+		for (int d = 0; d < e->ndim; d++) {
+			json_array_append_new(shape, json_integer(e->ne[d]));
+			numel *= e->ne[d];
+		}
+		if (strncmp(e->name, "optim.", 6) == 0)
+			moments += numel;
+		else
+			params += numel;
+		json_array_append_new(tensors, json_pack("{s:s,s:s,s:o,s:I}", "name", e->name,
+							 "dtype", dtype_name(e->type), "shape",
+							 shape, "numel", numel));
+	}
+	json_t *j = json_pack("{s:s,s:I,s:o,s:I,s:I,s:o,s:s?,s:o}", "checkpoint", ckpt, "step",
+			      (json_int_t)info.step, "metadata", meta, "params", params,
+			      "optimizer_floats", moments, "model",
+			      json_pack("{s:i,s:i,s:i,s:i,s:i}", "n_layer", info.model.n_layer,
+					"n_embd", info.model.n_embd, "n_head", info.model.n_head,
+					"seq_len", info.model.seq_len, "vocab_size",
+					info.model.vocab_size), "config", config, "tensors", tensors);
+	st_close(&f);
+	rc = cli_print_json(j, JSON_INDENT(1) | JSON_REAL_PRECISION(9));
+	return rc ? cli_report(prog, rc) : 0;
 }
 
 /* --export: CKPT as a Hugging Face model directory. Returns the exit status. */
@@ -159,10 +265,12 @@ int main(int argc, char **argv)
 		{"run", required_argument, NULL, 'R'},    {"phase", required_argument, NULL, 'P'},
 		{"path", required_argument, NULL, 'A'},   {"force", no_argument, NULL, 'f'},
 		{"weights", required_argument, NULL, 'w'}, {"export", required_argument, NULL, 'x'},
+		{"info", required_argument, NULL, 'I'},   {"print-config", no_argument, NULL, 'C'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *config_path = NULL, *eval_path = NULL, *device = "cpu", *run_dir = NULL;
-	const char *export_path = NULL;
+	const char *export_path = NULL, *info_path = NULL;
+	int print_config = 0;
 	long phase = 0, path = -1;
 	struct backend *be = NULL;
 	const char **sets = calloc((size_t)argc, sizeof *sets);
@@ -184,6 +292,8 @@ int main(int argc, char **argv)
 		case 'i': o.init_path = optarg; break;
 		case 'w': o.weights_path = optarg; break;
 		case 'x': export_path = optarg; break;
+		case 'I': info_path = optarg; break;
+		case 'C': print_config = 1; break;
 		case 'r': resume = 1; break;
 		case 'f': force = 1; break;
 		case 'u': rc = cli_parse_long("--until", optarg, 1, 1L << 50, &until); break;
@@ -216,7 +326,8 @@ int main(int argc, char **argv)
 		const char *clash = config_path ? "--config" : nsets ? "--set" : o.data_path ?
 			"--data" : o.val_path ? "--val" : o.out_path ? "--out" : o.init_path ?
 			"--init" : o.weights_path ? "--weights" : resume ? "--resume" : force ? "--force" : until ? "--until" : o.metrics_path ?
-			"--metrics" : eval_path ? "--eval" : export_path ? "--export" : max_tokens ? "--max-tokens" : NULL;
+			"--metrics" : eval_path ? "--eval" : export_path ? "--export" : info_path ? "--info" :
+			print_config ? "--print-config" : max_tokens ? "--max-tokens" : NULL;
 		if (clash) {
 			rc = cli_usage_error(prog, "--run takes its config, data and outputs from the "
 					     "run directory: %s does not go with it (only --phase, "
@@ -241,6 +352,35 @@ int main(int argc, char **argv)
 		rc = run_task(be, run_dir, phase, path, quiet);
 		if (rc)
 			rc = cli_report(prog, rc);
+		goto out;
+	}
+	if (info_path) {
+		rc = run_info(info_path);
+		goto out;
+	}
+	if (print_config) {
+		if (!config_path) {
+			rc = cli_usage_error(prog, "--print-config needs --config FILE");
+			goto out;
+		}
+		config_defaults(&cfg);
+		rc = config_load(&cfg, config_path);
+		for (int i = 0; !rc && i < nsets; i++)
+			rc = config_set(&cfg, sets[i]);
+		if (!rc)
+			rc = config_validate(&cfg, config_path);
+		size_t n = rc ? 0 : config_dump(&cfg, NULL, 0) + 1;
+		char *text = n ? malloc(n) : NULL;
+		if (!rc && !text)
+			rc = err_set(CORE_ENOMEM, NULL, "out of memory");
+		if (!rc) {
+			config_dump(&cfg, text, n);
+			print_yaml(text);
+			if (fflush(stdout) != 0 || ferror(stdout))
+				rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
+		}
+		free(text);
+		rc = rc ? cli_report(prog, rc) : 0;
 		goto out;
 	}
 	if (export_path) {
