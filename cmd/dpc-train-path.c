@@ -99,6 +99,17 @@ static int run_eval(struct backend *be, const char *ckpt, const char *data, long
 	return cli_print_json(j, json_flags);
 }
 
+/* The defaults, the file, the -s overrides in order, then the checks. */
+static int load_config(struct run_config *cfg, const char *path, const char *const *sets,
+		       int nsets)
+{
+	config_defaults(cfg);
+	int rc = config_load(cfg, path);
+	for (int i = 0; !rc && i < nsets; i++)
+		rc = config_set(cfg, sets[i]);
+	return rc ? rc : config_validate(cfg, path);
+}
+
 /* config_dump's canonical lines ("section.key: value", "levels.N: name=X modules=M owns=...")
  * as the YAML a config file is written in, so that --print-config's output is a config. */
 static void print_yaml(const char *dump)
@@ -363,12 +374,7 @@ int main(int argc, char **argv)
 			rc = cli_usage_error(prog, "--print-config needs --config FILE");
 			goto out;
 		}
-		config_defaults(&cfg);
-		rc = config_load(&cfg, config_path);
-		for (int i = 0; !rc && i < nsets; i++)
-			rc = config_set(&cfg, sets[i]);
-		if (!rc)
-			rc = config_validate(&cfg, config_path);
+		rc = load_config(&cfg, config_path, sets, nsets);
 		size_t n = rc ? 0 : config_dump(&cfg, NULL, 0) + 1;
 		char *text = n ? malloc(n) : NULL;
 		if (!rc && !text)
@@ -403,12 +409,7 @@ int main(int argc, char **argv)
 		rc = cli_usage_error(prog, "--config and --out are required to train (see --help)");
 		goto out;
 	}
-	config_defaults(&cfg);
-	rc = config_load(&cfg, config_path);
-	for (int i = 0; !rc && i < nsets; i++)
-		rc = config_set(&cfg, sets[i]);
-	if (!rc)
-		rc = config_validate(&cfg, config_path);
+	rc = load_config(&cfg, config_path, sets, nsets);
 	if (rc) {
 		rc = cli_report(prog, rc);
 		goto out;

@@ -93,8 +93,8 @@ untouched
 # usage errors
 expect_fail 2 "dpc-train-path: " "$T" --bogus
 expect_fail 2 "^dpc-train-path: option '--resume' takes no argument" "$T" --resume=1
-expect_fail 2 "^dpc-train-path: unknown option '-x'" "$T" --until=3 -qx
-expect_fail 2 "^dpc-train-path: unknown option '-x'" "$T" --until=3 -xq
+expect_fail 2 "^dpc-train-path: unknown option '-z'" "$T" --until=3 -qz
+expect_fail 2 "^dpc-train-path: unknown option '-z'" "$T" --until=3 -zq
 expect_fail 2 "--data" "$T" -c "$cfg" -f -o out.safetensors
 expect_fail 2 "--threads" "$T" -t zero -c "$cfg" -d d/train.tok -f -o out.safetensors
 
