@@ -320,7 +320,7 @@ expect_fail 2 "option '--seed': -1 is outside" "$S" split --random 2 --seed -1 s
 expect_fail 2 "option '--random' requires an argument" "$S" split sp/train.tok none --random
 expect_fail 2 "expected IN.tok and OUTDIR, got 1 argument " "$S" split --random 2 sp/train.tok
 expect_fail 2 "expected IN.tok and OUTDIR, got 3 arguments" "$S" split --random 2 a b c
-expect_fail 2 "unknown option '--top2' \(see dpc-shard split --help\)" "$S" split --top2 --random 2 sp/train.tok none
+expect_fail 2 "unknown option '--top2' \(did you mean '--top'\? see dpc-shard split --help\)" "$S" split --top2 --random 2 sp/train.tok none
 expect_fail 2 "option '--quiet' takes no argument" "$S" split --quiet=1 --random 2 sp/train.tok none
 [ ! -e none ] || die "none/ created by a usage error"
 expect_ok "$S" split --help
