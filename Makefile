@@ -8,6 +8,8 @@
 #   make V=1             full commands instead of one short line per step
 #   make install PREFIX=/usr/local
 #   make fuzz SECS=60    every libFuzzer harness of test/fuzz for SECS seconds (needs clang)
+#   make test-cuda-emu   the cuda backend's kernels on the CPU (test/emu), against ref; part of
+#                        test-unit, so of `make test`: needs a C++ compiler, not nvcc or a GPU
 # Optional parts are probed and reported; override a probe with HAVE_X=0 or HAVE_X=1.
 
 SAN ?= 0
@@ -269,6 +271,69 @@ fuzz: fuzz-probe $(FUZZ_BINS)
 
 -include $(FUZZ_OBJ:.o=.d) $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_DIR)/test/fuzz/harness.d \
 	$(FUZZ_SRC:%.c=$(FUZZ_DIR)/%.d)
+
+# ---- the cuda backend on the CPU ----------------------------------------------------------
+# make test-cuda-emu   kernels/*.cu compiled as C++ by $(CXX) against test/emu/include, whose
+#                      headers and test/emu/emu.cpp stand in for the CUDA runtime, cuBLAS and
+#                      CUB and run every thread of every kernel on the CPU; linked with the
+#                      registry built with the cuda backend (backend.o again, -DCORE_HAVE_CUDA)
+#                      and the other libcore objects of $(BUILD), into test_backend, which then
+#                      compares the cuda backend's real kernel code with ref, op by op. First
+#                      test/emu/selftest checks the emulator itself. Needs neither nvcc nor a GPU
+#                      nor cuBLAS; not part of `make test` (about 9 s on 2 cores once libcore is
+#                      built). SAN=1: kernels and emulator under ASan and UBSan too.
+#                      Environment: CUDA_EMU_* (test/emu/emu.cpp).
+# -ffp-contract=off: no a*b+c is fused into an fma that the CUDA source does not write;
+# -Wno-unknown-pragmas, -Wno-pass-failed: g++ and clang++ on the kernels' #pragma unroll.
+EMU_DIR := $(BUILD)/emu
+EMU_CXXFLAGS := -std=c++20 -O1 -ffp-contract=off -Itest/emu/include -Ilib -Ikernels \
+	-DCORE_CUDA_EMU -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -Wno-pass-failed \
+	$(filter -g -fno-omit-frame-pointer -fsanitize=% -fno-sanitize-recover=% -Werror,$(OPT) \
+	$(WARN))
+EMU_OBJ := $(CU_SRC:%.cu=$(EMU_DIR)/%.o) $(EMU_DIR)/test/emu/emu.o \
+	$(EMU_DIR)/lib/backend/backend.o
+EMU_LIB_OBJ := $(filter-out $(BUILD)/lib/backend/backend.o,$(LIB_SRC:%.c=$(BUILD)/%.o))
+# the usual libraries, less the CUDA runtime's (the emulator replaces it)
+emu_comma := ,
+EMU_LIBS := $(filter-out -lcudart_static -L$(CUDA_HOME)/lib64 \
+	-Wl$(emu_comma)-rpath$(emu_comma)$(CUDA_HOME)/lib64,$(LIBS))
+
+.PHONY: test-cuda-emu
+test-unit: test-cuda-emu
+
+$(EMU_DIR)/kernels/%.o: kernels/%.cu
+	@mkdir -p $(@D)
+	$(call say,EMUCXX,$<)
+	$(Q)$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+
+$(EMU_DIR)/test/emu/%.o: test/emu/%.cpp
+	@mkdir -p $(@D)
+	$(call say,EMUCXX,$<)
+	$(Q)$(CXX) $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+
+$(EMU_DIR)/lib/backend/backend.o: lib/backend/backend.c
+	@mkdir -p $(@D)
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CFLAGS) -DCORE_HAVE_CUDA=1 -MMD -MP -c $< -o $@
+
+$(EMU_DIR)/test_backend: $(BUILD)/test/unit/test_backend.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) $(shell $(PKG_CONFIG) --libs criterion) -o $@
+
+# the emulator against CUDA's, cuBLAS's and CUB's semantics, first
+$(EMU_DIR)/selftest: $(EMU_DIR)/test/emu/selftest.o $(EMU_DIR)/test/emu/emu.o
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(LDFLAGS) $^ -o $@
+
+test-cuda-emu: $(EMU_DIR)/selftest $(EMU_DIR)/test_backend
+ifneq ($(HAVE_CRITERION),1)
+	$(error Criterion not found: install libcriterion-dev to run the unit tests)
+endif
+	@$(EMU_DIR)/selftest
+	@echo "--- $(EMU_DIR)/test_backend (the cuda backend's kernels on the CPU, test/emu)"
+	@$(EMU_DIR)/test_backend --jobs=2
+
+-include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5

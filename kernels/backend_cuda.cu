@@ -202,7 +202,7 @@ static int cu_fill(struct backend *be, float *x, size_t n, float value)
 	struct cuda_ctx *c = cuda_ctx_of(be);
 	if (!n)
 		return 0;
-	k_fill<<<cuda_grid(c, n, 256), 256, 0, c->stream>>>(x, n, value);
+	CUDA_LAUNCH(k_fill, cuda_grid(c, n, 256), 256, 0, c->stream, x, n, value);
 	CUDA_LAUNCHED("fill");
 	return 0;
 }
@@ -279,9 +279,9 @@ static int cu_sum(struct backend *be, double *out, const float *x, size_t n, int
 	np = np < 1 ? 1 : np;
 	void *ws;
 	ERR_FORWARD(cuda_workspace(c, sizeof(double) * np, &ws));
-	k_sum_partial<<<np, SUM_THREADS, 0, c->stream>>>((double *)ws, x, n, per, squares);
+	CUDA_LAUNCH(k_sum_partial, np, SUM_THREADS, 0, c->stream, (double *)ws, x, n, per, squares);
 	CUDA_LAUNCHED("sum");
-	k_sum_final<<<1, SUM_THREADS, 0, c->stream>>>(out, (const double *)ws, np);
+	CUDA_LAUNCH(k_sum_final, 1, SUM_THREADS, 0, c->stream, out, (const double *)ws, np);
 	CUDA_LAUNCHED("sum");
 	return 0;
 }
@@ -375,7 +375,8 @@ static int cu_matmul_forward(struct backend *be, float *y, const float *x, const
 	ERR_FORWARD(cu_gemm(be, 0, layout == BACKEND_W_OI, N, OC, IC, 1.0f, x, IC, w,
 			    layout == BACKEND_W_OI ? IC : OC, 0.0f, y, OC));
 	if (bias && N && OC) {
-		k_add_bias<<<ROWS_GRID(c, (size_t)N), 256, 0, c->stream>>>(y, bias, (size_t)N, OC);
+		CUDA_LAUNCH(k_add_bias, ROWS_GRID(c, (size_t)N), 256, 0, c->stream, y, bias,
+			    (size_t)N, OC);
 		CUDA_LAUNCHED("matmul_forward bias");
 	}
 	return 0;
@@ -418,9 +419,9 @@ static int colsum(struct cuda_ctx *c, float *out, const float *a, int N, int C, 
 		return 0;
 	}
 	dim3 grid(nchunk, (C + 127) / 128);
-	k_colsum_part<<<grid, 128, 0, c->stream>>>(part, a, N, C);
+	CUDA_LAUNCH(k_colsum_part, grid, 128, 0, c->stream, part, a, N, C);
 	CUDA_LAUNCHED("column sums");
-	k_colsum_final<<<(C + 127) / 128, 128, 0, c->stream>>>(out, part, nchunk, C);
+	CUDA_LAUNCH(k_colsum_final, (C + 127) / 128, 128, 0, c->stream, out, part, nchunk, C);
 	CUDA_LAUNCHED("column sums");
 	return 0;
 }
@@ -476,8 +477,8 @@ static int cu_encoder_forward(struct backend *be, float *out, const int32_t *tok
 	size_t n = (size_t)B * T * C;
 	if (!n)
 		return 0;
-	k_encoder_forward<<<ROWS_GRID(c, (size_t)B * T), 256, 0, c->stream>>>(out, tok, wte, wpe, B,
-									       T, C);
+	CUDA_LAUNCH(k_encoder_forward, ROWS_GRID(c, (size_t)B * T), 256, 0, c->stream, out, tok,
+		    wte, wpe, B, T, C);
 	CUDA_LAUNCHED("encoder_forward");
 	return 0;
 }
@@ -541,7 +542,7 @@ static int cu_encoder_backward(struct backend *be, float *dwte, float *dwpe, con
 	int32_t *first = (int32_t *)cuda_ws_take(&p, 4 * (size_t)V);
 	void *cubtmp = cuda_ws_take(&p, tmp);
 	if (n) {
-		k_iota<<<(n + 255) / 256, 256, 0, c->stream>>>(iota, n);
+		CUDA_LAUNCH(k_iota, (n + 255) / 256, 256, 0, c->stream, iota, n);
 		CUDA_LAUNCHED("encoder_backward");
 		CUDA_TRY(cub::DeviceRadixSort::SortPairs(cubtmp, tmp, tok, keys, iota, pos, n, 0,
 							 32 - __builtin_clz((unsigned)(V > 1 ? V - 1 : 1)),
@@ -549,16 +550,17 @@ static int cu_encoder_backward(struct backend *be, float *dwte, float *dwpe, con
 	}
 	CUDA_TRY(cudaMemsetAsync(first, 0xff, 4 * (size_t)V, c->stream), "encoder_backward");
 	if (n) {
-		k_group_starts<<<(n + 255) / 256, 256, 0, c->stream>>>(first, keys, n);
+		CUDA_LAUNCH(k_group_starts, (n + 255) / 256, 256, 0, c->stream, first, keys, n);
 		CUDA_LAUNCHED("encoder_backward");
 	}
 	if (V && C) {
-		k_wte_backward<<<dim3(V, (C + 127) / 128), 128, 0, c->stream>>>(dwte, dout, keys, pos,
-									       first, n, V, C);
+		CUDA_LAUNCH(k_wte_backward, dim3(V, (C + 127) / 128), 128, 0, c->stream, dwte, dout,
+			    keys, pos, first, n, V, C);
 		CUDA_LAUNCHED("encoder_backward");
 	}
 	if (T && C) {
-		k_wpe_backward<<<dim3(T, (C + 127) / 128), 128, 0, c->stream>>>(dwpe, dout, B, T, C);
+		CUDA_LAUNCH(k_wpe_backward, dim3(T, (C + 127) / 128), 128, 0, c->stream, dwpe, dout,
+			    B, T, C);
 		CUDA_LAUNCHED("encoder_backward");
 	}
 	return 0;
@@ -625,8 +627,8 @@ static int layernorm(struct backend *be, float *out, float *mean, float *rstd, f
 	struct cuda_ctx *c = cuda_ctx_of(be);
 	if (!N)
 		return 0;
-	k_layernorm<<<(N + 7) / 8, 256, 0, c->stream>>>(out, mean, rstd, res, skip, bias, x, w, b,
-							  N, C);
+	CUDA_LAUNCH(k_layernorm, (N + 7) / 8, 256, 0, c->stream, out, mean, rstd, res, skip, bias,
+		    x, w, b, N, C);
 	CUDA_LAUNCHED("layernorm_forward");
 	return 0;
 }
@@ -700,15 +702,15 @@ static int cu_layernorm_backward(struct backend *be, float *dx, float *dw, float
 	float *pw = (float *)cuda_ws_take(&p, colsum_ws(N, C));
 	float *pb = (float *)cuda_ws_take(&p, colsum_ws(N, C));
 	if (nchunk) {
-		k_layernorm_dwdb_part<<<dim3(nchunk, (C + 127) / 128), 128, 0, c->stream>>>(
-			pw, pb, dout, x, mean, rstd, N, C);
+		CUDA_LAUNCH(k_layernorm_dwdb_part, dim3(nchunk, (C + 127) / 128), 128, 0, c->stream,
+			    pw, pb, dout, x, mean, rstd, N, C);
 		CUDA_LAUNCHED("layernorm_backward");
-		k_colsum_final<<<(C + 127) / 128, 128, 0, c->stream>>>(dw, pw, nchunk, C);
+		CUDA_LAUNCH(k_colsum_final, (C + 127) / 128, 128, 0, c->stream, dw, pw, nchunk, C);
 		CUDA_LAUNCHED("layernorm_backward");
-		k_colsum_final<<<(C + 127) / 128, 128, 0, c->stream>>>(db, pb, nchunk, C);
+		CUDA_LAUNCH(k_colsum_final, (C + 127) / 128, 128, 0, c->stream, db, pb, nchunk, C);
 		CUDA_LAUNCHED("layernorm_backward");
-		k_layernorm_dx<<<(N + 7) / 8, 256, 0, c->stream>>>(dx, dout, x, w, mean, rstd, N, C,
-								    accumulate);
+		CUDA_LAUNCH(k_layernorm_dx, (N + 7) / 8, 256, 0, c->stream, dx, dout, x, w, mean,
+			    rstd, N, C, accumulate);
 		CUDA_LAUNCHED("layernorm_backward");
 	} else if (C) {
 		CUDA_TRY(cudaMemsetAsync(dw, 0, 4 * (size_t)C, c->stream), "layernorm_backward");
@@ -740,8 +742,8 @@ static int cu_bias_act_forward(struct backend *be, float *pre, float *out, const
 	size_t n = (size_t)N * C;
 	if (!n)
 		return 0;
-	k_bias_act<<<ROWS_GRID(c, (size_t)N), 256, 0, c->stream>>>(pre, out, bias, (size_t)N, C,
-								     act == BACKEND_ACT_RELU);
+	CUDA_LAUNCH(k_bias_act, ROWS_GRID(c, (size_t)N), 256, 0, c->stream, pre, out, bias,
+		    (size_t)N, C, act == BACKEND_ACT_RELU);
 	CUDA_LAUNCHED("bias_act_forward");
 	return 0;
 }
@@ -769,8 +771,8 @@ static int cu_act_backward(struct backend *be, float *d, float *dbias, const flo
 	struct cuda_ctx *c = cuda_ctx_of(be);
 	size_t n = (size_t)N * C;
 	if (n) {
-		k_act_backward<<<cuda_grid(c, n, 256), 256, 0, c->stream>>>(d, x, n,
-									     act == BACKEND_ACT_RELU);
+		CUDA_LAUNCH(k_act_backward, cuda_grid(c, n, 256), 256, 0, c->stream, d, x, n,
+			    act == BACKEND_ACT_RELU);
 		CUDA_LAUNCHED("act_backward");
 	}
 	if (dbias) {
@@ -869,20 +871,20 @@ static int cu_attention_forward(struct backend *be, float *out, float *att, cons
 	float *v = (float *)cuda_ws_take(&p, 4 * n), *o = (float *)cuda_ws_take(&p, 4 * n);
 	float *P = stage ? (float *)cuda_ws_take(&p, 4 * nTT) : att;
 	unsigned g = ROWS_GRID(c, (size_t)BH * T / 8 + 1);
-	k_permute_qkv<<<g, 256, 0, c->stream>>>(q, k, v, (float *)qkv, B, T, NH, hs, 0);
+	CUDA_LAUNCH(k_permute_qkv, g, 256, 0, c->stream, q, k, v, (float *)qkv, B, T, NH, hs, 0);
 	CUDA_LAUNCHED("attention_forward");
 	long long TT = (long long)T * T, Th = (long long)T * hs;
 	/* S = q k^T / sqrt(hs) into att */
 	ERR_FORWARD(sgemm_rm(c, 0, 1, T, T, hs, 1.0f / sqrtf((float)hs), q, hs, Th, k, hs, Th, 0.0f,
 			     P, T, TT, BH));
 	size_t rows = (size_t)BH * T;
-	k_causal_softmax<<<(unsigned)((rows + 7) / 8), 256, 0, c->stream>>>(P, rows, T);
+	CUDA_LAUNCH(k_causal_softmax, (unsigned)((rows + 7) / 8), 256, 0, c->stream, P, rows, T);
 	CUDA_LAUNCHED("attention_forward");
 	ERR_FORWARD(sgemm_rm(c, 0, 0, T, hs, T, 1.0f, P, T, TT, v, hs, Th, 0.0f, o, hs, Th, BH));
 	if (stage)
 		CUDA_TRY(cudaMemcpyAsync(att, P, 4 * nTT, cudaMemcpyDeviceToDevice, c->stream),
 			 "attention_forward");
-	k_permute_out<<<g, 256, 0, c->stream>>>(o, out, B, T, NH, hs, 0);
+	CUDA_LAUNCH(k_permute_out, g, 256, 0, c->stream, o, out, B, T, NH, hs, 0);
 	CUDA_LAUNCHED("attention_forward");
 	return 0;
 }
@@ -931,9 +933,9 @@ static int cu_attention_backward(struct backend *be, float *dqkv, const float *d
 		P = Pa;
 	}
 	unsigned g = ROWS_GRID(c, (size_t)BH * T / 8 + 1);
-	k_permute_qkv<<<g, 256, 0, c->stream>>>(q, k, v, (float *)qkv, B, T, NH, hs, 0);
+	CUDA_LAUNCH(k_permute_qkv, g, 256, 0, c->stream, q, k, v, (float *)qkv, B, T, NH, hs, 0);
 	CUDA_LAUNCHED("attention_backward");
-	k_permute_out<<<g, 256, 0, c->stream>>>(dO, (float *)dout, B, T, NH, hs, 1);
+	CUDA_LAUNCH(k_permute_out, g, 256, 0, c->stream, dO, (float *)dout, B, T, NH, hs, 1);
 	CUDA_LAUNCHED("attention_backward");
 	long long TT = (long long)T * T, Th = (long long)T * hs;
 	float scale = 1.0f / sqrtf((float)hs);
@@ -941,12 +943,13 @@ static int cu_attention_backward(struct backend *be, float *dqkv, const float *d
 	ERR_FORWARD(sgemm_rm(c, 0, 1, T, T, hs, 1.0f, dO, hs, Th, v, hs, Th, 0.0f, dP, T, TT, BH));
 	ERR_FORWARD(sgemm_rm(c, 1, 0, T, hs, T, 1.0f, P, T, TT, dO, hs, Th, 0.0f, dv, hs, Th, BH));
 	size_t rows = (size_t)BH * T;
-	k_softmax_backward<<<(unsigned)((rows + 7) / 8), 256, 0, c->stream>>>(dP, P, rows, T);
+	CUDA_LAUNCH(k_softmax_backward, (unsigned)((rows + 7) / 8), 256, 0, c->stream, dP, P,
+		    rows, T);
 	CUDA_LAUNCHED("attention_backward");
 	/* dq = dS k scale; dk = dS^T q scale */
 	ERR_FORWARD(sgemm_rm(c, 0, 0, T, hs, T, scale, dP, T, TT, k, hs, Th, 0.0f, dq, hs, Th, BH));
 	ERR_FORWARD(sgemm_rm(c, 1, 0, T, hs, T, scale, dP, T, TT, q, hs, Th, 0.0f, dk, hs, Th, BH));
-	k_permute_qkv<<<g, 256, 0, c->stream>>>(dq, dk, dv, dqkv, B, T, NH, hs, 1);
+	CUDA_LAUNCH(k_permute_qkv, g, 256, 0, c->stream, dq, dk, dv, dqkv, B, T, NH, hs, 1);
 	CUDA_LAUNCHED("attention_backward");
 	return 0;
 }
@@ -1004,7 +1007,7 @@ static int cu_crossentropy_forward(struct backend *be, float *probs, float *loss
 	struct cuda_ctx *c = cuda_ctx_of(be);
 	if (!N)
 		return 0;
-	k_crossentropy_forward<<<N, CE_THREADS, 0, c->stream>>>(probs, losses, targets, V);
+	CUDA_LAUNCH(k_crossentropy_forward, N, CE_THREADS, 0, c->stream, probs, losses, targets, V);
 	CUDA_LAUNCHED("crossentropy_forward");
 	return 0;
 }
@@ -1029,8 +1032,8 @@ static int cu_crossentropy_backward(struct backend *be, float *probs, const int3
 	size_t n = (size_t)N * V;
 	if (!n)
 		return 0;
-	k_crossentropy_backward<<<ROWS_GRID(c, (size_t)N), 256, 0, c->stream>>>(probs, targets,
-										 (size_t)N, V, scale);
+	CUDA_LAUNCH(k_crossentropy_backward, ROWS_GRID(c, (size_t)N), 256, 0, c->stream, probs,
+		    targets, (size_t)N, V, scale);
 	CUDA_LAUNCHED("crossentropy_backward");
 	return 0;
 }
@@ -1075,8 +1078,8 @@ static int cu_adamw_update(struct backend *be, float *p, const float *g, float *
 		s.sqrt_bc2 = (float)sqrt(1.0 - pow(beta2, (double)t));
 		s.eps = (float)eps;
 		s.step = (float)(-lr / (1.0 - pow(beta1, (double)t)));
-		k_adamw<<<cuda_grid(c, n, 256), 256, 0, c->stream>>>(p + o, g + o, m + o, v + o, n, s,
-								      grad_scale);
+		CUDA_LAUNCH(k_adamw, cuda_grid(c, n, 256), 256, 0, c->stream, p + o, g + o, m + o,
+			    v + o, n, s, grad_scale);
 		CUDA_LAUNCHED("adamw_update");
 	}
 	return 0;

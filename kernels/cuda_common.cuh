@@ -51,6 +51,23 @@ static inline int cuda_fail(cudaError_t e, const char *what)
 		       "cuda: %s: %s", what, cudaGetErrorString(e));
 }
 
+/* Every kernel launch is written CUDA_LAUNCH(kernel, grid, block, smem, stream, args...) (a
+ * template kernel in parentheses), and dynamic shared memory CUDA_DYN_SHARED(type, name), so
+ * that these files also compile as C++ against test/emu's CPU emulator (make test-cuda-emu),
+ * which runs each launch's threads on the CPU. Under nvcc they are the plain syntax. */
+#if defined(__CUDACC__)
+#define CUDA_LAUNCH(kernel, grid, block, smem, stream, ...)                                    \
+	kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define CUDA_DYN_SHARED(type, name) extern __shared__ type name[]
+#elif defined(CORE_CUDA_EMU)
+#define CUDA_LAUNCH(kernel, grid, block, smem, stream, ...)                                    \
+	emu_launch(#kernel, __FILE__, __LINE__, dim3(grid), dim3(block), smem, stream,         \
+		   [&] { kernel(__VA_ARGS__); })
+#define CUDA_DYN_SHARED(type, name) type *name = (type *)emu_dyn_shared()
+#else
+#error "kernels/ compiles with nvcc, or as C++ for the emulator with -DCORE_CUDA_EMU"
+#endif
+
 /* After a kernel launch: the launch's own error (a bad configuration), not a fault of earlier
  * work, which the next sync reports. */
 #define CUDA_LAUNCHED(what) ERR_FORWARD(cuda_fail(cudaGetLastError(), what))

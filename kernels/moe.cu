@@ -651,13 +651,27 @@ static int gate_lanes(int E)
 									 : GATE_WARPS));       \
 		cudaStream_t st_ = c->stream;                                                  \
 		switch (lanes_) {                                                              \
-		case 1: kern<1, GATE_NR><<<grid_, GATE_THREADS, 0, st_>>>(__VA_ARGS__); break; \
-		case 2: kern<2, GATE_NR><<<grid_, GATE_THREADS, 0, st_>>>(__VA_ARGS__); break; \
-		case 4: kern<4, GATE_NR><<<grid_, GATE_THREADS, 0, st_>>>(__VA_ARGS__); break; \
-		case 8: kern<8, GATE_NR><<<grid_, GATE_THREADS, 0, st_>>>(__VA_ARGS__); break; \
-		case 16: kern<16, GATE_NR><<<grid_, GATE_THREADS, 0, st_>>>(__VA_ARGS__); break; \
-		case 32: kern<32, GATE_NR><<<grid_, GATE_THREADS, 0, st_>>>(__VA_ARGS__); break; \
-		default: kern<32, 0><<<grid_, GATE_THREADS, 0, st_>>>(__VA_ARGS__); break;    \
+		case 1: CUDA_LAUNCH((kern<1, GATE_NR>), grid_, GATE_THREADS, 0, st_,           \
+				    __VA_ARGS__);                                              \
+			break;                                                                 \
+		case 2: CUDA_LAUNCH((kern<2, GATE_NR>), grid_, GATE_THREADS, 0, st_,           \
+				    __VA_ARGS__);                                              \
+			break;                                                                 \
+		case 4: CUDA_LAUNCH((kern<4, GATE_NR>), grid_, GATE_THREADS, 0, st_,           \
+				    __VA_ARGS__);                                              \
+			break;                                                                 \
+		case 8: CUDA_LAUNCH((kern<8, GATE_NR>), grid_, GATE_THREADS, 0, st_,           \
+				    __VA_ARGS__);                                              \
+			break;                                                                 \
+		case 16: CUDA_LAUNCH((kern<16, GATE_NR>), grid_, GATE_THREADS, 0, st_,         \
+				     __VA_ARGS__);                                             \
+			break;                                                                 \
+		case 32: CUDA_LAUNCH((kern<32, GATE_NR>), grid_, GATE_THREADS, 0, st_,         \
+				     __VA_ARGS__);                                             \
+			break;                                                                 \
+		default: CUDA_LAUNCH((kern<32, 0>), grid_, GATE_THREADS, 0, st_,               \
+				     __VA_ARGS__);                                             \
+			break;                                                                 \
 		}                                                                              \
 	} while (0)
 
@@ -689,13 +703,14 @@ static int aux_launch(struct cuda_ctx *c, const gate_args &a, const float *probs
 		      double aux_weight, double *fac0, double *fac1, const char *what)
 {
 	const int64_t ch = aux_chunk(a.T), nb = (a.T + ch - 1) / ch;
-	aux_partial_kernel<<<(unsigned)nb, AUX_THREADS, 0, c->stream>>>(
-		a, probs, clean, idx, thr, !backward, ch, nb, part0, part1);
+	CUDA_LAUNCH(aux_partial_kernel, (unsigned)nb, AUX_THREADS, 0, c->stream, a, probs, clean,
+		    idx, thr, !backward, ch, nb, part0, part1);
 	CUDA_LAUNCHED(what);
-	aux_sum_kernel<<<(unsigned)a.E, AUX_THREADS, 0, c->stream>>>(part0, part1, nb, v0, v1);
+	CUDA_LAUNCH(aux_sum_kernel, (unsigned)a.E, AUX_THREADS, 0, c->stream, part0, part1,
+		    nb, v0, v1);
 	CUDA_LAUNCHED(what);
-	aux_final_kernel<<<1, AUX_THREADS, 0, c->stream>>>(a, v0, v1, aux, backward, aux_weight,
-							    fac0, fac1);
+	CUDA_LAUNCH(aux_final_kernel, 1, AUX_THREADS, 0, c->stream, a, v0, v1, aux, backward,
+		    aux_weight, fac0, fac1);
 	CUDA_LAUNCHED(what);
 	return 0;
 }
@@ -751,8 +766,8 @@ int cuda_moe_gate_backward(struct backend *be, const struct backend_moe_gate *g,
 	double *fac0 = (double *)cuda_ws_take(&p, bv), *fac1 = (double *)cuda_ws_take(&p, bv);
 
 	if (a.li) {
-		gate_thr_kernel<<<cuda_grid(c, (size_t)T, 256), 256, 0, c->stream>>>(a, logits, idx,
-										     thr);
+		CUDA_LAUNCH(gate_thr_kernel, cuda_grid(c, (size_t)T, 256), 256, 0, c->stream, a,
+			    logits, idx, thr);
 		CUDA_LAUNCHED("moe_gate_backward (thresholds)");
 	}
 	ERR_FORWARD(aux_launch(c, a, probs, clean, idx, thr, part0, part1, v0, v1, NULL, 1,
@@ -771,7 +786,7 @@ int cuda_moe_gate_backward(struct backend *be, const struct backend_moe_gate *g,
 __global__ void count_kernel(const int32_t *__restrict__ idx, int64_t n, int E, int shared,
 			     int64_t *count)
 {
-	extern __shared__ unsigned hist[];
+	CUDA_DYN_SHARED(unsigned, hist);
 	unsigned long long *cnt = (unsigned long long *)count;
 
 	if (shared) {
@@ -803,8 +818,8 @@ int cuda_moe_count(struct backend *be, const int32_t *idx, int64_t n, int E, int
 		return 0;
 	const size_t sh = sizeof(unsigned) * (size_t)E;
 	const int shared = sh <= 48 * 1024;
-	count_kernel<<<cuda_grid(c, (size_t)n, 256), 256, shared ? sh : 0, c->stream>>>(
-		idx, n, E, shared, count);
+	CUDA_LAUNCH(count_kernel, cuda_grid(c, (size_t)n, 256), 256, shared ? sh : 0, c->stream,
+		    idx, n, E, shared, count);
 	CUDA_LAUNCHED("moe_count");
 	return 0;
 }
@@ -901,25 +916,25 @@ int cuda_moe_locations(struct backend *be, const int32_t *idx, const float *top,
 	void *sort_tmp = cuda_ws_take(&p, tmp);
 
 	if (top) {
-		loc_order_keys<<<cuda_grid(c, (size_t)T, 256), 256, 0, c->stream>>>(top, T, okey,
-										    oval);
+		CUDA_LAUNCH(loc_order_keys, cuda_grid(c, (size_t)T, 256), 256, 0, c->stream, top, T,
+			    okey, oval);
 		CUDA_LAUNCHED("moe_locations (keys)");
 		size_t b = tmp;
 		CUDA_TRY(cub::DeviceRadixSort::SortPairs(sort_tmp, b, okey, okey2, oval, order,
 							 (int)T, 0, 32, c->stream),
 			 "moe_locations (BPR sort)");
 	}
-	loc_visit<<<cuda_grid(c, (size_t)n, 256), 256, 0, c->stream>>>(idx, top ? order : NULL, T,
-									 n, vkey, vval);
+	CUDA_LAUNCH(loc_visit, cuda_grid(c, (size_t)n, 256), 256, 0, c->stream, idx,
+		    top ? order : NULL, T, n, vkey, vval);
 	CUDA_LAUNCHED("moe_locations (visits)");
 	size_t b = tmp;
 	CUDA_TRY(cub::DeviceRadixSort::SortPairs(sort_tmp, b, vkey, vkey2, vval, vval2, (int)n, 0,
 						 nbits, c->stream),
 		 "moe_locations (expert sort)");
-	loc_starts<<<cuda_grid(c, (size_t)n, 256), 256, 0, c->stream>>>(vkey2, n, start);
+	CUDA_LAUNCH(loc_starts, cuda_grid(c, (size_t)n, 256), 256, 0, c->stream, vkey2, n, start);
 	CUDA_LAUNCHED("moe_locations (starts)");
-	loc_assign<<<cuda_grid(c, (size_t)n, 256), 256, 0, c->stream>>>(vkey2, vval2, start, n, C,
-									  loc);
+	CUDA_LAUNCH(loc_assign, cuda_grid(c, (size_t)n, 256), 256, 0, c->stream, vkey2, vval2,
+		    start, n, C, loc);
 	CUDA_LAUNCHED("moe_locations (slots)");
 	return 0;
 }
@@ -1164,11 +1179,11 @@ static int zero_padding(struct cuda_ctx *c, const struct backend_moe_route *r, f
 	bx = bx < 1 ? 1 : bx;
 	const dim3 grid((unsigned)bx, ey);
 	if (vec)
-		zero_padding_kernel<true><<<grid, 256, 0, c->stream>>>(r->count, r->E, r->C, M,
-								       buf);
+		CUDA_LAUNCH((zero_padding_kernel<true>), grid, 256, 0, c->stream, r->count, r->E,
+			    r->C, M, buf);
 	else
-		zero_padding_kernel<false><<<grid, 256, 0, c->stream>>>(r->count, r->E, r->C, M,
-									buf);
+		CUDA_LAUNCH((zero_padding_kernel<false>), grid, 256, 0, c->stream, r->count, r->E,
+			    r->C, M, buf);
 	CUDA_LAUNCHED("moe zero padding");
 	return 0;
 }
@@ -1183,11 +1198,11 @@ int cuda_moe_encode(struct backend *be, const struct backend_moe_route *r, const
 		return 0;
 	const unsigned th = row_threads(M), grid = row_grid(r->T);
 	if (aligned16(x) && aligned16(disp) && M % 4 == 0)
-		encode_kernel<true><<<grid, th, 0, c->stream>>>(r->idx, r->loc, r->T, r->k, r->C, M,
-								x, disp);
+		CUDA_LAUNCH((encode_kernel<true>), grid, th, 0, c->stream, r->idx, r->loc, r->T,
+			    r->k, r->C, M, x, disp);
 	else
-		encode_kernel<false><<<grid, th, 0, c->stream>>>(r->idx, r->loc, r->T, r->k, r->C,
-								 M, x, disp);
+		CUDA_LAUNCH((encode_kernel<false>), grid, th, 0, c->stream, r->idx, r->loc, r->T,
+			    r->k, r->C, M, x, disp);
 	CUDA_LAUNCHED("moe_encode");
 	return 0;
 }
@@ -1201,21 +1216,17 @@ static int gather(struct cuda_ctx *c, const struct backend_moe_route *r, const f
 	const unsigned th = row_threads(M), grid = row_grid(r->T);
 	const int vec = aligned16(buf) && aligned16(out) && M % 4 == 0;
 	if (vec && weighted)
-		gather_kernel<true, true><<<grid, th, 0, c->stream>>>(r->idx, r->loc, r->score,
-								      r->T, r->k, r->C, M, buf,
-								      out);
+		CUDA_LAUNCH((gather_kernel<true, true>), grid, th, 0, c->stream, r->idx, r->loc,
+			    r->score, r->T, r->k, r->C, M, buf, out);
 	else if (vec)
-		gather_kernel<true, false><<<grid, th, 0, c->stream>>>(r->idx, r->loc, r->score,
-								       r->T, r->k, r->C, M, buf,
-								       out);
+		CUDA_LAUNCH((gather_kernel<true, false>), grid, th, 0, c->stream, r->idx, r->loc,
+			    r->score, r->T, r->k, r->C, M, buf, out);
 	else if (weighted)
-		gather_kernel<false, true><<<grid, th, 0, c->stream>>>(r->idx, r->loc, r->score,
-								       r->T, r->k, r->C, M, buf,
-								       out);
+		CUDA_LAUNCH((gather_kernel<false, true>), grid, th, 0, c->stream, r->idx, r->loc,
+			    r->score, r->T, r->k, r->C, M, buf, out);
 	else
-		gather_kernel<false, false><<<grid, th, 0, c->stream>>>(r->idx, r->loc, r->score,
-									r->T, r->k, r->C, M, buf,
-									out);
+		CUDA_LAUNCH((gather_kernel<false, false>), grid, th, 0, c->stream, r->idx, r->loc,
+			    r->score, r->T, r->k, r->C, M, buf, out);
 	CUDA_LAUNCHED(what);
 	return 0;
 }
@@ -1251,11 +1262,11 @@ int cuda_moe_decode_backward(struct backend *be, const struct backend_moe_route 
 	}
 	const unsigned th = row_threads(M), grid = row_grid(r->T);
 	if (aligned16(dy) && aligned16(eo) && aligned16(d_eo) && M % 4 == 0)
-		decode_backward_kernel<true><<<grid, th, 0, c->stream>>>(
-			r->idx, r->loc, r->score, r->T, r->k, r->C, M, dy, eo, d_eo, dscore);
+		CUDA_LAUNCH((decode_backward_kernel<true>), grid, th, 0, c->stream, r->idx, r->loc,
+			    r->score, r->T, r->k, r->C, M, dy, eo, d_eo, dscore);
 	else
-		decode_backward_kernel<false><<<grid, th, 0, c->stream>>>(
-			r->idx, r->loc, r->score, r->T, r->k, r->C, M, dy, eo, d_eo, dscore);
+		CUDA_LAUNCH((decode_backward_kernel<false>), grid, th, 0, c->stream, r->idx, r->loc,
+			    r->score, r->T, r->k, r->C, M, dy, eo, d_eo, dscore);
 	CUDA_LAUNCHED("moe_decode_backward");
 	return 0;
 }
