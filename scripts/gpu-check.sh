@@ -92,14 +92,14 @@ if [ $rc = 0 ]; then row "moe layer (cpu)" PASS "test_moe"; else row "moe layer 
 stamp "compute-sanitizer"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$san" ]; then
-	$san --tool memcheck --error-exitcode 9 "$B/moe-bench" --device cuda -T 1000 -M 64 -H 96 \
+	timeout 120 $san --tool memcheck --error-exitcode 9 "$B/moe-bench" --device cuda -T 1000 -M 64 -H 96 \
 		-E 6 -k 2 -n 1 -w 0 --bpr >"$out/san_moe.log" 2>&1
 	r1=$?
-	$san --tool memcheck --error-exitcode 9 "$B/moe-bench" --device cuda -T 777 -M 33 -H 50 \
+	timeout 120 $san --tool memcheck --error-exitcode 9 "$B/moe-bench" --device cuda -T 777 -M 33 -H 50 \
 		-E 5 -k 3 -n 1 -w 0 --gate-noise 1 --aux-loss load-importance --activation gelu \
 		--capacity 0.5 >>"$out/san_moe.log" 2>&1
 	r2=$?
-	$san --tool memcheck --error-exitcode 9 "$B/dpc-train-path" --device cuda -f \
+	timeout 120 $san --tool memcheck --error-exitcode 9 "$B/dpc-train-path" --device cuda -f \
 		-c "$here/configs/gpt-tiny.yaml" -s train.steps=2 -s train.eval_every=0 \
 		-s model.n_layer=2 -s model.seq_len=64 -s train.batch_size=3 \
 		-d "$pack/data/val.tok" -o "$out/san.safetensors" -q >"$out/san_train.log" 2>&1
@@ -145,7 +145,7 @@ row "encode+decode" "${ed%% *}" "${ed#* }"
 
 stamp "moe layer: ours and PyTorch"
 "$B/moe-bench" --device cuda $LY -k 2 -n $IT -w 3 >"$out/layer.json" 2>"$out/layer.err"
-$PY "$here/test/gpu/torch_moe_bench.py" $LY -k 2 --iters $IT --warmup 3 >"$out/layer_torch.json" 2>"$out/layer_torch.err"
+timeout 120 $PY "$here/test/gpu/torch_moe_bench.py" $LY -k 2 --iters $IT --warmup 3 >"$out/layer_torch.json" 2>"$out/layer_torch.err"
 ly=$( ($PY - "$out" <<'EOF'
 import json, sys
 out = sys.argv[1]
@@ -166,7 +166,8 @@ timeout 300 "$B/dpc-train-path" --device cuda -f -c "$here/configs/gpt-tiny.yaml
 	-d "$pack/data/val.tok" -o "$out/big.safetensors" -m "$out/big.jsonl" -q \
 	>"$out/big.json" 2>"$out/big.err"
 TL=12; [ $quick = 1 ] && TL=2
-timeout 300 $PY "$here/test/gpu/torch_gpt2_bench.py" -L $TL -C 768 --heads 12 -T 1024 -B 8 \
+timeout 180 $PY "$here/test/gpu/torch_gpt2_bench.py" -L $TL -C 768 --heads 12 -T 1024 -B 8 \
+	--compile-scope blocks \
 	--iters $IT --warmup 3 >"$out/big_torch.json" 2>"$out/big_torch.err"
 tr=$( ($PY - "$out" <<'EOF'
 import json, sys, statistics
