@@ -715,31 +715,49 @@ static int aux_launch(struct cuda_ctx *c, const gate_args &a, const float *probs
 	return 0;
 }
 
+/* The gate ops' workspace, carved once: thr [T] (load-importance only), the loss's chunk
+ * partials part0, part1 [nb, E] and per-expert sums v0, v1 [E]; the backward adds its
+ * per-expert factors fac0, fac1 [E]. */
+struct gate_ws {
+	float *thr;
+	double *part0, *part1, *v0, *v1, *fac0, *fac1;
+};
+
+static int gate_workspace(struct cuda_ctx *c, const gate_args *a, int backward,
+			  struct gate_ws *w)
+{
+	const int64_t T = a->T, E = a->E, ch = aux_chunk(T), nb = (T + ch - 1) / ch;
+	const size_t bpart = sizeof(double) * (size_t)(nb * E), bv = sizeof(double) * (size_t)E;
+	const size_t bthr = a->li ? sizeof(float) * (size_t)T : 0;
+	void *ws;
+	ERR_FORWARD(cuda_workspace(c, cuda_ws_round(bthr) + 2 * cuda_ws_round(bpart) +
+				      (backward ? 4 : 2) * cuda_ws_round(bv), &ws));
+	char *p = (char *)ws;
+	w->thr = a->li ? (float *)cuda_ws_take(&p, bthr) : NULL;
+	w->part0 = (double *)cuda_ws_take(&p, bpart);
+	w->part1 = (double *)cuda_ws_take(&p, bpart);
+	w->v0 = (double *)cuda_ws_take(&p, bv);
+	w->v1 = (double *)cuda_ws_take(&p, bv);
+	w->fac0 = backward ? (double *)cuda_ws_take(&p, bv) : NULL;
+	w->fac1 = backward ? (double *)cuda_ws_take(&p, bv) : NULL;
+	return 0;
+}
+
 int cuda_moe_gate_forward(struct backend *be, const struct backend_moe_gate *g,
 			  const float *logits, float *probs, float *clean, float *top,
 			  int32_t *idx, float *score, float *aux)
 {
 	struct cuda_ctx *c = cuda_ctx_of(be);
 	const gate_args a = gate_args_of(g);
-	const int64_t T = a.T, E = a.E;
+	const int64_t T = a.T;
 	if (T < 1)
 		return 0;
-	const int64_t ch = aux_chunk(T), nb = (T + ch - 1) / ch;
-	const size_t bpart = sizeof(double) * (size_t)(nb * E), bv = sizeof(double) * (size_t)E;
-	const size_t bthr = a.li ? sizeof(float) * (size_t)T : 0;
-	void *ws;
-	ERR_FORWARD(cuda_workspace(c, cuda_ws_round(bthr) + 2 * cuda_ws_round(bpart) +
-				      2 * cuda_ws_round(bv), &ws));
-	char *p = (char *)ws;
-	float *thr = a.li ? (float *)cuda_ws_take(&p, bthr) : NULL;
-	double *part0 = (double *)cuda_ws_take(&p, bpart);
-	double *part1 = (double *)cuda_ws_take(&p, bpart);
-	double *v0 = (double *)cuda_ws_take(&p, bv), *v1 = (double *)cuda_ws_take(&p, bv);
-
-	GATE_LAUNCH(gate_forward_kernel, a.E, T, a, logits, probs, clean, top, idx, score, thr);
+	struct gate_ws w;
+	ERR_FORWARD(gate_workspace(c, &a, 0, &w));
+	GATE_LAUNCH(gate_forward_kernel, a.E, T, a, logits, probs, clean, top, idx, score, w.thr);
 	CUDA_LAUNCHED("moe_gate_forward");
-	return aux_launch(c, a, probs, clean, idx, thr, part0, part1, v0, v1, aux, 0, 0.0, NULL,
-			  NULL, "moe_gate_forward (loss)");
+	return aux_launch(c, a, probs, clean, idx, w.thr, w.part0, w.part1, w.v0, w.v1, aux, 0, 0.0,
+			  NULL, NULL, "moe_gate_forward (loss)");
 }
 
 int cuda_moe_gate_backward(struct backend *be, const struct backend_moe_gate *g,
@@ -749,21 +767,14 @@ int cuda_moe_gate_backward(struct backend *be, const struct backend_moe_gate *g,
 {
 	struct cuda_ctx *c = cuda_ctx_of(be);
 	const gate_args a = gate_args_of(g);
-	const int64_t T = a.T, E = a.E;
+	const int64_t T = a.T;
 	if (T < 1)
 		return 0;
-	const int64_t ch = aux_chunk(T), nb = (T + ch - 1) / ch;
-	const size_t bpart = sizeof(double) * (size_t)(nb * E), bv = sizeof(double) * (size_t)E;
-	const size_t bthr = a.li ? sizeof(float) * (size_t)T : 0;
-	void *ws;
-	ERR_FORWARD(cuda_workspace(c, cuda_ws_round(bthr) + 2 * cuda_ws_round(bpart) +
-				      4 * cuda_ws_round(bv), &ws));
-	char *p = (char *)ws;
-	float *thr = a.li ? (float *)cuda_ws_take(&p, bthr) : NULL;
-	double *part0 = (double *)cuda_ws_take(&p, bpart);
-	double *part1 = (double *)cuda_ws_take(&p, bpart);
-	double *v0 = (double *)cuda_ws_take(&p, bv), *v1 = (double *)cuda_ws_take(&p, bv);
-	double *fac0 = (double *)cuda_ws_take(&p, bv), *fac1 = (double *)cuda_ws_take(&p, bv);
+	struct gate_ws w;
+	ERR_FORWARD(gate_workspace(c, &a, 1, &w));
+	float *thr = w.thr;
+	double *part0 = w.part0, *part1 = w.part1, *v0 = w.v0, *v1 = w.v1;
+	double *fac0 = w.fac0, *fac1 = w.fac1;
 
 	if (a.li) {
 		CUDA_LAUNCH(gate_thr_kernel, cuda_grid(c, (size_t)T, 256), 256, 0, c->stream, a,
