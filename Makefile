@@ -12,6 +12,8 @@
 #                        test-unit, so of `make test`: needs a C++ compiler, not nvcc or a GPU
 # Optional parts are probed and reported; override a probe with HAVE_X=0 or HAVE_X=1.
 
+# `make` alone builds `all`, whatever rule comes first below (the CUDA block's is earlier).
+.DEFAULT_GOAL := all
 SAN ?= 0
 ifeq ($(SAN),1)
 BUILD ?= build-san
@@ -94,6 +96,23 @@ endif
 # libcore is every .c file under lib/, one folder per layer (README, LAYOUT). Objects mirror
 # the source tree under $(BUILD); -MMD -MP writes each object's header dependencies next to it.
 LIB_SRC := $(sort $(shell find lib -name '*.c'))
+# lib/dist (dist.h) is dist_mpi.c over MPI when mpicc is found, else dist_single.c, a world of
+# one rank. MPI's include flags are given to the files that include mpi.h alone (dist_mpi.c,
+# test/mpi); libmpi is linked --as-needed, so that a program using no dist function, whose
+# link pulls no dist_mpi.o out of libcore.a, does not load it (no DT_NEEDED).
+ifeq ($(HAVE_MPI),1)
+MPI_CFLAGS := $(shell $(MPICC) --showme:compile)
+MPI_LIBS := $(shell $(MPICC) --showme:link)
+LIB_SRC := $(filter-out lib/dist/dist_single.c,$(LIB_SRC))
+LIBS += -Wl,--as-needed $(MPI_LIBS) -Wl,--no-as-needed
+$(BUILD)/lib/dist/dist_mpi.o: CFLAGS += $(MPI_CFLAGS)
+MPI_TEST_SRC := $(sort $(wildcard test/mpi/test_*.c))
+else
+LIB_SRC := $(filter-out lib/dist/dist_mpi.c,$(LIB_SRC))
+MPI_TEST_SRC :=
+endif
+# test/mpi: plain programs (no Criterion) that t-*.sh run under mpirun, found through MPITEST
+MPI_TESTS := $(MPI_TEST_SRC:test/mpi/%.c=$(BUILD)/test/mpi/%)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CMD_SRC := $(sort $(wildcard cmd/*.c))
 PROGS := $(CMD_SRC:cmd/%.c=$(BUILD)/bin/%)
@@ -120,7 +139,8 @@ $(BUILD)/kernels/cublas_dl.o: kernels/cublas_dl.c
 	$(Q)$(CC) $(CFLAGS) -isystem $(CUDA_HOME)/include -MMD -MP -c $< -o $@
 endif
 MANS := $(sort $(wildcard man/*.1 man/*.5))
-DEPS := $(LIB_OBJ:.o=.d) $(CMD_SRC:%.c=$(BUILD)/%.d) $(TEST_SRC:%.c=$(BUILD)/%.d)
+DEPS := $(LIB_OBJ:.o=.d) $(CMD_SRC:%.c=$(BUILD)/%.d) $(TEST_SRC:%.c=$(BUILD)/%.d) \
+	$(MPI_TEST_SRC:%.c=$(BUILD)/%.d)
 
 # One short line per step; V=1 prints the full commands.
 ifeq ($(V),1)
@@ -140,7 +160,7 @@ probe:
 	@echo "==> libyaml: found; zlib: found; jansson: found; liblbfgs: found"
 	@echo "==> libdeflate: $(if $(filter 1,$(HAVE_LIBDEFLATE)),found (fast crc32),not found (crc32 from zlib, about 3x slower; install libdeflate-dev))"
 	@echo "==> Criterion: $(if $(filter 1,$(HAVE_CRITERION)),found,not found (make test needs libcriterion-dev))"
-	@echo "==> MPI: $(if $(filter 1,$(HAVE_MPI)),found ($(MPICC)),not found (single-process only))"
+	@echo "==> MPI: $(if $(filter 1,$(HAVE_MPI)),found ($(MPICC)): lib/dist over MPI,not found: lib/dist is single-process only (install libopenmpi-dev))"
 	@echo "==> CUDA: $(if $(filter 1,$(HAVE_CUDA)),nvcc found ($(NVCC)): the cuda backend (kernels/) is built,$(if $(NVCC),off in this build,nvcc not found): no cuda backend)"
 	@echo "==> PyTorch (reference tests): $(if $(filter 1,$(HAVE_PYTORCH)),found,not found; reference tests will be skipped)"
 	@echo "==> build: $(BUILD) $(if $(filter 1,$(SAN)),(ASan + UBSan))"
@@ -164,6 +184,13 @@ $(BUILD)/test/%: $(BUILD)/test/unit/%.o $(BUILD)/libcore.a
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $< $(BUILD)/libcore.a $(LIBS) $(shell $(PKG_CONFIG) --libs criterion) -o $@
 
+# the MPI tests: as the unit tests, without Criterion
+$(BUILD)/test/mpi/%.o: CFLAGS += $(MPI_CFLAGS)
+$(BUILD)/test/mpi/%: $(BUILD)/test/mpi/%.o $(BUILD)/libcore.a
+	@mkdir -p $(@D)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $< $(BUILD)/libcore.a $(LIBS) -o $@
+
 $(BUILD)/kernels/%.o: kernels/%.cu
 	@mkdir -p $(@D)
 	$(call say,NVCC,$<)
@@ -176,7 +203,8 @@ $(BUILD)/kernels/%.o: kernels/%.cu
 
 # ---- tests --------------------------------------------------------------------------------
 # Each Criterion binary runs its tests in parallel processes; a failing test makes it exit 1.
-# The shell tests get the programs' directory in BIN and a scratch directory in TMPDIR.
+# The shell tests get the programs' directory in BIN, the MPI test programs' in MPITEST (empty
+# without MPI: those tests are skipped) and a scratch directory in TMPDIR.
 test: all test-unit test-sh test-man
 
 test-unit: $(TESTS)
@@ -186,8 +214,8 @@ endif
 	@fail=0; for t in $(TESTS); do echo "--- $$t"; $$t --jobs=2 || fail=1; done; \
 	test $$fail = 0 || { echo "unit tests FAILED"; exit 1; }
 
-test-sh: $(PROGS)
-	@BIN=$(abspath $(BUILD)/bin) SAN=$(SAN) HAVE_PYTORCH=$(HAVE_PYTORCH) sh test/sh/run.sh
+test-sh: $(PROGS) $(MPI_TESTS)
+	@BIN=$(abspath $(BUILD)/bin) MPITEST=$(if $(MPI_TESTS),$(abspath $(BUILD)/test/mpi)) SAN=$(SAN) HAVE_PYTORCH=$(HAVE_PYTORCH) sh test/sh/run.sh
 
 # A man page passes when groff renders it without a single warning.
 # Rendered as man(1) renders it for an 80-column terminal (tbl, UTF-8, line length 78n), where
@@ -254,6 +282,8 @@ $(FUZZ_DIR)/%.o: %.c | fuzz-probe
 	@mkdir -p $(@D)
 	$(call say,FUZZCC,$<)
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+$(FUZZ_DIR)/lib/dist/dist_mpi.o: FUZZ_CFLAGS += $(MPI_CFLAGS)
 
 $(FUZZ_DIR)/libcore.a: $(FUZZ_LIB_OBJ)
 	$(call say,AR,$@)

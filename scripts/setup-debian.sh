@@ -2,7 +2,7 @@
 # Installs, with apt-get, everything this project needs on Debian 12, as root.
 #   sh scripts/setup-debian.sh          build + quickstart (compiler, libraries, npm for Brown)
 #   sh scripts/setup-debian.sh --test   build + tests (Criterion, g++, PyTorch, groff, Open MPI's
-#                                       mpirun, gnuplot; no npm)
+#                                       mpirun and headers, gnuplot; no npm)
 # Idempotent: packages already installed are left as they are. npm is wanted only when no npm
 # is on PATH: a machine with Node.js from elsewhere (NodeSource's nodejs, say) keeps it, since
 # Debian's npm package conflicts with such a nodejs and apt-get would refuse the whole install.
@@ -10,7 +10,8 @@ set -eu
 pkgs="gcc make pkg-config libc6-dev libopenblas-dev libopenblas0-openmp libyaml-dev zlib1g-dev libdeflate-dev
 libjansson-dev liblbfgs-dev ca-certificates"
 if [ "${1:-}" = "--test" ]; then
-	pkgs="$pkgs g++ libcriterion-dev python3-torch python3-numpy groff-base openmpi-bin procps gnuplot-nox"
+	pkgs="$pkgs g++ libcriterion-dev python3-torch python3-numpy groff-base openmpi-bin libopenmpi-dev procps
+	gnuplot-nox"
 elif ! command -v npm >/dev/null 2>&1; then
 	pkgs="$pkgs npm"
 fi
