@@ -10,6 +10,7 @@
  * are (zero_pad = 0): nothing reads them.
  */
 #include "moe/moe.h"
+#include "moe/moe_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -368,17 +369,14 @@ static int grow_routing(struct moe_layer *l, int64_t T, int k)
 	return 0;
 }
 
-int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, int k,
-	      double capacity_setting, uint64_t step)
+int moe_route_gate(struct moe_layer *l, const float *wg, const float *x, int64_t T, int k,
+		   uint64_t step)
 {
 	const struct moe_config *cfg = &l->cfg;
 	struct backend *be = l->be;
 	const int E = cfg->E;
 	struct moe_routing *r = &l->r;
 
-	if (k == 0)
-		k = cfg->k;
-	ERR_FORWARD(check_call(cfg, T, k, capacity_setting));
 	l->have_forward = 0;
 	memset(&l->times, 0, sizeof l->times);
 	double t0 = stage_clock(l), t1;
@@ -402,17 +400,27 @@ int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, i
 	l->times.gate = t1 - t0;
 	t0 = t1;
 
-	/* 3-5. Counts (read back: they size C), capacity, locations. */
+	/* 3. Counts, read back: they size C. */
 	ERR_FORWARD(be->op->moe_count(be, l->idx.p, (int64_t)k * T, E, l->count.p));
 	ERR_FORWARD(be->op->download(be, r->count, l->count.p, sizeof(int64_t) * (size_t)E));
-	r->C = moe_capacity(r->count, E, T, k, capacity_setting, cfg->capacity_align);
-	const int64_t C = r->C;
-	if (C < 1)
-		return err_set(CORE_EUSAGE, NULL, "capacity setting %g leaves no slot per expert "
-			       "(k*int(%g*ceil(T/E)) = 0 at T=%lld, E=%d, k=%d)", capacity_setting,
-			       fabs(capacity_setting), (long long)T, E, k);
+	l->times.scan = stage_clock(l) - t0;
+	return 0;
+}
+
+int moe_route_place(struct moe_layer *l, int64_t C)
+{
+	const struct moe_config *cfg = &l->cfg;
+	struct backend *be = l->be;
+	struct moe_routing *r = &l->r;
+	const int E = cfg->E, k = r->k;
+	const int64_t T = r->T;
+	double t0 = stage_clock(l);
+
 	if ((double)E * (double)C * (double)(cfg->M > cfg->H ? cfg->M : cfg->H) > MOE_MAX_ELEMS)
 		return err_set(CORE_EUSAGE, NULL, "capacity %lld is too large", (long long)C);
+	r->C = C;
+	r->dropped = 0;
+	/* 5. Locations. */
 	ERR_FORWARD(be->op->moe_locations(be, l->idx.p, cfg->bpr ? l->top.p : NULL, T, k, E, C,
 					  l->loc.p));
 	/* Expert e keeps its first min(n_e, C) choices, so the drops follow from the counts. */
@@ -423,8 +431,27 @@ int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, i
 	l->route = (struct backend_moe_route){.T = T, .C = C, .E = E, .k = k, .idx = l->idx.p,
 					      .loc = l->loc.p, .score = l->score.p,
 					      .count = l->count.p};
-	l->times.scan = stage_clock(l) - t0;
+	l->times.scan += stage_clock(l) - t0;
 	return 0;
+}
+
+int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, int k,
+	      double capacity_setting, uint64_t step)
+{
+	const struct moe_config *cfg = &l->cfg;
+
+	if (k == 0)
+		k = cfg->k;
+	ERR_FORWARD(check_call(cfg, T, k, capacity_setting));
+	ERR_FORWARD(moe_route_gate(l, wg, x, T, k, step));
+	/* 4. Capacity. */
+	const int64_t C = moe_capacity(l->r.count, cfg->E, T, k, capacity_setting,
+				       cfg->capacity_align);
+	if (C < 1)
+		return err_set(CORE_EUSAGE, NULL, "capacity setting %g leaves no slot per expert "
+			       "(k*int(%g*ceil(T/E)) = 0 at T=%lld, E=%d, k=%d)", capacity_setting,
+			       fabs(capacity_setting), (long long)T, cfg->E, k);
+	return moe_route_place(l, C);
 }
 
 /* 7. The experts over their kept rows: h = act(disp w1 + b1), eo = h w2 + b2. relu keeps
@@ -531,6 +558,25 @@ static int experts_backward(struct moe_layer *l, const struct moe_params *p,
 	return 0;
 }
 
+/* Gate backward: dlogits, then dwg = x^T dlogits and dx += dlogits wg^T. */
+int moe_gate_backward(struct moe_layer *l, const float *wg, const float *x, const float *dscore,
+		      float *dx, float *dwg, float aux_weight)
+{
+	const struct moe_config *cfg = &l->cfg;
+	struct backend *be = l->be;
+	const struct moe_routing *r = &l->r;
+	const int64_t T = r->T;
+	const struct backend_moe_gate gate = {
+		.T = T, .E = cfg->E, .k = r->k, .noise = cfg->gate_noise, .seed = cfg->seed,
+		.step = r->noise_step, .load_importance = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE,
+	};
+	ERR_FORWARD(grow(l, &l->dlogits, sizeof(float) * (size_t)(T * cfg->E)));
+	ERR_FORWARD(be->op->moe_gate_backward(be, &gate, l->logits.p, l->probs.p, l->clean.p,
+					      l->idx.p, dscore, aux_weight, l->dlogits.p));
+	return be->op->matmul_backward(be, dx, dwg, NULL, l->dlogits.p, x, wg, (int)T,
+				       (int)cfg->M, cfg->E, BACKEND_W_IO, 1);
+}
+
 int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x,
 		 const float *dy, float *dx, struct moe_params *g, float aux_weight)
 {
@@ -568,15 +614,7 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 	l->times.bwd_encode = t1 - t0;
 	t0 = t1;
 
-	/* Gate backward: dlogits, then dwg = x^T dlogits and dx += dlogits wg^T. */
-	const struct backend_moe_gate gate = {
-		.T = T, .E = E, .k = k, .noise = cfg->gate_noise, .seed = cfg->seed,
-		.step = r->noise_step, .load_importance = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE,
-	};
-	ERR_FORWARD(be->op->moe_gate_backward(be, &gate, l->logits.p, l->probs.p, l->clean.p,
-					      l->idx.p, l->dscore.p, aux_weight, l->dlogits.p));
-	ERR_FORWARD(be->op->matmul_backward(be, dx, g->wg, NULL, l->dlogits.p, x, p->wg, (int)T,
-					    (int)M, E, BACKEND_W_IO, 1));
+	ERR_FORWARD(moe_gate_backward(l, p->wg, x, l->dscore.p, dx, g->wg, aux_weight));
 	l->times.bwd_gate = stage_clock(l) - t0;
 	/* The saved activations were consumed in place. */
 	l->have_forward = 0;
