@@ -118,6 +118,38 @@ def main():
     out("manifest", "two.json", manifest([100, 200]))
     out("manifest", "few-tokens.json", manifest([100, 1, 5, 5]))
 
+    moedict()
+
+
+def moedict():
+    """Strategy dictionaries by moe-dict(5): valid files and near misses."""
+    head = ("moe-dict 1\n# Tutel strategy dictionary, see moe-dict(5)\n"
+            "machine AMD EPYC 9654 96-Core Processor, 2 sockets, host node-07\n"
+            "world 8\nlocal-size 4\nexperts 16\nmodel-dim 1024\nhidden-dim 4096\ntop-k 2\n"
+            "tokens 8192\nwindow 128\n# bucket KEY r d a SECONDS\n")
+    out("moedict", "profile.txt", head +
+        "bucket 0 0 1 linear 0.0012345678901234567\nbucket 1 1 2 2dh 0.0023\n"
+        "bucket 2 1 4 2dh 0.0041000000000000003\nbucket 4 1 8 mpi 0.0079\n"
+        "bucket 8 1 8 linear 0.015625\n")
+    out("moedict", "one.txt", "moe-dict 1\nmachine x\nworld 1\nlocal-size 1\nexperts 1\n"
+        "model-dim 1\nhidden-dim 1\ntop-k 1\ntokens 1\nwindow 1\nbucket 0 0 1 linear 1")
+    out("moedict", "loose.txt", "moe-dict\t1  # magic\n\n  # comments and blanks\n"
+        "\tmachine \t caf\u00e9\tbox  # trailing\nwindow 9007199254740992\ntokens 3\n"
+        "top-k 4\nhidden-dim 6\nmodel-dim 2\nexperts 4\nlocal-size 2\nworld 2\n"
+        "bucket 9007199254740991 2147483647 2 mpi 4.9406564584124654e-324\n"
+        "  bucket 9007199254740992 0 8 linear +1.7976931348623157E308   # edge\n")
+    # near misses: each breaks one rule
+    out("moedict", "miss-order.txt", head + "bucket 5 1 1 linear 1\nbucket 3 1 1 linear 1\n")
+    out("moedict", "miss-key.txt", head.replace("world 8", "wolrd 8") + "bucket 0 1 1 linear 1\n")
+    out("moedict", "miss-version.txt", head.replace("moe-dict 1", "moe-dict 2"))
+    out("moedict", "miss-seconds.txt", head + "bucket 0 1 1 linear 0x1p-3\nbucket 1 1 1 mpi inf\n")
+    out("moedict", "miss-plan.txt", head + "bucket 0 1 3 ring 1e-3\n")
+    out("moedict", "miss-crlf.txt", head.replace("\n", "\r\n") + "bucket 0 1 1 linear 1\r\n")
+    out("moedict", "miss-control.txt", head.replace("host node-07", "host\x1b[2Jnode\x00")
+        + "bucket 0 1 1 linear 1\n")
+    out("moedict", "miss-divide.txt", head.replace("local-size 4", "local-size 3")
+        + "bucket 0 1 1 linear 1\n")
+
 
 if __name__ == "__main__":
     main()
