@@ -17,7 +17,11 @@
 #include "common/stats.h"
 #include "io/trace.h"
 #include "moe/moe.h"
+#include "dist/dist_bench.h"
 #include "moe/moe_bench.h"
+#include "moe/moe_bench_dist.h"
+#include "moe/moe_dict.h"
+#include "moe/moe_dist.h"
 #include "common/banned.h"
 
 static const char *prog = "moe-bench";
@@ -26,11 +30,14 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 "Usage: moe-bench [OPTION]...\n"
+"       mpirun -np W moe-bench [OPTION]...\n"
 "Run and time one Mixture-of-Experts layer (forward and backward) and print\n"
-"a table on stderr and one JSON object per measured run on stdout.\n"
+"a table on stderr and one JSON object per measured run on stdout. Under mpirun,\n"
+"or with any option of \"Distributed\" below, the layer runs over W ranks.\n"
 "\n"
 "Shape:\n"
-"  -T, --tokens=N           tokens per step T (default 4096)\n"
+"  -T, --tokens=N           tokens per step T, per rank when distributed\n"
+"                           (default 4096)\n"
 "  -M, --model-dim=N        model dimension M (default 1024)\n"
 "  -H, --hidden-dim=N       expert hidden dimension H (default 4096)\n"
 "  -E, --experts=N          number of experts E, >= 1 (default 16)\n"
@@ -51,9 +58,10 @@ static void usage(FILE *f)
 "      --forward-only       time the forward pass only\n"
 "      --no-input-grad      backward without the input gradient (as Tutel's helloworld,\n"
 "                           whose input needs no gradient)\n"
-"      --only=PART          layer (default: the whole layer) or encode-decode (the\n"
-"                           encode and decode kernels alone, next to a plain copy of\n"
-"                           the same bytes)\n"
+"      --only=PART          layer (default: the whole layer), encode-decode (the\n"
+"                           encode and decode kernels alone, next to a plain copy\n"
+"                           of the same bytes) or alltoall (distributed: linear,\n"
+"                           2dh and MPI_Alltoall, 1 KiB to 64 MiB per rank)\n"
 "      --baseline=KIND      sparse (default): the sparse layer alone; dense: also run\n"
 "                           the dense GShard formulation on the same inputs\n"
 "      --dense-tokens=N     run the dense baseline with N tokens instead of T (its\n"
@@ -64,20 +72,31 @@ static void usage(FILE *f)
 "  -s, --seed=N             seed for parameters, inputs and gate noise (default 1)\n"
 "  -t, --threads=N          OpenMP and BLAS threads (default: OMP_NUM_THREADS or all)\n"
 "      --device=NAME        where the layer runs: cpu (default), ref (the slow\n"
-"                           reference backend), cuda (when built)\n"
+"                           reference backend), cuda (when built, one process)\n"
 "  -h, --help               print this help and exit\n"
 "  -V, --version            print the version and exit\n"
+"Distributed (mpirun -np W; see moe-bench(1), DISTRIBUTED RUNS):\n"
+"      --r=N                parallelism r: 0 (data parallel) or a divisor of\n"
+"                           s = ceil(W/E), the ranks per expert (default 1)\n"
+"      --d=N                pipelining degree d: 1, 2, 4 or 8 (default 1)\n"
+"      --a2a=NAME           All-to-All algorithm: linear (default), 2dh or mpi\n"
+"      --local-size=N       ranks per node (default: from the host layout)\n"
+"      --dict=FILE          each step's plan from a moe-profile dictionary, then\n"
+"                           every static plan on the same steps, compared\n"
 "\n"
 "Tutel's option names are accepted too, with hyphens or underscores: --num-tokens\n"
 "(-T), --hidden-size (-H), --num-local-experts and --num-experts (-E), --top (-k),\n"
-"--capacity-factor (-c), --num-steps (-n); e.g. --capacity_factor=2.\n"
+"--capacity-factor (-c), --num-steps (-n), --a2a-ffn-overlap-degree (--d),\n"
+"--use-2dh (--a2a=2dh); e.g. --capacity_factor=2. -E counts the experts of the\n"
+"whole layer, not of one rank.\n"
 "\n"
 "For timings on virtual machines set OMP_WAIT_POLICY=active (scripts/bench-moe.sh\n"
 "does): a sleeping OpenMP thread can take a whole timer tick to wake, which adds\n"
 "milliseconds to every kernel.\n"
 "\n"
 "Exit status: 0 success, 1 runtime failure, 2 usage error (inconsistent sizes,\n"
-"k > E, E < 1, malformed trace file).\n");
+"k > E, E < 1, malformed trace file, E neither a multiple nor a divisor of W,\n"
+"a plan or dictionary that does not fit the placement).\n");
 }
 
 static const char *flops_formula =
@@ -391,6 +410,317 @@ static int run(const struct moe_bench_opts *o, const char *trace, int only_encde
 	return rc;
 }
 
+
+/* ---- the distributed layer (mpirun -np W moe-bench ...) ------------------------------------- */
+
+/* Started by a launcher (mpirun, srun with PMIx): run distributed even with no option. */
+static int launched(void)
+{
+	return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE");
+}
+
+static void plan_str(char *buf, size_t n, const struct moe_plan *p)
+{
+	if (p->r == 0)
+		snprintf(buf, n, "r=0");
+	else
+		snprintf(buf, n, "r=%d d=%d %s", p->r, p->d, dist_a2a_name(p->a));
+}
+
+/* At r = 0 nothing moves: d and a are shown as the layer runs them (1, linear). */
+static json_t *plan_json(const struct moe_plan *p)
+{
+	return json_pack("{s:i, s:i, s:s}", "r", p->r, "d", p->r ? p->d : 1, "a",
+			 dist_a2a_name(p->r ? p->a : DIST_A2A_LINEAR));
+}
+
+static json_t *dist_base_json(const struct moe_bench_dist_opts *o, const char *trace)
+{
+	const struct moe_bench_opts bo = {.cfg = o->cfg, .be = o->be,
+					  .forward_only = o->forward_only,
+					  .input_grad = o->input_grad, .iters = o->iters,
+					  .warmup = o->warmup};
+	json_t *j = base_json(&bo, trace, "dist", "layer", o->cfg.T);
+	json_object_set_new(j, "W", json_integer(dist_size(o->d)));
+	json_object_set_new(j, "local_size", json_integer(dist_local_size(o->d)));
+	json_object_set_new(j, "local_size_from", json_string(dist_layout_source(o->d)));
+	json_object_set_new(j, "tokens_per_rank", json_integer(o->cfg.T));
+	return j;
+}
+
+/* Median over the n timed steps of a per-step array. */
+static double med(const double *v, long n) { return stats_median(v, n, NULL, NULL); }
+
+/* One run's JSON and table line (rank 0 prints; every rank builds nothing else). */
+static int report_dist(const struct moe_bench_dist_opts *o, const char *trace, const char *name,
+		       const struct moe_bench_dist_result *r)
+{
+	const long n = r->n;
+	double mn, mx, md = stats_median(r->step, n, &mn, &mx);
+	const double comm = med(r->comm, n), gemm = med(r->gemm, n);
+	json_t *j = dist_base_json(o, trace);
+	json_object_set_new(j, "run", json_string(name));
+	if (o->dict)
+		json_object_set_new(j, "plan", json_string("dictionary"));
+	else
+		json_object_set_new(j, "plan", plan_json(&o->plan));
+	json_object_set_new(j, "step_ms", json_pack("{s:o, s:o, s:o}", "median", MS(md), "min",
+						    MS(mn), "max", MS(mx)));
+	json_object_set_new(j, "total_ms", MS(r->total));
+	json_object_set_new(j, "comm_ms", MS(comm));
+	json_object_set_new(j, "gemm_ms", MS(gemm));
+	int64_t dsum = 0, cmin = r->C[0], cmax = r->C[0];
+	json_t *per = json_array(), *cs = json_array(), *ps = json_array();
+	for (long i = 0; i < n; i++) {
+		dsum += r->dropped[i];
+		cmin = r->C[i] < cmin ? r->C[i] : cmin;
+		cmax = r->C[i] > cmax ? r->C[i] : cmax;
+		json_array_append_new(per, MS(r->step[i]));
+		json_array_append_new(cs, json_integer(r->C[i]));
+		if (o->dict) {
+			char b[48];
+			plan_str(b, sizeof b, &r->plan[i]);
+			json_array_append_new(ps, json_string(b));
+		}
+	}
+	json_object_set_new(j, "step_ms_per_step", per);
+	json_object_set_new(j, "capacity_per_step", cs);
+	if (o->dict)
+		json_object_set_new(j, "plan_per_step", ps);
+	else
+		json_decref(ps);
+	json_object_set_new(j, "dropped_total", json_integer(dsum));
+	json_object_set_new(j, "aux_loss_last", num_or_null(r->last.aux_loss));
+	/* The share of the exchanges the experts hid: 1 - waited / exchanged, from the medians
+	 * over steps; below 0 when this rank waited longer than its exchanges took (for a
+	 * slower rank). */
+	const double ce = med(r->exposed, n), hidden = comm > 0 ? 1.0 - ce / comm : NAN;
+	json_object_set_new(j, "comm_exposed_ms", MS(ce));
+	json_object_set_new(j, "overlap", num_or_null(hidden));
+	if (o->dict)
+		json_object_set_new(j, "nearest_bucket_steps", json_integer(r->nearest));
+	json_object_set_new(j, "param_bytes_per_step",
+			    json_real(r->stats.param_bytes_moved / (double)r->stats.steps));
+	json_object_set_new(j, "token_bytes_per_step",
+			    json_real(r->stats.token_bytes_moved / (double)r->stats.steps));
+	json_object_set_new(j, "workspace_allocs", json_integer(r->stats.allocs));
+	json_object_set_new(j, "steps_counted", json_integer(r->stats.steps));
+	json_object_set_new(j, "workspace_bytes_peak", json_integer((json_int_t)r->stats.peak));
+	json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)peak_rss_bytes()));
+	if (dist_rank(o->d) != 0) {
+		json_decref(j);
+		return 0;
+	}
+	char hid[64] = "";
+	if (o->dict && r->nearest)
+		snprintf(hid, sizeof hid, " (%ld steps took the nearest bucket)", r->nearest);
+	else if (comm > 0 && o->plan.d > 1 && !o->dict)
+		snprintf(hid, sizeof hid, ", %.0f%% hidden", 100.0 * hidden);
+	fprintf(stderr, "%-22s step %8.2f ms (min %.2f, max %.2f)  total %9.1f ms  exchanges %.2f "
+		"ms%s  GEMM %.2f ms  C %lld..%lld  dropped %lld\n", name, 1e3 * md, 1e3 * mn,
+		1e3 * mx, 1e3 * r->total, 1e3 * comm, hid, 1e3 * gemm, (long long)cmin,
+		(long long)cmax, (long long)dsum);
+	return print_json(j);
+}
+
+/* Every static plan of the placement, in order: r = 0, then each r >= 1 with every d and
+ * both algorithms. */
+static int static_plans(const struct moe_dist_place *pl, struct moe_plan *out, int max)
+{
+	static const int ds[] = {1, 2, 4, 8};
+	int rs[64], nr = moe_plan_rs(pl, rs, 64), n = 0;
+	for (int i = 0; i < nr; i++)
+		for (int d = 0; d < (rs[i] ? 4 : 1); d++)
+			for (int a = 0; a < (rs[i] ? 2 : 1) && n < max; a++)
+				out[n++] = (struct moe_plan){.r = rs[i], .d = ds[d],
+							     .a = (enum dist_a2a)a};
+	return n;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* --dict: the dictionary on the trace, then every static plan on the same trace, then the
+ * dictionary again (the two dictionary runs bound the run-to-run noise). */
+static int run_dict(struct moe_bench_dist_opts *o, struct moe_bench_dist_data *dd,
+		    const char *trace, const char *dict_path)
+{
+	struct moe_plan plans[160];
+	const int np = static_plans(moe_dist_layer_place(dd->l), plans, 160);
+	double *tot = calloc((size_t)np, sizeof(double));
+	double dict_t[2] = {0, 0};
+	int rc = 0, q = dist_rank(o->d);
+	char name[64];
+
+	if (!tot)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the report");
+	const struct moe_dict *dict = o->dict;
+	for (int i = -1; i <= np && rc == 0; i++) {
+		struct moe_bench_dist_result r;
+		o->dict = i < 0 || i == np ? dict : NULL;
+		if (o->dict)
+			snprintf(name, sizeof name, "dictionary%s", i < 0 ? "" : " (again)");
+		else
+			o->plan = plans[i];
+		if (!o->dict)
+			plan_str(name, sizeof name, &o->plan);
+		rc = moe_bench_dist_run(o, dd, &r);
+		if (rc == 0) {
+			if (o->dict)
+				dict_t[i < 0 ? 0 : 1] = r.total;
+			else
+				tot[i] = r.total;
+			rc = report_dist(o, trace, name, &r);
+		}
+		moe_bench_dist_result_free(&r);
+	}
+	o->dict = dict;
+	if (rc == 0 && q == 0) {
+		int best = 0, worst = 0;
+		for (int i = 1; i < np; i++) {
+			best = tot[i] < tot[best] ? i : best;
+			worst = tot[i] > tot[worst] ? i : worst;
+		}
+		double *sorted = malloc((size_t)np * sizeof(double));
+		if (!sorted) {
+			free(tot);
+			return err_set(CORE_ENOMEM, NULL, "cannot allocate the report");
+		}
+		memcpy(sorted, tot, (size_t)np * sizeof(double));
+		qsort(sorted, (size_t)np, sizeof(double), cmp_double);
+		const double median = np % 2 ? sorted[np / 2] : 0.5 * (sorted[np / 2 - 1] +
+								       sorted[np / 2]);
+		free(sorted);
+		const double dt = 0.5 * (dict_t[0] + dict_t[1]);
+		const double noise = fabs(dict_t[0] - dict_t[1]) / dt;
+		char bn[48], wn[48];
+		plan_str(bn, sizeof bn, &plans[best]);
+		plan_str(wn, sizeof wn, &plans[worst]);
+		fprintf(stderr, "dictionary %s: %.1f ms (mean of two runs, %.1f%% apart); best "
+			"static %s %.1f ms (dictionary/best %.3f), median static %.1f ms (%.3f), worst "
+			"static %s %.1f ms (%.3f)\n", dict_path, 1e3 * dt, 100 * noise, bn,
+			1e3 * tot[best], dt / tot[best], 1e3 * median, dt / median, wn,
+			1e3 * tot[worst], dt / tot[worst]);
+		json_t *j = dist_base_json(o, trace);
+		json_object_set_new(j, "run", json_string("dictionary-summary"));
+		json_object_set_new(j, "dict", json_string(dict_path));
+		json_object_set_new(j, "dict_total_ms", json_pack("[o,o]", MS(dict_t[0]),
+								  MS(dict_t[1])));
+		json_object_set_new(j, "dict_noise", json_real(noise));
+		json_object_set_new(j, "best_static", plan_json(&plans[best]));
+		json_object_set_new(j, "best_static_total_ms", MS(tot[best]));
+		json_object_set_new(j, "median_static_total_ms", MS(median));
+		json_object_set_new(j, "worst_static", plan_json(&plans[worst]));
+		json_object_set_new(j, "worst_static_total_ms", MS(tot[worst]));
+		json_object_set_new(j, "dict_over_best", json_real(dt / tot[best]));
+		json_object_set_new(j, "dict_over_median", json_real(dt / median));
+		json_object_set_new(j, "dict_over_worst", json_real(dt / tot[worst]));
+		json_object_set_new(j, "static_plans", json_integer(np));
+		rc = print_json(j);
+	}
+	free(tot);
+	return rc;
+}
+
+/* --only=alltoall: our Linear and 2DH against MPI_Alltoall, 1 KiB to 64 MiB per rank, on
+ * the layer's layouts ([E, C, M] to [E/W, W*C, M]: E/W blocks of M-float rows). */
+static int run_a2a(struct moe_bench_dist_opts *o)
+{
+	const int W = dist_size(o->d);
+	struct dist_bench_opts bo;
+	struct dist_bench_row *rows = NULL;
+	int n = 0;
+
+	dist_bench_opts_default(&bo);
+	bo.reps = (int)o->iters;
+	bo.warmup = (int)o->warmup;
+	bo.nblk = o->cfg.E >= W && o->cfg.E % W == 0 ? o->cfg.E / W : 1;
+	bo.row_bytes = sizeof(float) * (size_t)o->cfg.M;
+	ERR_FORWARD(dist_bench_alltoall(o->d, &bo, &rows, &n));
+	if (dist_rank(o->d) == 0) {
+		fprintf(stderr, "All-to-All on W=%d ranks (nodes of %d, %s), %d block%s of %lld-byte "
+			"rows per piece; median of %d, slowest rank\n", W, dist_local_size(o->d),
+			dist_layout_source(o->d), bo.nblk, bo.nblk == 1 ? "" : "s",
+			(long long)bo.row_bytes, bo.reps);
+		fprintf(stderr, "%12s %12s %12s %12s %10s %10s\n", "bytes/rank", "mpi ms",
+			"linear ms", "2dh ms", "lin/mpi", "2dh/mpi");
+	}
+	json_t *list = json_array();
+	for (int i = 0; i < n; i++) {
+		const struct dist_bench_row *r = &rows[i];
+		const double m = r->seconds[DIST_A2A_MPI], l = r->seconds[DIST_A2A_LINEAR];
+		const double h = r->seconds[DIST_A2A_2DH];
+		if (dist_rank(o->d) == 0)
+			fprintf(stderr, "%12zu %12.4f %12.4f %12.4f %10.3f %10.3f\n", r->bytes,
+				1e3 * m, 1e3 * l, 1e3 * h, l / m, h / m);
+		json_array_append_new(list, json_pack("{s:I, s:I, s:o, s:o, s:o, s:f, s:f}",
+						      "bytes", (json_int_t)r->bytes, "piece",
+						      (json_int_t)r->piece, "mpi_ms", MS(m),
+						      "linear_ms", MS(l), "2dh_ms", MS(h),
+						      "linear_over_mpi", l / m, "2dh_over_mpi", h / m));
+	}
+	free(rows);
+	if (dist_rank(o->d) != 0) {
+		json_decref(list);
+		return 0;
+	}
+	json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:s, s:i, s:I, s:i, s:o}", "impl", "dist",
+			      "only", "alltoall", "W", W, "local_size", dist_local_size(o->d),
+			      "local_size_from", dist_layout_source(o->d), "blocks", bo.nblk,
+			      "row_bytes", (json_int_t)bo.row_bytes, "reps", bo.reps, "sizes", list);
+	return print_json(j);
+}
+
+static int run_dist(struct moe_bench_dist_opts *o, const char *trace, const char *dict_path)
+{
+	struct moe_bench_dist_data dd;
+	struct moe_dict dict = {0};
+	int rc = 0;
+
+	if (dict_path) {
+		rc = moe_dict_read(dict_path, &dict);
+		if (rc == 0)
+			rc = moe_dict_check(&dict, dict_path, dist_size(o->d), o->cfg.E, o->cfg.M,
+					    o->cfg.H, o->cfg.k);
+		/* Each rank read the file: one that could not makes all stop. */
+		rc = dist_agree_rc(o->d, rc);
+		if (rc < 0) {
+			moe_dict_free(&dict);
+			return rc;
+		}
+		o->dict = &dict;
+	}
+	rc = moe_bench_dist_data_init(&dd, o);
+	if (rc == 0 && dict_path) {
+		/* Every plan of the dictionary must fit this placement before anything runs. */
+		for (size_t i = 0; i < dict.n && rc == 0; i++) {
+			rc = moe_plan_check(&dict.e[i].plan, moe_dist_layer_place(dd.l));
+			if (rc < 0)
+				rc = err_set(rc, dict_path, "bucket %lld: %s", (long long)dict.e[i].key,
+					     err_detail());
+		}
+	} else if (rc == 0) {
+		rc = moe_plan_check(&o->plan, moe_dist_layer_place(dd.l));
+	}
+	if (rc == 0 && dict_path) {
+		rc = run_dict(o, &dd, trace, dict_path);
+	} else if (rc == 0) {
+		struct moe_bench_dist_result r;
+		char name[64];
+		plan_str(name, sizeof name, &o->plan);
+		rc = moe_bench_dist_run(o, &dd, &r);
+		if (rc == 0)
+			rc = report_dist(o, trace, name, &r);
+		moe_bench_dist_result_free(&r);
+	}
+	moe_bench_dist_data_free(&dd);
+	moe_dict_free(&dict);
+	return rc;
+}
+
 /* *out = the index of arg in names (NULL-terminated), else a usage error naming them. */
 static int choice(const char *opt, const char *arg, const char *const *names, int *out)
 {
@@ -430,6 +760,11 @@ int main(int argc, char **argv)
 		{"dry-run", no_argument, NULL, 1012},
 		{"no-input-grad", no_argument, NULL, 1013},
 		{"device", required_argument, NULL, 1014},
+		{"r", required_argument, NULL, 1015},
+		{"d", required_argument, NULL, 1016},
+		{"a2a", required_argument, NULL, 1017},
+		{"local-size", required_argument, NULL, 1018},
+		{"dict", required_argument, NULL, 1019},
 		{"iterations", required_argument, NULL, 'n'},
 		{"warmup", required_argument, NULL, 'w'},
 		{"seed", required_argument, NULL, 's'},
@@ -444,9 +779,11 @@ int main(int argc, char **argv)
 		{"top", required_argument, NULL, 'k'},
 		{"capacity-factor", required_argument, NULL, 'c'},
 		{"num-steps", required_argument, NULL, 'n'},
+		{"a2a-ffn-overlap-degree", required_argument, NULL, 1016},
+		{"use-2dh", no_argument, NULL, 1020},
 		{NULL, 0, NULL, 0},
 	};
-	static const char *const parts[] = {"layer", "encode-decode", NULL};
+	static const char *const parts[] = {"layer", "encode-decode", "alltoall", NULL};
 	static const char *const baselines[] = {"sparse", "dense", NULL};
 	struct moe_bench_opts o = {.iters = 10, .warmup = 2, .input_grad = 1};
 	long T = 4096, M = 1024, H = 4096, E = 16, k = 2, align = 1, seed = 1, dense_T = 0;
@@ -454,7 +791,9 @@ int main(int argc, char **argv)
 	double x = 1.0, noise = 0.0;
 	int bpr = 0, act = MOE_ACT_RELU, loss = MOE_LOSS_GSHARD, encdec = 0, dense = 0, dry = 0;
 	int c, rc = 0;
-	const char *trace_path = NULL, *device = "cpu";
+	const char *trace_path = NULL, *device = "cpu", *dict_path = NULL;
+	long r = 1, d = 1, local_size = 0;
+	int a2a = DIST_A2A_LINEAR, distopt = 0;
 	double *trace = NULL;
 	struct backend *be = NULL;
 
@@ -504,6 +843,21 @@ int main(int argc, char **argv)
 		case 1012: dry = 1; break;
 		case 1013: o.input_grad = 0; break;
 		case 1014: device = optarg; break;
+		case 1015: rc = cli_parse_long("--r", optarg, 0, 1L << 20, &r); distopt = 1; break;
+		case 1016: rc = cli_parse_long("--d", optarg, 1, 8, &d); distopt = 1; break;
+		case 1017:
+			a2a = dist_a2a_from_name(optarg);
+			if (a2a < 0)
+				rc = err_set(CORE_EUSAGE, NULL, "option '--a2a': unknown algorithm "
+					     "'%s' (linear, 2dh, mpi)", optarg);
+			distopt = 1;
+			break;
+		case 1018:
+			rc = cli_parse_long("--local-size", optarg, 1, 1L << 20, &local_size);
+			distopt = 1;
+			break;
+		case 1019: dict_path = optarg; distopt = 1; break;
+		case 1020: a2a = DIST_A2A_2DH; distopt = 1; break;
 		case 'n': rc = cli_parse_long("--iterations", optarg, 1, 1L << 30, &o.iters); break;
 		case 'w': rc = cli_parse_long("--warmup", optarg, 0, 1L << 30, &o.warmup); break;
 		case 's': rc = cli_parse_long("--seed", optarg, 0, 1L << 62, &seed); break;
@@ -546,6 +900,39 @@ int main(int argc, char **argv)
 		if (rc < 0)
 			return cli_report(prog, rc);
 		o.trace = trace;
+	}
+	if (distopt || launched() || encdec == 2) {
+		/* encdec: 0 layer, 1 encode-decode, 2 alltoall */
+		if (dense || dry || encdec == 1) {
+			free(trace);
+			return cli_usage_error(prog, "%s is single-process only: not with mpirun or "
+					       "--r, --d, --a2a, --local-size, --dict", dense ?
+					       "--baseline=dense" : dry ? "--dry-run" :
+					       "--only=encode-decode");
+		}
+		if (strcmp(device, "cpu") != 0 && strcmp(device, "ref") != 0) {
+			free(trace);
+			return cli_usage_error(prog, "option '--device': the distributed layer runs "
+					       "on host memory (cpu or ref), not on '%s'", device);
+		}
+		struct dist *world = NULL;
+		rc = dist_open(&world, (int)local_size);
+		if (rc == 0)
+			rc = backend_open(&be, device, &(struct backend_params){.threads =
+										    (int)threads});
+		if (rc == 0) {
+			struct moe_bench_dist_opts dopt = {
+				.cfg = o.cfg, .be = be, .d = world, .forward_only = o.forward_only,
+				.input_grad = o.input_grad, .iters = o.iters, .warmup = o.warmup,
+				.trace = o.trace, .trace_n = o.trace_n,
+				.plan = {.r = (int)r, .d = (int)d, .a = (enum dist_a2a)a2a},
+			};
+			rc = encdec == 2 ? run_a2a(&dopt) : run_dist(&dopt, trace_path, dict_path);
+		}
+		backend_close(be);
+		dist_close(world);
+		free(trace);
+		return rc < 0 ? cli_report(prog, rc) : 0;
 	}
 	/* Every run is checked before the first is run: one refused after another has printed
 	 * its results would leave half a report. */

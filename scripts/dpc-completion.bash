@@ -1,5 +1,5 @@
 # dpc-completion.bash - bash completion for the project's programs (dpc-shard, dpc-train-path,
-# dpc-outer, dpc-route, moe-bench).
+# dpc-outer, dpc-route, moe-bench, moe-profile).
 #
 #   . scripts/dpc-completion.bash            (or install it into
 #                                             /usr/share/bash-completion/completions/)
@@ -31,4 +31,5 @@ _dpc_complete()
 	COMPREPLY=($(compgen -f -- "$cur"))
 }
 
-complete -o filenames -F _dpc_complete dpc-shard dpc-train-path dpc-outer dpc-route moe-bench
+complete -o filenames -F _dpc_complete dpc-shard dpc-train-path dpc-outer dpc-route moe-bench \
+	moe-profile

@@ -1,0 +1,654 @@
+/* moe-profile.c - measure the best plan {r, d, a} of the distributed MoE layer for each
+ * capacity bucket and write Tutel's strategy dictionary; see man/moe-profile.1.
+ *
+ * Run under mpirun, one process per rank, as the training will run. For each bucket
+ * floor(C / R) of the capacity range, every rank runs the layer with C_g fixed at the middle
+ * of the bucket under the plans the search picks: r = 0 and r = s (the ends), ternary
+ * search over the divisors of s in between (the time is unimodal in r, sec. 3.4.6), and
+ * for each r every pipelining degree and algorithm asked for. Step times are the slowest
+ * rank's, so every rank takes the same decisions. Rank 0 writes the dictionary (moe-dict(5))
+ * and the table of all trials. */
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "cli/cli.h"
+#include "common/err.h"
+#include "common/progress.h"
+#include "common/stats.h"
+#include "backend/probe.h"
+#include "dist/dist.h"
+#include "dist/dist_model.h"
+#include "io/atomicio.h"
+#include "moe/moe.h"
+#include "moe/moe_bench_dist.h"
+#include "moe/moe_dict.h"
+#include "moe/moe_dist.h"
+#include "common/banned.h"
+
+static const char *prog = "moe-profile";
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+"Usage: mpirun -np W moe-profile -o DICT [OPTION]...\n"
+"       mpirun -np W moe-profile --simulate [OPTION]...\n"
+"Measure the distributed Mixture-of-Experts layer under every plan {r, d, a} the\n"
+"search visits, for each capacity bucket floor(C/R), and write the fastest plan of\n"
+"each bucket as a strategy dictionary (moe-dict(5)) for moe-bench --dict.\n"
+"\n"
+"Shape (as moe-bench; T is tokens per rank):\n"
+"  -T, --tokens=N           tokens per rank T (default 4096)\n"
+"  -M, --model-dim=N        model dimension M (default 1024)\n"
+"  -H, --hidden-dim=N       expert hidden dimension H (default 4096)\n"
+"  -E, --experts=N          experts E, a multiple or a divisor of W (default 16)\n"
+"  -k, --top-k=N            experts per token (default 2)\n"
+"      --activation=NAME    relu (default) or gelu\n"
+"Search:\n"
+"      --factors=LO:HI      capacity factors f to cover, C = k*f*ceil(T/E) slots per\n"
+"                           expert per rank (default 1:4.4, the range of Tutel's fig. 1)\n"
+"  -R, --window=N           bucket width R in slots (default 128, Tutel's)\n"
+"      --d-values=LIST      pipelining degrees to try, from 1,2,4,8 (default all)\n"
+"      --algorithms=LIST    All-to-All algorithms to try: linear,2dh (default both)\n"
+"  -n, --iterations=N       timed steps per trial (default 3; the median counts)\n"
+"  -w, --warmup=N           untimed steps per trial (default 1)\n"
+"      --local-size=N       ranks per node (default: from the host layout)\n"
+"Scale-out model (no dictionary; see moe-profile(1)):\n"
+"      --simulate           fit an alpha-beta model to Linear exchanges measured here\n"
+"                           and predict Linear and 2DH for W up to --max-world, for\n"
+"                           this host's links and for the cluster below\n"
+"      --intra=US:GBPS      cluster: latency and bandwidth within a node (2:150)\n"
+"      --inter=US:GBPS      cluster: across nodes (5:25, HDR InfiniBand)\n"
+"      --copy=GBPS          cluster: stride copy rate (1000)\n"
+"      --sim-local-size=N   cluster: ranks per node (8)\n"
+"      --max-world=N        largest W predicted (4096)\n"
+"Output:\n"
+"  -o, --output=FILE        the dictionary (required; refused if it exists)\n"
+"      --trials=FILE        every trial as a table (bucket, C, r, d, a, times)\n"
+"  -f, --force              overwrite existing output files\n"
+"  -s, --seed=N             seed for parameters and inputs (default 1)\n"
+"  -t, --threads=N          OpenMP and BLAS threads per rank (default: OMP_NUM_THREADS)\n"
+"      --device=NAME        cpu (default) or ref\n"
+"  -h, --help               print this help and exit\n"
+"  -V, --version            print the version and exit\n"
+"\n"
+"Progress goes to stderr, one line per bucket; a JSON summary to stdout.\n"
+"Exit status: 0 success, 1 runtime failure, 2 usage error.\n");
+}
+
+struct trial {
+	int64_t key, C;
+	struct moe_plan plan;
+	double median, min, max;
+};
+
+struct search {
+	struct moe_bench_dist_opts o;
+	struct moe_bench_dist_data dd;
+	int dlist[4], nd, alist[2], na;
+	struct trial *t;
+	size_t nt, cap;
+};
+
+static int add_trial(struct search *s, const struct trial *t)
+{
+	if (s->nt == s->cap) {
+		size_t cap = s->cap ? 2 * s->cap : 256;
+		struct trial *n = realloc(s->t, cap * sizeof *n);
+		if (!n)
+			return err_set(CORE_ENOMEM, NULL, "cannot allocate the trial table");
+		s->t = n;
+		s->cap = cap;
+	}
+	s->t[s->nt++] = *t;
+	return 0;
+}
+
+/* One trial: the layer at C under plan; *sec = the median step. */
+static int trial(struct search *s, int64_t key, int64_t C, const struct moe_plan *plan,
+		 double *sec)
+{
+	struct moe_bench_dist_result r;
+	s->o.capacity = C;
+	s->o.plan = *plan;
+	ERR_FORWARD(moe_bench_dist_run(&s->o, &s->dd, &r));
+	double mn, mx, md = stats_median(r.step, r.n, &mn, &mx);
+	moe_bench_dist_result_free(&r);
+	*sec = md;
+	return add_trial(s, &(struct trial){.key = key, .C = C, .plan = *plan, .median = md,
+					    .min = mn, .max = mx});
+}
+
+/* The best of every d and a at parallelism r (r = 0: one trial, nothing moves). */
+static int best_at(struct search *s, int64_t key, int64_t C, int r, struct moe_plan *best,
+		   double *sec)
+{
+	*sec = INFINITY;
+	for (int i = 0; i < (r ? s->nd : 1); i++)
+		for (int j = 0; j < (r ? s->na : 1); j++) {
+			struct moe_plan p = {.r = r, .d = r ? s->dlist[i] : 1,
+					     .a = r ? (enum dist_a2a)s->alist[j] : DIST_A2A_LINEAR};
+			double t;
+			ERR_FORWARD(trial(s, key, C, &p, &t));
+			if (t < *sec) {
+				*sec = t;
+				*best = p;
+			}
+		}
+	return 0;
+}
+
+/* One bucket: the ends r = 0 and r = s, ternary search over the divisors between. */
+static int bucket(struct search *s, int64_t key, int64_t C, struct moe_dict_entry *out,
+		  int *trials)
+{
+	int rs[64], nr = moe_plan_rs(moe_dist_layer_place(s->dd.l), rs, 64);
+	double f[64];
+	struct moe_plan p[64];
+	const size_t nt0 = s->nt;
+
+	for (int i = 0; i < nr; i++)
+		f[i] = NAN;
+	/* rs[0] = 0, rs[1..nr-1] the divisors of s ascending; search over indices 1..nr-1. */
+	ERR_FORWARD(best_at(s, key, C, 0, &p[0], &f[0]));
+	ERR_FORWARD(best_at(s, key, C, rs[nr - 1], &p[nr - 1], &f[nr - 1]));
+	int lo = 1, hi = nr - 1;
+	while (hi - lo > 2) {
+		int m1 = lo + (hi - lo) / 3, m2 = hi - (hi - lo) / 3;
+		if (isnan(f[m1]))
+			ERR_FORWARD(best_at(s, key, C, rs[m1], &p[m1], &f[m1]));
+		if (isnan(f[m2]))
+			ERR_FORWARD(best_at(s, key, C, rs[m2], &p[m2], &f[m2]));
+		if (f[m1] < f[m2])
+			hi = m2;
+		else
+			lo = m1;
+	}
+	for (int i = lo; i <= hi; i++)
+		if (isnan(f[i]))
+			ERR_FORWARD(best_at(s, key, C, rs[i], &p[i], &f[i]));
+	int b = -1;
+	for (int i = 0; i < nr; i++)
+		if (!isnan(f[i]) && (b < 0 || f[i] < f[b]))
+			b = i;
+	*out = (struct moe_dict_entry){.key = key, .plan = p[b], .seconds = f[b]};
+	*trials = (int)(s->nt - nt0);
+	return 0;
+}
+
+/* "name, N cores, host" for the dictionary's machine line. */
+static void machine(char *buf, size_t n, struct dist *d)
+{
+	char model[256] = "unknown processor", line[512];
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	while (f && fgets(line, sizeof line, f))
+		if (strncmp(line, "model name", 10) == 0) {
+			char *c = strchr(line, ':');
+			if (c) {
+				c += 1 + strspn(c + 1, " \t");
+				c[strcspn(c, "\n")] = 0;
+				snprintf(model, sizeof model, "%s", c);
+			}
+			break;
+		}
+	if (f)
+		fclose(f);
+	snprintf(buf, n, "%s, %ld cores, %s", model, sysconf(_SC_NPROCESSORS_ONLN), dist_host(d));
+}
+
+static int write_trials(const char *path, const struct search *s)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (!f)
+		return err_set(CORE_ENOMEM, path, "cannot allocate the trial table");
+	fprintf(f, "# bucket\tC\tr\td\ta\tmedian_ms\tmin_ms\tmax_ms\n");
+	for (size_t i = 0; i < s->nt; i++) {
+		const struct trial *t = &s->t[i];
+		fprintf(f, "%lld\t%lld\t%d\t%d\t%s\t%.4f\t%.4f\t%.4f\n", (long long)t->key,
+			(long long)t->C, t->plan.r, t->plan.d, dist_a2a_name(t->plan.a),
+			1e3 * t->median, 1e3 * t->min, 1e3 * t->max);
+	}
+	int rc = ferror(f) ? err_set(CORE_ENOMEM, path, "cannot build the trial table") : 0;
+	fclose(f);
+	if (rc == 0)
+		rc = file_write_atomic(path, buf, len);
+	free(buf);
+	return rc;
+}
+
+/* ---- --simulate: the alpha-beta model of Linear and 2DH at scale ------------------------ */
+
+/* The median over reps of the slowest rank's time of one exchange of S bytes per rank. */
+static int time_a2a(struct dist *d, enum dist_a2a a, void *snd, void *rcv, size_t S, int reps,
+		    double *sec)
+{
+	const int W = dist_size(d);
+	const size_t row = 64, rows = S / (size_t)W / row;
+	struct dist_span sp = {.base = snd, .rows = (int64_t)rows}, rp = {.base = rcv,
+									  .rows = (int64_t)rows};
+	double t[32];
+	for (int i = 0; i <= reps; i++) {
+		ERR_FORWARD(dist_barrier(d));
+		double t0 = dist_time();
+		ERR_FORWARD(dist_alltoall(d, a, &sp, &rp, 1, (int64_t)rows, row));
+		t[i] = dist_time() - t0;
+		ERR_FORWARD(dist_allreduce_f64(d, &t[i], 1, DIST_MAX));
+	}
+	*sec = stats_median(t + 1, reps, NULL, NULL);
+	return 0;
+}
+
+struct simopts {
+	struct dist_net cluster;
+	int maxw;
+};
+
+static void sim_table(const char *what, const struct dist_net *net, int maxw, int q)
+{
+	static const double mib[] = {1, 32, 256};
+	for (int i = 0; i < 3; i++) {
+		const double S = mib[i] * 1048576.0;
+		const int cross = dist_model_crossover(net, S, maxw);
+		json_t *pts = json_array();
+		if (q == 0) {
+			fprintf(stderr, "%s, %g MiB per rank, nodes of %d:", what, mib[i], net->m);
+			if (cross)
+				fprintf(stderr, " 2DH ahead from W=%d\n", cross);
+			else
+				fprintf(stderr, " Linear ahead up to W=%d\n", maxw);
+			fprintf(stderr, "  %8s %12s %12s %8s\n", "W", "linear ms", "2dh ms", "speedup");
+		}
+		for (long n = net->m > 1 ? 2L * net->m : 2; n <= maxw; n *= 2) {
+			const double l = dist_model_linear(net, (int)n, S);
+			const double h = dist_model_2dh(net, (int)n, S);
+			if (q == 0)
+				fprintf(stderr, "  %8ld %12.3f %12.3f %8.2f\n", n, 1e3 * l, 1e3 * h, l / h);
+			json_array_append_new(pts, json_pack("{s:I, s:f, s:f}", "W", (json_int_t)n,
+							     "linear_ms", 1e3 * l, "2dh_ms", 1e3 * h));
+		}
+		json_t *j = json_pack("{s:s, s:s, s:f, s:i, s:{s:f, s:f}, s:{s:f, s:f}, s:f, s:o, "
+				      "s:o}", "run", "simulate", "model", what, "mib_per_rank",
+				      mib[i], "local_size", net->m, "intra", "alpha_us",
+				      1e6 * net->intra.alpha, "gbps", 1e-9 / net->intra.beta,
+				      "inter", "alpha_us", 1e6 * net->inter.alpha, "gbps",
+				      1e-9 / net->inter.beta, "copy_gbps", 1e-9 / net->copy,
+				      "crossover_W", cross ? json_integer(cross) : json_null(),
+				      "points", pts);
+		if (q == 0)
+			cli_print_json(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+		else
+			json_decref(j);
+	}
+}
+
+/* Fit one link level to Linear exchanges measured here, check the model against Linear and
+ * 2DH measured at this W, then predict this host's links and the cluster's up to maxw. */
+static int simulate(struct dist *d, struct backend *be, const struct simopts *so)
+{
+	const int W = dist_size(d), q = dist_rank(d), m = dist_local_size(d);
+	static const double kib[] = {64, 256, 1024, 4096, 16384};
+	const int ns = (int)(sizeof kib / sizeof kib[0]);
+	double S[8], tl[8], th[8];
+	int rc = 0;
+
+	if (W >= 2) {
+		const size_t maxb = (size_t)(kib[ns - 1] * 1024);
+		void *a = NULL, *b = NULL;
+		if (backend_alloc_zero(be, &a, maxb) < 0 || backend_alloc_zero(be, &b, maxb) < 0)
+			rc = err_set(CORE_ENOMEM, NULL, "cannot allocate the exchange buffers");
+		for (int i = 0; i < ns && rc == 0; i++) {
+			S[i] = kib[i] * 1024;
+			rc = time_a2a(d, DIST_A2A_LINEAR, a, b, (size_t)S[i], 9, &tl[i]);
+			if (rc == 0)
+				rc = time_a2a(d, DIST_A2A_2DH, a, b, (size_t)S[i], 9, &th[i]);
+		}
+		be->op->free(be, a);
+		be->op->free(be, b);
+		if (rc < 0)
+			return rc;
+		struct dist_net here = {.m = m};
+		if (dist_model_fit(S, tl, ns, W, &here.intra) < 0)
+			return err_set(CORE_EUSAGE, NULL, "the exchange times do not determine a link");
+		here.inter = here.intra;
+		const double gbps = probe_copy_gbps(be, (size_t)(64 << 20), 5);
+		here.copy = 2.0 / (gbps * 1e9);
+		if (q == 0) {
+			/* On one host both levels are the same memory: Linear's messages share it
+			 * (the fitted line, (W-1)(alpha + S/W beta)), where the model's two levels
+			 * would run side by side. */
+			fprintf(stderr, "measured at W=%d (nodes of %d, %s): one link level fitted, "
+				"alpha %.2f us, %.2f GB/s; stride copy %.2f GB/s (bytes copied)\n",
+				W, m, dist_layout_source(d), 1e6 * here.intra.alpha,
+				1e-9 / here.intra.beta, 1e-9 / here.copy);
+			fprintf(stderr, "  %10s %12s %12s %12s %12s\n", "KiB/rank", "linear ms",
+				"fitted", "2dh ms", "model");
+			for (int i = 0; i < ns; i++)
+				fprintf(stderr, "  %10.0f %12.3f %12.3f %12.3f %12.3f\n", kib[i],
+					1e3 * tl[i], 1e3 * (W - 1) * (here.intra.alpha +
+								S[i] / W * here.intra.beta),
+					1e3 * th[i], 1e3 * dist_model_2dh(&here, W, S[i]));
+		}
+		sim_table("this host's links", &here, so->maxw, q);
+	} else if (q == 0) {
+		fprintf(stderr, "one rank: nothing to measure (run under mpirun -np W >= 2 to fit "
+			"this host's links); the cluster model only\n");
+	}
+	sim_table("cluster", &so->cluster, so->maxw, q);
+	return 0;
+}
+
+/* "ALPHA_US:GBPS" into a link. */
+static int parse_link(const char *opt, const char *arg, struct dist_link *l)
+{
+	char a[64];
+	const char *colon = strchr(arg, ':');
+	double us, gbps;
+	if (!colon || (size_t)(colon - arg) >= sizeof a)
+		return err_set(CORE_EUSAGE, NULL, "option '%s': '%s' is not ALPHA_US:GBPS", opt,
+			       arg);
+	memcpy(a, arg, (size_t)(colon - arg));
+	a[colon - arg] = 0;
+	ERR_FORWARD(cli_parse_double(opt, a, 0.0, 1e6, &us));
+	ERR_FORWARD(cli_parse_double(opt, colon + 1, 1e-6, 1e6, &gbps));
+	l->alpha = us * 1e-6;
+	l->beta = 1.0 / (gbps * 1e9);
+	return 0;
+}
+
+/* "1,2,4" into out (values checked by the caller's table); returns the count or -1. */
+static int parse_list(const char *opt, const char *arg, const char *const *names, int n,
+		      int *out, int max)
+{
+	char tmp[128];
+	int m = 0;
+	snprintf(tmp, sizeof tmp, "%s", arg);
+	for (char *save = NULL, *tok = strtok_r(tmp, ",", &save); tok;
+	     tok = strtok_r(NULL, ",", &save)) {
+		int i = 0;
+		while (i < n && strcmp(tok, names[i]) != 0)
+			i++;
+		if (i == n || m == max) {
+			err_set(CORE_EUSAGE, NULL, "option '%s': '%s' is not one of the values "
+				"allowed", opt, tok);
+			return -1;
+		}
+		for (int j = 0; j < m; j++)
+			if (out[j] == i) {
+				err_set(CORE_EUSAGE, NULL, "option '%s': '%s' is given twice", opt, tok);
+				return -1;
+			}
+		out[m++] = i;
+	}
+	if (m == 0)
+		err_set(CORE_EUSAGE, NULL, "option '%s': empty list", opt);
+	return m ? m : -1;
+}
+
+static int run(struct search *s, const char *out, const char *trials_path, double flo,
+	       double fhi, int64_t R, struct dist *d)
+{
+	const struct moe_config *c = &s->o.cfg;
+	/* The capacities the layer gives these factors: k * int(f * ceil(T / E)). */
+	const int64_t clo = moe_capacity_fixed(c->E, c->T, c->k, flo);
+	const int64_t chi = moe_capacity_fixed(c->E, c->T, c->k, fhi);
+	const int64_t klo = clo / R, khi = chi / R, q = dist_rank(d);
+	struct moe_dict dict = {0};
+	const double t0 = now_seconds();
+
+	dict.W = dist_size(d);
+	dict.local_size = dist_local_size(d);
+	dict.E = c->E;
+	dict.k = c->k;
+	dict.M = c->M;
+	dict.H = c->H;
+	dict.T = c->T;
+	dict.R = R;
+	machine(dict.machine, sizeof dict.machine, d);
+	dict.e = calloc((size_t)(khi - klo + 1), sizeof *dict.e);
+	if (!dict.e)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the dictionary");
+	/* With one node, or one rank per node, 2DH is Linear (dist.h): trying both would let
+	 * noise pick a name. */
+	const int m = dist_local_size(d);
+	if ((m == 1 || m == dist_size(d)) && s->na == 2) {
+		s->na = 1;
+		s->alist[0] = DIST_A2A_LINEAR;
+		if (q == 0)
+			fprintf(stderr, "%s: nodes of %d of %d ranks: 2dh is linear here, only linear "
+				"is tried (--local-size simulates nodes)\n", prog, m, dist_size(d));
+	}
+	int rc = moe_bench_dist_data_init(&s->dd, &s->o);
+	if (rc == 0 && q == 0)
+		fprintf(stderr, "%s: W=%d ranks (nodes of %d, %s), E=%d, M=%lld, H=%lld, k=%d, "
+			"T=%lld per rank; C %lld..%lld: buckets %lld..%lld of R=%lld\n", prog,
+			dict.W, dict.local_size, dist_layout_source(d), c->E, (long long)c->M,
+			(long long)c->H, c->k, (long long)c->T, (long long)clo, (long long)chi,
+			(long long)klo, (long long)khi, (long long)R);
+	for (int64_t key = klo; key <= khi && rc == 0; key++) {
+		/* The middle of the bucket; its lower half is empty below one slot. */
+		const int64_t C = key * R + R / 2 > 0 ? key * R + R / 2 : 1;
+		int nt = 0;
+		rc = bucket(s, key, C, &dict.e[dict.n], &nt);
+		if (rc == 0 && q == 0) {
+			char p[48];
+			const struct moe_plan *b = &dict.e[dict.n].plan;
+			if (b->r == 0)
+				snprintf(p, sizeof p, "r=0");
+			else
+				snprintf(p, sizeof p, "r=%d d=%d %s", b->r, b->d, dist_a2a_name(b->a));
+			fprintf(stderr, "%s: bucket %lld (%lld/%lld, C=%lld): %s %.2f ms, %d trials, "
+				"%.0f s elapsed\n", prog, (long long)key, (long long)(key - klo + 1),
+				(long long)(khi - klo + 1), (long long)C, p,
+				1e3 * dict.e[dict.n].seconds, nt, now_seconds() - t0);
+		}
+		dict.n++;
+	}
+	if (rc == 0 && q == 0) {
+		rc = moe_dict_write(out, &dict);
+		if (rc == 0 && trials_path)
+			rc = write_trials(trials_path, s);
+		if (rc == 0)
+			rc = cli_print_json(json_pack("{s:s, s:i, s:i, s:I, s:I, s:I, s:f}", "dict",
+						      out, "W", dict.W, "local_size",
+						      dict.local_size, "buckets", (json_int_t)dict.n,
+						      "trials", (json_int_t)s->nt, "window",
+						      (json_int_t)R, "seconds", now_seconds() - t0),
+					    JSON_COMPACT);
+	}
+	/* The files are rank 0's: the others learn whether it managed. */
+	rc = dist_agree_rc(d, rc);
+	moe_bench_dist_data_free(&s->dd);
+	moe_dict_free(&dict);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lopts[] = {
+		{"tokens", required_argument, NULL, 'T'},
+		{"model-dim", required_argument, NULL, 'M'},
+		{"hidden-dim", required_argument, NULL, 'H'},
+		{"experts", required_argument, NULL, 'E'},
+		{"top-k", required_argument, NULL, 'k'},
+		{"activation", required_argument, NULL, 1001},
+		{"factors", required_argument, NULL, 1002},
+		{"window", required_argument, NULL, 'R'},
+		{"d-values", required_argument, NULL, 1003},
+		{"algorithms", required_argument, NULL, 1004},
+		{"iterations", required_argument, NULL, 'n'},
+		{"warmup", required_argument, NULL, 'w'},
+		{"local-size", required_argument, NULL, 1005},
+		{"output", required_argument, NULL, 'o'},
+		{"trials", required_argument, NULL, 1006},
+		{"force", no_argument, NULL, 'f'},
+		{"seed", required_argument, NULL, 's'},
+		{"threads", required_argument, NULL, 't'},
+		{"device", required_argument, NULL, 1007},
+		{"simulate", no_argument, NULL, 1008},
+		{"intra", required_argument, NULL, 1009},
+		{"inter", required_argument, NULL, 1010},
+		{"copy", required_argument, NULL, 1011},
+		{"sim-local-size", required_argument, NULL, 1012},
+		{"max-world", required_argument, NULL, 1013},
+		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},
+		{NULL, 0, NULL, 0},
+	};
+	static const char *const dnames[] = {"1", "2", "4", "8"};
+	static const char *const anames[] = {"linear", "2dh"};
+	struct search s = {.nd = 4, .dlist = {1, 2, 4, 8}, .na = 2, .alist = {0, 1}};
+	long T = 4096, M = 1024, H = 4096, E = 16, k = 2, R = 128, iters = 3, warm = 1;
+	long local = 0, seed = 1, threads = 0;
+	double flo = 1.0, fhi = 4.4;
+	int act = MOE_ACT_RELU, force = 0, sim = 0, c, rc = 0;
+	/* The cluster --simulate predicts by default: nodes of 8 GPUs on NVLink (2 us, 150 GB/s
+	 * per message stream), HDR InfiniBand across nodes (5 us, 25 GB/s: 200 Gb/s, Tutel's
+	 * fig. 16), stride copies at 1000 GB/s (HBM). Illustrative, not measured. */
+	struct simopts so = {.cluster = {.intra = {2e-6, 1.0 / 150e9}, .inter = {5e-6, 1.0 / 25e9},
+					 .copy = 1.0 / 1000e9, .m = 8},
+			     .maxw = 4096};
+	long simm = 8, maxw = 4096;
+	double copy_gbps = 1000;
+	const char *out = NULL, *trials = NULL, *device = "cpu";
+
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":T:M:H:E:k:R:n:w:o:fs:t:hV", lopts, NULL)) != -1) {
+		switch (c) {
+		case 'T': rc = cli_parse_long("--tokens", optarg, 1, 1L << 30, &T); break;
+		case 'M': rc = cli_parse_long("--model-dim", optarg, 1, 1L << 20, &M); break;
+		case 'H': rc = cli_parse_long("--hidden-dim", optarg, 1, 1L << 20, &H); break;
+		case 'E': rc = cli_parse_long("--experts", optarg, 1, 1L << 16, &E); break;
+		case 'k': rc = cli_parse_long("--top-k", optarg, 1, 1L << 16, &k); break;
+		case 1001:
+			act = moe_act_from_name(optarg);
+			if (act < 0)
+				rc = err_set(CORE_EUSAGE, NULL, "option '--activation': unknown "
+					     "activation '%s' (%s)", optarg, moe_act_names());
+			break;
+		case 1002: {
+			char lo[64], *colon = strchr(optarg, ':');
+			if (!colon || (size_t)(colon - optarg) >= sizeof lo) {
+				rc = err_set(CORE_EUSAGE, NULL, "option '--factors': '%s' is not "
+					     "LO:HI", optarg);
+				break;
+			}
+			memcpy(lo, optarg, (size_t)(colon - optarg));
+			lo[colon - optarg] = 0;
+			rc = cli_parse_double("--factors", lo, 1e-3, 1e3, &flo);
+			if (rc == 0)
+				rc = cli_parse_double("--factors", colon + 1, 1e-3, 1e3, &fhi);
+			if (rc == 0 && fhi < flo)
+				rc = err_set(CORE_EUSAGE, NULL, "option '--factors': %g is below %g",
+					     fhi, flo);
+			break;
+		}
+		case 'R': rc = cli_parse_long("--window", optarg, 1, 1L << 30, &R); break;
+		case 1003:
+			s.nd = parse_list("--d-values", optarg, dnames, 4, s.dlist, 4);
+			rc = s.nd < 0 ? CORE_EUSAGE : 0;
+			for (int i = 0; i < s.nd; i++)
+				s.dlist[i] = 1 << s.dlist[i];
+			break;
+		case 1004:
+			s.na = parse_list("--algorithms", optarg, anames, 2, s.alist, 2);
+			rc = s.na < 0 ? CORE_EUSAGE : 0;
+			break;
+		case 'n': rc = cli_parse_long("--iterations", optarg, 1, 1L << 20, &iters); break;
+		case 'w': rc = cli_parse_long("--warmup", optarg, 0, 1L << 20, &warm); break;
+		case 1005: rc = cli_parse_long("--local-size", optarg, 1, 1L << 20, &local); break;
+		case 'o': out = optarg; break;
+		case 1006: trials = optarg; break;
+		case 'f': force = 1; break;
+		case 's': rc = cli_parse_long("--seed", optarg, 0, 1L << 62, &seed); break;
+		case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &threads); break;
+		case 1007: device = optarg; break;
+		case 1008: sim = 1; break;
+		case 1009: rc = parse_link("--intra", optarg, &so.cluster.intra); break;
+		case 1010: rc = parse_link("--inter", optarg, &so.cluster.inter); break;
+		case 1011: rc = cli_parse_double("--copy", optarg, 1e-6, 1e6, &copy_gbps); break;
+		case 1012: rc = cli_parse_long("--sim-local-size", optarg, 1, 1L << 20, &simm); break;
+		case 1013: rc = cli_parse_long("--max-world", optarg, 2, 1L << 24, &maxw); break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf("moe-profile %s\n", CORE_VERSION);
+			return 0;
+		default:
+			return cli_bad_option(prog, prog, lopts, argv, c);
+		}
+		if (rc < 0)
+			return cli_report(prog, rc);
+	}
+	if (optind < argc)
+		return cli_usage_error(prog, "unexpected argument '%s'", argv[optind]);
+	so.cluster.copy = 1.0 / (copy_gbps * 1e9);
+	so.cluster.m = (int)simm;
+	so.maxw = (int)maxw;
+	if (!out && !sim)
+		return cli_usage_error(prog, "-o FILE is required: where the dictionary goes (see "
+				       "moe-profile --help)");
+	if (out && sim)
+		return cli_usage_error(prog, "--simulate predicts exchange times and writes no "
+				       "dictionary: not with -o");
+	if (strcmp(device, "cpu") != 0 && strcmp(device, "ref") != 0)
+		return cli_usage_error(prog, "option '--device': the distributed layer runs on "
+				       "host memory (cpu or ref), not on '%s'", device);
+	if (sim) {
+		struct dist *d = NULL;
+		struct backend *be = NULL;
+		rc = dist_open(&d, (int)local);
+		if (rc == 0)
+			rc = backend_open(&be, device, &(struct backend_params){.threads =
+										    (int)threads});
+		if (rc == 0)
+			rc = simulate(d, be, &so);
+		backend_close(be);
+		dist_close(d);
+		return rc < 0 ? cli_report(prog, rc) : 0;
+	}
+	const char *paths[] = {out, trials};
+	for (int i = 0; i < 2; i++)
+		if (paths[i] && !force && access(paths[i], F_OK) == 0)
+			return cli_usage_error(prog, "'%s' exists: refusing to overwrite it without "
+					       "--force", paths[i]);
+	moe_config_default(&s.o.cfg, T, M, H, (int)E);
+	s.o.cfg.k = (int)k;
+	s.o.cfg.act = (enum moe_act)act;
+	s.o.cfg.seed = (uint64_t)seed;
+	rc = moe_config_check(&s.o.cfg);
+	if (rc < 0)
+		return cli_report(prog, rc);
+	s.o.iters = iters;
+	s.o.warmup = warm;
+	s.o.input_grad = 1;
+	for (int i = 0; i < 2; i++)
+		if (paths[i] && (rc = cli_make_parents(paths[i])) < 0)
+			return cli_report(prog, rc);
+
+	struct dist *d = NULL;
+	struct backend *be = NULL;
+	rc = dist_open(&d, (int)local);
+	if (rc == 0)
+		rc = backend_open(&be, device, &(struct backend_params){.threads = (int)threads});
+	if (rc == 0) {
+		struct moe_dist_place pl;
+		rc = moe_dist_place(&pl, &s.o.cfg, dist_size(d), dist_rank(d));
+	}
+	if (rc == 0) {
+		s.o.be = be;
+		s.o.d = d;
+		rc = run(&s, out, trials, flo, fhi, R, d);
+	}
+	free(s.t);
+	backend_close(be);
+	dist_close(d);
+	return rc < 0 ? cli_report(prog, rc) : 0;
+}

@@ -1,0 +1,55 @@
+# The distributed MoE layer under mpirun (test/mpi/test_moe_dist.c, moe-bench, moe-profile):
+# at 2 and 4 ranks (and nodes of 2), every plan {r, d, a} gives the single-process layer's
+# outputs and gradients and switching plans allocates nothing; ranks that disagree on the
+# layer, and a dictionary measured for another world, fail with one line on every rank and
+# exit 2, none hanging; moe-profile writes a dictionary moe-bench --dict reads, and refuses
+# to overwrite it. Every mpirun is under a time limit.
+set -eu
+. "$TESTDIR/lib.sh"
+command -v mpirun >/dev/null 2>&1 || skip "skipped: no mpirun (apt-get install openmpi-bin)"
+t=${MPITEST:-}/test_moe_dist
+[ -n "${MPITEST:-}" ] && [ -x "$t" ] || skip "skipped: no MPI test programs (MPITEST; a build without MPI: apt-get install libopenmpi-dev)"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+# Open MPI frees little at MPI_Finalize: LeakSanitizer would call it leaks (see t-dist.sh).
+export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+# run N CMD...: N ranks, oversubscribed, quiet (only the programs' own lines), 240 s at most
+run() {
+	n=$1; shift
+	timeout -k 10 240 mpirun --quiet --oversubscribe -x ASAN_OPTIONS -x OMP_NUM_THREADS \
+		-np "$n" "$@"
+}
+# one_line_each N CODE PATTERN CMD...: exit CODE, and exactly N stderr lines, each matching
+one_line_each() {
+	n=$1 code=$2 pat=$3; shift 3
+	run "$n" "$@" >out.stdout 2>out.stderr && rc=0 || rc=$?
+	[ "$rc" = "$code" ] || { cat out.stderr; die "$* exited $rc, expected $code"; }
+	[ "$(wc -l <out.stderr)" -eq "$n" ] || { cat out.stderr; die "$*: expected $n lines"; }
+	[ "$(grep -Ec -- "$pat" out.stderr)" -eq "$n" ] ||
+		{ cat out.stderr; die "$*: not every line matches '$pat'"; }
+}
+
+for args in "2" "4" "4 --local-size 2"; do
+	set -- $args
+	n=$1; shift
+	run "$n" "$t" "$@" >all.out 2>&1 || { cat all.out; die "test_moe_dist at $args failed"; }
+	[ "$(grep -c ' 0 failed$' all.out)" -eq "$n" ] ||
+		{ cat all.out; die "test_moe_dist at $args: not every rank passed"; }
+	grep -m1 'checks' all.out
+done
+one_line_each 2 2 "^test_moe_dist: rank [01]: ranks disagree on E: 2 on rank 0, 4 on rank 1$" \
+	"$t" --disagree
+
+shape="-T 256 -M 32 -H 64 -E 2 -t 1"
+expect_ok run 2 "$BIN/moe-profile" $shape -R 128 --factors 1:2 -n 2 -w 1 -o d.txt --trials t.tsv
+grep -q '^world 2$' d.txt || die "the dictionary does not record W=2"
+[ "$(grep -c '^bucket ' d.txt)" -ge 2 ] || die "the dictionary has fewer than 2 buckets"
+head -n 1 t.tsv | grep -q '^# bucket' || die "the trial table has no header"
+one_line_each 2 2 "^moe-profile: 'd.txt' exists: refusing" "$BIN/moe-profile" $shape -o d.txt
+printf '1.0\n2.0\n1.5\n' >trace.txt
+expect_ok run 2 "$BIN/moe-bench" $shape --trace trace.txt --dict d.txt -n 3 -w 1
+grep -q '"run":"dictionary-summary"' out.stdout || die "moe-bench --dict printed no summary"
+sed 's/^world 2$/world 4/' d.txt >d4.txt
+one_line_each 2 2 "^moe-bench: 'd4.txt': measured for W=4 ranks, this run has W=2$" \
+	"$BIN/moe-bench" $shape --dict d4.txt
+one_line_each 2 2 "^moe-bench: .*r=3 is not a parallelism degree" "$BIN/moe-bench" $shape --r 3
+echo "test_moe_dist at 2 and 4 ranks; moe-profile and moe-bench --dict; bad input refused"
