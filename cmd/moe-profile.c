@@ -595,9 +595,9 @@ int main(int argc, char **argv)
 	if (!out && !sim)
 		return cli_usage_error(prog, "-o FILE is required: where the dictionary goes (see "
 				       "moe-profile --help)");
-	if (out && sim)
+	if ((out || trials) && sim)
 		return cli_usage_error(prog, "--simulate predicts exchange times and writes no "
-				       "dictionary: not with -o");
+				       "dictionary: not with %s", out ? "-o" : "--trials");
 	if (strcmp(device, "cpu") != 0 && strcmp(device, "ref") != 0)
 		return cli_usage_error(prog, "option '--device': the distributed layer runs on "
 				       "host memory (cpu or ref), not on '%s'", device);
