@@ -919,6 +919,58 @@ out:
 
 /* ---- eval --------------------------------------------------------------------------------- */
 
+/* The routers of eval and sample against the base model and the paths: a document router
+ * (for one path, without one, a router that sends everything to it, with the default
+ * prefix), and window routers of the same prefix, all fitted on this base's features. */
+static int setup_routers(struct router *doc, int *have_doc, const char *router_path,
+			 const struct router *win, const char *const *wpaths, int nw,
+			 const struct lm *base, const char *model, int npaths, const char *cmd)
+{
+	int rc = 0;
+	if (!*have_doc && npaths > 1)
+		rc = err_set(CORE_EUSAGE, NULL, "%s: %d paths need a --router", cmd, npaths);
+	if (!rc && !*have_doc) {
+		/* one path: a router that sends everything to it, with the default prefix */
+		doc->kind = ROUTER_KMEANS;
+		doc->paths = 1;
+		doc->dim = base->g.cfg.n_embd;
+		memcpy(doc->r.digest, base->digest, sizeof doc->r.digest);
+		doc->r.layer = base->g.cfg.n_layer - 1;
+		doc->r.prefix = DEFAULT_PREFIX;
+		doc->centroids = calloc((size_t)doc->dim, sizeof(float));
+		*have_doc = 1;
+		if (!doc->centroids)
+			rc = CORE_ENOMEM;
+	}
+	if (!rc && doc->paths != npaths)
+		rc = err_set(CORE_ESHAPE, router_path, "routes to %d paths, the model has %d",
+			     doc->paths, npaths);
+	/* the routers' features come from the base given */
+	if (!rc && strcmp(doc->r.digest, base->digest))
+		rc = err_set(CORE_EFORMAT, router_path, "was fitted on features of checkpoint %s, "
+			     "but --model '%s' is %s", doc->r.digest, model, base->digest);
+	if (!rc && doc->dim != base->g.cfg.n_embd)
+		rc = err_set(CORE_ESHAPE, router_path, "has %d features, the base model %d",
+			     doc->dim, base->g.cfg.n_embd);
+	for (int i = 0; !rc && i < nw; i++) {
+		if (win[i].paths != npaths)
+			rc = err_set(CORE_ESHAPE, wpaths[i], "routes to %d paths, the model has %d",
+				     win[i].paths, npaths);
+		else if (strcmp(win[i].r.digest, base->digest) ||
+			 win[i].dim != 2 * base->g.cfg.n_embd)
+			rc = err_set(CORE_EFORMAT, wpaths[i], "was fitted on features of checkpoint "
+				     "%s (%d values), but --model '%s' is %s (%d)", win[i].r.digest,
+				     win[i].dim, model, base->digest, 2 * base->g.cfg.n_embd);
+		else if (win[i].r.prefix != doc->r.prefix)
+			rc = err_set(CORE_EFORMAT, wpaths[i], "has windows from token %d, the "
+				     "document router's prefix is %d", win[i].r.prefix, doc->r.prefix);
+	}
+	if (!rc && doc->r.prefix > base->g.cfg.seq_len)
+		rc = err_set(CORE_EFORMAT, router_path, "prefix %d is longer than the context %d",
+			     doc->r.prefix, base->g.cfg.seq_len);
+	return rc;
+}
+
 static void eval_usage(FILE *fp)
 {
 	fprintf(fp,
@@ -1039,46 +1091,9 @@ static int cmd_eval(int argc, char **argv)
 		goto out;
 	if ((rc = lm_open(&base, model, co.be, (int)batch)) == 0)
 		have_base = 1;
-	if (!rc && !have_doc && ps.n > 1)
-		rc = err_set(CORE_EUSAGE, NULL, "eval: %d paths need a --router", ps.n);
-	if (!rc && !have_doc) {
-		/* one path: a router that sends everything to it, with the default prefix */
-		doc.kind = ROUTER_KMEANS;
-		doc.paths = 1;
-		doc.dim = base.g.cfg.n_embd;
-		memcpy(doc.r.digest, base.digest, sizeof doc.r.digest);
-		doc.r.layer = base.g.cfg.n_layer - 1;
-		doc.r.prefix = DEFAULT_PREFIX;
-		doc.centroids = calloc((size_t)doc.dim, sizeof(float));
-		have_doc = 1;
-		if (!doc.centroids)
-			rc = CORE_ENOMEM;
-	}
-	if (!rc && doc.paths != ps.n)
-		rc = err_set(CORE_ESHAPE, router_path, "routes to %d paths, the model has %d",
-			     doc.paths, ps.n);
-	/* the routers' features come from the base given */
-	if (!rc && strcmp(doc.r.digest, base.digest))
-		rc = err_set(CORE_EFORMAT, router_path, "was fitted on features of checkpoint %s, "
-			     "but --model '%s' is %s", doc.r.digest, model, base.digest);
-	if (!rc && doc.dim != base.g.cfg.n_embd)
-		rc = err_set(CORE_ESHAPE, router_path, "has %d features, the base model %d",
-			     doc.dim, base.g.cfg.n_embd);
-	for (int i = 0; !rc && i < nw; i++) {
-		if (win[i].paths != ps.n)
-			rc = err_set(CORE_ESHAPE, wpaths[i], "routes to %d paths, the model has %d",
-				     win[i].paths, ps.n);
-		else if (strcmp(win[i].r.digest, base.digest) || win[i].dim != 2 * base.g.cfg.n_embd)
-			rc = err_set(CORE_EFORMAT, wpaths[i], "was fitted on features of checkpoint "
-				     "%s (%d values), but --model '%s' is %s (%d)", win[i].r.digest,
-				     win[i].dim, model, base.digest, 2 * base.g.cfg.n_embd);
-		else if (win[i].r.prefix != doc.r.prefix)
-			rc = err_set(CORE_EFORMAT, wpaths[i], "has windows from token %d, the "
-				     "document router's prefix is %d", win[i].r.prefix, doc.r.prefix);
-	}
-	if (!rc && doc.r.prefix > base.g.cfg.seq_len)
-		rc = err_set(CORE_EFORMAT, router_path, "prefix %d is longer than the context %d",
-			     doc.r.prefix, base.g.cfg.seq_len);
+	if (!rc)
+		rc = setup_routers(&doc, &have_doc, router_path, win, wpaths, nw, &base, model,
+				   ps.n, "eval");
 	if (rc < 0) {
 		rc = cli_report(prog, rc);
 		goto out;
@@ -1147,11 +1162,20 @@ static void sample_usage(FILE *fp)
 {
 	fprintf(fp,
 		"usage: %s sample -m MODEL.safetensors [options] [PROMPT]\n"
+		"       %s sample (--run RUNDIR [--phase T] | --path CKPT...) -m BASE\n"
+		"                --router ROUTER [--window-router WROUTER] [options] [PROMPT]\n"
 		"Generate text from a checkpoint of the byte tokenizer's vocabulary (256): the\n"
 		"continuation of PROMPT ('-': read from standard input; none: a newline) goes to\n"
-		"standard output as it is drawn.\n\n"
+		"standard output as it is drawn. From a DiPaCo, each token comes from the path the\n"
+		"routers choose, as eval routes: ROUTER on the prompt (its first PREFIX tokens),\n"
+		"again when the text reaches PREFIX tokens, and with WROUTER at every window\n"
+		"boundary PREFIX + m W; a switch feeds the context to the new path.\n\n"
 		"options:\n"
-		"  -m, --model FILE      the checkpoint (required)\n"
+		"  -m, --model FILE      the checkpoint (required); with --run or --path, the base\n"
+		"                        checkpoint the routers' features come from\n"
+		PATHSET_HELP
+		"      --router FILE     the document router (required unless there is one path)\n"
+		"      --window-router FILE  a window router: re-route every W tokens\n"
 		"  -n, --tokens N        tokens to generate (default 256)\n"
 		"      --temperature X   softmax temperature; 0 is greedy (default 1.0)\n"
 		"      --top-k K         draw among the K most likely tokens only (default 0: all)\n"
@@ -1167,7 +1191,7 @@ static void sample_usage(FILE *fp)
 		"  -h, --help            show this help and exit\n"
 		"  -V, --version         show the version and exit\n"
 		"\nPast the model's context the oldest half of it is dropped and the rest fed again.\n",
-		prog);
+		prog, prog);
 }
 
 /* The prompt: argv text, or standard input for "-". */
@@ -1203,17 +1227,42 @@ static int read_prompt(const char *arg, char **out, size_t *len)
 	return 0;
 }
 
+/* Routing while sampling from a DiPaCo: the routers, the base model they read, and the
+ * switches made. */
+struct sample_route {
+	struct lm base;
+	struct router doc, win;
+	int have_base, have_doc, have_win;
+	uint32_t *text; /* the tokens so far, for the base model */
+	long switches;
+	char log[512];  /* "2@0 0@128 ..." : path @ position, as switched */
+	size_t loglen;
+};
+
+/* Whether the path is decided again before drawing the token at position n: at the start,
+ * when the prefix is complete, and at every window boundary prefix + m W. */
+static int route_due(const struct sample_route *sr, uint64_t n, uint64_t n0)
+{
+	const uint64_t prefix = (uint64_t)sr->doc.r.prefix;
+	const uint64_t W = sr->have_win ? (uint64_t)sr->win.window : 0;
+	return n == n0 || n == prefix || (W && n >= prefix + W && (n - prefix) % W == 0);
+}
+
 static int cmd_sample(int argc, char **argv)
 {
 	static const struct option longopts[] = {
 		{ "model", required_argument, NULL, 'm' }, { "tokens", required_argument, NULL, 'n' },
-		{ "temperature", required_argument, NULL, 'T' },
-		{ "top-k", required_argument, NULL, 'K' }, { "top-p", required_argument, NULL, 'P' },
+		{ "temperature", required_argument, NULL, 'X' },
+		{ "top-k", required_argument, NULL, 'K' }, { "top-p", required_argument, NULL, 'Y' },
 		{ "seed", required_argument, NULL, 's' }, { "no-cache", no_argument, NULL, 'N' },
+		PATHSET_LONGOPTS, { "router", required_argument, NULL, 'r' },
+		{ "window-router", required_argument, NULL, 'w' },
 		COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
 	};
 	struct common co = {0};
-	const char *model = NULL;
+	struct pathset ps = {.phase = -1};
+	struct sample_route sr = {0};
+	const char *model = NULL, *router_path = NULL, *win_path = NULL;
 	long ntok = 256, topk = 0, seed = 1;
 	double temp = 1.0, topp = 1.0;
 	int nocache = 0, c, rc;
@@ -1223,15 +1272,21 @@ static int cmd_sample(int argc, char **argv)
 			return -rc;
 		if (rc)
 			continue;
+		if ((rc = pathset_opt(&ps, c, optarg)) < 0)
+			return -rc;
+		if (rc)
+			continue;
 		rc = 0;
 		switch (c) {
 		case 'm': model = optarg; break;
 		case 'n': rc = cli_parse_long("--tokens", optarg, 0, 1L << 30, &ntok); break;
-		case 'T': rc = cli_parse_double("--temperature", optarg, 0.0, 1e6, &temp); break;
+		case 'X': rc = cli_parse_double("--temperature", optarg, 0.0, 1e6, &temp); break;
 		case 'K': rc = cli_parse_long("--top-k", optarg, 0, INT_MAX, &topk); break;
-		case 'P': rc = cli_parse_double("--top-p", optarg, 1e-9, 1.0, &topp); break;
+		case 'Y': rc = cli_parse_double("--top-p", optarg, 1e-9, 1.0, &topp); break;
 		case 's': rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &seed); break;
 		case 'N': nocache = 1; break;
+		case 'r': router_path = optarg; break;
+		case 'w': win_path = optarg; break;
 		case 'h': sample_usage(stdout); return 0;
 		case 'V': return version();
 		default: return bad_option("sample", longopts, argv, c);
@@ -1239,6 +1294,7 @@ static int cmd_sample(int argc, char **argv)
 		if (rc < 0)
 			return cli_report(prog, rc);
 	}
+	const int dipaco = ps.run || ps.nfiles;
 	if (argc - optind > 1)
 		return cli_usage_error(prog, "sample: expected at most one prompt, got %d arguments "
 				       "(quote the prompt; see %s sample --help)", argc - optind, prog);
@@ -1246,8 +1302,13 @@ static int cmd_sample(int argc, char **argv)
 		return cli_usage_error(prog, "sample: the text goes to standard output; there is no "
 				       "--output");
 	if (!model)
-		return cli_usage_error(prog, "sample: --model FILE is required (see %s sample --help)",
-				       prog);
+		return cli_usage_error(prog, dipaco ? "sample: --model BASE.safetensors is required: "
+				       "the base model the routers read" : "sample: --model FILE "
+				       "is required (see %s sample --help)", prog);
+	if (!dipaco && (router_path || win_path || ps.phase >= 0))
+		return cli_usage_error(prog, "sample: %s routes the paths of a DiPaCo: it needs "
+				       "--run RUNDIR or --path CKPT", router_path ? "--router" :
+				       win_path ? "--window-router" : "--phase");
 	char *prompt = NULL;
 	size_t plen = 0;
 	if ((rc = read_prompt(optind < argc ? argv[optind] : "\n", &prompt, &plen)) < 0)
@@ -1268,52 +1329,108 @@ static int cmd_sample(int argc, char **argv)
 		return rc;
 	}
 	struct lm m;
-	struct gpt2_decoder d = {0};
+	struct lm *models = &m; /* the models drawn from: one checkpoint, or the paths */
+	int nmodels = 1, opened = 0;
+	struct gpt2_decoder *dec = NULL;
 	const struct sample_opts so = {.temperature = temp, .top_k = (int)topk, .top_p = topp};
 	int32_t *hist = NULL;
 	float *logits = NULL, *all = NULL;
 	int *work = NULL;
-	rc = lm_open(&m, model, co.be, 1);
-	const int opened = rc == 0;
-	const int T = rc == 0 ? m.g.cfg.seq_len : 0, V = rc == 0 ? m.g.cfg.vocab_size : 0;
+	if (dipaco) {
+		if ((rc = pathset_open(&ps, co.be, 1, "sample")) != 0)
+			goto out;
+		models = ps.lm;
+		nmodels = ps.n;
+		if (router_path && (rc = router_read(router_path, &sr.doc)) == 0)
+			sr.have_doc = 1;
+		if (!rc && win_path && (rc = router_read(win_path, &sr.win)) == 0) {
+			sr.have_win = 1;
+			if (sr.win.kind != ROUTER_WINDOW)
+				rc = err_set(CORE_EFORMAT, win_path, "is a %s router, not a window "
+					     "router", router_kind_name(sr.win.kind));
+		}
+		if (!rc && sr.have_doc && sr.doc.kind == ROUTER_WINDOW)
+			rc = err_set(CORE_EFORMAT, router_path, "is a window router; --router takes "
+				     "a document router (kmeans or logreg)");
+		if (!rc && (rc = lm_open(&sr.base, model, co.be, 1)) == 0)
+			sr.have_base = 1;
+		if (!rc) {
+			const char *wp[1] = {win_path};
+			rc = setup_routers(&sr.doc, &sr.have_doc, router_path, &sr.win, wp,
+					   sr.have_win, &sr.base, model, ps.n, "sample");
+		}
+		if (!rc && sr.base.g.cfg.vocab_size != models[0].g.cfg.vocab_size)
+			rc = err_set(CORE_ESHAPE, model, "has a vocabulary of %d, the paths %d",
+				     sr.base.g.cfg.vocab_size, models[0].g.cfg.vocab_size);
+	} else {
+		rc = lm_open(&m, model, co.be, 1);
+		opened = rc == 0;
+	}
+	const int T = rc == 0 ? models[0].g.cfg.seq_len : 0;
+	const int V = rc == 0 ? models[0].g.cfg.vocab_size : 0;
 	if (rc == 0 && V != 256)
-		rc = err_set(CORE_EUSAGE, model, "vocabulary of %d: text in and out needs the byte "
-			     "tokenizer's 256", V);
+		rc = err_set(CORE_EUSAGE, models[0].path, "vocabulary of %d: text in and out needs "
+			     "the byte tokenizer's 256", V);
 	const size_t cap = plen + (size_t)ntok + 1;
 	if (rc == 0) {
 		hist = malloc(sizeof *hist * cap);
 		logits = malloc(sizeof *logits * (size_t)V);
 		all = nocache ? malloc(sizeof *all * (size_t)T * V) : NULL;
 		work = malloc(sizeof *work * (size_t)V);
-		if (!hist || !logits || !work || (nocache && !all))
+		dec = calloc((size_t)nmodels, sizeof *dec);
+		sr.text = dipaco ? malloc(sizeof *sr.text * cap) : NULL;
+		if (!hist || !logits || !work || !dec || (nocache && !all) || (dipaco && !sr.text))
 			rc = err_set(CORE_ENOMEM, NULL, "out of memory");
 	}
-	if (rc == 0 && !nocache)
-		rc = gpt2_decoder_open(&d, &m.g);
+	for (int p = 0; rc == 0 && !nocache && p < nmodels; p++)
+		rc = gpt2_decoder_open(&dec[p], &models[p].g);
 	size_t n = 0;
 	for (size_t i = 0; i < plen; i++)
 		if (hist)
 			hist[n++] = (unsigned char)prompt[i];
 	double t0 = now_seconds(), tfirst = t0;
-	size_t fed = 0; /* history tokens in the decoder's cache, from hist[base] */
+	size_t fed = 0; /* history tokens in the current decoder's cache, from hist[base] */
 	size_t base = 0;
+	int cur = 0;    /* the path drawn from */
 	for (long i = 0; rc == 0 && i <= ntok; i++) {
+		if (dipaco && i < ntok && route_due(&sr, n, plen)) {
+			uint32_t path;
+			uint64_t at;
+			for (size_t j = 0; j < n; j++)
+				sr.text[j] = (uint32_t)hist[j];
+			if ((rc = route_text_path(&sr.base, &sr.doc, sr.have_win ? &sr.win : NULL,
+						  sr.text, n, &path, &at)) < 0)
+				break;
+			if (n == plen || (int)path != cur) {
+				/* another path: its cache starts empty, the context is fed again */
+				sr.switches += n != plen;
+				cur = (int)path;
+				fed = 0;
+				if (!nocache)
+					gpt2_decoder_reset(&dec[cur]);
+				if (sr.loglen < sizeof sr.log - 32)
+					sr.loglen += (size_t)snprintf(sr.log + sr.loglen,
+								      sizeof sr.log - sr.loglen,
+								      "%s%d@%zu", sr.loglen ? " " : "",
+								      cur, n);
+			}
+		}
 		/* the context: the last T tokens; past it, the oldest half is dropped */
 		if (n - base > (size_t)T || (!nocache && fed == (size_t)T)) {
 			base = n - (size_t)T / 2;
 			fed = 0;
 			if (!nocache)
-				gpt2_decoder_reset(&d);
+				gpt2_decoder_reset(&dec[cur]);
 		}
 		if (nocache) {
 			int w = (int)(n - base);
-			rc = gpt2_forward_logits(&m.g, hist + base, 1, w, all);
+			rc = gpt2_forward_logits(&models[cur].g, hist + base, 1, w, all);
 			if (rc == 0)
 				memcpy(logits, all + (size_t)(w - 1) * V, sizeof *logits * (size_t)V);
 		} else {
 			while (rc == 0 && base + fed < n) {
-				rc = gpt2_decoder_step(&d, hist[base + fed], base + fed + 1 == n ? logits :
-						       NULL);
+				rc = gpt2_decoder_step(&dec[cur], hist[base + fed],
+						       base + fed + 1 == n ? logits : NULL);
 				fed++;
 			}
 		}
@@ -1329,22 +1446,38 @@ static int cmd_sample(int argc, char **argv)
 			rc = err_errno(CORE_EIO, "<stdout>", "cannot write the text", errno);
 	}
 	double t1 = now_seconds();
-	if (rc == 0 && !co.quiet)
+	if (rc == 0 && !co.quiet) {
 		fprintf(stderr, "\n%s sample: %ld tokens in %.2f s: %.1f tokens/s after a %zu-token "
 			"prompt (%.3f s), %s; seed %ld\n", prog, ntok, t1 - t0,
 			ntok > 0 && t1 > tfirst ? (double)ntok / (t1 - tfirst) : 0.0, plen,
 			tfirst - t0, nocache ? "no cache" : "key/value cache", seed);
-	if (!nocache)
-		gpt2_decoder_close(&d);
+		if (dipaco)
+			fprintf(stderr, "%s sample: %d paths, routed %s; path@position: %s%s (%ld "
+				"switches)\n", prog, nmodels, sr.have_win ? "every window" :
+				"once per document", sr.log, sr.loglen >= sizeof sr.log - 32 ?
+				" ..." : "", sr.switches);
+	}
+out:
+	for (int p = 0; dec && !nocache && p < nmodels; p++)
+		gpt2_decoder_close(&dec[p]);
 	if (opened)
 		lm_close(&m);
+	pathset_close(&ps);
+	if (sr.have_base)
+		lm_close(&sr.base);
+	if (sr.have_doc)
+		router_free(&sr.doc);
+	if (sr.have_win)
+		router_free(&sr.win);
+	free(sr.text);
+	free(dec);
 	free(hist);
 	free(logits);
 	free(all);
 	free(work);
 	free(prompt);
 	backend_close(co.be);
-	return rc < 0 ? cli_report(prog, rc) : 0;
+	return rc < 0 ? cli_report(prog, rc) : rc;
 }
 
 int main(int argc, char **argv)

@@ -144,6 +144,59 @@ int route_window_features(struct lm *base, const struct tokfile *tf, uint64_t d,
 	return 0;
 }
 
+int route_text_path(struct lm *base, const struct router *doc, const struct router *win,
+		    const uint32_t *tok, uint64_t n, uint32_t *path, uint64_t *boundary)
+{
+	const int prefix = doc->r.prefix, C = base->g.cfg.n_embd;
+	const int W = win ? win->window : 0;
+	/* One document in memory: the text, and one more (placeholder) token so that the
+	 * boundary at n itself is inside it (a boundary's features read positions before it
+	 * only: the placeholder changes nothing). */
+	uint32_t *t = malloc((size_t)(n + 1) * sizeof *t);
+	uint64_t off[2] = {0, n + 1};
+	const uint64_t nb_max = W ? (n + 1) / (uint64_t)W + 1 : 1;
+	float *hidden = W && n >= (uint64_t)prefix + (uint64_t)W ?
+				malloc((size_t)(n + 1) * (size_t)C * sizeof(float)) : NULL;
+	float *feat = malloc((size_t)nb_max * 2 * (size_t)C * sizeof(float));
+	int rc = 0;
+
+	if (!t || !feat || (W && n >= (uint64_t)prefix + (uint64_t)W && !hidden)) {
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory for routing");
+		goto out;
+	}
+	memcpy(t, tok, (size_t)n * sizeof *t);
+	t[n] = 0;
+	struct tokfile tf = {.path = "<text>", .vocab = (uint32_t)base->g.cfg.vocab_size,
+			     .width = 4, .ndocs = 1, .ntokens = n + 1, .offsets = off,
+			     .tokens = t};
+	if (hidden) {
+		int nb = 0;
+		rc = route_window_features(base, &tf, 0, win->r.layer, prefix, win->context, W,
+					   hidden, feat, &nb);
+		if (rc == 0 && nb > 0) {
+			router_route(win, feat + (size_t)(nb - 1) * 2 * (size_t)C, 1, path);
+			*boundary = (uint64_t)prefix + (uint64_t)nb * (uint64_t)W;
+			goto out;
+		}
+		if (rc < 0)
+			goto out;
+	}
+	/* The document router reads the first min(n, prefix) tokens: the text, not the
+	 * placeholder. */
+	off[1] = n;
+	tf.ntokens = n;
+	rc = lm_prefix_features(base, &tf, 0, 1, prefix, doc->r.layer, feat, NULL, NULL);
+	if (rc == 0) {
+		router_route(doc, feat, 1, path);
+		*boundary = n < (uint64_t)prefix ? n : (uint64_t)prefix;
+	}
+out:
+	free(t);
+	free(hidden);
+	free(feat);
+	return rc;
+}
+
 /* ---- fitting ------------------------------------------------------------------------------ */
 
 static json_t *counts_json(const uint64_t *c, int k)

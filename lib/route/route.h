@@ -39,6 +39,15 @@ int route_score(struct lm *paths, int npaths, const struct tokfile *tf, int pref
 int route_window_features(struct lm *base, const struct tokfile *tf, uint64_t d, int layer,
 			  int prefix, int context, int W, float *hidden, float *out, int *nb);
 
+/* The path route_evaluate would give the token at position n of a text tok[0..n) (n >= 1;
+ * vocab of the base model): the document router on the first min(n, prefix) tokens (before
+ * the prefix is complete, on the tokens there are: for sampling from a short prompt), then,
+ * with a window router win (may be NULL) and n >= prefix + W, the window router on the
+ * window features of the last boundary prefix + m W <= n. *boundary gets the position the
+ * decision was made at (min(n, prefix) or the boundary). */
+int route_text_path(struct lm *base, const struct router *doc, const struct router *win,
+		    const uint32_t *tok, uint64_t n, uint32_t *path, uint64_t *boundary);
+
 /* Fit a logistic-regression router on rows x [n, dim] with labels y, with the bias
  * correction to the labels' counts (raised to o->min_share of an even share); report (JSON text, caller frees) gets train and held-out
  * accuracy (holdout fraction of the rows, chosen by a hash of the row index and seed), and

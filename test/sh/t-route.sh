@@ -411,5 +411,40 @@ cp out.stdout E.txt
 sed 's/^/    /' E.txt
 rt eval E.json E.txt d/val.tok 8 200
 
+# ---- 6. sampling from the routed run ----------------------------------------------------
+# With the key/value cache (a switch feeds the context to the new path) the text is the
+# text of a full forward per token; the path switches where eval, routing the same text as
+# a document (its window features over the whole document), switches.
+"$BIN/dpc-shard" cat --doc 0 d/val.tok | head -c 24 >prompt.txt
+smp() {
+	"$BIN/dpc-route" sample --run R -m base.safetensors --router LR.st --window-router W16.st \
+		-n 400 "$@" - <prompt.txt
+}
+# the first seed whose text makes the routers switch path (this run switches rarely: eval
+# finds 0.06 switches per document at W = 16)
+for seed in 1 2 3 4 5 6 7 8; do
+	smp -s $seed >kv.txt 2>kv.err || die "sample: $(cat kv.err)"
+	grep -q '(0 switches)$' kv.err || break
+done
+grep -q '(0 switches)$' kv.err && die "sample: no seed of 1..8 switched path"
+smp -s $seed --no-cache >nc.txt 2>nc.err || die "sample --no-cache: $(cat nc.err)"
+same_file kv.txt nc.txt
+tail -n 1 kv.err | sed 's/^/    /'
+python3 - "$(tail -n 1 kv.err)" <<'PY' || die "sample: switches off the boundaries"
+import re, sys
+m = re.search(r"path@position: (.*) \((\d+) switches\)$", sys.argv[1])
+pos = [int(x.split("@")[1]) for x in m.group(1).split()]
+ok = pos[0] == 24 and all(p >= 24 and (p - 8) % 16 == 0 for p in pos[1:])
+sys.exit(0 if ok and len(pos) - 1 == int(m.group(2)) else 1)
+PY
+python3 -c 'import json,sys; print(json.dumps({"text": open("prompt.txt").read() + open("kv.txt").read()}))' >text.jsonl
+expect_ok "$BIN/dpc-shard" prepare --val-frac 0 --router-frac 0 text.jsonl tx
+expect_ok "$BIN/dpc-route" eval -q --run R -m base.safetensors --router LR.st \
+	--window-router W16.st --json TE.json tx/train.tok
+want=$(python3 -c 'import json; print(json.load(open("TE.json"))["modes"][1]["switches"])')
+got=$(tail -n 1 kv.err | sed 's/.*(\([0-9]*\) switches)$/\1/')
+[ "$got" = "$want" ] || die "sample switched $got times, eval of the same text $want"
+echo "sample from the run (seed $seed): cached = full forward; $got switches, as eval routes the text"
+
 [ -z "$bug" ] || die "known bugs (every other check passed):${bug#;}"
 echo "ok"

@@ -38,6 +38,10 @@ expect_fail 2 "^dpc-route: sample: --model FILE is required" "$R" sample "The "
 expect_fail 2 "^dpc-route: option '--top-p': " "$R" sample -m m.safetensors --top-p 0 x
 expect_fail 2 "^dpc-route: sample: the text goes to standard output; there is no --output$" \
 	"$R" sample -m m.safetensors -o out.txt x
+expect_fail 2 "^dpc-route: sample: --router routes the paths of a DiPaCo: it needs --run RUNDIR or --path CKPT$" \
+	"$R" sample -m m.safetensors --router r.st x
+expect_fail 2 "^dpc-route: sample: 2 paths need a --router$" \
+	"$R" sample --path m.safetensors --path m.safetensors -m m.safetensors x
 expect_fail 1 "^dpc-route: 'd/val.tok': not a safetensors file: a token file" \
 	"$R" sample -m d/val.tok x
 echo "sample: the cache gives the full forward's text; seeds fix the text"
