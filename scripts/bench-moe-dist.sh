@@ -14,7 +14,7 @@
 #
 #   sh scripts/bench-moe-dist.sh [--quick] [--out DIR]
 #
-# --quick: small sizes, a minute or two. The full run takes ~10-15 minutes on a quiet 2-core
+# --quick: small sizes, a few minutes. The full run takes ~10 minutes on a quiet 2-core
 # machine. Programs come from $BIN (default build/bin).
 set -eu
 
@@ -43,9 +43,9 @@ mpi() {
 }
 
 if [ $quick = 1 ]; then
-	T=1024 M=256 H=512 iters=3 f_win=256
+	T=1024 M=256 H=512 iters=3 f_win=256 piters=3
 else
-	T=4096 M=512 H=2048 iters=5 f_win=512
+	T=2048 M=512 H=1024 iters=5 f_win=1024 piters=7
 fi
 echo "bench-moe-dist.sh: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); raw output in $out"
 
@@ -70,7 +70,7 @@ done
 echo "== 4. The dictionary"
 dict="$out/dict.txt"
 [ -s "$dict" ] || mpi 2 "$BIN/moe-profile" -T "$T" -M "$M" -H "$H" -E 2 -k 2 -t 1 \
-	--factors 1:4.4 -R "$f_win" -n 3 -w 1 -o "$dict" --trials "$out/trials.tsv" \
+	--factors 1:4.4 -R "$f_win" -n "$piters" -w 2 -o "$dict" --trials "$out/trials.tsv" \
 	>"$out/profile.json"
 # A factor wandering between 1 and 4.4, 40 steps.
 awk 'BEGIN { for (i = 0; i < 40; i++) { s = sin(i * 0.37) * cos(i * 0.11);
@@ -98,7 +98,7 @@ print(f"layer: W=2 r=1 {r1:.2f} ms, r=0 {r0:.2f} ms; one process 2 threads {one2
       f" (W=2 r=1 / one process {r1 / one2:.2f}), 1 thread {one1:.2f} ms")
 for d in (1, 2, 4, 8):
     j = lines(f"pipe-{d}.json")[0]
-    ov = j.get("overlap_last")
+    ov = j.get("overlap")
     print(f"pipelining d={d}: step {j['step_ms']['median']:.2f} ms, exchanges {j['comm_ms']:.2f} ms,"
           f" hidden {'-' if ov is None or d == 1 else f'{100 * ov:.0f}%'}")
 s = [j for j in lines("dict-run.json") if j.get("run") == "dictionary-summary"][0]
