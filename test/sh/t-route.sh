@@ -437,8 +437,11 @@ pos = [int(x.split("@")[1]) for x in m.group(1).split()]
 ok = pos[0] == 24 and all(p >= 24 and (p - 8) % 16 == 0 for p in pos[1:])
 sys.exit(0 if ok and len(pos) - 1 == int(m.group(2)) else 1)
 PY
-python3 -c 'import json,sys; print(json.dumps({"text": open("prompt.txt").read() + open("kv.txt").read()}))' >text.jsonl
-expect_ok "$BIN/dpc-shard" prepare --val-frac 0 --router-frac 0 text.jsonl tx
+# the text as one document, byte for byte (a directory of text files keeps the bytes; the
+# sample need not be UTF-8)
+mkdir -p text
+cat prompt.txt kv.txt >text/sample.txt
+expect_ok "$BIN/dpc-shard" prepare --val-frac 0 --router-frac 0 text tx
 expect_ok "$BIN/dpc-route" eval -q --run R -m base.safetensors --router LR.st \
 	--window-router W16.st --json TE.json tx/train.tok
 want=$(python3 -c 'import json; print(json.load(open("TE.json"))["modes"][1]["switches"])')
