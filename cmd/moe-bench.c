@@ -930,9 +930,14 @@ int main(int argc, char **argv)
 			rc = encdec == 2 ? run_a2a(&dopt) : run_dist(&dopt, trace_path, dict_path);
 		}
 		backend_close(be);
-		dist_close(world);
 		free(trace);
-		return rc < 0 ? cli_report(prog, rc) : 0;
+		int st = rc < 0 ? cli_report(prog, rc) : 0;
+		/* Every rank's line is out before any rank exits non-zero (mpirun kills the rest
+		 * then). */
+		if (rc < 0 && world)
+			dist_barrier_timeout(world, 10.0);
+		dist_close(world);
+		return st;
 	}
 	/* Every run is checked before the first is run: one refused after another has printed
 	 * its results would leave half a report. */

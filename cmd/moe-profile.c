@@ -469,6 +469,17 @@ static int run(struct search *s, const char *out, const char *trials_path, doubl
 	return rc;
 }
 
+/* Report rc, wait for the other ranks to report theirs (mpirun kills every rank once one
+ * exits non-zero), close the world; the exit status. */
+static int finish(struct dist *d, int rc)
+{
+	int st = rc < 0 ? cli_report(prog, rc) : 0;
+	if (rc < 0 && d)
+		dist_barrier_timeout(d, 10.0);
+	dist_close(d);
+	return st;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option lopts[] = {
@@ -611,8 +622,7 @@ int main(int argc, char **argv)
 		if (rc == 0)
 			rc = simulate(d, be, &so);
 		backend_close(be);
-		dist_close(d);
-		return rc < 0 ? cli_report(prog, rc) : 0;
+		return finish(d, rc);
 	}
 	const char *paths[] = {out, trials};
 	for (int i = 0; i < 2; i++)
@@ -649,6 +659,5 @@ int main(int argc, char **argv)
 	}
 	free(s.t);
 	backend_close(be);
-	dist_close(d);
-	return rc < 0 ? cli_report(prog, rc) : 0;
+	return finish(d, rc);
 }

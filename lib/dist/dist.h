@@ -76,6 +76,11 @@ enum dist_op { DIST_SUM = 0, DIST_MAX = 1, DIST_MIN = 2 };
 int dist_allreduce_i64(struct dist *d, int64_t *v, int n, enum dist_op op); /* in place */
 int dist_allreduce_f64(struct dist *d, double *v, int n, enum dist_op op);  /* in place */
 int dist_barrier(struct dist *d);
+/* A barrier that gives up after seconds (CORE_EIO "ranks did not meet within N s"), for a
+ * program about to exit with an error: mpirun kills every rank as soon as one exits
+ * non-zero, so each rank waits, after printing its line, for the others to print theirs,
+ * and a rank whose peers are stuck elsewhere still exits. */
+int dist_barrier_timeout(struct dist *d, double seconds);
 /* Wall time in seconds (CLOCK_MONOTONIC, the clock of Open MPI's MPI_Wtime: callable from
  * any thread, before dist_open and after dist_close, where MPI_Wtime may not be). */
 double dist_time(void);

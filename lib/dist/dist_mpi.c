@@ -562,6 +562,24 @@ int dist_barrier(struct dist *d)
 	return 0;
 }
 
+int dist_barrier_timeout(struct dist *d, double seconds)
+{
+	MPI_Request req;
+	const double t0 = dist_time();
+	drain(d);
+	MPI_RET(MPI_Ibarrier(d->world, &req));
+	for (;;) {
+		int done = 0;
+		MPI_RET(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+		if (done)
+			return 0;
+		if (dist_time() - t0 > seconds)
+			/* the request is left behind: the process is about to exit */
+			return err_set(CORE_EIO, NULL, "ranks did not meet within %g s", seconds);
+		nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+	}
+}
+
 /* ---- groups --------------------------------------------------------------------------- */
 
 /* The communicator of this rank's group of g (g > 1), split from the world on first use:

@@ -110,6 +110,7 @@ int dist_allreduce_f32(struct dist *d, float *v, size_t n)
 }
 
 int dist_barrier(struct dist *d) { return 0; }
+int dist_barrier_timeout(struct dist *d, double seconds) { return 0; }
 
 static int check_group(int g)
 {

@@ -334,6 +334,8 @@ int main(int argc, char **argv)
 		char buf[512];
 		err_format(buf, sizeof buf, rc);
 		fprintf(stderr, "test_moe_dist: rank %d: %s\n", rank, buf);
+		/* every rank's line before any rank exits: mpirun kills the rest then */
+		dist_barrier_timeout(d, 10.0);
 		dist_close(d);
 		return rc < 0 ? err_exit_status(rc) : 0;
 	}
