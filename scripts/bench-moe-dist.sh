@@ -9,8 +9,12 @@
 #  3. pipelining: d = 1, 2, 4, 8 at W=2, with the share of the exchanges the experts hid;
 #  4. the dictionary: moe-profile over capacity factors 1..4.4, then moe-bench --dict on a
 #     trace whose factor wanders between 1 and 4.4 (Tutel's fig. 1 shape), next to every
-#     static plan on the same trace.
-# It prints the tables of each step and a summary; raw JSON Lines stay in --out DIR.
+#     static plan on the same trace;
+#  5. the same where the exchanges are a real share of a step (T=64 per rank, M=1024,
+#     H=32: little compute per byte moved), 400 steps per run: on one host the exchanges
+#     are memory copies, so only such a layer lets the plans differ by more than the noise.
+# It prints the tables of each step and a summary; raw JSON Lines stay in --out DIR, and a
+# stage whose output is already there is not run again (a new DIR measures everything).
 #
 #   sh scripts/bench-moe-dist.sh [--quick] [--out DIR]
 #
@@ -51,20 +55,23 @@ echo "bench-moe-dist.sh: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | s
 
 echo "== 1. All-to-All: ours against MPI_Alltoall (M=1024 floats per row)"
 for n in 2 8; do
-	mpi "$n" "$BIN/moe-bench" --only=alltoall -E "$n" -M 1024 -t 1 -n 10 -w 2 \
-		>"$out/a2a-$n.json"
+	[ -s "$out/a2a-$n.json" ] ||
+		mpi "$n" "$BIN/moe-bench" --only=alltoall -E "$n" -M 1024 -t 1 -n 10 -w 2 \
+			>"$out/a2a-$n.json"
 done
 
 echo "== 2. The layer: W=2 ranks of T=$T tokens against one process of $((2 * T))"
 shape="-M $M -H $H -E 2 -k 2 -c 1.0 -n $iters -w 1"
-"$BIN/moe-bench" $shape -T $((2 * T)) -t 2 >"$out/one-2t.json"
-"$BIN/moe-bench" $shape -T $((2 * T)) -t 1 >"$out/one-1t.json"
-mpi 2 "$BIN/moe-bench" $shape -T "$T" -t 1 --r 1 --d 1 >"$out/dist-r1.json"
-mpi 2 "$BIN/moe-bench" $shape -T "$T" -t 1 --r 0 >"$out/dist-r0.json"
+[ -s "$out/one-2t.json" ] || "$BIN/moe-bench" $shape -T $((2 * T)) -t 2 >"$out/one-2t.json"
+[ -s "$out/one-1t.json" ] || "$BIN/moe-bench" $shape -T $((2 * T)) -t 1 >"$out/one-1t.json"
+[ -s "$out/dist-r1.json" ] ||
+	mpi 2 "$BIN/moe-bench" $shape -T "$T" -t 1 --r 1 --d 1 >"$out/dist-r1.json"
+[ -s "$out/dist-r0.json" ] || mpi 2 "$BIN/moe-bench" $shape -T "$T" -t 1 --r 0 >"$out/dist-r0.json"
 
 echo "== 3. Pipelining at W=2"
 for d in 1 2 4 8; do
-	mpi 2 "$BIN/moe-bench" $shape -T "$T" -t 1 --r 1 --d "$d" >"$out/pipe-$d.json"
+	[ -s "$out/pipe-$d.json" ] ||
+		mpi 2 "$BIN/moe-bench" $shape -T "$T" -t 1 --r 1 --d "$d" >"$out/pipe-$d.json"
 done
 
 echo "== 4. The dictionary"
@@ -75,8 +82,17 @@ dict="$out/dict.txt"
 # A factor wandering between 1 and 4.4, 40 steps.
 awk 'BEGIN { for (i = 0; i < 40; i++) { s = sin(i * 0.37) * cos(i * 0.11);
 	printf "%.3f\n", 1 + 3.4 * (s < 0 ? -s : s) } }' >"$out/trace.txt"
-mpi 2 "$BIN/moe-bench" -T "$T" -M "$M" -H "$H" -E 2 -k 2 -t 1 --trace "$out/trace.txt" \
-	--dict "$dict" -n 40 -w 2 >"$out/dict-run.json"
+[ -s "$out/dict-run.json" ] ||
+	mpi 2 "$BIN/moe-bench" -T "$T" -M "$M" -H "$H" -E 2 -k 2 -t 1 --trace "$out/trace.txt" \
+		--dict "$dict" -n 40 -w 2 >"$out/dict-run.json"
+
+echo "== 5. The dictionary where exchanges matter (T=64, M=1024, H=32)"
+small="-T 64 -M 1024 -H 32 -E 2 -k 2 -t 1"
+[ -s "$out/dict-small.txt" ] || mpi 2 "$BIN/moe-profile" $small --factors 1:4.4 -R 32 -n 21 \
+	-w 5 -o "$out/dict-small.txt" --trials "$out/trials-small.tsv" >"$out/profile-small.json"
+[ -s "$out/dict-small-run.json" ] ||
+	mpi 2 "$BIN/moe-bench" $small --trace "$out/trace.txt" --dict "$out/dict-small.txt" \
+		-n 400 -w 20 >"$out/dict-small-run.json"
 
 echo "== summary"
 /usr/bin/python3 - "$out" <<'EOF'
@@ -101,8 +117,10 @@ for d in (1, 2, 4, 8):
     ov = j.get("overlap")
     print(f"pipelining d={d}: step {j['step_ms']['median']:.2f} ms, exchanges {j['comm_ms']:.2f} ms,"
           f" hidden {'-' if ov is None or d == 1 else f'{100 * ov:.0f}%'}")
-s = [j for j in lines("dict-run.json") if j.get("run") == "dictionary-summary"][0]
-print(f"dictionary: {s['dict_total_ms'][0]:.1f} / {s['dict_total_ms'][1]:.1f} ms (noise {100 * s['dict_noise']:.1f}%);"
-      f" over best static {s['dict_over_best']:.3f}, over median {s['dict_over_median']:.3f},"
-      f" over worst {s['dict_over_worst']:.3f} ({s['static_plans']} static plans)")
+for name in ("dict-run.json", "dict-small-run.json"):
+    s = [j for j in lines(name) if j.get("run") == "dictionary-summary"][0]
+    print(f"dictionary ({'T=64 M=1024 H=32' if 'small' in name else 'the layer above'}):"
+          f" {s['dict_total_ms'][0]:.1f} / {s['dict_total_ms'][1]:.1f} ms (noise {100 * s['dict_noise']:.1f}%);"
+          f" over best static {s['dict_over_best']:.3f}, over median {s['dict_over_median']:.3f},"
+          f" over worst {s['dict_over_worst']:.3f} ({s['static_plans']} static plans)")
 EOF
