@@ -128,23 +128,25 @@ int moe_config_check(const struct moe_config *cfg)
 
 /* ---- parameters ------------------------------------------------------------------------ */
 
-int moe_params_alloc(struct moe_params *p, const struct moe_config *cfg, struct backend *be)
+int moe_params_alloc_n(struct moe_params *p, struct backend *be, const size_t n[5])
 {
-	const size_t M = (size_t)cfg->M, H = (size_t)cfg->H, E = (size_t)cfg->E;
-	const struct {
-		float **ptr;
-		size_t n;
-	} t[] = {{&p->wg, M * E}, {&p->w1, E * M * H}, {&p->b1, E * H}, {&p->w2, E * H * M},
-		 {&p->b2, E * M}};
+	float **t[] = {&p->wg, &p->w1, &p->b1, &p->w2, &p->b2};
 
 	memset(p, 0, sizeof *p);
 	p->be = be;
 	for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-		if (backend_alloc_zero(be, (void **)t[i].ptr, t[i].n * sizeof(float)) < 0) {
+		if (backend_alloc_zero(be, (void **)t[i], n[i] * sizeof(float)) < 0) {
 			moe_params_free(p);
 			return err_set(CORE_ENOMEM, NULL, "cannot allocate the MoE parameters");
 		}
 	return 0;
+}
+
+int moe_params_alloc(struct moe_params *p, const struct moe_config *cfg, struct backend *be)
+{
+	const size_t M = (size_t)cfg->M, H = (size_t)cfg->H, E = (size_t)cfg->E;
+	const size_t n[5] = {M * E, E * M * H, E * H, E * H * M, E * M};
+	return moe_params_alloc_n(p, be, n);
 }
 
 void moe_params_free(struct moe_params *p)

@@ -17,23 +17,29 @@ double moe_bench_setting(const struct moe_bench_opts *o, long i)
 	return o->trace ? o->trace[(size_t)i % o->trace_n] : o->cfg.capacity_setting;
 }
 
-int moe_bench_data_alloc(struct moe_bench_data *d, const struct moe_bench_opts *o)
+int moe_bench_inputs(struct backend *be, const struct moe_config *cfg, uint64_t row0,
+		     float **x, float **y, float **dy, float **dx)
 {
-	const struct moe_config *cfg = &o->cfg;
-	struct backend *be = o->be;
-	const size_t n = (size_t)(cfg->T * cfg->M);
-	float **io[] = {&d->x, &d->y, &d->dy, &d->dx};
+	const size_t n = (size_t)(cfg->T * cfg->M), base = (size_t)row0 * (size_t)cfg->M;
+	float **io[] = {x, y, dy, dx};
 
-	memset(d, 0, sizeof *d);
-	ERR_FORWARD(moe_params_alloc(&d->p, cfg, be));
-	ERR_FORWARD(moe_params_alloc(&d->g, cfg, be));
-	ERR_FORWARD(moe_params_init(&d->p, cfg, cfg->seed));
 	for (size_t i = 0; i < sizeof io / sizeof io[0]; i++)
 		if (backend_alloc_zero(be, (void **)io[i], n * sizeof(float)) < 0)
 			return err_set(CORE_ENOMEM, NULL, "cannot allocate the inputs");
-	ERR_FORWARD(be->op->fill_normal(be, d->x, n, 0.0f, 1.0f, cfg->seed, RNG_STREAM_TEST, 0));
-	return be->op->fill_normal(be, d->dy, n, 0.0f, 1.0f, cfg->seed, RNG_STREAM_TEST,
-				   1ull << 40);
+	ERR_FORWARD(be->op->fill_normal(be, *x, n, 0.0f, 1.0f, cfg->seed, RNG_STREAM_TEST, base));
+	return be->op->fill_normal(be, *dy, n, 0.0f, 1.0f, cfg->seed, RNG_STREAM_TEST,
+				   (1ull << 40) + base);
+}
+
+int moe_bench_data_alloc(struct moe_bench_data *d, const struct moe_bench_opts *o)
+{
+	const struct moe_config *cfg = &o->cfg;
+
+	memset(d, 0, sizeof *d);
+	ERR_FORWARD(moe_params_alloc(&d->p, cfg, o->be));
+	ERR_FORWARD(moe_params_alloc(&d->g, cfg, o->be));
+	ERR_FORWARD(moe_params_init(&d->p, cfg, cfg->seed));
+	return moe_bench_inputs(o->be, cfg, 0, &d->x, &d->y, &d->dy, &d->dx);
 }
 
 void moe_bench_data_free(struct moe_bench_data *d)

@@ -72,6 +72,11 @@ struct moe_bench_result {
 /* The capacity setting of step i. */
 double moe_bench_setting(const struct moe_bench_opts *o, long i);
 
+/* x, y, dy, dx [cfg->T, M] on be, zeroed; x and dy drawn as rows row0 .. row0 + T - 1 of
+ * the inputs of a run with more tokens (a rank of a distributed run draws its rows of the
+ * whole batch). */
+int moe_bench_inputs(struct backend *be, const struct moe_config *cfg, uint64_t row0,
+		     float **x, float **y, float **dy, float **dx);
 int moe_bench_data_alloc(struct moe_bench_data *d, const struct moe_bench_opts *o);
 void moe_bench_data_free(struct moe_bench_data *d);
 

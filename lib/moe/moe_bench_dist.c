@@ -6,7 +6,6 @@
 
 #include "common/err.h"
 #include "common/progress.h"
-#include "common/rng.h"
 #include "moe/moe_bench.h"
 #include "common/banned.h"
 
@@ -14,9 +13,6 @@ int moe_bench_dist_data_init(struct moe_bench_dist_data *dd, const struct moe_be
 {
 	const struct moe_config *cfg = &o->cfg;
 	struct backend *be = o->be;
-	const size_t n = (size_t)(cfg->T * cfg->M);
-	const uint64_t base = (uint64_t)dist_rank(o->d) * n;
-	float **io[] = {&dd->x, &dd->y, &dd->dy, &dd->dx};
 
 	memset(dd, 0, sizeof *dd);
 	ERR_FORWARD(moe_dist_layer_init(&dd->l, cfg, be, o->d));
@@ -24,13 +20,8 @@ int moe_bench_dist_data_init(struct moe_bench_dist_data *dd, const struct moe_be
 	ERR_FORWARD(moe_dist_params_alloc(&dd->p, cfg, pl, be));
 	ERR_FORWARD(moe_dist_params_alloc(&dd->g, cfg, pl, be));
 	ERR_FORWARD(moe_dist_params_init(&dd->p, cfg, pl, cfg->seed));
-	for (size_t i = 0; i < sizeof io / sizeof io[0]; i++)
-		if (backend_alloc_zero(be, (void **)io[i], n * sizeof(float)) < 0)
-			return err_set(CORE_ENOMEM, NULL, "cannot allocate the inputs");
-	ERR_FORWARD(be->op->fill_normal(be, dd->x, n, 0.0f, 1.0f, cfg->seed, RNG_STREAM_TEST,
-					base));
-	return be->op->fill_normal(be, dd->dy, n, 0.0f, 1.0f, cfg->seed, RNG_STREAM_TEST,
-				   (1ull << 40) + base);
+	return moe_bench_inputs(be, cfg, (uint64_t)dist_rank(o->d) * (uint64_t)cfg->T, &dd->x,
+				&dd->y, &dd->dy, &dd->dx);
 }
 
 void moe_bench_dist_data_free(struct moe_bench_dist_data *dd)
@@ -42,8 +33,8 @@ void moe_bench_dist_data_free(struct moe_bench_dist_data *dd)
 		be->op->free(be, dd->dy);
 		be->op->free(be, dd->dx);
 	}
-	moe_dist_params_free(&dd->p);
-	moe_dist_params_free(&dd->g);
+	moe_params_free(&dd->p);
+	moe_params_free(&dd->g);
 	moe_dist_layer_free(dd->l);
 	memset(dd, 0, sizeof *dd);
 }

@@ -33,7 +33,7 @@ struct moe_bench_dist_opts {
 /* The layer, its parameter shard and gradients, and the step's arrays on this rank. */
 struct moe_bench_dist_data {
 	struct moe_dist_layer *l;
-	struct moe_dist_params p, g;
+	struct moe_params p, g;
 	float *x, *y, *dy, *dx; /* [T, M] */
 };
 int moe_bench_dist_data_init(struct moe_bench_dist_data *dd, const struct moe_bench_dist_opts *o);

@@ -104,37 +104,13 @@ int moe_plan_check(const struct moe_plan *p, const struct moe_dist_place *pl)
 
 /* ---- parameters -------------------------------------------------------------------------- */
 
-int moe_dist_params_alloc(struct moe_dist_params *p, const struct moe_config *cfg,
+int moe_dist_params_alloc(struct moe_params *p, const struct moe_config *cfg,
 			  const struct moe_dist_place *pl, struct backend *be)
 {
 	const size_t M = (size_t)cfg->M, El = (size_t)pl->El, Hs = (size_t)pl->Hs;
-	const struct {
-		float **ptr;
-		size_t n;
-	} t[] = {{&p->wg, M * (size_t)cfg->E}, {&p->w1, El * Hs * M}, {&p->b1, El * Hs},
-		 {&p->w2, El * Hs * M}, {&p->b2, (size_t)pl->b2n}};
-
-	memset(p, 0, sizeof *p);
-	p->be = be;
-	for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-		if (backend_alloc_zero(be, (void **)t[i].ptr, t[i].n * sizeof(float)) < 0) {
-			moe_dist_params_free(p);
-			return err_set(CORE_ENOMEM, NULL, "cannot allocate the MoE parameter shard");
-		}
-	return 0;
-}
-
-void moe_dist_params_free(struct moe_dist_params *p)
-{
-	struct backend *be = p->be;
-	if (be) {
-		be->op->free(be, p->wg);
-		be->op->free(be, p->w1);
-		be->op->free(be, p->b1);
-		be->op->free(be, p->w2);
-		be->op->free(be, p->b2);
-	}
-	memset(p, 0, sizeof *p);
+	const size_t n[5] = {M * (size_t)cfg->E, El * Hs * M, El * Hs, El * Hs * M,
+			     (size_t)pl->b2n};
+	return moe_params_alloc_n(p, be, n);
 }
 
 /* n floats of backend memory into a new host array (NULL and an error on failure). */
@@ -153,7 +129,7 @@ static float *fetch(struct backend *be, const float *src, size_t n, int *rc)
 	return h;
 }
 
-int moe_dist_params_from_full(struct moe_dist_params *p, const struct moe_config *cfg,
+int moe_dist_params_from_full(struct moe_params *p, const struct moe_config *cfg,
 			      const struct moe_dist_place *pl, const struct moe_params *full)
 {
 	struct backend *fb = full->be, *be = p->be;
@@ -209,7 +185,7 @@ done:
 	return rc;
 }
 
-int moe_dist_params_init(struct moe_dist_params *p, const struct moe_config *cfg,
+int moe_dist_params_init(struct moe_params *p, const struct moe_config *cfg,
 			 const struct moe_dist_place *pl, uint64_t seed)
 {
 	struct moe_params full;
@@ -347,7 +323,7 @@ static double clock_be(struct moe_dist_layer *l)
 }
 
 /* Route with the capacity setting, or with C_g = force (> 0, before alignment). */
-static int route(struct moe_dist_layer *l, const struct moe_dist_params *p, const float *x,
+static int route(struct moe_dist_layer *l, const struct moe_params *p, const float *x,
 		 int64_t T, int k, double setting, int64_t force, uint64_t step)
 {
 	const struct moe_config *cfg = &l->cfg;
@@ -411,13 +387,13 @@ static int route(struct moe_dist_layer *l, const struct moe_dist_params *p, cons
 	return 0;
 }
 
-int moe_dist_route(struct moe_dist_layer *l, const struct moe_dist_params *p, const float *x,
+int moe_dist_route(struct moe_dist_layer *l, const struct moe_params *p, const float *x,
 		   int64_t T, int k, double capacity_setting, uint64_t step)
 {
 	return route(l, p, x, T, k, capacity_setting, 0, step);
 }
 
-int moe_dist_route_capacity(struct moe_dist_layer *l, const struct moe_dist_params *p,
+int moe_dist_route_capacity(struct moe_dist_layer *l, const struct moe_params *p,
 			    const float *x, int64_t T, int k, int64_t C, uint64_t step)
 {
 	if (C < 1)
@@ -541,7 +517,7 @@ struct wset {
 	const float *w1, *b1, *w2, *b2;
 };
 
-static int gather_params(struct moe_dist_layer *l, const struct moe_dist_params *p,
+static int gather_params(struct moe_dist_layer *l, const struct moe_params *p,
 			 const struct geom *G, struct wset *w)
 {
 	const size_t El = (size_t)l->pl.El, Hs = (size_t)l->pl.Hs, M = (size_t)l->cfg.M;
@@ -552,7 +528,7 @@ static int gather_params(struct moe_dist_layer *l, const struct moe_dist_params 
 }
 
 /* The parameters the forward gathered, still in place (or the shard itself). */
-static void kept_params(const struct moe_dist_layer *l, const struct moe_dist_params *p,
+static void kept_params(const struct moe_dist_layer *l, const struct moe_params *p,
 			const struct geom *G, struct wset *w)
 {
 	w->w1 = G->g == 1 ? p->w1 : l->gw1.p;
@@ -743,7 +719,7 @@ static int agree_plan(struct moe_dist_layer *l, const struct moe_plan *p, int ex
 	return dist_agree(l->d, v, 4, names);
 }
 
-int moe_dist_forward_routed(struct moe_dist_layer *l, const struct moe_dist_params *p,
+int moe_dist_forward_routed(struct moe_dist_layer *l, const struct moe_params *p,
 			    const float *x, float *y, const struct moe_plan *plan)
 {
 	struct backend *be = l->be;
@@ -813,7 +789,7 @@ int moe_dist_forward_routed(struct moe_dist_layer *l, const struct moe_dist_para
 	return 0;
 }
 
-int moe_dist_forward(struct moe_dist_layer *l, const struct moe_dist_params *p, const float *x,
+int moe_dist_forward(struct moe_dist_layer *l, const struct moe_params *p, const float *x,
 		     float *y, int64_t T, int k, double capacity_setting, uint64_t step,
 		     const struct moe_plan *plan)
 {
@@ -824,7 +800,7 @@ int moe_dist_forward(struct moe_dist_layer *l, const struct moe_dist_params *p, 
 /* Where the gradients of the gathered (or local) parameters go: the shard itself when the
  * group is one rank, else a gathered-shape buffer reduce-scattered afterwards. */
 static int grad_targets(struct moe_dist_layer *l, const struct geom *G,
-			struct moe_dist_params *g, struct gset *gs)
+			struct moe_params *g, struct gset *gs)
 {
 	struct backend *be = l->be;
 	const size_t El = (size_t)l->pl.El, Hs = (size_t)l->pl.Hs, M = (size_t)l->cfg.M;
@@ -850,7 +826,7 @@ static int grad_targets(struct moe_dist_layer *l, const struct geom *G,
 	return 0;
 }
 
-static int reduce_grads(struct moe_dist_layer *l, const struct geom *G, struct moe_dist_params *g)
+static int reduce_grads(struct moe_dist_layer *l, const struct geom *G, struct moe_params *g)
 {
 	const size_t El = (size_t)l->pl.El, Hs = (size_t)l->pl.Hs, M = (size_t)l->cfg.M;
 	struct {
@@ -872,8 +848,8 @@ static int reduce_grads(struct moe_dist_layer *l, const struct geom *G, struct m
 	return dist_allreduce_f32(l->d, g->wg, (size_t)(l->cfg.M * l->cfg.E));
 }
 
-int moe_dist_backward(struct moe_dist_layer *l, const struct moe_dist_params *p,
-		      const float *x, const float *dy, float *dx, struct moe_dist_params *g,
+int moe_dist_backward(struct moe_dist_layer *l, const struct moe_params *p,
+		      const float *x, const float *dy, float *dx, struct moe_params *g,
 		      float aux_weight)
 {
 	struct backend *be = l->be;

@@ -85,21 +85,17 @@ int moe_plan_check(const struct moe_plan *p, const struct moe_dist_place *pl);
 /* The allowed r in increasing order (0 first), up to n; returns their number. */
 int moe_plan_rs(const struct moe_dist_place *pl, int *rs, int n);
 
-/* One rank's parameters (or gradients), in backend memory. */
-struct moe_dist_params {
-	struct backend *be;
-	float *wg, *w1, *b1, *w2, *b2;
-};
-int moe_dist_params_alloc(struct moe_dist_params *p, const struct moe_config *cfg,
+/* One rank's parameters (or gradients): a struct moe_params whose tensors hold the shard
+ * above (moe_params_free frees it). */
+int moe_dist_params_alloc(struct moe_params *p, const struct moe_config *cfg,
 			  const struct moe_dist_place *pl, struct backend *be);
-void moe_dist_params_free(struct moe_dist_params *p);
 /* This rank's shard of full single-process parameters (moe.h's layout, on any backend; the
  * shard's backend may differ): the same numbers, placed as above. Gradients too. */
-int moe_dist_params_from_full(struct moe_dist_params *p, const struct moe_config *cfg,
+int moe_dist_params_from_full(struct moe_params *p, const struct moe_config *cfg,
 			      const struct moe_dist_place *pl, const struct moe_params *full);
 /* The shard of moe_params_init(seed)'s parameters (draws the full set on p's backend for a
  * moment, so the numbers do not depend on W). */
-int moe_dist_params_init(struct moe_dist_params *p, const struct moe_config *cfg,
+int moe_dist_params_init(struct moe_params *p, const struct moe_config *cfg,
 			 const struct moe_dist_place *pl, uint64_t seed);
 
 /* Per-step report. Times are this rank's wall seconds. */
@@ -139,23 +135,23 @@ const struct moe_dist_place *moe_dist_layer_place(const struct moe_dist_layer *l
 
 /* Gating, capacity and locations for this step (every rank, same T, k, setting): afterwards
  * moe_dist_layer_last(l)->C and ->need say what the step needs, for choosing a plan. */
-int moe_dist_route(struct moe_dist_layer *l, const struct moe_dist_params *p, const float *x,
+int moe_dist_route(struct moe_dist_layer *l, const struct moe_params *p, const float *x,
 		   int64_t T, int k, double capacity_setting, uint64_t step);
 /* The same with C_g = C slots per expert per rank (then aligned as above) whatever the
  * routing needs: what moe-profile measures a capacity bucket with. */
-int moe_dist_route_capacity(struct moe_dist_layer *l, const struct moe_dist_params *p,
+int moe_dist_route_capacity(struct moe_dist_layer *l, const struct moe_params *p,
 			    const float *x, int64_t T, int k, int64_t C, uint64_t step);
 /* The rest of the forward of the routed step under plan: y [T, M]. */
-int moe_dist_forward_routed(struct moe_dist_layer *l, const struct moe_dist_params *p,
+int moe_dist_forward_routed(struct moe_dist_layer *l, const struct moe_params *p,
 			    const float *x, float *y, const struct moe_plan *plan);
 /* Both. */
-int moe_dist_forward(struct moe_dist_layer *l, const struct moe_dist_params *p, const float *x,
+int moe_dist_forward(struct moe_dist_layer *l, const struct moe_params *p, const float *x,
 		     float *y, int64_t T, int k, double capacity_setting, uint64_t step,
 		     const struct moe_plan *plan);
 /* Backward of the last forward, under its plan: dx (may be NULL) and the gradient shard g
  * (overwritten). */
-int moe_dist_backward(struct moe_dist_layer *l, const struct moe_dist_params *p,
-		      const float *x, const float *dy, float *dx, struct moe_dist_params *g,
+int moe_dist_backward(struct moe_dist_layer *l, const struct moe_params *p,
+		      const float *x, const float *dy, float *dx, struct moe_params *g,
 		      float aux_weight);
 
 const struct moe_dist_step *moe_dist_layer_last(const struct moe_dist_layer *l);

@@ -10,6 +10,9 @@
 
 #include "moe/moe.h"
 
+/* Parameters of sizes n[] (floats of wg, w1, b1, w2, b2), zeroed, on be: the full layer's
+ * (moe_params_alloc) or a rank's shard (moe_dist_params_alloc). */
+int moe_params_alloc_n(struct moe_params *p, struct backend *be, const size_t n[5]);
 /* Steps 1-3 of moe.h for T tokens and top-k (1..E, checked by the caller): gating, the
  * auxiliary loss, and the counts n_e in moe_layer_routing()->count (host). */
 int moe_route_gate(struct moe_layer *l, const float *wg, const float *x, int64_t T, int k,

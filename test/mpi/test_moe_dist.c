@@ -151,10 +151,10 @@ static void reference(struct backend *rb, const struct moe_config *cfg0, const f
 }
 
 static void compare_shard(struct backend *be, const struct moe_config *cfg,
-			  const struct moe_dist_place *pl, const struct moe_dist_params *got,
+			  const struct moe_dist_place *pl, const struct moe_params *got,
 			  const struct moe_params *full, const char *what, double tol)
 {
-	struct moe_dist_params want;
+	struct moe_params want;
 	OK(moe_dist_params_alloc(&want, cfg, pl, be));
 	OK(moe_dist_params_from_full(&want, cfg, pl, full));
 	const size_t n[5] = {(size_t)(cfg->M * cfg->E), (size_t)(pl->El * pl->Hs * cfg->M),
@@ -170,7 +170,7 @@ static void compare_shard(struct backend *be, const struct moe_config *cfg,
 		free(ha);
 		free(hb);
 	}
-	moe_dist_params_free(&want);
+	moe_params_free(&want);
 }
 
 static const int ds[] = {1, 2, 4, 8};
@@ -204,7 +204,7 @@ static void run_case(struct dist *d, struct backend *be, struct backend *rb, int
 	OK(moe_params_alloc(&full, &fcfg, rb));
 	OK(moe_params_init(&full, &fcfg, 3));
 
-	struct moe_dist_params p, g;
+	struct moe_params p, g;
 	OK(moe_dist_params_alloc(&p, &cfg, &pl, be));
 	OK(moe_dist_params_alloc(&g, &cfg, &pl, be));
 	OK(moe_dist_params_from_full(&p, &cfg, &pl, &full));
@@ -299,8 +299,8 @@ static void run_case(struct dist *d, struct backend *be, struct backend *rb, int
 	be->op->free(be, yd);
 	be->op->free(be, dxd);
 	moe_dist_layer_free(l);
-	moe_dist_params_free(&p);
-	moe_dist_params_free(&g);
+	moe_params_free(&p);
+	moe_params_free(&g);
 	moe_params_free(&full);
 	free(x);
 	free(dy);
