@@ -344,19 +344,25 @@ static int simulate(struct dist *d, struct backend *be, const struct simopts *so
 	return 0;
 }
 
+/* "A:B" (form names it in errors) into two numbers, a in [alo, ahi] and b in [blo, bhi]. */
+static int parse_pair(const char *opt, const char *arg, const char *form, double alo,
+		      double ahi, double blo, double bhi, double *a, double *b)
+{
+	char first[64];
+	const char *colon = strchr(arg, ':');
+	if (!colon || (size_t)(colon - arg) >= sizeof first)
+		return err_set(CORE_EUSAGE, NULL, "option '%s': '%s' is not %s", opt, arg, form);
+	memcpy(first, arg, (size_t)(colon - arg));
+	first[colon - arg] = 0;
+	ERR_FORWARD(cli_parse_double(opt, first, alo, ahi, a));
+	return cli_parse_double(opt, colon + 1, blo, bhi, b);
+}
+
 /* "ALPHA_US:GBPS" into a link. */
 static int parse_link(const char *opt, const char *arg, struct dist_link *l)
 {
-	char a[64];
-	const char *colon = strchr(arg, ':');
 	double us, gbps;
-	if (!colon || (size_t)(colon - arg) >= sizeof a)
-		return err_set(CORE_EUSAGE, NULL, "option '%s': '%s' is not ALPHA_US:GBPS", opt,
-			       arg);
-	memcpy(a, arg, (size_t)(colon - arg));
-	a[colon - arg] = 0;
-	ERR_FORWARD(cli_parse_double(opt, a, 0.0, 1e6, &us));
-	ERR_FORWARD(cli_parse_double(opt, colon + 1, 1e-6, 1e6, &gbps));
+	ERR_FORWARD(parse_pair(opt, arg, "ALPHA_US:GBPS", 0.0, 1e6, 1e-6, 1e6, &us, &gbps));
 	l->alpha = us * 1e-6;
 	l->beta = 1.0 / (gbps * 1e9);
 	return 0;
@@ -543,23 +549,12 @@ int main(int argc, char **argv)
 				rc = err_set(CORE_EUSAGE, NULL, "option '--activation': unknown "
 					     "activation '%s' (%s)", optarg, moe_act_names());
 			break;
-		case 1002: {
-			char lo[64], *colon = strchr(optarg, ':');
-			if (!colon || (size_t)(colon - optarg) >= sizeof lo) {
-				rc = err_set(CORE_EUSAGE, NULL, "option '--factors': '%s' is not "
-					     "LO:HI", optarg);
-				break;
-			}
-			memcpy(lo, optarg, (size_t)(colon - optarg));
-			lo[colon - optarg] = 0;
-			rc = cli_parse_double("--factors", lo, 1e-3, 1e3, &flo);
-			if (rc == 0)
-				rc = cli_parse_double("--factors", colon + 1, 1e-3, 1e3, &fhi);
+		case 1002:
+			rc = parse_pair("--factors", optarg, "LO:HI", 1e-3, 1e3, 1e-3, 1e3, &flo, &fhi);
 			if (rc == 0 && fhi < flo)
 				rc = err_set(CORE_EUSAGE, NULL, "option '--factors': %g is below %g",
 					     fhi, flo);
 			break;
-		}
 		case 'R': rc = cli_parse_long("--window", optarg, 1, 1L << 30, &R); break;
 		case 1003:
 			s.nd = parse_list("--d-values", optarg, dnames, 4, s.dlist, 4);
