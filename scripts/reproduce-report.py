@@ -256,7 +256,7 @@ def main():
           "with %s, without %s" % (lv("dipaco-head"), lv("dipaco-km")), L["dipaco-km"] - L["dipaco-head"])
     claim("diloco", "DiLoCo close to dense at equal steps (within the floor, or below)",
           "DiLoCo %s, dense S %s" % (lv("diloco"), lv("dense-s")),
-          noise - (L["diloco"] - L["dense-s"]) if L["diloco"] > L["dense-s"] else L["dense-s"] - L["diloco"] + noise)
+          noise - (L["diloco"] - L["dense-s"]))
     out("")
     out("The DiLoCo margin is the floor minus DiLoCo's excess over dense S, so it is positive "
         "when DiLoCo is within the floor of dense S or below it.")
@@ -326,9 +326,10 @@ def main():
                 fmt_count(runs["dipaco-km"]["tokens"] / 4)))
         out("")
 
-    # Plots.
+    # Plots, beside the page; its folder is made only now that every input has been read.
     base = os.path.splitext(a.output)[0]
     where = os.path.dirname(os.path.abspath(a.output))
+    os.makedirs(where, exist_ok=True)
     name_steps = os.path.basename(base) + "-loss-steps.png"
     name_flops = os.path.basename(base) + "-loss-flops.png"
     name_outer = os.path.basename(base) + "-outer.png"
