@@ -17,8 +17,10 @@
 # 1024-token pieces; train, router 3% and validation 5% of the source documents) for the same
 # number of inner steps per path, T phases of N steps, batch 8 x 256 tokens:
 #   dense S       one path of gpt-tiny (3.36M parameters); also the base model the routers'
-#                 features come from; and again with another seed, for the noise floor
-#   dense 4S      one path of 3.9 times the parameters (width 512 instead of 256)
+#                 features come from; and again with 3 other seeds, for the noise floor
+#   dense 4S      one path of 3.9 times the parameters (width 512 instead of 256), at the
+#                 shared learning rate and again at half of it (Adam's rate scaled as 1/width):
+#                 the better of the two is the one the orderings are judged against
 #   DiLoCo        4 workers on random shards, one module: averaged deltas, outer Nesterov
 #   flat MoE      4 paths that share nothing, on the k-means shards
 #   DiPaCo 2x2    4 paths sharing 2 + 2 modules, on the k-means shards (k = 4, features of
@@ -33,7 +35,7 @@
 # Resumable: every stage is skipped when its output is there, and a DiPaCo run redoes only its
 # missing tasks (scripts/dipaco-train.sh), so the same command after a kill goes on where it
 # stopped and writes the same page (the wall times aside). One progress line per stage on
-# stderr. About 80 minutes on 2 idle cores with the defaults; --quick, a few.
+# stderr. About 75 minutes on 2 idle cores with the defaults; --quick, a few.
 set -eu
 cd "$(dirname "$0")/.."
 top=$(pwd)
@@ -78,7 +80,7 @@ t0=$(date +%s)
 n=0
 stage() {
 	n=$((n + 1))
-	echo "reproduce [$n/17, $(($(date +%s) - t0)) s] $*" >&2
+	echo "reproduce [$n/20, $(($(date +%s) - t0)) s] $*" >&2
 }
 
 stage "setup: packages and build"
@@ -136,10 +138,16 @@ stage "dense S: gpt-tiny, one path, $phases x $tau steps (also the routers' base
 train dense-s dense.yaml 1 2
 base=$run/dense-s/$last/paths/path-000.safetensors
 [ -s "$base" ] || die "$base is missing after training dense S"
-stage "dense S again with another seed (the noise floor)"
-train dense-s-seed2 dense.yaml 1 2 -s train.seed=2
+for seed in 2 3 4; do
+	stage "dense S again with seed $seed (the noise floor)"
+	train dense-s-seed$seed dense.yaml 1 2 -s train.seed=$seed
+done
 stage "dense 4S: width $((2 * width)), 3.9x the parameters of a path"
 train dense-4s dense.yaml 1 2 -s model.n_embd=$((2 * width)) -s model.n_head=$((2 * heads))
+stage "dense 4S at half the learning rate"
+lr=$(sed -n 's/^ *lr: *//p' configs/dense.yaml)
+train dense-4s-halflr dense.yaml 1 2 -s model.n_embd=$((2 * width)) -s model.n_head=$((2 * heads)) \
+	-s train.lr="$(awk "BEGIN { print $lr / 2 }")"
 
 stage "routing: features of the base model, k-means to 4 paths, top-1 and top-2 shards"
 r=$run/routing
@@ -240,12 +248,12 @@ router_of() {
 	*) echo "$r/kmeans.safetensors" ;;
 	esac
 }
-all="dense-s dense-s-seed2 dense-4s diloco flat-moe dipaco-km dipaco-top2 dipaco-head dipaco-disc"
+all="dense-s dense-s-seed2 dense-s-seed3 dense-s-seed4 dense-4s dense-4s-halflr diloco flat-moe dipaco-km dipaco-top2 dipaco-head dipaco-disc"
 stage "evaluating every phase once per document on a quarter of the validation split"
 for c in $all; do
 	t=1
 	while [ $t -le "$phases" ]; do
-		evaluate "$c-curve-$t" "$c" $t "$valq" "$(router_of $c $t)"
+		evaluate "$c-curve-$t" "$c" $t "$valq" "$(router_of "$c" $t)"
 		t=$((t + 1))
 	done
 done
@@ -253,7 +261,7 @@ stage "evaluating the last phase on the validation split: once per document, eve
 for c in $all; do
 	w=""
 	case $c in flat-moe | dipaco-*) w=$r/window-$c.safetensors ;; esac
-	evaluate "$c-final" "$c" "$phases" "$val" "$(router_of $c "$phases")" "$w"
+	evaluate "$c-final" "$c" "$phases" "$val" "$(router_of "$c" "$phases")" "$w"
 done
 evaluate dipaco-km-disc-final dipaco-km "$phases" "$val" "$r/disc-dipaco-km.safetensors" \
 	"$r/window-dipaco-km.safetensors"
