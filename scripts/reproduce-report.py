@@ -419,7 +419,7 @@ def main():
                     cs.append("'%s' using 1:3 with linespoints %s title \"%s\"" % (fn, style, t))
         gnuplot("set terminal pngcairo size 1200,1000 noenhanced\nset output '%s'\n"
                 "set multiplot layout 2,1\nset grid; set key outside right\nset xlabel 'phase'\n"
-                "set xtics 1\nset title 'outer step: mean norm of the paths deltas, per level'\n"
+                "set xtics 1\nset title \"outer step: mean norm of the paths' deltas, per level\"\n"
                 "set ylabel 'L2 norm'\nplot %s\n"
                 "set title 'outer step: mean pairwise cosine of the deltas averaged in a module, per level'\n"
                 "set ylabel 'cosine'\nplot %s\nunset multiplot\n" % (name_outer, ", ".join(dn),
