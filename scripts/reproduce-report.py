@@ -296,6 +296,25 @@ def main():
         v = [e["val_loss"] for e in runs[name]["paths"] if e["phase"] == t and e.get("val_loss") is not None]
         return max(v) - min(v) if v else float("nan")
 
+    def split_report(name):
+        """NMI against Brown's categories and the documents per shard, from dpc-shard's report."""
+        try:
+            txt = open(os.path.join(run, name, "routing.txt")).read()
+        except OSError:
+            return None, []
+        m = re.search(r"NMI ([0-9.]+)", txt)
+        docs = [int(x) for x in re.findall(r"^  \d+ +(\d+) +\d+$", txt, re.M)]
+        return (float(m.group(1)) if m else None), docs
+
+    def shard_compare():
+        (kn, kd), (dn, dd) = split_report("dipaco-km"), split_report("dipaco-disc")
+        if kn is None or dn is None or not kd or not dd:
+            return ""
+        return ("Its shards agree %s with Brown's categories than the k-means ones (NMI %.4f "
+                "against %.4f) and hold %d to %d documents (k-means: %d to %d)." % (
+                    "less" if dn < kn else "as much or more", dn, kn, min(dd), max(dd),
+                    min(kd), max(kd)))
+
     km_sh, top2_sh = shard_tokens("dipaco-km"), shard_tokens("dipaco-top2")
     km_cv = runs["dipaco-km"]["cv"]
     why = {
@@ -330,8 +349,8 @@ def main():
                 "specialised." % (fmt_count(top2_sh), fmt_count(km_sh), fmt_count(read), read / km_sh),
         "disc": "The discriminative router learns each document's best path from the paths after "
                 "phase %d, whose validation losses then spanned only %.4f nats: labels from paths "
-                "that barely differ are mostly noise, and the new shards are less coherent than "
-                "the k-means ones." % (T // 2, val_spread("dipaco-km", T // 2)),
+                "that barely differ are mostly noise. %s" % (
+                    T // 2, val_spread("dipaco-km", T // 2), shard_compare()),
         "disc-route": "After the last phase the k-means run's paths' validation losses span %.4f "
                       "nats; the best path of a document differs from the others by less than its "
                       "first 128 bytes can predict." % val_spread("dipaco-km", T),

@@ -60,6 +60,14 @@ for name, (doc, win) in losses.items():
     for t in (1, 2):
         json.dump(ev(doc + 0.1 / t, None), open("run/eval/%s-curve-%d.json" % (name, t), "w"))
 json.dump(ev(2.44, 2.44), open("run/eval/dipaco-km-disc-final.json", "w"))
+# dpc-shard's routing reports, as it prints them: documents per shard, then purity and NMI
+for name, docs, nmi in (("dipaco-km", (10, 30, 20, 25), 0.03), ("dipaco-disc", (5, 40, 20, 20), 0.02)):
+    with open("run/%s/routing.txt" % name, "w") as f:
+        f.write("routed 85 documents with kmeans router 'r.st', top 1:\n  shard        docs       tokens\n")
+        for i, n in enumerate(docs):
+            f.write("  %-12d %4d %12d\n" % (i, n, 1000 * n))
+        f.write("  purity 0.2000 (random shards of these sizes 0.1000 +- 0.0010), NMI %.4f "
+                "(random 0.0020 +- 0.0004), ARI 0.0100\n" % nmi)
 for name, tok in (("dipaco-km", 1000), ("dipaco-top2", 2000)):
     os.makedirs("run/%s/shards" % name)
     json.dump({"shards": [{"tokens": tok}] * 4}, open("run/%s/shards/shards.json" % name, "w"))
@@ -102,6 +110,8 @@ for k in below-dense approach-4s shared-vs-flat top2 diloco; do
 done
 ! grep -qF 'a top-2 shard holds' $p || die "top-2 holds here: no reason expected"
 grep -qF 'whose validation losses then spanned only 0.0030 nats' $p || die "the disc reason's spread"
+grep -qF "Its shards agree less with Brown's categories than the k-means ones (NMI 0.0200 against 0.0300) and hold 5 to 40 documents (k-means: 10 to 30)." $p ||
+	die "the disc reason's shards: $(grep '^- \*\*disc\*\*' $p)"
 ! grep -q "^- \*\*approach-4s\*\*" $p || die "a reason for approach-4s, which holds"
 
 # dense 4S not below dense S: the claim fails, its margin the (negative) gap, its own reason
