@@ -4,7 +4,7 @@
 #   sh scripts/setup-debian.sh --test   build + tests (Criterion, g++, PyTorch, groff, Open MPI's
 #                                       mpirun and headers, gnuplot; no npm)
 #   sh scripts/setup-debian.sh --reproduce   build + scripts/reproduce.sh (npm for Brown, python3
-#                                       and gnuplot for the results page)
+#                                       and gnuplot for the results page, git for its commit line)
 # Idempotent: packages already installed are left as they are. npm is wanted only when no npm
 # is on PATH: a machine with Node.js from elsewhere (NodeSource's nodejs, say) keeps it, since
 # Debian's npm package conflicts with such a nodejs and apt-get would refuse the whole install.
@@ -15,7 +15,7 @@ if [ "${1:-}" = "--test" ]; then
 	pkgs="$pkgs g++ libcriterion-dev python3-torch python3-numpy groff-base openmpi-bin libopenmpi-dev procps
 	gnuplot-nox"
 elif [ "${1:-}" = "--reproduce" ]; then
-	pkgs="$pkgs python3 gnuplot-nox"
+	pkgs="$pkgs python3 gnuplot-nox git"
 	command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"
 elif ! command -v npm >/dev/null 2>&1; then
 	pkgs="$pkgs npm"
