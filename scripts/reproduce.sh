@@ -35,7 +35,7 @@
 # Resumable: every stage is skipped when its output is there, and a DiPaCo run redoes only its
 # missing tasks (scripts/dipaco-train.sh), so the same command after a kill goes on where it
 # stopped and writes the same page (the wall times aside). One progress line per stage on
-# stderr. About 75 minutes on 2 idle cores with the defaults; --quick, a few.
+# stderr. About 45 minutes on 2 idle cores with the defaults; --quick, a few.
 set -eu
 cd "$(dirname "$0")/.."
 top=$(pwd)
