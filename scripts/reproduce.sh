@@ -5,9 +5,9 @@
 #   sh scripts/reproduce.sh [options] [RUNDIR]          (default RUNDIR: runs/reproduce)
 #     --inner-steps N   inner steps per phase (default 50)
 #     --phases T        phases, even (default 4); the re-sharded run is re-sharded after T/2
-#     --quick           a small model (4 blocks of width 64) and 2 phases of 10 steps: a few
-#                       minutes, to check the script, not the claims; the page goes to
-#                       RUNDIR/brown.md unless -o says otherwise
+#     --quick           a small model (4 blocks of width 64), by default 2 phases of 10
+#                       steps: a few minutes, to check the script, not the claims; the page
+#                       goes to RUNDIR/brown.md unless -o says otherwise
 #     -o PAGE           the results page (default results/brown.md); its PNG plots are
 #                       written beside it as PAGE's name without .md, then -loss-steps.png,
 #                       -loss-flops.png and -outer.png
@@ -40,30 +40,33 @@ set -eu
 cd "$(dirname "$0")/.."
 top=$(pwd)
 bin=$top/build/bin
-tau=50 phases=4 quick=0 setup=1 page=""
-usage() { sed -n '/^#   sh scripts/,/^#     --no-setup/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+tau="" phases="" quick=0 setup=1 page=""
+need() { [ "$2" -ge 2 ] || { echo "reproduce.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
 die() { echo "reproduce.sh: $*" >&2; exit 1; }
 posint() { case $2 in '' | *[!0-9]* | 0*) echo "reproduce.sh: $1 wants a positive integer, not '$2'" >&2; exit 2 ;; esac; }
 while [ $# -gt 0 ]; do
 	case $1 in
-	--inner-steps) [ $# -ge 2 ] || usage; posint "$1" "$2"; tau=$2; shift 2 ;;
-	--phases) [ $# -ge 2 ] || usage; posint "$1" "$2"; phases=$2; shift 2 ;;
+	--inner-steps) need "$1" $#; posint "$1" "$2"; tau=$2; shift 2 ;;
+	--phases) need "$1" $#; posint "$1" "$2"; phases=$2; shift 2 ;;
 	--quick) quick=1; shift ;;
-	-o) [ $# -ge 2 ] || usage; page=$2; shift 2 ;;
+	-o) need "$1" $#; page=$2; shift 2 ;;
 	--no-setup) setup=0; shift ;;
 	-h | --help) sed -n '2,/^set -eu/p' "$0" | sed 's/^# \{0,1\}//; /^set -eu/d'; exit 0 ;;
 	-*) echo "reproduce.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
 	*) break ;;
 	esac
 done
-[ $# -le 1 ] || usage
+[ $# -le 1 ] || { echo "reproduce.sh: one RUNDIR at most, not $# arguments (see --help)" >&2; exit 2; }
 run=${1:-runs/reproduce}
 if [ "$quick" = 1 ]; then
-	tau=10 phases=2
+	: "${tau:=10}" "${phases:=2}"
 fi
+: "${tau:=50}" "${phases:=4}"
 [ $((phases % 2)) = 0 ] || { echo "reproduce.sh: --phases must be even (the re-sharding is after T/2), not $phases" >&2; exit 2; }
 half=$((phases / 2))
-[ -n "$page" ] || { if [ "$quick" = 1 ]; then page=$run/brown.md; else page=results/brown.md; fi; }
+d_page=results/brown.md
+[ "$quick" = 1 ] && d_page=$run/brown.md
+: "${page:=$d_page}"
 data=data/brown chunked=data/brown-1k prefix=128 window=64
 steps=$((phases * tau))
 warmup=20
@@ -270,8 +273,12 @@ stage "writing $page and its plots"
 mkdir -p "$(dirname "$page")"
 cmd="sh scripts/reproduce.sh"
 [ "$quick" = 1 ] && cmd="$cmd --quick"
-[ "$quick" = 1 ] || [ "$tau" = 50 ] || cmd="$cmd --inner-steps $tau"
-[ "$quick" = 1 ] || [ "$phases" = 4 ] || cmd="$cmd --phases $phases"
+d_tau=50 d_phases=4
+[ "$quick" = 1 ] && d_tau=10 d_phases=2
+[ "$tau" = $d_tau ] || cmd="$cmd --inner-steps $tau"
+[ "$phases" = $d_phases ] || cmd="$cmd --phases $phases"
+[ "$page" = "$d_page" ] || cmd="$cmd -o $page"
+[ "$run" = runs/reproduce ] || cmd="$cmd $run"
 python3 scripts/reproduce-report.py --run "$run" --command "$cmd" \
 	--commit "$(git describe --always --dirty 2>/dev/null || echo unknown)" -o "$page"
 echo "reproduce.sh: done in $(($(date +%s) - t0)) s: $page" >&2

@@ -1,9 +1,10 @@
 # t-reproduce-report.sh - scripts/reproduce-report.py (issue 13) on a run directory made here
-# with hand-chosen losses: the table's FLOPs and tokens against hand-computed values, every
-# ordering's verdict against the rule (held / held, within noise / not held / not held,
-# within noise, with a noise floor of 2 x 0.0081650 from dense S's four seeds at 2.50, 2.51,
-# 2.49, 2.50), and when dense 4S is not below dense S; the reasons listed for exactly the orderings
-# that fail, three PNGs; a missing file is one line and exit 1. Skips (77) without gnuplot.
+# with hand-chosen losses: the table's FLOPs and tokens against hand-computed values; every
+# ordering's verdict against the rule (held / held, within noise / not held / not held, within
+# noise), with a noise floor of 2 x 0.0081650 from dense S's four seeds at 2.50, 2.51, 2.49 and
+# 2.50, and when dense 4S is not below dense S; reasons for exactly the orderings that fail;
+# three PNGs; a missing file is one line and exit 1. Then reproduce.sh's own bad input, refused
+# in one line before anything is written. Skips (77) without gnuplot.
 set -eu
 . "$TESTDIR/lib.sh"
 ROOT=$(cd "$TESTDIR/../.." && pwd)
@@ -137,3 +138,14 @@ rm run/eval/dipaco-head-curve-2.json
 expect_fail 1 "^reproduce-report.py: run/eval/dipaco-head-curve-2.json: \[Errno 2\] No such file or directory" \
 	$R --run run --command x --commit y -o page2/brown.md
 [ ! -e page2/brown.md ] || die "a page written from an incomplete run"
+
+# reproduce.sh's own bad input: one line, exit 2, before anything is installed or written
+S="sh $ROOT/scripts/reproduce.sh"
+expect_fail 2 "^reproduce.sh: unknown option '--bogus' \(see --help\)$" $S --bogus
+expect_fail 2 "^reproduce.sh: --phases must be even \(the re-sharding is after T/2\), not 3$" \
+	$S --phases 3 rd
+expect_fail 2 "^reproduce.sh: --inner-steps wants a positive integer, not '0'$" $S --inner-steps 0
+expect_fail 2 "^reproduce.sh: --inner-steps wants a positive integer, not '5x'$" $S --inner-steps 5x
+expect_fail 2 "^reproduce.sh: -o needs a value \(see --help\)$" $S -o
+expect_fail 2 "^reproduce.sh: one RUNDIR at most, not 2 arguments \(see --help\)$" $S a b
+[ ! -e rd ] || die "reproduce.sh made its run directory before refusing"
