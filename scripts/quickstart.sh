@@ -20,7 +20,6 @@
 set -eu
 cd "$(dirname "$0")/.."
 run=runs/quickstart
-data=data/brown
 chunked=data/brown-1k
 bin=build/bin
 prefix=128
@@ -28,19 +27,14 @@ t0=$(date +%s)
 n=0
 stage() {
 	n=$((n + 1))
-	echo "quickstart [$n/9, $(($(date +%s) - t0)) s] $*" >&2
+	echo "quickstart [$n/8, $(($(date +%s) - t0)) s] $*" >&2
 }
 
 stage "setup: packages and build"
 sh scripts/setup-debian.sh
 make -s
-stage "fetching Brown"
-sh scripts/get-brown.sh "$data"
-stage "preparing $chunked (documents cut into 1024-token pieces)"
-if [ ! -s "$chunked/val.tok" ]; then
-	$bin/dpc-shard prepare --force --chunk 1024 --val-frac 0.05 --router-frac 0.03 \
-		"$data/brown.jsonl" "$chunked" >/dev/null
-fi
+stage "Brown: fetching it, and preparing $chunked (documents cut into 1024-token pieces)"
+sh scripts/brown-1k.sh "$bin"
 mkdir -p "$run"
 
 stage "training the base model (gpt-tiny, 300 steps)"

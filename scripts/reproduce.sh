@@ -67,7 +67,7 @@ half=$((phases / 2))
 d_page=results/brown.md
 [ "$quick" = 1 ] && d_page=$run/brown.md
 : "${page:=$d_page}"
-data=data/brown chunked=data/brown-1k prefix=128 window=64
+chunked=data/brown-1k prefix=128 window=64
 steps=$((phases * tau))
 warmup=20
 [ "$warmup" -le $((steps / 4)) ] || warmup=$((steps / 4 > 0 ? steps / 4 : 1))
@@ -99,11 +99,7 @@ for t in python3 gnuplot; do
 done
 
 stage "data: Brown, cut into 1024-token pieces ($chunked)"
-sh scripts/get-brown.sh "$data"
-if [ ! -s "$chunked/val.tok" ]; then
-	"$bin/dpc-shard" prepare --force --chunk 1024 --val-frac 0.05 --router-frac 0.03 \
-		"$data/brown.jsonl" "$chunked" >/dev/null
-fi
+sh scripts/brown-1k.sh "$bin"
 train=$chunked/train.tok val=$chunked/val.tok router=$chunked/router.tok
 mkdir -p "$run/routing" "$run/eval"
 # What produced this run, for the page; a run made with other settings is not mixed in.
