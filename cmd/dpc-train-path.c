@@ -51,6 +51,8 @@ static const char usage[] =
 	"  -t, --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
 	"      --device NAME        where the model runs: cpu (default), ref (the slow\n"
 	"                           reference backend), cuda (when built)\n"
+	"      --precision P        matrix products in fp32 (default), tf32 or bf16 (cuda;\n"
+	"                           parameters and optimiser state stay fp32)\n"
 	"      --run RUNDIR         train one path of a DiPaCo run (dpc-rundir(5)): the\n"
 	"                           config, shard and inputs come from RUNDIR\n"
 	"      --phase T            with --run: the phase to train (1 .. dipaco.phases)\n"
@@ -277,11 +279,12 @@ int main(int argc, char **argv)
 		{"path", required_argument, NULL, 'A'},   {"force", no_argument, NULL, 'f'},
 		{"weights", required_argument, NULL, 'w'}, {"export", required_argument, NULL, 'x'},
 		{"info", required_argument, NULL, 'I'},   {"print-config", no_argument, NULL, 'C'},
+		{"precision", required_argument, NULL, 'X'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *config_path = NULL, *eval_path = NULL, *device = "cpu", *run_dir = NULL;
 	const char *export_path = NULL, *info_path = NULL;
-	int print_config = 0;
+	int print_config = 0, precision = BACKEND_FP32;
 	long phase = 0, path = -1;
 	struct backend *be = NULL;
 	const char **sets = calloc((size_t)argc, sizeof *sets);
@@ -314,6 +317,7 @@ int main(int argc, char **argv)
 		case 'n': rc = cli_parse_long("--max-tokens", optarg, 1, 1L << 50, &max_tokens); break;
 		case 'q': quiet = 1; break;
 		case 'D': device = optarg; break;
+		case 'X': rc = cli_parse_precision("--precision", optarg, &precision); break;
 		case 'R': run_dir = optarg; break;
 		case 'P': rc = cli_parse_long("--phase", optarg, 1, 1L << 40, &phase); break;
 		case 'A': rc = cli_parse_long("--path", optarg, 0, 65535, &path); break;
@@ -342,7 +346,7 @@ int main(int argc, char **argv)
 		if (clash) {
 			rc = cli_usage_error(prog, "--run takes its config, data and outputs from the "
 					     "run directory: %s does not go with it (only --phase, "
-					     "--path, --threads, --device and --quiet do)", clash);
+					     "--path, --threads, --device, --precision and --quiet do)", clash);
 			goto out;
 		}
 	}
@@ -354,7 +358,8 @@ int main(int argc, char **argv)
 		rc = cli_usage_error(prog, "--phase and --path go with --run");
 		goto out;
 	}
-	rc = backend_open(&be, device, &(struct backend_params){.threads = (int)threads});
+	rc = backend_open(&be, device, &(struct backend_params){
+		.threads = (int)threads, .precision = (enum backend_precision)precision});
 	if (rc) {
 		rc = cli_report(prog, rc);
 		goto out;
@@ -469,7 +474,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	double rss_mb = (double)peak_rss_bytes() / 1048576.0;
-	rc = cli_print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s}", "steps",
+	rc = cli_print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s, s:s, s:s}", "steps",
 				      (json_int_t)(r.final_step - r.start_step), "step",
 				      (json_int_t)r.final_step, "loss",
 				      num(r.final_step > r.start_step ? r.loss : NAN), "val_loss",
@@ -477,7 +482,8 @@ int main(int argc, char **argv)
 				      num(r.final_step > r.start_step && r.tokens_per_s > 0
 					  ? r.tokens_per_s : NAN),
 				      "peak_rss_mb", num(rss_mb), "matmul_frac",
-				      num(r.matmul_frac), "checkpoint", o.out_path),
+				      num(r.matmul_frac), "checkpoint", o.out_path, "device",
+				      be->name, "precision", backend_precision_name(be->precision)),
 			    json_flags);
 	if (rc)
 		rc = cli_report(prog, rc);

@@ -73,6 +73,7 @@ static void usage(FILE *f)
 "  -t, --threads=N          OpenMP and BLAS threads (default: OMP_NUM_THREADS or all)\n"
 "      --device=NAME        where the layer runs: cpu (default), ref (the slow\n"
 "                           reference backend), cuda (when built, one process)\n"
+"      --precision=P        expert products in fp32 (default), tf32 or bf16 (cuda)\n"
 "  -h, --help               print this help and exit\n"
 "  -V, --version            print the version and exit\n"
 "Distributed (mpirun -np W; see moe-bench(1), DISTRIBUTED RUNS):\n"
@@ -146,6 +147,8 @@ static json_t *base_json(const struct moe_bench_opts *o, const char *trace, cons
 	json_object_set_new(j, "impl", json_string(impl));
 	json_object_set_new(j, "only", json_string(only));
 	json_object_set_new(j, "device", json_string(o->be->name));
+	json_object_set_new(j, "precision",
+			    json_string(backend_precision_name(o->be->precision)));
 	json_object_set_new(j, "T", json_integer(T));
 	json_object_set_new(j, "M", json_integer(c->M));
 	json_object_set_new(j, "H", json_integer(c->H));
@@ -781,6 +784,7 @@ int main(int argc, char **argv)
 		{"num-steps", required_argument, NULL, 'n'},
 		{"a2a-ffn-overlap-degree", required_argument, NULL, 1016},
 		{"use-2dh", no_argument, NULL, 1020},
+		{"precision", required_argument, NULL, 1021},
 		{NULL, 0, NULL, 0},
 	};
 	static const char *const parts[] = {"layer", "encode-decode", "alltoall", NULL};
@@ -790,7 +794,7 @@ int main(int argc, char **argv)
 	long threads = 0;
 	double x = 1.0, noise = 0.0;
 	int bpr = 0, act = MOE_ACT_RELU, loss = MOE_LOSS_GSHARD, encdec = 0, dense = 0, dry = 0;
-	int c, rc = 0;
+	int c, rc = 0, precision = BACKEND_FP32;
 	const char *trace_path = NULL, *device = "cpu", *dict_path = NULL;
 	long r = 1, d = 1, local_size = 0;
 	int a2a = DIST_A2A_LINEAR, distopt = 0;
@@ -843,6 +847,7 @@ int main(int argc, char **argv)
 		case 1012: dry = 1; break;
 		case 1013: o.input_grad = 0; break;
 		case 1014: device = optarg; break;
+		case 1021: rc = cli_parse_precision("--precision", optarg, &precision); break;
 		case 1015: rc = cli_parse_long("--r", optarg, 0, 1L << 20, &r); distopt = 1; break;
 		case 1016: rc = cli_parse_long("--d", optarg, 1, 8, &d); distopt = 1; break;
 		case 1017:
@@ -918,8 +923,9 @@ int main(int argc, char **argv)
 		struct dist *world = NULL;
 		rc = dist_open(&world, (int)local_size);
 		if (rc == 0)
-			rc = backend_open(&be, device, &(struct backend_params){.threads =
-										    (int)threads});
+			rc = backend_open(&be, device, &(struct backend_params){
+				.threads = (int)threads,
+				.precision = (enum backend_precision)precision});
 		if (rc == 0) {
 			struct moe_bench_dist_opts dopt = {
 				.cfg = o.cfg, .be = be, .d = world, .forward_only = o.forward_only,
@@ -946,7 +952,8 @@ int main(int argc, char **argv)
 		free(trace);
 		return cli_report(prog, rc);
 	}
-	rc = backend_open(&be, device, &(struct backend_params){.threads = (int)threads});
+	rc = backend_open(&be, device, &(struct backend_params){
+		.threads = (int)threads, .precision = (enum backend_precision)precision});
 	if (rc == 0) {
 		o.be = be;
 		rc = run(&o, trace_path, encdec, dry, dense);

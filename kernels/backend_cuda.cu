@@ -2,9 +2,12 @@
  *
  * Memory is cudaMalloc'd device memory (host_visible 0); every op is queued on the backend's
  * stream in call order and returns at once, so errors of a kernel's execution surface at the
- * next sync or download (backend.h allows this). Matrix products go to cuBLAS in plain fp32
- * (no TF32: the results are compared with the CPU's to 1e-3 over a training run); everything
- * else is a kernel of this file or of moe.cu (the MoE ops).
+ * next sync or download (backend.h allows this). Matrix products go to cuBLAS in the precision
+ * the backend was opened with (backend.h): plain fp32 by default (no TF32: the results are
+ * compared with the CPU's to 1e-3 over a training run), TF32 compute, or bfloat16 copies of
+ * both operands (rounded by a kernel of this file into a workspace of their own) multiplied
+ * into fp32; everything else is a kernel of this file or of moe.cu (the MoE ops), in fp32
+ * whatever the precision.
  *
  * Determinism (backend.h): no float atomics. A reduction over rows (a bias gradient, the
  * layernorm weight gradients) is split into fixed chunks of rows whose partial sums are added
@@ -19,6 +22,7 @@
  * P v; the backward is three more batched products and a softmax backward.
  */
 #include <cub/cub.cuh>
+#include <cuda_bf16.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,6 +118,8 @@ static void cu_close(struct backend *be)
 				cudaEventDestroy(c->ev[i][j]);
 	if (c->ws)
 		cudaFree(c->ws);
+	if (c->lp)
+		cudaFree(c->lp);
 	cublasDestroy(c->blas);
 	cudaStreamDestroy(c->stream);
 	free(c);
@@ -288,21 +294,95 @@ static int cu_sum(struct backend *be, double *out, const float *x, size_t n, int
 
 /* ---- matrix products -------------------------------------------------------------------- */
 
+/* Elements a row-major operand of rows x cols with leading dimension ld spans. */
+static size_t span(int rows, int cols, int ld)
+{
+	return rows && cols ? (size_t)(rows - 1) * (size_t)ld + (size_t)cols : 0;
+}
+
+/* dst[i] = src[i] rounded to bfloat16 (to nearest, ties to even: __float2bfloat16_rn). */
+__global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+/* The bfloat16 copy of a (batched) operand: the whole range it spans, gaps included (the
+ * product reads the copy with the operand's own leading dimension and stride). *out is
+ * taken from c->lp at byte offset *off. */
+static int to_bf16(struct cuda_ctx *c, const float *x, size_t n, size_t *off,
+		   const __nv_bfloat16 **out)
+{
+	__nv_bfloat16 *d = (__nv_bfloat16 *)((char *)c->lp + *off);
+	*off += cuda_ws_round(2 * n);
+	*out = d;
+	if (n)
+		CUDA_LAUNCH(k_to_bf16, cuda_grid(c, n, 256), 256, 0, c->stream, d, x, n);
+	CUDA_LAUNCHED("gemm: rounding to bfloat16");
+	return 0;
+}
+
+/* c->lp of at least bytes (grown as cuda_workspace grows ws). */
+static int lp_workspace(struct cuda_ctx *c, size_t bytes)
+{
+	if (bytes <= c->lp_bytes)
+		return 0;
+	size_t want = bytes + bytes / 2;
+	if (c->lp) {
+		CUDA_TRY(cudaStreamSynchronize(c->stream), "workspace: waiting for the stream");
+		cudaFree(c->lp);
+		c->lp = NULL;
+		c->lp_bytes = 0;
+	}
+	CUDA_TRY(cudaMalloc(&c->lp, want), "bfloat16 workspace allocation");
+	c->lp_bytes = want;
+	return 0;
+}
+
 /* Row-major C = alpha op(A) op(B) + beta C as cuBLAS's column-major C^T = op(B)^T op(A)^T,
- * batched with strides (batch 1: a plain product). */
+ * batched with strides (batch 1: a plain product), in the backend's precision (backend.h):
+ * fp32 is cublasSgemm; tf32 the same product with TF32 compute (cuBLAS rounds the operands);
+ * bf16 rounds both operands into c->lp first (counted in the product's time: it is part of
+ * its cost) and multiplies the bfloat16 copies into float32 C. */
 static int sgemm_rm(struct cuda_ctx *c, int ta, int tb, int M, int N, int K, float alpha,
 		    const float *A, int lda, long long sA, const float *B, int ldb, long long sB,
 		    float beta, float *C, int ldc, long long sC, int batch)
 {
 	cudaEvent_t *ev = gemm_timing_begin(c);
+	cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	cublasStatus_t s;
-	if (batch == 1)
-		s = cublasSgemm(c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-				N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc);
-	else
-		s = cublasSgemmStridedBatched(c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-					      ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
-					      ldb, sB, A, lda, sA, &beta, C, ldc, sC, batch);
+	if (c->precision == BACKEND_FP32) {
+		if (batch == 1)
+			s = cublasSgemm(c->blas, opB, opA, N, M, K, &alpha, B, ldb, A, lda, &beta, C,
+					ldc);
+		else
+			s = cublasSgemmStridedBatched(c->blas, opB, opA, N, M, K, &alpha, B, ldb, sB,
+						      A, lda, sA, &beta, C, ldc, sC, batch);
+	} else if (c->precision == BACKEND_TF32) {
+		s = cublasGemmStridedBatchedEx(c->blas, opB, opA, N, M, K, &alpha, B, CUDA_R_32F,
+					       ldb, sB, A, CUDA_R_32F, lda, sA, &beta, C,
+					       CUDA_R_32F, ldc, sC, batch,
+					       CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+	} else {
+		/* alpha == 0 or K == 0: cuBLAS reads neither operand, so neither is rounded */
+		int read = alpha != 0.0f && K > 0;
+		size_t nA = read ? (size_t)(batch - 1) * (size_t)sA +
+				   (ta ? span(K, M, lda) : span(M, K, lda)) : 0;
+		size_t nB = read ? (size_t)(batch - 1) * (size_t)sB +
+				   (tb ? span(N, K, ldb) : span(K, N, ldb)) : 0;
+		size_t off = 0;
+		const __nv_bfloat16 *a = NULL, *b = NULL;
+		ERR_FORWARD(lp_workspace(c, cuda_ws_round(2 * nA) + cuda_ws_round(2 * nB) + 256));
+		ERR_FORWARD(to_bf16(c, A, nA, &off, &a));
+		ERR_FORWARD(to_bf16(c, B, nB, &off, &b));
+		if (!read) /* a valid address all the same */
+			a = b = (const __nv_bfloat16 *)c->lp;
+		s = cublasGemmStridedBatchedEx(c->blas, opB, opA, N, M, K, &alpha, b, CUDA_R_16BF,
+					       ldb, sB, a, CUDA_R_16BF, lda, sA, &beta, C,
+					       CUDA_R_32F, ldc, sC, batch, CUBLAS_COMPUTE_32F,
+					       CUBLAS_GEMM_DEFAULT);
+	}
 	gemm_timing_end(c, ev);
 	return blas_fail(s, "sgemm");
 }
@@ -310,12 +390,6 @@ static int sgemm_rm(struct cuda_ctx *c, int ta, int tb, int M, int N, int K, flo
 static int aligned16(const void *p)
 {
 	return ((uintptr_t)p & 15) == 0;
-}
-
-/* Elements a row-major operand of rows x cols with leading dimension ld spans. */
-static size_t span(int rows, int cols, int ld)
-{
-	return rows && cols ? (size_t)(rows - 1) * (size_t)ld + (size_t)cols : 0;
 }
 
 static int cu_gemm(struct backend *be, int transA, int transB, int M, int N, int K, float alpha,
@@ -1182,9 +1256,11 @@ int backend_cuda_init(struct backend *be, const struct backend_params *params)
 	cublasStatus_t s = cublasCreate(&c->blas);
 	if (s == CUBLAS_STATUS_SUCCESS)
 		s = cublasSetStream(c->blas, c->stream);
-	/* plain fp32 products: no TF32 (results are compared with the CPU backend's) */
+	/* fp32 products are plain fp32, no TF32 (results are compared with the CPU backend's);
+	 * tf32 and bf16 ask for their compute type product by product (sgemm_rm) */
 	if (s == CUBLAS_STATUS_SUCCESS)
 		s = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+	c->precision = params->precision;
 	if (s != CUBLAS_STATUS_SUCCESS) {
 		rc = blas_fail(s, "starting cuBLAS");
 		cudaStreamDestroy(c->stream);

@@ -30,6 +30,7 @@ static struct {
 	const char *(*status_string)(cublasStatus_t);
 	__typeof__(cublasSgemm_v2) *sgemm;
 	__typeof__(cublasSgemmStridedBatched) *sgemm_sb;
+	__typeof__(cublasGemmStridedBatchedEx) *gemm_sb_ex;
 } api = {.once = PTHREAD_ONCE_INIT};
 
 static void load(void)
@@ -54,6 +55,7 @@ static void load(void)
 		{"cublasGetStatusString", (void **)&api.status_string},
 		{"cublasSgemm_v2", (void **)&api.sgemm},
 		{"cublasSgemmStridedBatched", (void **)&api.sgemm_sb},
+		{"cublasGemmStridedBatchedEx", (void **)&api.gemm_sb_ex},
 	};
 	for (size_t i = 0; i < sizeof sym / sizeof sym[0]; i++) {
 		*sym[i].slot = dlsym(lib, sym[i].name);
@@ -119,4 +121,20 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
 		return CUBLAS_STATUS_NOT_INITIALIZED;
 	return api.sgemm_sb(handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb,
 			    strideB, beta, C, ldc, strideC, batchCount);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+					  cublasOperation_t transb, int m, int n, int k,
+					  const void *alpha, const void *A, cudaDataType Atype,
+					  int lda, long long int strideA, const void *B,
+					  cudaDataType Btype, int ldb, long long int strideB,
+					  const void *beta, void *C, cudaDataType Ctype, int ldc,
+					  long long int strideC, int batchCount,
+					  cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+{
+	if (!loaded())
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	return api.gemm_sb_ex(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B,
+			      Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount,
+			      computeType, algo);
 }

@@ -29,6 +29,11 @@ struct cuda_ctx {
 	cublasHandle_t blas;
 	void *ws;                /* workspace, grown on demand (cuda_workspace) */
 	size_t ws_bytes;
+	enum backend_precision precision; /* of the matrix products (backend.h) */
+	void *lp;                /* the bfloat16 copies of a product's operands (bf16 precision),
+				  * apart from ws: a product inside an op runs on operands the op
+				  * keeps in ws */
+	size_t lp_bytes;
 	/* gemm timing (profile): a ring of event pairs around the products, read back as they
 	 * complete, so timing never stalls the stream */
 	int profiling;

@@ -15,13 +15,20 @@
 #   sanitizer      compute-sanitizer memcheck over a small moe-bench step and 2 training steps
 #   train 50       dpc-train-path, gpt-tiny, 50 steps on Brown on cpu and on cuda: every step's
 #                  loss within 1e-3 relative
+#   train 50 tf32, bf16
+#                  the same on cuda with --precision tf32 and bf16 against the cpu's fp32 run:
+#                  every step's loss within 1e-2 (tf32) and 3e-2 (bf16) relative, a sanity
+#                  bound (test_backend checks the rounding itself exactly)
 # Benchmarks (each with its ratio):
 #   encode+decode  moe-bench --only=encode-decode at T=65536 M=2048 E=64 k=2: GB/s against a
 #                  device copy of as many bytes in the same run (target >= 0.70)
 #   moe layer      moe-bench forward+backward against the same layer in PyTorch on the same GPU
 #                  (test/gpu/torch_moe_bench.py, eager and torch.compile)
 #   training       dpc-train-path tokens/s, L=12 C=768 T=1024 vocab 256 B=8, against PyTorch
-#                  eager and torch.compile (test/gpu/torch_gpt2_bench.py), fp32, no TF32
+#                  eager and torch.compile (test/gpu/torch_gpt2_bench.py), in each precision:
+#                  fp32 (no TF32), tf32 (torch: TF32 allowed) and bf16 (torch: autocast to
+#                  bfloat16); each must be at least torch's eager/manual in the same precision
+#   moe layer bf16 moe-bench --precision bf16 against our fp32 layer (a ratio, no verdict)
 # Raw outputs are kept in --out (default /tmp/gpu-check); the whole run takes 4-6 minutes on an
 # H200 (--quick: small sizes, about a minute).
 set -u
@@ -57,7 +64,7 @@ row() { printf '%-16s %-5s %s\n' "$1" "$2" "$3" | tee -a "$summary"; }
 # last line) is a FAIL naming the raw files to read.
 verdict() {
 	v=$(tail -n 1)
-	case $v in PASS*|FAIL*) echo "$v" ;; *) echo "FAIL $v (see $out/$1*)" ;; esac
+	case $v in PASS*|FAIL*|INFO*) echo "$v" ;; *) echo "FAIL $v (see $out/$1*)" ;; esac
 }
 t0=$(date +%s)
 stamp() { echo "=== [$(( $(date +%s) - t0 )) s] $*" >&2; }
@@ -132,6 +139,31 @@ EOF
 res=$(verdict train50 <"$out/train50.txt")
 row "train 50 steps" "${res%% *}" "${res#* }"
 
+# Reduced precision: the same 50 steps on cuda against the cpu's fp32 losses.
+for prec in tf32 bf16; do
+	stamp "train 50 steps on cuda, $prec"
+	rm -f "$out/train50-$prec.jsonl"
+	timeout 300 "$B/dpc-train-path" --device cuda --precision $prec -f -c "$here/configs/gpt-tiny.yaml" \
+		-s train.steps=50 -s train.eval_every=0 -s train.checkpoint_every=0 -d "$pack/data/val.tok" \
+		-o "$out/train50-$prec.safetensors" -m "$out/train50-$prec.jsonl" -q \
+		>"$out/train50-$prec.json" 2>"$out/train50-$prec.err"
+	$PY - "$out" $prec <<'EOF' >"$out/train50-$prec.txt" 2>&1
+import json, sys
+out, prec = sys.argv[1], sys.argv[2]
+bound = {"tf32": 1e-2, "bf16": 3e-2}[prec]
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{out}/train50-{name}.jsonl") if '"event":"train"' in l]
+a, b = losses("cpu"), losses(prec)
+assert len(a) == 50 and len(b) == 50, (len(a), len(b))
+rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+j = json.load(open(f"{out}/train50-{prec}.json"))
+assert j.get("precision") == prec, j
+print(f"{'PASS' if rel <= bound else 'FAIL'} max rel diff {rel:.2e} from cpu fp32 (bound {bound:g}); loss {a[-1]:.4f} fp32, {b[-1]:.4f} {prec}")
+EOF
+	res=$(verdict train50-$prec <"$out/train50-$prec.txt")
+	row "train 50 $prec" "${res%% *}" "${res#* }"
+done
+
 # ---- speed -------------------------------------------------------------------------------
 if [ $quick = 1 ]; then
 	ED="-T 8192 -M 512 -E 16"; LY="-T 4096 -M 512 -H 1024 -E 8"; TR="-s model.n_layer=2"; IT=3
@@ -159,30 +191,38 @@ EOF
 ) 2>&1 | verdict layer)
 row "moe layer f+b" "${ly%% *}" "${ly#* }"
 
-stamp "training throughput: ours and PyTorch"
-timeout 300 "$B/dpc-train-path" --device cuda -f -c "$here/configs/gpt-tiny.yaml" -s model.n_layer=12 \
-	-s model.n_embd=768 -s model.n_head=12 -s model.seq_len=1024 -s train.batch_size=8 \
-	-s train.steps=$IT -s train.eval_every=0 -s train.checkpoint_every=0 $TR \
-	-d "$pack/data/val.tok" -o "$out/big.safetensors" -m "$out/big.jsonl" -q \
-	>"$out/big.json" 2>"$out/big.err"
 TL=12; [ $quick = 1 ] && TL=2
-timeout 180 $PY "$here/test/gpu/torch_gpt2_bench.py" -L $TL -C 768 --heads 12 -T 1024 -B 8 \
-	--compile-scope blocks \
-	--iters $IT --warmup 3 >"$out/big_torch.json" 2>"$out/big_torch.err"
-tr=$( ($PY - "$out" <<'EOF'
+for prec in fp32 tf32 bf16; do
+	stamp "training throughput, $prec: ours and PyTorch"
+	sfx=; [ $prec = fp32 ] || sfx=-$prec
+	timeout 300 "$B/dpc-train-path" --device cuda --precision $prec -f -c "$here/configs/gpt-tiny.yaml" \
+		-s model.n_layer=12 -s model.n_embd=768 -s model.n_head=12 -s model.seq_len=1024 \
+		-s train.batch_size=8 -s train.steps=$IT -s train.eval_every=0 -s train.checkpoint_every=0 $TR \
+		-d "$pack/data/val.tok" -o "$out/big$sfx.safetensors" -m "$out/big$sfx.jsonl" -q \
+		>"$out/big$sfx.json" 2>"$out/big$sfx.err"
+	tflag=; [ $prec = tf32 ] && tflag=--tf32; [ $prec = bf16 ] && tflag=--bf16
+	timeout 180 $PY "$here/test/gpu/torch_gpt2_bench.py" -L $TL -C 768 --heads 12 -T 1024 -B 8 \
+		--compile-scope blocks $tflag \
+		--iters $IT --warmup 3 >"$out/big_torch$sfx.json" 2>"$out/big_torch$sfx.err"
+	tr=$( ($PY - "$out" "$sfx" <<'EOF'
 import json, sys, statistics
-out = sys.argv[1]
-steps = [json.loads(l)["tokens_per_s"] for l in open(f"{out}/big.jsonl") if '"event":"train"' in l]
+out, sfx = sys.argv[1], sys.argv[2]
+steps = [json.loads(l)["tokens_per_s"] for l in open(f"{out}/big{sfx}.jsonl") if '"event":"train"' in l]
 ours = statistics.median(steps[2:] if len(steps) > 3 else steps)
-t = json.load(open(f"{out}/big_torch.json"))
+t = json.load(open(f"{out}/big_torch{sfx}.json"))
 runs = [(r["mode"] + "/" + r.get("attention", "?"), r.get("tok_per_s")) for r in t["runs"]]
-eager = [v for m, v in runs if m.startswith("eager") and v]
 parts = ", ".join(f"{m} {v:.0f} ({ours / v:.2f}x)" for m, v in runs if v)
 manual = [v for m, v in runs if m == "eager/manual" and v]
 print(("PASS" if manual and ours >= manual[0] else "FAIL"), f"ours {ours:.0f} tok/s; torch: {parts}")
 EOF
-) 2>&1 | verdict big)
-row "training tok/s" "${tr%% *}" "${tr#* }"
+	) 2>&1 | verdict big$sfx)
+	row "training $prec" "${tr%% *}" "${tr#* }"
+done
+
+stamp "moe layer in bf16"
+"$B/moe-bench" --device cuda --precision bf16 $LY -k 2 -n $IT -w 3 >"$out/layer-bf16.json" 2>"$out/layer-bf16.err"
+lb=$($PY -c 'import json,sys; a=json.load(open(sys.argv[1]))["step_ms"]["median"]; b=json.load(open(sys.argv[2]))["step_ms"]["median"]; print("INFO bf16 %.2f ms, fp32 %.2f ms (%.2fx)" % (b, a, a / b))' "$out/layer.json" "$out/layer-bf16.json" 2>&1 | verdict layer-bf16)
+row "moe layer bf16" "${lb%% *}" "${lb#* }"
 
 stamp "done"
 echo

@@ -8,14 +8,19 @@
 #include "common/err.h"
 #include "common/banned.h"
 
+#define PREC(p) (1u << (p))
+
 static const struct {
 	const char *name;
 	int (*init)(struct backend *be, const struct backend_params *params);
+	unsigned precisions; /* PREC(p) for each enum backend_precision p it has */
+	const char *precision_names;
 } registry[] = {
-	{"cpu", backend_cpu_init},
-	{"ref", backend_ref_init},
+	{"cpu", backend_cpu_init, PREC(BACKEND_FP32), "fp32"},
+	{"ref", backend_ref_init, PREC(BACKEND_FP32), "fp32"},
 #ifdef CORE_HAVE_CUDA
-	{"cuda", backend_cuda_init},
+	{"cuda", backend_cuda_init, PREC(BACKEND_FP32) | PREC(BACKEND_TF32) | PREC(BACKEND_BF16),
+	 "fp32, tf32, bf16"},
 #endif
 };
 #define NREG (sizeof registry / sizeof registry[0])
@@ -39,19 +44,52 @@ const char *backend_names(void)
 #endif
 }
 
+static const char *const precision_names[] = {"fp32", "tf32", "bf16"};
+
+const char *backend_precision_name(enum backend_precision p)
+{
+	return (unsigned)p < sizeof precision_names / sizeof precision_names[0]
+		       ? precision_names[p] : "unknown";
+}
+
+int backend_precision_from_name(const char *name)
+{
+	for (size_t i = 0; i < sizeof precision_names / sizeof precision_names[0]; i++)
+		if (strcmp(name, precision_names[i]) == 0)
+			return (int)i;
+	return -1;
+}
+
+const char *backend_precisions(const char *name)
+{
+	for (size_t i = 0; i < NREG; i++)
+		if (strcmp(name, registry[i].name) == 0)
+			return registry[i].precision_names;
+	return NULL;
+}
+
 int backend_open(struct backend **out, const char *name, const struct backend_params *params)
 {
 	static const struct backend_params defaults = {0};
 
 	*out = NULL;
+	if (!params)
+		params = &defaults;
 	for (size_t i = 0; i < NREG; i++) {
 		if (strcmp(name, registry[i].name) != 0)
 			continue;
+		if ((unsigned)params->precision >= 32 ||
+		    !(registry[i].precisions & PREC(params->precision)))
+			return err_set(CORE_EUSAGE, NULL, "device '%s' has no %s matrix products "
+				       "(it has: %s)", name,
+				       backend_precision_name(params->precision),
+				       registry[i].precision_names);
 		struct backend *be = calloc(1, sizeof *be);
 		if (!be)
 			return err_set(CORE_ENOMEM, NULL, "cannot allocate the '%s' backend", name);
 		be->name = registry[i].name;
-		int rc = registry[i].init(be, params ? params : &defaults);
+		be->precision = params->precision;
+		int rc = registry[i].init(be, params);
 		if (rc < 0) {
 			free(be);
 			return rc;

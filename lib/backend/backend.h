@@ -48,6 +48,24 @@ enum backend_wlayout { BACKEND_W_IO = 0, BACKEND_W_OI = 1 };
  * (GPT-2's and Tutel's), relu(x) = max(x, 0). */
 enum backend_act { BACKEND_ACT_GELU = 0, BACKEND_ACT_RELU = 1 };
 
+/* How matrix products (gemm, matmul_*, the products inside attention and the MoE experts)
+ * treat their float operands; everything else (parameters, activations, gradients, AdamW's
+ * state, every other op) stays float32 whatever the precision, so float32 parameters are the
+ * master weights of a reduced-precision run and checkpoints do not change.
+ *   fp32  operands as they are, float32 products and sums: the only precision of cpu and ref;
+ *   tf32  each operand rounded to TF32 (8 exponent bits, 10 stored mantissa bits: tensor
+ *         cores), products summed in float32;
+ *   bf16  each operand rounded to bfloat16 (8 exponent bits, 7 stored mantissa bits; round
+ *         to nearest even), products summed in float32 into float32 outputs (the inputs'
+ *         rounding is the only change: a product of two bfloat16 values is exact in float32).
+ * Where the rounding of TF32 is not specified (the hardware's), a value exactly halfway may go
+ * either way; other values round to the nearest. */
+enum backend_precision { BACKEND_FP32 = 0, BACKEND_TF32 = 1, BACKEND_BF16 = 2 };
+
+/* "fp32", "tf32", "bf16"; and back (-1 when unknown). */
+const char *backend_precision_name(enum backend_precision p);
+int backend_precision_from_name(const char *name);
+
 /* A run [offset, offset + n) of a flat parameter buffer and the weight decay it gets. */
 struct backend_segment {
 	size_t offset, n;
@@ -278,12 +296,15 @@ struct backend {
 	const char *name;  /* the registry name */
 	int host_visible;  /* backend memory is host memory */
 	int threads;       /* threads the backend's ops use */
+	enum backend_precision precision; /* of its matrix products (backend_params) */
 	void *ctx;         /* the backend's own state */
 };
 
 /* Options for backend_open; zero means "the default". */
 struct backend_params {
 	int threads; /* cpu: OpenMP and BLAS threads (default: OMP_NUM_THREADS or all cores) */
+	enum backend_precision precision; /* of the matrix products (default fp32); a backend
+					   * without it is CORE_EUSAGE at backend_open */
 };
 
 /* Open the backend registered under name (params may be NULL). An unknown name, or one this
@@ -293,6 +314,9 @@ int backend_open(struct backend **out, const char *name, const struct backend_pa
 void backend_close(struct backend *be);
 /* The names built into this binary, comma-separated ("cpu, ref"). */
 const char *backend_names(void);
+/* The precisions backend `name` has, comma-separated ("fp32, tf32, bf16"); NULL when no
+ * backend of that name is built. */
+const char *backend_precisions(const char *name);
 
 /* alloc, then memset to zero; *ptr NULL on failure. */
 int backend_alloc_zero(struct backend *be, void **ptr, size_t bytes);

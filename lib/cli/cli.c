@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "backend/backend.h"
 #include "common/editdist.h"
 #include "common/err.h"
 #include "common/banned.h"
@@ -35,6 +36,16 @@ int cli_parse_long(const char *opt, const char *s, long lo, long hi, long *out)
 		return err_set(CORE_EUSAGE, NULL, "option '%s': %ld is outside [%ld, %ld]", opt, v,
 			       lo, hi);
 	*out = v;
+	return 0;
+}
+
+int cli_parse_precision(const char *opt, const char *s, int *out)
+{
+	int p = backend_precision_from_name(s);
+	if (p < 0)
+		return err_set(CORE_EUSAGE, NULL, "option '%s': unknown precision '%s' (fp32, tf32 "
+			       "or bf16)", opt, s);
+	*out = p;
 	return 0;
 }
 

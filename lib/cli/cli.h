@@ -14,6 +14,9 @@ struct option;
  * CORE_EUSAGE naming opt and quoting s otherwise. */
 int cli_parse_long(const char *opt, const char *s, long lo, long hi, long *out);
 int cli_parse_double(const char *opt, const char *s, double lo, double hi, double *out);
+/* *out = the precision named s ("fp32", "tf32", "bf16": backend.h), or CORE_EUSAGE naming
+ * opt and the choices. */
+int cli_parse_precision(const char *opt, const char *s, int *out);
 /* Print "prog: <message of code>" on stderr; returns err_exit_status(code). */
 int cli_report(const char *prog, int code);
 /* One stderr line for an option getopt_long rejected, and 2. Call with opterr = 0 and an

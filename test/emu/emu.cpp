@@ -42,6 +42,7 @@
  */
 #include <cub/cub.cuh>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <inttypes.h>
@@ -1038,12 +1039,35 @@ static size_t cm_span(int rows, int cols, int ld)
 	return rows && cols ? (size_t)(cols - 1) * (size_t)ld + (size_t)rows : 0;
 }
 
+/* How a product reads its operands: float32 as it is, float32 rounded to TF32, bfloat16. */
+enum operand_kind { OPERAND_F32, OPERAND_TF32, OPERAND_BF16 };
+
+static float tf32_rna(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	if ((u & 0x7f800000u) != 0x7f800000u) /* finite: round the 13 dropped bits, ties away */
+		u = (u + 0x1000u) & ~0x1fffu;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static inline float operand(const void *base, size_t i, operand_kind kind)
+{
+	switch (kind) {
+	case OPERAND_BF16: return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
+	case OPERAND_TF32: return tf32_rna(((const float *)base)[i]);
+	default: return ((const float *)base)[i];
+	}
+}
+
 static cublasStatus_t gemm(const char *what, cublasHandle_t h, cublasOperation_t ta,
 			   cublasOperation_t tb, int m, int n, int k, const float *alpha,
-			   const float *A, int lda, long long sA, const float *B, int ldb,
+			   const void *A, int lda, long long sA, const void *B, int ldb,
 			   long long sB, const float *beta, float *C, int ldc, long long sC,
-			   int batch)
+			   int batch, operand_kind kind = OPERAND_F32)
 {
+	const size_t es = kind == OPERAND_BF16 ? 2 : 4; /* bytes per operand element */
 	if (!handles.count(h))
 		return CUBLAS_STATUS_NOT_INITIALIZED;
 	if (L.active)
@@ -1078,18 +1102,19 @@ static cublasStatus_t gemm(const char *what, cublasHandle_t h, cublasOperation_t
 		die("%s: the %d outputs overlap (strideC %lld, each spans %zu floats)", what, batch,
 		    sC, nC);
 	for (int b = 0; b < batch; b++) {
-		const float *a = A + b * sA, *bb = B + b * sB;
+		const char *a = (const char *)A + b * sA * (long long)es;
+		const char *bb = (const char *)B + b * sB * (long long)es;
 		float *c = C + b * sC;
 		char where[80];
 		snprintf(where, sizeof where, "%s, batch %d: C", what, b);
 		need_device(c, sizeof(float) * nC, where);
 		if (read_ab) {
 			snprintf(where, sizeof where, "%s, batch %d: A", what, b);
-			need_device(a, sizeof(float) * nA, where);
+			need_device(a, es * nA, where);
 			snprintf(where, sizeof where, "%s, batch %d: B", what, b);
-			need_device(bb, sizeof(float) * nB, where);
-			if (overlap(c, sizeof(float) * nC, a, sizeof(float) * nA) ||
-			    overlap(c, sizeof(float) * nC, bb, sizeof(float) * nB))
+			need_device(bb, es * nB, where);
+			if (overlap(c, sizeof(float) * nC, a, es * nA) ||
+			    overlap(c, sizeof(float) * nC, bb, es * nB))
 				die("%s, batch %d: C overlaps A or B", what, b);
 		}
 		for (int j = 0; j < n; j++)
@@ -1097,12 +1122,14 @@ static cublasStatus_t gemm(const char *what, cublasHandle_t h, cublasOperation_t
 				float s = 0.0f;
 				if (read_ab)
 					for (int l = 0; l < k; l++) {
-						const float x = ta == CUBLAS_OP_N
-									? a[i + (size_t)l * lda]
-									: a[l + (size_t)i * lda];
-						const float y = tb == CUBLAS_OP_N
-									? bb[l + (size_t)j * ldb]
-									: bb[j + (size_t)l * ldb];
+						const float x = operand(
+							a, ta == CUBLAS_OP_N ? i + (size_t)l * lda
+									     : l + (size_t)i * lda,
+							kind);
+						const float y = operand(
+							bb, tb == CUBLAS_OP_N ? l + (size_t)j * ldb
+									      : j + (size_t)l * ldb,
+							kind);
 						s += x * y;
 					}
 				float &out = c[i + (size_t)j * ldc];
@@ -1132,6 +1159,37 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
 {
 	return gemm("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, lda,
 		    strideA, B, ldb, strideB, beta, C, ldc, strideC, batchCount);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+					  cublasOperation_t transb, int m, int n, int k,
+					  const void *alpha, const void *A, cudaDataType Atype,
+					  int lda, long long int strideA, const void *B,
+					  cudaDataType Btype, int ldb, long long int strideB,
+					  const void *beta, void *C, cudaDataType Ctype, int ldc,
+					  long long int strideC, int batchCount,
+					  cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+{
+	const char *what = "cublasGemmStridedBatchedEx";
+	operand_kind kind;
+	if (Atype != Btype || Ctype != CUDA_R_32F || algo != CUBLAS_GEMM_DEFAULT)
+		kind = (operand_kind)-1;
+	else if (Atype == CUDA_R_16BF && computeType == CUBLAS_COMPUTE_32F)
+		kind = OPERAND_BF16;
+	else if (Atype == CUDA_R_32F && computeType == CUBLAS_COMPUTE_32F)
+		kind = OPERAND_F32;
+	else if (Atype == CUDA_R_32F && computeType == CUBLAS_COMPUTE_32F_FAST_TF32)
+		kind = OPERAND_TF32;
+	else
+		kind = (operand_kind)-1;
+	if ((int)kind < 0) {
+		warn("%s: types A %d B %d C %d, compute %d, algo %d: CUBLAS_STATUS_NOT_SUPPORTED "
+		     "(not emulated)", what, Atype, Btype, Ctype, computeType, algo);
+		return CUBLAS_STATUS_NOT_SUPPORTED;
+	}
+	return gemm(what, handle, transa, transb, m, n, k, (const float *)alpha, A, lda, strideA,
+		    B, ldb, strideB, (const float *)beta, (float *)C, ldc, strideC, batchCount,
+		    kind);
 }
 
 } /* extern "C" */

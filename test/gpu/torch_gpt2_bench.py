@@ -16,7 +16,10 @@ clipping (--grad-clip, default 1.0 as configs/*.yaml; 0 = off) + AdamW (lr 3e-4,
 implementation --adamw, default foreach) + reading the loss back to the host (one sync per
 step, as our trainer reads the loss). The batch is B x T random tokens in [0, V), the same every
 step. Wall-clock per step (perf_counter around a synchronised step); the median of --iters
-steps after --warmup steps is reported. fp32 with TF32 off (--tf32 turns it on).
+steps after --warmup steps is reported. fp32 with TF32 off (--tf32 turns it on; --bf16 runs the
+forward and the loss under torch.autocast to bfloat16, PyTorch's usual mixed precision: fp32
+parameters, AdamW state and gradients, bfloat16 matmul operands). The correctness check always
+runs in fp32 with TF32 off, before either is switched on.
 
 Runs: eager with each attention of --attention (manual: softmax(QK^T/sqrt(d)) with a causal
 mask, over the full T x T matrix, as gpt2_torch.py; sdpa: F.scaled_dot_product_attention with
@@ -30,6 +33,7 @@ stdout: one JSON object on one line. stderr: progress.
 Exit status: 0 ok, 1 the correctness check failed, 2 usage error.
 """
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -344,9 +348,15 @@ def bench_run(args, dev, mode, attention):
                     blk.compile(**kw)
             run["compile_scope"] = args.compile_scope
 
+        def autocast():
+            if args.bf16:
+                return torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
+            return contextlib.nullcontext()
+
         def step():
             opt.zero_grad(set_to_none=True)
-            loss = fn(x, y)
+            with autocast():
+                loss = fn(x, y)
             loss.backward()
             if args.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
@@ -440,6 +450,8 @@ def parse_args(argv):
                    help="torch.optim.AdamW implementation (default foreach, torch's default "
                    "on CUDA; fused: one fused kernel; forloop: foreach=False)")
     p.add_argument("--tf32", action="store_true", help="allow TF32 (default: off, fp32)")
+    p.add_argument("--bf16", action="store_true",
+                   help="forward and loss under torch.autocast(bfloat16) (default: off)")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the correctness check against test/ref/gpt2_torch.py")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's)")
@@ -466,13 +478,14 @@ def main(argv=None):
         return 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    precision = set_fp32_precision(args.tf32)
+    precision = set_fp32_precision(False)  # the check is fp32; --tf32 is set after it
     L, C, NH, T, V, B = args.layers, args.channels, args.heads, args.seq_len, args.vocab, args.batch
     out = {"bench": "torch_gpt2", "B": B, "T": T, "L": L, "C": C, "NH": NH, "V": V}
     # V C (wte) + T C (wpe) + L (12 C^2 + 13 C) + 2 C (ln_f) + V C (lm_head, untied)
     out["params"] = 2 * V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
     out.update({
-        "dtype": "float32", "tf32": bool(args.tf32), "precision": precision,
+        "dtype": "float32", "tf32": bool(args.tf32), "autocast": "bfloat16" if args.bf16
+        else None,
         "optimizer": {"name": "AdamW", "impl": args.adamw, "lr": args.lr,
                       "betas": [args.beta1, args.beta2], "eps": args.eps,
                       "weight_decay": args.weight_decay, "decay_on": "2-D tensors",
@@ -486,7 +499,8 @@ def main(argv=None):
         "iters": args.iters, "warmup": args.warmup,
     })
     log(f"GPT-2 L={L} C={C} NH={NH} T={T} V={V} B={B}: {out['params']:,} parameters on "
-        f"{out['device']} (torch {torch.__version__}, fp32, TF32 {'on' if args.tf32 else 'off'})")
+        f"{out['device']} (torch {torch.__version__}, fp32, TF32 {'on' if args.tf32 else 'off'}"
+        f"{', autocast bf16' if args.bf16 else ''})")
 
     eager_att = ["manual", "sdpa"] if args.attention == "both" else [args.attention]
     comp_att = {"both": ["manual", "sdpa"], "none": []}.get(args.compile_attention,
@@ -513,6 +527,7 @@ def main(argv=None):
             log(f"check {att} against test/ref/gpt2_torch.py (float64, CPU): {r}")
         cleanup(dev)
 
+    out["precision"] = set_fp32_precision(args.tf32)
     runs = []
     for mode in args.mode_list:
         for att in (eager_att if mode == "eager" else comp_att):

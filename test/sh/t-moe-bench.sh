@@ -39,6 +39,13 @@ expect_fail 1 "moe-bench: 'missing.trace': cannot open" \
 expect_fail 2 "^moe-bench: unknown device 'nosuch' \(built: cpu, ref(, cuda)?\)$" "$B" --device=nosuch
 expect_ok "$B" -T 64 -M 8 -H 8 -E 4 -n 1 -w 0 --device=ref
 grep -q '"device":"ref"' out.stdout || die "the JSON does not name the device: $(cat out.stdout)"
+expect_fail 2 "^moe-bench: option '--precision': unknown precision 'half' \(fp32, tf32 or bf16\)$" \
+	"$B" --precision=half
+expect_fail 2 "^moe-bench: device 'cpu' has no tf32 matrix products \(it has: fp32\)$" \
+	"$B" -T 64 -M 8 -H 8 -E 4 -n 1 -w 0 --precision=tf32
+# the JSON names the precision
+expect_ok "$B" -T 64 -M 8 -H 8 -E 4 -n 1 -w 0 --precision=fp32
+grep -q '"precision": *"fp32"' out.stdout || die "moe-bench JSON has no precision fp32: $(head -c 300 out.stdout)"
 
 # JSON check: python if it is there, else a grep for the fields.
 check_json() {

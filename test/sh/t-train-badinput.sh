@@ -28,6 +28,14 @@ elif ! nvidia-smi -L >/dev/null 2>&1; then
 	expect_fail 1 "^dpc-train-path: no usable CUDA device here \(.*\)$" \
 		"$T" --device cuda -q -c "$cfg" -d d/train.tok -f -o out.safetensors
 fi
+# precisions: an unknown one names the three; one the device lacks names the device and what
+# it has (cpu and ref compute in fp32 only)
+expect_fail 2 "^dpc-train-path: option '--precision': unknown precision 'fp16' \(fp32, tf32 or bf16\)$" \
+	"$T" --precision fp16 -q -c "$cfg" -d d/train.tok -f -o out.safetensors
+for d in cpu ref; do
+	expect_fail 2 "^dpc-train-path: device '$d' has no bf16 matrix products \(it has: fp32\)$" \
+		"$T" --device $d --precision bf16 -q -c "$cfg" -d d/train.tok -f -o out.safetensors
+done
 untouched
 # the reference backend evaluates the same checkpoint to the same loss (1e-5 relative)
 expect_ok "$T" --eval good.safetensors -d d/val.tok --max-tokens 2048

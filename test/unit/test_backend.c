@@ -1884,3 +1884,202 @@ Test(backend, moe_layer_step)
 {
 	for_each_backend("moe_layer_step", moe_step);
 }
+
+/* ---- reduced-precision products (backend.h: enum backend_precision) --------------------- *
+ * A backend opened with tf32 or bf16 must round every operand of a product to that format and
+ * sum the exact products in float32. The oracle is written here, not taken from a backend:
+ * each operand element is a value r that has an exact tf32 (bf16) form plus 0.1 to 0.4 of its
+ * unit in the last place, away from zero. Rounding to nearest (ties to even or away) and
+ * truncation all give r back, so the expected product is sum r_a r_b, in double, whatever the
+ * hardware's rounding mode; a backend that skips the rounding is off by ~0.25 ulp per term
+ * (1e-3 of the result for bf16, 1e-4 for tf32), far above the float32 accumulation bound the
+ * comparison allows. Backends without the precision must refuse it at backend_open. */
+
+/* x with its lowest `drop` mantissa bits cleared: a value of the narrower format. */
+static float trunc_bits(float x, int drop)
+{
+	uint32_t u;
+	memcpy(&u, &x, 4);
+	u &= ~((1u << drop) - 1u);
+	memcpy(&x, &u, 4);
+	return x;
+}
+
+/* n operands: exact[] (representable with drop bits fewer) and given[] (exact + 0.1..0.4 ulp,
+ * away from zero), drawn from draw onwards. */
+static void narrow_operands(float *exact, float *given, size_t n, int drop, uint64_t draw)
+{
+	for (size_t i = 0; i < n; i++) {
+		float r = trunc_bits((float)(2.0 * rng_uniform(31, RNG_STREAM_TEST, draw + 2 * i) -
+					     1.0), drop);
+		int e;
+		frexpf(r, &e);
+		float ulp = r == 0.0f ? 0.0f : ldexpf(1.0f, e - 24 + drop);
+		float f = (float)(0.1 + 0.3 * rng_uniform(31, RNG_STREAM_TEST, draw + 2 * i + 1));
+		exact[i] = r;
+		given[i] = r + copysignf(f * ulp, r);
+		cr_assert(trunc_bits(given[i], drop) == r, "operand %zu: %a + %g ulp leaves %a", i,
+			  (double)r, (double)f, (double)given[i]);
+	}
+}
+
+static void product_case(struct backend *be, int drop, int ta, int tb, int M, int N, int K,
+			 float alpha, float beta, int pad, int shift, uint64_t draw)
+{
+	/* leading dimensions at least 1, as CBLAS wants them (K = 0) */
+	int lda = (ta ? M : K > 0 ? K : 1) + pad, ldb = (tb ? K > 0 ? K : 1 : N) + pad;
+	int ldc = N + pad;
+	size_t nA = (size_t)(ta ? K : M) * lda, nB = (size_t)(tb ? N : K) * ldb;
+	size_t nC = (size_t)M * ldc;
+	float *ea = calloc(nA + 1, 4), *ga = calloc(nA + 1, 4), *eb = calloc(nB + 1, 4);
+	float *gb = calloc(nB + 1, 4), *c0 = calloc(nC + 1, 4), *got = calloc(nC + 1, 4);
+	cr_assert(ea && ga && eb && gb && c0 && got);
+	narrow_operands(ea, ga, nA, drop, draw);
+	narrow_operands(eb, gb, nB, drop, draw + 1000000);
+	for (size_t i = 0; i < nC; i++)
+		c0[i] = (float)rng_normal(31, RNG_STREAM_TEST, draw + 2000000 + i);
+	/* shift: every buffer one float past an aligned address (the staging path) */
+	void *pa, *pb, *pc;
+	cr_assert_eq(be->op->alloc(be, &pa, 4 * (nA + 1)), 0);
+	cr_assert_eq(be->op->alloc(be, &pb, 4 * (nB + 1)), 0);
+	cr_assert_eq(be->op->alloc(be, &pc, 4 * (nC + 1)), 0);
+	float *A = (float *)pa + shift, *B = (float *)pb + shift, *C = (float *)pc + shift;
+	cr_assert_eq(be->op->upload(be, A, ga, 4 * nA), 0);
+	cr_assert_eq(be->op->upload(be, B, gb, 4 * nB), 0);
+	cr_assert_eq(be->op->upload(be, C, c0, 4 * nC), 0);
+	int rc = be->op->gemm(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	cr_assert_eq(rc, 0, "gemm: %s", err_detail());
+	cr_assert_eq(be->op->download(be, got, C, 4 * nC), 0);
+	double worst = 0;
+	for (int i = 0; i < M; i++)
+		for (int j = 0; j < N; j++) {
+			double s = 0, mag = 0;
+			for (int l = 0; l < K; l++) {
+				double a = ta ? ea[(size_t)l * lda + i] : ea[(size_t)i * lda + l];
+				double b = tb ? eb[(size_t)j * ldb + l] : eb[(size_t)l * ldb + j];
+				s += a * b;
+				mag += fabs(a * b);
+			}
+			double want = alpha * s + (beta != 0.0f ? beta * c0[(size_t)i * ldc + j] : 0);
+			/* float32 sums of K exact products, then alpha and beta: a few ulps of
+			 * the magnitudes involved */
+			double tol = 4.0 * FLT_EPSILON * (fabs(alpha) * mag * (1 + K / 8.0) +
+							  fabs(beta * c0[(size_t)i * ldc + j])) +
+				     1e-30;
+			double err = fabs(got[(size_t)i * ldc + j] - want);
+			cr_assert(err <= tol, "%s %s: gemm ta %d tb %d M %d N %d K %d alpha %g beta "
+				  "%g pad %d shift %d: C[%d,%d] = %.9g, want %.9g (error %.3g, "
+				  "tolerance %.3g)", be->name, backend_precision_name(be->precision),
+				  ta, tb, M, N, K, (double)alpha, (double)beta, pad, shift, i, j,
+				  (double)got[(size_t)i * ldc + j], want, err, tol);
+			worst = fmax(worst, err / tol);
+		}
+	/* the gaps between C's rows come back untouched */
+	for (int i = 0; i < M; i++)
+		for (int j = N; j < ldc; j++)
+			cr_assert(memcmp(&got[(size_t)i * ldc + j], &c0[(size_t)i * ldc + j], 4) == 0,
+				  "gemm wrote C[%d,%d] past N = %d", i, j, N);
+	be->op->free(be, pa);
+	be->op->free(be, pb);
+	be->op->free(be, pc);
+	free(ea), free(ga), free(eb), free(gb), free(c0), free(got);
+}
+
+/* attention's products are batched ones: in a narrow precision its output stays within the
+ * format's error of ref's float64 result (a product that read a wrong batch, or float32
+ * operands, would not be both this close and this far) and moves away from the fp32 result
+ * (the operands were rounded). */
+static void attention_case(struct backend *be, struct backend *be32, struct backend *ref,
+			   int drop, int B, int T, int C, int NH)
+{
+	size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+	float *qkv = malloc(4 * nq), *out[3];
+	cr_assert(qkv);
+	for (size_t i = 0; i < nq; i++)
+		qkv[i] = (float)rng_normal(33, RNG_STREAM_TEST, i);
+	struct backend *bes[3] = {ref, be32, be};
+	for (int b = 0; b < 3; b++) {
+		void *q, *o, *a;
+		out[b] = malloc(4 * no);
+		cr_assert(out[b]);
+		cr_assert_eq(bes[b]->op->alloc(bes[b], &q, 4 * nq), 0);
+		cr_assert_eq(bes[b]->op->alloc(bes[b], &o, 4 * no), 0);
+		cr_assert_eq(bes[b]->op->alloc(bes[b], &a, 4 * na), 0);
+		cr_assert_eq(bes[b]->op->upload(bes[b], q, qkv, 4 * nq), 0);
+		cr_assert_eq(bes[b]->op->attention_forward(bes[b], o, a, q, B, T, C, NH), 0, "%s",
+			     err_detail());
+		cr_assert_eq(bes[b]->op->download(bes[b], out[b], o, 4 * no), 0);
+		bes[b]->op->free(bes[b], q);
+		bes[b]->op->free(bes[b], o);
+		bes[b]->op->free(bes[b], a);
+	}
+	double unit = ldexp(1.0, drop - 23); /* the format's relative spacing */
+	double far = 0;
+	for (size_t i = 0; i < no; i++) {
+		double err = fabs(out[2][i] - out[0][i]);
+		cr_assert(err <= 40 * unit * (1 + fabs(out[0][i])),
+			  "%s %s: attention B %d T %d C %d NH %d: out[%zu] = %.7g, ref %.7g",
+			  be->name, backend_precision_name(be->precision), B, T, C, NH, i,
+			  (double)out[2][i], (double)out[0][i]);
+		far = fmax(far, fabs(out[2][i] - out[1][i]));
+	}
+	cr_assert(far >= 0.05 * unit, "%s %s: attention equals the fp32 one to %.3g: were the "
+		  "operands rounded?", be->name, backend_precision_name(be->precision), far);
+	for (int b = 0; b < 3; b++)
+		free(out[b]);
+	free(qkv);
+}
+
+Test(backend, reduced_precision_products, .timeout = 120)
+{
+	static const struct {
+		enum backend_precision p;
+		int drop; /* float32 mantissa bits the format lacks */
+	} prec[] = {{BACKEND_TF32, 13}, {BACKEND_BF16, 16}};
+	char list[256], *save = NULL;
+	snprintf(list, sizeof list, "%s", backend_names());
+	for (char *name = strtok_r(list, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
+		const char *has = backend_precisions(name);
+		cr_assert(has && strstr(has, "fp32"), "%s: precisions '%s'", name, has ? has : "");
+		for (size_t p = 0; p < sizeof prec / sizeof prec[0]; p++) {
+			const char *pn = backend_precision_name(prec[p].p);
+			struct backend *be = NULL;
+			int rc = backend_open(&be, name, &(struct backend_params){.precision =
+										  prec[p].p});
+			if (!strstr(has, pn)) {
+				cr_assert_eq(rc, CORE_EUSAGE, "%s opened with %s: %d", name, pn, rc);
+				cr_assert(strstr(err_detail(), pn) && strstr(err_detail(), name) &&
+					  strstr(err_detail(), "fp32"), "%s", err_detail());
+				continue;
+			}
+			if (rc == CORE_EUNSUPPORTED) {
+				fprintf(stderr, "test_backend: reduced_precision_products: SKIPPED "
+					"backend '%s': built but cannot start here (%s)\n", name,
+					err_detail());
+				break;
+			}
+			cr_assert_eq(rc, 0, "%s %s: %s", name, pn, err_detail());
+			cr_assert_eq(be->precision, prec[p].p);
+			static const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 17, 64},
+							{64, 48, 130}, {5, 9, 0}};
+			int n = 0;
+			uint64_t draw = 0;
+			for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+				for (int t = 0; t < 4; t++, n++, draw += 10000000)
+					product_case(be, prec[p].drop, t & 1, t >> 1, shapes[s][0],
+						     shapes[s][1], shapes[s][2], n % 3 ? 1.0f : 0.5f,
+						     n % 2 ? 0.75f : 0.0f, n % 5 == 3 ? 3 : 0,
+						     n % 4 == 1, draw);
+			struct backend *be32, *ref;
+			cr_assert_eq(backend_open(&be32, name, NULL), 0);
+			cr_assert_eq(backend_open(&ref, "ref", NULL), 0);
+			attention_case(be, be32, ref, prec[p].drop, 2, 37, 48, 3);
+			fprintf(stderr, "test_backend: reduced_precision_products on '%s' %s: %d "
+				"products against sums of the rounded operands, and attention within "
+				"the format's error\n", name, pn, n);
+			backend_close(ref);
+			backend_close(be32);
+			backend_close(be);
+		}
+	}
+}

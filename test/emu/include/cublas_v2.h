@@ -39,6 +39,21 @@ typedef enum {
 
 typedef struct cublasContext *cublasHandle_t;
 
+/* library_types.h's and cublas_api.h's values */
+typedef enum cudaDataType_t {
+	CUDA_R_32F = 0,
+	CUDA_R_16BF = 14,
+} cudaDataType;
+
+typedef enum {
+	CUBLAS_COMPUTE_32F = 68,
+	CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
+} cublasComputeType_t;
+
+typedef enum {
+	CUBLAS_GEMM_DEFAULT = -1,
+} cublasGemmAlgo_t;
+
 extern "C" {
 cublasStatus_t cublasCreate_v2(cublasHandle_t *handle);
 cublasStatus_t cublasDestroy_v2(cublasHandle_t handle);
@@ -55,6 +70,18 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
 					 long long int strideA, const float *B, int ldb,
 					 long long int strideB, const float *beta, float *C,
 					 int ldc, long long int strideC, int batchCount);
+/* A and B both CUDA_R_32F or both CUDA_R_16BF, C CUDA_R_32F (the kinds kernels/ uses; others
+ * are CUBLAS_STATUS_NOT_SUPPORTED). The bfloat16 values are exact in float; with
+ * CUBLAS_COMPUTE_32F_FAST_TF32 each float32 operand is first rounded to TF32 (10 stored
+ * mantissa bits, to nearest, ties away from zero: PTX's cvt.rna.tf32.f32). */
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+					  cublasOperation_t transb, int m, int n, int k,
+					  const void *alpha, const void *A, cudaDataType Atype,
+					  int lda, long long int strideA, const void *B,
+					  cudaDataType Btype, int ldb, long long int strideB,
+					  const void *beta, void *C, cudaDataType Ctype, int ldc,
+					  long long int strideC, int batchCount,
+					  cublasComputeType_t computeType, cublasGemmAlgo_t algo);
 }
 
 /* as the real header: the unsuffixed names are the _v2 entry points */
