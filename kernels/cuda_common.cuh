@@ -61,7 +61,8 @@ static inline int cuda_fail(cudaError_t e, const char *what)
 #define CUDA_DYN_SHARED(type, name) extern __shared__ type name[]
 #elif defined(CORE_CUDA_EMU)
 #define CUDA_LAUNCH(kernel, grid, block, smem, stream, ...)                                    \
-	emu_launch(#kernel, __FILE__, __LINE__, dim3(grid), dim3(block), smem, stream,         \
+	emu_launch(#kernel, (const void *)(kernel), __FILE__, __LINE__, dim3(grid), dim3(block), \
+		   smem, stream,                                                               \
 		   [&] { kernel(__VA_ARGS__); })
 #define CUDA_DYN_SHARED(type, name) type *name = (type *)emu_dyn_shared()
 #else
