@@ -362,6 +362,8 @@ endif
 	@$(EMU_DIR)/selftest
 	@echo "--- $(EMU_DIR)/test_backend (the cuda backend's kernels on the CPU, test/emu)"
 	@$(EMU_DIR)/test_backend --jobs=2
+	@echo "--- $(EMU_DIR)/test_backend, attention only, with CORE_CUDA_ATTENTION=fused (kernels/attention.cu)"
+	@CORE_CUDA_ATTENTION=fused $(EMU_DIR)/test_backend --jobs=2 --filter 'backend/attention'
 
 -include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d
 
