@@ -43,7 +43,8 @@
  * on distinct banks. Tile sizes: 64 queries x 64 keys (32 keys at HSP 128, where the
  * accumulator is 32 registers and K, V tiles are twice as large), so a tile product is 64 x 64
  * x HSP, enough reuse that shared-memory bandwidth does not bound it; forward shared memory
- * 68 KiB at HSP 64 (three blocks per SM by memory; registers allow two), backward 87-120 KiB.
+ * 68 KiB at HSP 64 (three blocks per SM by memory; registers, about 120 a thread, allow two),
+ * backward 85-118 KiB. None of this is tuned yet: it has not run on a GPU.
  * Query tiles are scheduled from the last (the longest, most key tiles) down, and key tiles of
  * the backward from the first, so the long blocks start first. Opting in to more than 48 KiB
  * of dynamic shared memory is cudaFuncSetAttribute's, per kernel.
