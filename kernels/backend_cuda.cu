@@ -21,8 +21,8 @@
  * Environment: CORE_CUDA_ATTENTION selects the attention, read once when the backend opens:
  *   cublas  the formulation above (the default, and what an empty value means);
  *   fused   attention.cu's flash-attention-style kernels where hs <= 128 (the cuBLAS path for
- *           larger heads); att then holds the forward's logsumexp and output, not P, and
- *           backend->attention_keeps_p is 0.
+ *           larger heads); att then holds the forward's logsumexp (and output when T > hs),
+ *           not P, and backend->attention_keeps_p is 0.
  * Any other value makes backend_open fail with CORE_EUSAGE naming the variable and the value.
  */
 #include <cub/cub.cuh>

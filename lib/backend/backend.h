@@ -172,7 +172,8 @@ struct backend_ops {
 	 * nothing else may rely on it. When be->attention_keeps_p is 1 att holds P on and below
 	 * the diagonal (cpu, ref, cuda's default; above the diagonal still the backend's: the
 	 * CPU backend's block products rely on the zeros its forward writes there); cuda's
-	 * fused attention keeps the rows' logsumexp and a copy of out there instead. */
+	 * fused attention keeps the rows' logsumexp there instead, and a copy of out when
+	 * T > hs (kernels/attention.cu). */
 	int (*attention_forward)(struct backend *be, float *out, float *att, const float *qkv,
 				 int B, int T, int C, int NH);
 	/* dqkv [B,T,3C] overwritten from dout [B,T,C], with att from attention_forward. */
