@@ -308,10 +308,12 @@ fuzz: fuzz-probe $(FUZZ_BINS)
 #                      CUB and run every thread of every kernel on the CPU; linked with the
 #                      registry built with the cuda backend (backend.o again, -DCORE_HAVE_CUDA)
 #                      and the other libcore objects of $(BUILD), into test_backend, which then
-#                      compares the cuda backend's real kernel code with ref, op by op. First
-#                      test/emu/selftest checks the emulator itself. Needs neither nvcc nor a GPU
-#                      nor cuBLAS; not part of `make test` (about 9 s on 2 cores once libcore is
-#                      built). SAN=1: kernels and emulator under ASan and UBSan too.
+#                      compares the cuda backend's real kernel code with ref, op by op (and
+#                      the attention and GPT-2 step cases again with the fused attention).
+#                      First test/emu/selftest checks the emulator itself. Needs neither nvcc
+#                      nor a GPU nor cuBLAS; not part of `make test` (about 25 s on 2 cores
+#                      once libcore is built). SAN=1: kernels and emulator under ASan and
+#                      UBSan too.
 #                      Environment: CUDA_EMU_* (test/emu/emu.cpp).
 # -ffp-contract=off: no a*b+c is fused into an fma that the CUDA source does not write;
 # -Wno-unknown-pragmas, -Wno-pass-failed: g++ and clang++ on the kernels' #pragma unroll.
@@ -362,6 +364,9 @@ endif
 	@$(EMU_DIR)/selftest
 	@echo "--- $(EMU_DIR)/test_backend (the cuda backend's kernels on the CPU, test/emu)"
 	@$(EMU_DIR)/test_backend --jobs=2
+	@echo "--- $(EMU_DIR)/test_backend, attention, the GPT-2 step and tf32/bf16 (which keep the cuBLAS attention), with CORE_CUDA_ATTENTION=fused (kernels/attention.cu)"
+	@CORE_CUDA_ATTENTION=fused $(EMU_DIR)/test_backend --jobs=2 \
+		--filter 'backend/@(attention|gpt2_training_step|reduced_precision_products)'
 
 -include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d
 

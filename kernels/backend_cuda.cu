@@ -19,7 +19,16 @@
  * Attention is the cuBLAS formulation (llm.c's "attention_forward3" family, and PyTorch's
  * unfused path): q, k, v permuted to [B, NH, T, hs], S = q k^T / sqrt(hs) as one strided-batched
  * product, a causal softmax that writes P below the diagonal and zeros above it into att, then
- * P v; the backward is three more batched products and a softmax backward.
+ * P v; the backward is three more batched products and a softmax backward. That is the default.
+ *
+ * Environment: CORE_CUDA_ATTENTION selects the attention, read once when the backend opens:
+ *   cublas  the formulation above (the default, and what an empty value means);
+ *   fused   attention.cu's flash-attention-style kernels where hs <= 128 (the cuBLAS path for
+ *           larger heads); att then holds the forward's logsumexp (and output when T > hs),
+ *           not P, and backend->attention_keeps_p is 0. They compute in fp32: with
+ *           precision tf32 or bf16 attention stays the cuBLAS formulation, its products
+ *           rounded like every other.
+ * Any other value makes backend_open fail with CORE_EUSAGE naming the variable and the value.
  */
 #include <cub/cub.cuh>
 #include <cuda_bf16.h>
@@ -929,6 +938,8 @@ static int cu_attention_forward(struct backend *be, float *out, float *att, cons
 				int B, int T, int C, int NH)
 {
 	struct cuda_ctx *c = cuda_ctx_of(be);
+	if (c->attention_fused && cuda_attention_fused_fits(T, C, NH))
+		return cuda_attention_fused_forward(be, out, att, qkv, B, T, C, NH);
 	int hs = C / NH, BH = B * NH;
 	size_t n = (size_t)B * T * C;
 	if (!n)
@@ -986,6 +997,8 @@ static int cu_attention_backward(struct backend *be, float *dqkv, const float *d
 				 const float *qkv, const float *att, int B, int T, int C, int NH)
 {
 	struct cuda_ctx *c = cuda_ctx_of(be);
+	if (c->attention_fused && cuda_attention_fused_fits(T, C, NH))
+		return cuda_attention_fused_backward(be, dqkv, dout, qkv, att, B, T, C, NH);
 	int hs = C / NH, BH = B * NH;
 	size_t n = (size_t)B * T * C, nTT = (size_t)BH * T * T;
 	if (!n)
@@ -1232,6 +1245,11 @@ static const struct backend_ops cuda_ops = {
 
 int backend_cuda_init(struct backend *be, const struct backend_params *params)
 {
+	const char *mode = getenv("CORE_CUDA_ATTENTION");
+	int fused = mode && strcmp(mode, "fused") == 0;
+	if (mode && *mode && !fused && strcmp(mode, "cublas") != 0)
+		return err_set(CORE_EUSAGE, NULL, "environment variable CORE_CUDA_ATTENTION: '%s' is "
+			       "neither cublas nor fused", mode);
 	int n = 0;
 	cudaError_t e = cudaGetDeviceCount(&n);
 	if (e != cudaSuccess || n == 0)
@@ -1253,6 +1271,9 @@ int backend_cuda_init(struct backend *be, const struct backend_params *params)
 		return rc;
 	}
 	c->sms = prop.multiProcessorCount;
+	/* the fused attention is fp32 (attention.cu); in tf32 or bf16 attention keeps the
+	 * cuBLAS formulation, whose products round as every other product does (backend.h) */
+	c->attention_fused = fused && params->precision == BACKEND_FP32;
 	cublasStatus_t s = cublasCreate(&c->blas);
 	if (s == CUBLAS_STATUS_SUCCESS)
 		s = cublasSetStream(c->blas, c->stream);
@@ -1269,6 +1290,7 @@ int backend_cuda_init(struct backend *be, const struct backend_params *params)
 	}
 	be->op = &cuda_ops;
 	be->host_visible = 0;
+	be->attention_keeps_p = !c->attention_fused;
 	be->threads = params->threads > 0 ? params->threads : 1;
 	be->ctx = c;
 	return 0;

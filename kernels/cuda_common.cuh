@@ -2,10 +2,11 @@
  * how a CUDA or cuBLAS failure becomes a libcore error (common/err.h).
  *
  * The CUDA backend is lib/backend/backend.h's table filled with kernels: backend_cuda.cu holds
- * the table, memory, the matrix products (cuBLAS) and the GPT-2 ops; moe.cu the MoE ops. All
- * work is queued on one stream per backend, in order, so an op may use the workspace and
- * return without waiting; download and sync wait. Nothing here uses atomics on floats: every
- * reduction has a fixed split and a fixed order, so a result does not depend on scheduling.
+ * the table, memory, the matrix products (cuBLAS) and the GPT-2 ops; attention.cu the fused
+ * attention; moe.cu the MoE ops. All work is queued on one stream per backend, in order, so an
+ * op may use the workspace and return without waiting; download and sync wait. Nothing here
+ * uses atomics on floats: every reduction has a fixed split and a fixed order, so a result does
+ * not depend on scheduling.
  */
 #ifndef CORE_KERNELS_CUDA_COMMON_CUH
 #define CORE_KERNELS_CUDA_COMMON_CUH
@@ -40,6 +41,7 @@ struct cuda_ctx {
 	double gemm_s;
 	cudaEvent_t ev[CUDA_EV_RING][2];
 	int ev_made, ev_head, ev_n;
+	int attention_fused;     /* CORE_CUDA_ATTENTION=fused: attention.cu where it applies */
 };
 
 static inline struct cuda_ctx *cuda_ctx_of(struct backend *be)
@@ -66,7 +68,8 @@ static inline int cuda_fail(cudaError_t e, const char *what)
 #define CUDA_DYN_SHARED(type, name) extern __shared__ type name[]
 #elif defined(CORE_CUDA_EMU)
 #define CUDA_LAUNCH(kernel, grid, block, smem, stream, ...)                                    \
-	emu_launch(#kernel, __FILE__, __LINE__, dim3(grid), dim3(block), smem, stream,         \
+	emu_launch(#kernel, (const void *)(kernel), __FILE__, __LINE__, dim3(grid), dim3(block), \
+		   smem, stream,                                                               \
 		   [&] { kernel(__VA_ARGS__); })
 #define CUDA_DYN_SHARED(type, name) type *name = (type *)emu_dyn_shared()
 #else
@@ -102,6 +105,14 @@ static inline unsigned cuda_grid(const struct cuda_ctx *c, size_t n, unsigned bl
 	size_t g = (n + block - 1) / block, cap = (size_t)c->sms * 32;
 	return (unsigned)(g < 1 ? 1 : g > cap ? cap : g);
 }
+
+/* Fused attention (attention.cu), with backend.h's signatures, for the shapes where
+ * cuda_attention_fused_fits (hs <= 128); att then holds what attention.cu says, not P. */
+int cuda_attention_fused_fits(int T, int C, int NH);
+int cuda_attention_fused_forward(struct backend *be, float *out, float *att, const float *qkv,
+				 int B, int T, int C, int NH);
+int cuda_attention_fused_backward(struct backend *be, float *dqkv, const float *dout,
+				  const float *qkv, const float *att, int B, int T, int C, int NH);
 
 /* The MoE ops (moe.cu), with backend.h's signatures. */
 int cuda_moe_gate_forward(struct backend *be, const struct backend_moe_gate *g,

@@ -184,10 +184,14 @@ struct backend_ops {
 			    int C, enum backend_act act);
 	/* Causal multi-head attention over qkv [B,T,3C] (q | k | v, head h at columns
 	 * h*hs..(h+1)*hs of each third, hs = C/NH): scores q.k / sqrt(hs) over keys j <= i,
-	 * softmax, out [B,T,C] = P v; att [B,NH,T,T] keeps P on and below the diagonal for
-	 * the backward. What att holds above the diagonal is the backend's own business (the
-	 * CPU backend's block products rely on the zeros its forward writes there), so the
-	 * backward must be given the att this backend's forward wrote. */
+	 * softmax P, out [B,T,C] = P v. att [B,NH,T,T] is scratch the caller provides and the
+	 * backend fills with whatever its backward needs: its content is the backend's own
+	 * business, so the backward must be given the att this backend's forward wrote, and
+	 * nothing else may rely on it. When be->attention_keeps_p is 1 att holds P on and below
+	 * the diagonal (cpu, ref, cuda's default; above the diagonal still the backend's: the
+	 * CPU backend's block products rely on the zeros its forward writes there); cuda's
+	 * fused attention keeps the rows' logsumexp there instead, and a copy of out when
+	 * T > hs (kernels/attention.cu). */
 	int (*attention_forward)(struct backend *be, float *out, float *att, const float *qkv,
 				 int B, int T, int C, int NH);
 	/* dqkv [B,T,3C] overwritten from dout [B,T,C], with att from attention_forward. */
@@ -297,6 +301,8 @@ struct backend {
 	int host_visible;  /* backend memory is host memory */
 	int threads;       /* threads the backend's ops use */
 	enum backend_precision precision; /* of its matrix products (backend_params) */
+	int attention_keeps_p; /* 1: attention_forward leaves P in att (see there); 0: att
+				* holds something else of the backend's */
 	void *ctx;         /* the backend's own state */
 };
 

@@ -36,7 +36,7 @@ struct layer_acts {
 	float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [N], [N] */
 	float *qkv;                       /* [N,3C] */
 	float *atty;                      /* [N,C] attention output before c_proj */
-	float *att;                       /* [B,NH,T,T] probabilities */
+	float *att;                       /* [B,NH,T,T] the backend's attention scratch */
 	float *res2;                      /* [N,C] x + attention branch */
 	float *ln2, *ln2_mean, *ln2_rstd;
 	float *fch, *fch_gelu; /* [N,4C] pre- and post-GELU */

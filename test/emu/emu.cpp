@@ -87,6 +87,7 @@ dim3 blockDim, gridDim;
 
 #define MAX_THREADS 1024
 #define MAX_DYN_SHARED (48 * 1024)
+#define MAX_DYN_SHARED_OPT_IN (227 * 1024) /* sm_90's per block */
 #define POISON 0xff
 
 /* ---- settings ------------------------------------------------------------------------------ */
@@ -890,8 +891,24 @@ static unsigned long long gcd(unsigned long long a, unsigned long long b)
 	return a;
 }
 
-void emu_launch_fn(const char *kernel, const char *file, int line, dim3 grid, dim3 block,
-		   size_t smem, cudaStream_t stream, void (*body)(void *), void *arg)
+/* Each kernel's limit set by cudaFuncSetAttribute (absent: MAX_DYN_SHARED). */
+static std::map<const void *, int> &smem_limits(void)
+{
+	static std::map<const void *, int> m;
+	return m;
+}
+
+cudaError_t emu_func_set_attribute(const void *func, enum cudaFuncAttribute attr, int value)
+{
+	if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+	    value > MAX_DYN_SHARED_OPT_IN)
+		return cudaErrorInvalidValue;
+	smem_limits()[func] = value;
+	return cudaSuccess;
+}
+
+void emu_launch_fn(const char *kernel, const void *func, const char *file, int line, dim3 grid,
+		   dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *), void *arg)
 {
 	static unsigned long long launches;
 	settings();
@@ -914,9 +931,12 @@ void emu_launch_fn(const char *kernel, const char *file, int line, dim3 grid, di
 	    grid.z > 65535)
 		die("kernel %s launched at %s:%d with grid (%u,%u,%u): x must be 1 to 2^31-1, y "
 		    "and z 1 to 65535", kernel, file, line, grid.x, grid.y, grid.z);
-	if (smem > MAX_DYN_SHARED)
+	auto lim = smem_limits().find(func);
+	size_t smem_max = lim == smem_limits().end() ? MAX_DYN_SHARED : (size_t)lim->second;
+	if (smem > smem_max)
 		die("kernel %s launched at %s:%d with %zu bytes of dynamic shared memory: more "
-		    "than 48 KiB needs cudaFuncSetAttribute", kernel, file, line, smem);
+		    "than %zu needs cudaFuncSetAttribute (up to 227 KiB)", kernel, file, line, smem,
+		    smem_max);
 	if (!stream_ok(stream))
 		die("kernel %s launched at %s:%d on %p, which is not a stream", kernel, file, line,
 		    (void *)stream);

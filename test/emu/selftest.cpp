@@ -8,7 +8,8 @@
  * CUB's stable sort by a bit range (unsigned and signed keys). Then each misuse the emulator
  * promises to stop on is run in a child process, which must abort with the expected message:
  * a deadlock, __syncthreads after a return, a shuffle naming a lane that returned, a launch a
- * GPU refuses, a copy past an allocation. Exit status 1 and a line per failure otherwise.
+ * GPU refuses (more than 48 KiB of dynamic shared memory without cudaFuncSetAttribute's opt-in
+ * for that kernel), a copy past an allocation. Exit status 1 and a line per failure otherwise.
  */
 #include <cub/cub.cuh>
 #include <cublas_v2.h>
@@ -28,7 +29,8 @@
 #include <vector>
 
 #define LAUNCH(kernel, grid, block, smem, ...)                                                  \
-	emu_launch(#kernel, __FILE__, __LINE__, dim3(grid), dim3(block), smem, NULL,            \
+	emu_launch(#kernel, (const void *)(kernel), __FILE__, __LINE__, dim3(grid), dim3(block), \
+		   smem, NULL,                                                                 \
 		   [&] { kernel(__VA_ARGS__); })
 
 static int checks, failures;
@@ -98,6 +100,19 @@ __global__ void k_shared_before(unsigned *out)
 	d[threadIdx.x] = 7;
 }
 
+/* every thread writes and reads back its stride of n floats of dynamic shared memory */
+__global__ void k_big_shared(float *out, int n)
+{
+	float *d = (float *)emu_dyn_shared();
+	for (int i = threadIdx.x; i < n; i += blockDim.x)
+		d[i] = (float)i;
+	__syncthreads();
+	float s = 0.0f;
+	for (int i = (threadIdx.x + 1) % blockDim.x; i < n; i += blockDim.x)
+		s += d[i];
+	out[threadIdx.x] = s;
+}
+
 static void test_threads(void)
 {
 	const dim3 grid(3, 2, 2), block(5, 3, 2);
@@ -156,6 +171,27 @@ static void test_threads(void)
 		      "the poison (static and dynamic shared memory must be refilled per block)",
 		      i % 128, i / 128, s[i]);
 	cudaFree(sh);
+
+	/* cudaFuncSetAttribute: 100 KiB once opted in; past sm_90's 227 KiB is an error */
+	const int nbig = 100 * 1024 / 4;
+	float *ob = dev<float>(64);
+	CHECK(cudaFuncSetAttribute(k_big_shared, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				   228 * 1024) == cudaErrorInvalidValue,
+	      "cudaFuncSetAttribute: 228 KiB of dynamic shared memory accepted");
+	CHECK(cudaFuncSetAttribute(k_big_shared, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				   nbig * 4) == cudaSuccess,
+	      "cudaFuncSetAttribute: 100 KiB of dynamic shared memory refused");
+	LAUNCH(k_big_shared, 1, 64, (size_t)nbig * 4, ob, nbig);
+	std::vector<float> hb(64);
+	cudaMemcpyAsync(hb.data(), ob, sizeof(float) * 64, cudaMemcpyDeviceToHost);
+	for (int t = 0; t < 64; t++) {
+		double want = 0;
+		for (int i = (t + 1) % 64; i < nbig; i += 64)
+			want += i;
+		CHECK(fabs(hb[t] - want) <= 1e-6 * want, "k_big_shared: thread %d read %g, not %g",
+		      t, (double)hb[t], want);
+	}
+	cudaFree(ob);
 }
 
 /* ---- shuffles ------------------------------------------------------------------------------- */
@@ -463,6 +499,13 @@ static void test_misuse(void)
 		  [&] { LAUNCH(k_nothing, dim3(1, 65536), 32, 0, x); });
 	must_stop("49 KiB of dynamic shared memory", "dynamic shared memory",
 		  [&] { LAUNCH(k_nothing, 1, 32, 49 * 1024, x); });
+	must_stop("49 KiB of dynamic shared memory after a limit set for another kernel",
+		  "dynamic shared memory", [&] {
+			  cudaFuncSetAttribute(k_deadlock,
+					       cudaFuncAttributeMaxDynamicSharedMemorySize,
+					       64 * 1024);
+			  LAUNCH(k_nothing, 1, 32, 49 * 1024, x);
+		  });
 	must_stop("a copy past an allocation", "past the end of its allocation",
 		  [&] { cudaMemcpyAsync(x + 600, x, 2048, cudaMemcpyDeviceToDevice); });
 	cudaFree(x);

@@ -1006,24 +1006,33 @@ static int run_attention_backward(struct backend *be, void *const *p, const stru
 						    k->i[1], k->i[2], k->i[3]);
 }
 
+/* Shapes for every tiling of cuda's fused kernels (attention.cu: tiles of 64 queries x 64 keys,
+ * 32 keys at hs > 64; hs padded to 16, 32, 64 or 128; O kept in att when T > hs, recomputed
+ * when not; hs > 128 falls back to the cuBLAS path): T = 1, below, at and past a tile and not a
+ * multiple of one; hs from 1 to 136, multiples of 4 (float4 loads) and not. att is compared
+ * only on a backend that keeps P there (backend.h); out and dqkv always. */
 static void attention(struct harness *h)
 {
 	static const int shapes[][4] = {
-		{1, 1, 4, 1},   {2, 3, 12, 3},  {1, 7, 8, 2},     {2, 17, 16, 4}, {1, 33, 24, 2},
-		{1, 32, 32, 4}, {2, 64, 16, 2}, {1, 100, 48, 4}, {1, 97, 64, 8}, {3, 5, 6, 6},
+		{1, 1, 4, 1},    {2, 3, 12, 3},   {1, 7, 8, 2},     {2, 17, 16, 4}, {1, 33, 24, 2},
+		{1, 32, 32, 4},  {2, 64, 16, 2},  {1, 100, 48, 4},  {1, 97, 64, 8}, {3, 5, 6, 6},
 		{2, 128, 128, 4}, {4, 65, 96, 3},
+		{2, 1, 32, 2},   {1, 70, 64, 4},  {2, 33, 30, 3},   {2, 130, 64, 2},
+		{2, 150, 128, 2}, {1, 40, 128, 2}, {1, 140, 256, 2}, {1, 20, 256, 2},
+		{1, 9, 272, 2},
 	};
+	int keeps_p = h->be[0]->attention_keeps_p;
 	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
 		int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], NH = shapes[s][3];
 		size_t nq = (size_t)B * T * 3 * C, na = (size_t)B * NH * T * T;
-		uint8_t *upper = NULL; /* att above the diagonal: unspecified */
+		uint8_t *upper = NULL; /* att above the diagonal (all of it without P): unspecified */
 		struct kase *k = kase_new("attention_forward", run_attention_forward,
 					  "attention_forward B=%d T=%d C=%d NH=%d", B, T, C, NH);
 		k->i[0] = B, k->i[1] = T, k->i[2] = C, k->i[3] = NH;
 		upper = own(k, na);
 		for (size_t bh = 0; bh < (size_t)B * NH; bh++)
 			for (int i = 0; i < T; i++)
-				for (int j = i + 1; j < T; j++)
+				for (int j = keeps_p ? i + 1 : 0; j < T; j++)
 					upper[(bh * T + i) * T + j] = 1;
 		OUT(k, "out", F32, (size_t)B * T * C, NULL, TOL_ATT);
 		int ai = OUT(k, "att", F32, na, NULL, TOL_PROB);
@@ -1050,6 +1059,37 @@ static void attention(struct harness *h)
 Test(backend, attention)
 {
 	for_each_backend("attention", attention);
+}
+
+/* cuda reads CORE_CUDA_ATTENTION when it opens: a value it does not know is a usage error that
+ * names the variable and the value (Criterion runs each test in its own process). */
+Test(backend, cuda_attention_variable)
+{
+	if (!strstr(backend_names(), "cuda")) {
+		cr_log_info("cuda is not built: CORE_CUDA_ATTENTION not checked");
+		return;
+	}
+	struct backend *be = NULL;
+	/* checked before the device is looked for: a usage error even without a GPU */
+	setenv("CORE_CUDA_ATTENTION", "flash", 1);
+	int rc = backend_open(&be, "cuda", NULL);
+	cr_assert_eq(rc, CORE_EUSAGE, "CORE_CUDA_ATTENTION=flash: backend_open returned %d", rc);
+	cr_assert(strstr(err_detail(), "CORE_CUDA_ATTENTION") && strstr(err_detail(), "'flash'"),
+		  "the detail does not name the variable and the value: %s", err_detail());
+	static const char *const good[] = {"cublas", "fused", ""};
+	for (int i = 0; i < 3; i++) {
+		setenv("CORE_CUDA_ATTENTION", good[i], 1);
+		rc = backend_open(&be, "cuda", NULL);
+		if (rc == CORE_EUNSUPPORTED) {
+			fprintf(stderr, "test_backend: cuda_attention_variable: SKIPPED the accepted "
+				"values: cuda cannot start here (%s)\n", err_detail());
+			return;
+		}
+		cr_assert_eq(rc, 0, "CORE_CUDA_ATTENTION='%s': %s", good[i], err_detail());
+		cr_assert_eq(be->attention_keeps_p, i != 1, "CORE_CUDA_ATTENTION='%s': "
+			     "attention_keeps_p is %d", good[i], be->attention_keeps_p);
+		backend_close(be);
+	}
 }
 
 /* ---- cross-entropy and AdamW ---------------------------------------------------------- */

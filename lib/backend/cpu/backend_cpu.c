@@ -1035,6 +1035,7 @@ int backend_cpu_init(struct backend *be, const struct backend_params *params)
 	omp_set_num_threads(threads);
 	be->op = &cpu_ops;
 	be->host_visible = 1;
+	be->attention_keeps_p = 1;
 	be->threads = threads;
 	be->ctx = c;
 	return 0;

@@ -1013,6 +1013,7 @@ int backend_ref_init(struct backend *be, const struct backend_params *params)
 	(void)params; /* one thread, whatever is asked */
 	be->op = &ref_ops;
 	be->host_visible = 1;
+	be->attention_keeps_p = 1;
 	be->threads = 1;
 	be->ctx = NULL;
 	return 0;

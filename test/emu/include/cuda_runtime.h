@@ -203,6 +203,11 @@ enum cudaError {
 };
 typedef enum cudaError cudaError_t;
 
+/* cudaFuncSetAttribute: only the opt-in to more than 48 KiB of dynamic shared memory. */
+enum cudaFuncAttribute {
+	cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+
 enum cudaMemcpyKind {
 	cudaMemcpyHostToHost = 0,
 	cudaMemcpyHostToDevice = 1,
@@ -258,22 +263,31 @@ static inline cudaError_t cudaMalloc(T **ptr, size_t bytes)
 	return cudaMalloc((void **)ptr, bytes);
 }
 
+/* As CUDA's: a kernel's limit on the dynamic shared memory of its launches, from 48 KiB up to
+ * what an sm_90 block may have (227 KiB); more is cudaErrorInvalidValue. */
+cudaError_t emu_func_set_attribute(const void *func, enum cudaFuncAttribute attr, int value);
+template <typename T>
+static inline cudaError_t cudaFuncSetAttribute(T *func, enum cudaFuncAttribute attr, int value)
+{
+	return emu_func_set_attribute((const void *)func, attr, value);
+}
+
 /* ---- the emulator's side of a launch ----------------------------------------------------- */
 
 /* Runs body (one CUDA thread's call of the kernel) for every thread of every block, and returns
  * when all have finished. Stops the program, naming the kernel and where it was launched, on a
  * configuration a GPU would refuse (block of 0 or more than 1024 threads, grid.y or grid.z
- * past 65535, more than 48 KiB of dynamic shared memory), a deadlock, or a barrier or shuffle
- * used against CUDA's rules. */
-void emu_launch_fn(const char *kernel, const char *file, int line, dim3 grid, dim3 block,
-		   size_t smem, cudaStream_t stream, void (*body)(void *), void *arg);
+ * past 65535, more dynamic shared memory than 48 KiB or the limit cudaFuncSetAttribute gave
+ * func), a deadlock, or a barrier or shuffle used against CUDA's rules. */
+void emu_launch_fn(const char *kernel, const void *func, const char *file, int line, dim3 grid,
+		   dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *), void *arg);
 
 template <typename F>
-static inline void emu_launch(const char *kernel, const char *file, int line, dim3 grid,
-			      dim3 block, size_t smem, cudaStream_t stream, F &&body)
+static inline void emu_launch(const char *kernel, const void *func, const char *file, int line,
+			      dim3 grid, dim3 block, size_t smem, cudaStream_t stream, F &&body)
 {
 	typedef std::remove_reference_t<F> fn;
-	emu_launch_fn(kernel, file, line, grid, block, smem, stream,
+	emu_launch_fn(kernel, func, file, line, grid, block, smem, stream,
 		      [](void *p) { (*static_cast<fn *>(p))(); }, (void *)&body);
 }
 
