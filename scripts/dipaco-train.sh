@@ -7,6 +7,9 @@
 #     -s KEY=V     override one config value (repeatable; see dpc-config(5))
 #     -j N         N tasks at a time on this host (default 2)
 #     -t N         threads per task (default 1)
+#     --device D   where the paths train: cpu (default) or cuda (dpc-train-path --device;
+#                  with -j N, N tasks share the device)
+#     --precision P  the paths' matrix products: fp32 (default), tf32 or bf16 (cuda)
 #     --mpi N      N worker ranks under mpirun instead of make; MPIRUN_ARGS adds mpirun
 #                  options (a hostfile, say); RUNDIR must be on a filesystem every host sees
 #     --seed N     seed of the random shards (default 0)
@@ -22,19 +25,21 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$here/../build/bin
-jobs=2 threads=1 mpi=0 seed=0 until=0 quiet=0 sets=""
-usage() { sed -n '6,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+jobs=2 threads=1 mpi=0 seed=0 until=0 quiet=0 sets="" device=cpu precision=fp32
+usage() { sed -n '6,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	-s) sets="$sets -s $2"; shift 2 ;;
 	-j) jobs=$2; shift 2 ;;
 	-t) threads=$2; shift 2 ;;
+	--device) device=$2; shift 2 ;;
+	--precision) precision=$2; shift 2 ;;
 	--mpi) mpi=$2; shift 2 ;;
 	--seed) seed=$2; shift 2 ;;
 	--until) until=$2; shift 2 ;;
 	-q|--quiet) quiet=1; shift ;;
 	--bin) bin=$2; shift 2 ;;
-	-h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	-*) echo "dipaco-train.sh: unknown option '$1'" >&2; usage ;;
 	*) break ;;
 	esac
@@ -99,7 +104,7 @@ if [ "$mpi" -gt 0 ]; then
 	epoch=$(date +%Y%m%d-%H%M%S)-$$
 	# shellcheck disable=SC2086
 	mpirun ${MPIRUN_ARGS:-} -np "$mpi" sh "$here/dipaco-worker.sh" "$run" "$epoch" "$bin" \
-		"$threads" "$until"
+		"$threads" "$until" "$device" "$precision"
 	# The workers end only when every output exists: no claim is needed any more, not even
 	# the ones a killed launch left.
 	rm -rf "$run/claims"
@@ -107,7 +112,8 @@ if [ "$mpi" -gt 0 ]; then
 else
 	target=all
 	[ "$until" -gt 0 ] && target=through-$until
-	make -s -C "$run" -j "$jobs" THREADS="$threads" BIN="$bin" "$target" >/dev/null
+	make -s -C "$run" -j "$jobs" THREADS="$threads" BIN="$bin" DEVICE="$device" \
+		PRECISION="$precision" "$target" >/dev/null
 fi
 [ -z "$watcher" ] || { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null || true; }
 watcher=

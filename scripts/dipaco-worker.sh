@@ -6,10 +6,10 @@
 # filesystems (NFS included), so two workers never run the same task. EPOCH is new for every
 # launch, so the claims of a killed launch do not block the next one; its outputs are never
 # half-written (atomic renames), so the next launch redoes only what is missing.
-# With UNTIL, only the tasks of phases 1..UNTIL.
-#   sh scripts/dipaco-worker.sh RUNDIR EPOCH BINDIR [THREADS [UNTIL]]
+# With UNTIL, only the tasks of phases 1..UNTIL; DEVICE and PRECISION go to dpc-train-path.
+#   sh scripts/dipaco-worker.sh RUNDIR EPOCH BINDIR [THREADS [UNTIL [DEVICE [PRECISION]]]]
 set -eu
-run=$1 epoch=$2 bin=$3 threads=${4:-1} until=${5:-0}
+run=$1 epoch=$2 bin=$3 threads=${4:-1} until=${5:-0} device=${6:-cpu} precision=${7:-fp32}
 claims=$run/claims/$epoch
 mkdir -p "$claims"
 tasks=$("$bin/dpc-outer" tasks "$run")
@@ -27,7 +27,7 @@ while :; do
 		mkdir "$claims/$kind-$phase-$what" 2>/dev/null || continue
 		if [ "$kind" = train ]; then
 			"$bin/dpc-train-path" --run "$run" --phase "$phase" --path "$what" --quiet \
-				--threads "$threads" >/dev/null
+				--threads "$threads" --device "$device" --precision "$precision" >/dev/null
 		else
 			"$bin/dpc-outer" step "$run" --phase "$phase" --module "$what" --quiet \
 				--threads "$threads" >/dev/null

@@ -115,11 +115,12 @@ int plan_makefile(const struct rundir *r, const char *bin, char **out)
 		return err_set(CORE_ENOMEM, NULL, "cannot build the Makefile");
 	fprintf(fp,
 		"# The task graph of this DiPaCo run (dpc-rundir(5)), written by dpc-outer makefile.\n"
-		"# Run it with: make -C RUNDIR -j WORKERS [THREADS=n] [DEVICE=cpu]\n"
+		"# Run it with: make -C RUNDIR -j WORKERS [THREADS=n] [DEVICE=cpu] [PRECISION=fp32]\n"
 		"# Every output is written atomically, so a killed run resumes by running the same\n"
 		"# command: make redoes only the files that do not exist.\n"
-		"BIN ?= %s\nTHREADS ?= 1\nDEVICE ?= cpu\n"
-		"TRAIN = $(BIN)/dpc-train-path --run . --quiet --threads $(THREADS) --device $(DEVICE)\n"
+		"BIN ?= %s\nTHREADS ?= 1\nDEVICE ?= cpu\nPRECISION ?= fp32\n"
+		"TRAIN = $(BIN)/dpc-train-path --run . --quiet --threads $(THREADS) --device $(DEVICE) "
+		"--precision $(PRECISION)\n"
 		"OUTER = $(BIN)/dpc-outer step . --quiet --threads $(THREADS)\n\n"
 		".PHONY: all\n.SUFFIXES:\n.DELETE_ON_ERROR:\n\nall: metrics.jsonl\n\n",
 		bin);
