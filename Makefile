@@ -128,12 +128,13 @@ NVCCFLAGS ?= -O3
 NVCCFLAGS += -std=c++20 $(CUDA_ARCH) -DCORE_VERSION='"$(VERSION)"' -Ilib -Ikernels \
 	-Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 # cuBLAS is not linked but loaded when the cuda device is opened (kernels/cublas_dl.c: linked,
-# it costs every program ~215 MiB of memory at start); the CUDA runtime is linked statically.
-LIB_OBJ += $(CU_OBJ) $(BUILD)/kernels/cublas_dl.o
+# it costs every program ~215 MiB of memory at start), NCCL when a communicator is first made
+# (kernels/nccl_dl.c); the CUDA runtime is linked statically.
+LIB_OBJ += $(CU_OBJ) $(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o
 LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt \
 	-lpthread
 $(BUILD)/lib/backend/backend.o: CFLAGS += -DCORE_HAVE_CUDA=1
-$(BUILD)/kernels/cublas_dl.o: kernels/cublas_dl.c
+$(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o: $(BUILD)/kernels/%.o: kernels/%.c
 	@mkdir -p $(@D)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CFLAGS) -isystem $(CUDA_HOME)/include -MMD -MP -c $< -o $@
@@ -321,7 +322,7 @@ EMU_CXXFLAGS := -std=c++20 -O1 -ffp-contract=off -Itest/emu/include -Ilib -Ikern
 	$(filter -g -fno-omit-frame-pointer -fsanitize=% -fno-sanitize-recover=% -Werror,$(OPT) \
 	$(WARN))
 EMU_OBJ := $(CU_SRC:%.cu=$(EMU_DIR)/%.o) $(EMU_DIR)/test/emu/emu.o \
-	$(EMU_DIR)/lib/backend/backend.o
+	$(EMU_DIR)/test/emu/nccl_emu.o $(EMU_DIR)/lib/backend/backend.o
 EMU_LIB_OBJ := $(filter-out $(BUILD)/lib/backend/backend.o,$(LIB_SRC:%.c=$(BUILD)/%.o))
 # the usual libraries, less the CUDA runtime's (the emulator replaces it)
 emu_comma := ,
@@ -349,6 +350,12 @@ $(EMU_DIR)/lib/backend/backend.o: lib/backend/backend.c
 $(EMU_DIR)/test_backend: $(BUILD)/test/unit/test_backend.o $(EMU_OBJ) $(EMU_LIB_OBJ)
 	$(call say,LINK,$@)
 	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) $(shell $(PKG_CONFIG) --libs criterion) -o $@
+
+# NCCL emulated over MPI (test/emu/nccl_emu.cpp: one emulated GPU per MPI process); without
+# MPI its calls fail with "built without MPI".
+ifeq ($(HAVE_MPI),1)
+$(EMU_DIR)/test/emu/nccl_emu.o: EMU_CXXFLAGS += $(MPI_CFLAGS) -DEMU_NCCL_MPI=1
+endif
 
 # the emulator against CUDA's, cuBLAS's and CUB's semantics, first
 $(EMU_DIR)/selftest: $(EMU_DIR)/test/emu/selftest.o $(EMU_DIR)/test/emu/emu.o
