@@ -63,6 +63,8 @@ HAVE_CUDA ?= 0
 else
 HAVE_CUDA ?= $(if $(NVCC),1,0)
 endif
+# a C++ compiler: the CUDA emulator (test/emu)
+HAVE_CXX ?= $(shell command -v $(CXX) >/dev/null 2>&1 && echo 1 || echo 0)
 HAVE_PYTORCH ?= $(shell /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 && echo 1 || echo 0)
 
 # OpenBLAS: headers and link name from pkg-config; at run time prefer Debian's OpenMP
@@ -215,8 +217,8 @@ endif
 	@fail=0; for t in $(TESTS); do echo "--- $$t"; $$t --jobs=2 || fail=1; done; \
 	test $$fail = 0 || { echo "unit tests FAILED"; exit 1; }
 
-test-sh: $(PROGS) $(MPI_TESTS)
-	@BIN=$(abspath $(BUILD)/bin) MPITEST=$(if $(MPI_TESTS),$(abspath $(BUILD)/test/mpi)) SAN=$(SAN) HAVE_PYTORCH=$(HAVE_PYTORCH) sh test/sh/run.sh
+test-sh: $(PROGS) $(MPI_TESTS) $(EMU_MPI_TESTS)
+	@BIN=$(abspath $(BUILD)/bin) MPITEST=$(if $(MPI_TESTS),$(abspath $(BUILD)/test/mpi)) EMUTEST=$(if $(EMU_MPI_TESTS),$(abspath $(EMU_DIR))) SAN=$(SAN) HAVE_PYTORCH=$(HAVE_PYTORCH) sh test/sh/run.sh
 
 # A man page passes when groff renders it without a single warning.
 # Rendered as man(1) renders it for an 80-column terminal (tbl, UTF-8, line length 78n), where
@@ -352,10 +354,24 @@ $(EMU_DIR)/test_backend: $(BUILD)/test/unit/test_backend.o $(EMU_OBJ) $(EMU_LIB_
 	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) $(shell $(PKG_CONFIG) --libs criterion) -o $@
 
 # NCCL emulated over MPI (test/emu/nccl_emu.cpp: one emulated GPU per MPI process); without
-# MPI its calls fail with "built without MPI".
+# MPI its calls fail with "built without MPI". build/emu/test_dist_dev: test/mpi/test_dist_dev.c
+# against the emulator, run under mpirun by test/sh/t-dist-dev.sh (EMUTEST): the device
+# All-to-All (lib/dist/dist_dev.c) through the cuda backend's NCCL code (kernels/nccl.cu).
 ifeq ($(HAVE_MPI),1)
 $(EMU_DIR)/test/emu/nccl_emu.o: EMU_CXXFLAGS += $(MPI_CFLAGS) -DEMU_NCCL_MPI=1
+ifeq ($(HAVE_CXX),1)
+EMU_MPI_TESTS := $(EMU_DIR)/test_dist_dev
 endif
+endif
+
+$(EMU_DIR)/test/mpi/%.o: test/mpi/%.c
+	@mkdir -p $(@D)
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CFLAGS) $(MPI_CFLAGS) -DCORE_CUDA_EMU -MMD -MP -c $< -o $@
+
+$(EMU_DIR)/test_dist_dev: $(EMU_DIR)/test/mpi/test_dist_dev.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
 
 # the emulator against CUDA's, cuBLAS's and CUB's semantics, first
 $(EMU_DIR)/selftest: $(EMU_DIR)/test/emu/selftest.o $(EMU_DIR)/test/emu/emu.o
@@ -370,7 +386,7 @@ endif
 	@echo "--- $(EMU_DIR)/test_backend (the cuda backend's kernels on the CPU, test/emu)"
 	@$(EMU_DIR)/test_backend --jobs=2
 
--include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d
+-include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d $(EMU_DIR)/test/mpi/test_dist_dev.d
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5
