@@ -356,11 +356,12 @@ $(EMU_DIR)/test_backend: $(BUILD)/test/unit/test_backend.o $(EMU_OBJ) $(EMU_LIB_
 # NCCL emulated over MPI (test/emu/nccl_emu.cpp: one emulated GPU per MPI process); without
 # MPI its calls fail with "built without MPI". build/emu/test_dist_dev: test/mpi/test_dist_dev.c
 # against the emulator, run under mpirun by test/sh/t-dist-dev.sh (EMUTEST): the device
-# All-to-All (lib/dist/dist_dev.c) through the cuda backend's NCCL code (kernels/nccl.cu).
+# All-to-All (lib/dist/dist_dev.c) through the cuda backend's NCCL code (kernels/nccl.cu); and
+# build/emu/moe-bench, whose --device cuda --only=alltoall the same test runs.
 ifeq ($(HAVE_MPI),1)
 $(EMU_DIR)/test/emu/nccl_emu.o: EMU_CXXFLAGS += $(MPI_CFLAGS) -DEMU_NCCL_MPI=1
 ifeq ($(HAVE_CXX),1)
-EMU_MPI_TESTS := $(EMU_DIR)/test_dist_dev
+EMU_MPI_TESTS := $(EMU_DIR)/test_dist_dev $(EMU_DIR)/moe-bench
 endif
 endif
 
@@ -370,6 +371,11 @@ $(EMU_DIR)/test/mpi/%.o: test/mpi/%.c
 	$(Q)$(CC) $(CFLAGS) $(MPI_CFLAGS) -DCORE_CUDA_EMU -MMD -MP -c $< -o $@
 
 $(EMU_DIR)/test_dist_dev: $(EMU_DIR)/test/mpi/test_dist_dev.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
+
+# moe-bench on the emulated cuda backend: --device cuda --only=alltoall under mpirun
+$(EMU_DIR)/moe-bench: $(BUILD)/cmd/moe-bench.o $(EMU_OBJ) $(EMU_LIB_OBJ)
 	$(call say,LINK,$@)
 	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
 

@@ -1200,8 +1200,9 @@ int backend_cuda_init(struct backend *be, const struct backend_params *params)
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the CUDA backend");
 	int rc = 0;
 	struct cudaDeviceProp prop;
-	if ((rc = cuda_fail(cudaSetDevice(0), "selecting device 0")) < 0 ||
-	    (rc = cuda_fail(cudaGetDeviceProperties(&prop, 0), "reading device 0")) < 0 ||
+	c->device = params->device > 0 ? params->device % n : 0;
+	if ((rc = cuda_fail(cudaSetDevice(c->device), "selecting the device")) < 0 ||
+	    (rc = cuda_fail(cudaGetDeviceProperties(&prop, c->device), "reading the device")) < 0 ||
 	    (rc = cuda_fail(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
 			    "creating a stream")) < 0) {
 		free(c);

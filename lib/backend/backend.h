@@ -338,6 +338,8 @@ struct backend {
 /* Options for backend_open; zero means "the default". */
 struct backend_params {
 	int threads; /* cpu: OpenMP and BLAS threads (default: OMP_NUM_THREADS or all cores) */
+	int device;  /* cuda: the GPU, counted modulo the GPUs present (default 0); one process
+		      * per GPU passes its rank on the node */
 };
 
 /* Open the backend registered under name (params may be NULL). An unknown name, or one this

@@ -9,6 +9,10 @@
  * frequency scaling) falls on all three rather than on whichever ran then. Buffers are
  * allocated once for the largest size and written before the first timing: fresh pages
  * cost more than the transfer on these machines.
+ *
+ * The device benchmark (dist_bench_alltoall_dev) follows the same schedule; a device exchange
+ * is timed from its call to the backend's sync, since it only queues the work, and the host
+ * MPI_Alltoall beside it runs on host buffers holding the same bytes.
  */
 #include "dist/dist_bench.h"
 
@@ -16,8 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "common/err.h"
 #include "common/stats.h"
+#include "dist/dist_dev.h"
 #include "common/banned.h"
 
 enum { NALG = 3 };
@@ -161,6 +167,137 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 	*nrows = ns;
 	out = NULL;
 out:
+	free(s);
+	free(r);
+	free(ref);
+	free(t);
+	free(out);
+	return rc;
+}
+
+/* One exchange of algorithm a, on the device (LINEAR, 2DH: until the backend has run it) or on
+ * the host (MPI). */
+static int dev_round(struct dist *d, struct dist_dev *x, struct backend *be, int a,
+		     const struct dist_span *hs, const struct dist_span *hr,
+		     const struct dist_span *ds, const struct dist_span *dr, int nblk, int64_t n,
+		     size_t rb)
+{
+	if (a == DIST_A2A_MPI)
+		return dist_alltoall(d, DIST_A2A_MPI, hs, hr, nblk, n, rb);
+	ERR_FORWARD(dist_dev_alltoall(x, (enum dist_a2a)a, ds, dr, nblk, n, rb));
+	return be->op->sync(be);
+}
+
+int dist_bench_alltoall_dev(struct dist *d, struct dist_dev *x, struct backend *be,
+			    const struct dist_bench_opts *o, struct dist_bench_row **rows,
+			    int *nrows)
+{
+	const size_t *sizes = o->sizes ? o->sizes : default_sizes;
+	const int ns = o->sizes ? o->nsizes : (int)(sizeof default_sizes / sizeof default_sizes[0]);
+	const int W = dist_size(d);
+	unsigned char *s = NULL, *r = NULL, *ref = NULL;
+	void *ds = NULL, *dr = NULL;
+	double *t = NULL;
+	struct dist_bench_row *out = NULL;
+	size_t most = 0;
+	int rc = 0;
+
+	*rows = NULL;
+	*nrows = 0;
+	if (ns < 1 || o->reps < 1 || o->warmup < 0 || o->nblk < 1 || o->row_bytes < 1)
+		return err_set(CORE_EUSAGE, NULL, "all-to-all benchmark: %d sizes, %d repetitions, "
+			       "%d warm-up rounds, %d blocks, rows of %zu bytes", ns, o->reps,
+			       o->warmup, o->nblk, o->row_bytes);
+	for (int i = 0; i < ns; i++) {
+		int64_t n = 0;
+		size_t rb = 0;
+		ERR_FORWARD(shape(sizes[i], W, o, &n, &rb));
+		size_t b = (size_t)W * (size_t)o->nblk * (size_t)n * rb;
+		most = b > most ? b : most;
+	}
+	s = malloc(most);
+	r = malloc(most);
+	ref = malloc(most);
+	t = malloc(sizeof *t * NALG * (size_t)o->reps);
+	out = calloc((size_t)ns, sizeof *out);
+	if (!s || !r || !ref || !t || !out) {
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory for the all-to-all benchmark's 3 "
+			     "buffers of %zu bytes", most);
+		goto out;
+	}
+	uint32_t v = 2463534242u ^ (uint32_t)dist_rank(d) * 2654435761u;
+	for (size_t i = 0; i < most; i++) {
+		v ^= v << 13;
+		v ^= v >> 17;
+		v ^= v << 5;
+		s[i] = (unsigned char)v;
+	}
+	memset(r, 0, most);
+	memset(ref, 0, most);
+	rc = be->op->alloc(be, &ds, most);
+	if (rc == 0)
+		rc = be->op->alloc(be, &dr, most);
+	if (rc == 0)
+		rc = be->op->upload(be, ds, s, most);
+	if (rc == 0)
+		rc = be->op->memset(be, dr, 0, most);
+	if ((rc = dist_agree_rc(d, rc)) < 0)
+		goto out;
+
+	for (int i = 0; i < ns; i++) {
+		int64_t n = 0;
+		size_t rb = 0;
+		shape(sizes[i], W, o, &n, &rb);
+		const size_t bytes = (size_t)W * (size_t)o->nblk * (size_t)n * rb;
+		struct dist_span hs = {s, n, 0, 0}, hr = {r, n, 0, 1}, fs = {ref, n, 0, 1};
+		struct dist_span dss = {ds, n, 0, 0}, drs = {dr, n, 0, 1};
+
+		rc = dist_alltoall(d, DIST_A2A_MPI, &hs, &fs, o->nblk, n, rb);
+		for (int a = 0; a < NALG && rc == 0; a++) {
+			if (a == DIST_A2A_MPI)
+				continue;
+			rc = be->op->memset(be, dr, 0, bytes);
+			if (rc == 0)
+				rc = dev_round(d, x, be, a, &hs, &hr, &dss, &drs, o->nblk, n, rb);
+			if (rc == 0)
+				rc = be->op->download(be, r, dr, bytes);
+			if (rc == 0)
+				rc = verify((enum dist_a2a)a, r, ref, bytes, sizes[i], W, n, rb);
+		}
+		if ((rc = dist_agree_rc(d, rc)) < 0)
+			goto out;
+		for (int w = 0; w < o->warmup; w++)
+			for (int a = 0; a < NALG; a++)
+				if ((rc = dev_round(d, x, be, a, &hs, &hr, &dss, &drs, o->nblk, n,
+						    rb)) < 0)
+					goto out;
+		for (int k = 0; k < o->reps; k++)
+			for (int j = 0; j < NALG; j++) {
+				int a = (k + j) % NALG;
+				if ((rc = dist_barrier(d)) < 0)
+					goto out;
+				double t0 = dist_time();
+				if ((rc = dev_round(d, x, be, a, &hs, &hr, &dss, &drs, o->nblk, n,
+						    rb)) < 0)
+					goto out;
+				t[(size_t)a * (size_t)o->reps + (size_t)k] = dist_time() - t0;
+			}
+		if ((rc = dist_allreduce_f64(d, t, NALG * o->reps, DIST_MAX)) < 0)
+			goto out;
+		out[i].bytes = bytes;
+		out[i].piece = bytes / (size_t)W;
+		for (int a = 0; a < NALG; a++) {
+			out[i].seconds[a] = stats_median(t + (size_t)a * (size_t)o->reps, o->reps,
+							 NULL, NULL);
+			out[i].gbps[a] = (double)bytes / out[i].seconds[a] / 1e9;
+		}
+	}
+	*rows = out;
+	*nrows = ns;
+	out = NULL;
+out:
+	be->op->free(be, ds);
+	be->op->free(be, dr);
 	free(s);
 	free(r);
 	free(ref);

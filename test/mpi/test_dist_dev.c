@@ -327,7 +327,13 @@ int main(int argc, char **argv)
 	MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
 	MPI_Comm_rank(MPI_COMM_WORLD, &q);
 	MPI_Comm_size(MPI_COMM_WORLD, &W);
-	rc = backend_open(&be, name, NULL);
+	/* one GPU per rank of a host */
+	MPI_Comm host;
+	int local = 0;
+	MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, q, MPI_INFO_NULL, &host);
+	MPI_Comm_rank(host, &local);
+	MPI_Comm_free(&host);
+	rc = backend_open(&be, name, &(struct backend_params){.device = local});
 	int bad = rc < 0, any = 0;
 	MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
 	if (any) {

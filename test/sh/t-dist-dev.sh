@@ -34,6 +34,23 @@ run 2 "$t" cpu >cpu.out 2>cpu.err && rc=0 || rc=$?
 [ "$rc" -ne 0 ] && grep -q "dist_dev_open: the cpu backend has no device collectives" cpu.err ||
 	{ cat cpu.out cpu.err; die "cpu backend: not refused"; }
 
+# moe-bench --device cuda --only=alltoall on the emulated device, with real 2DH (nodes of 2):
+# its own check against the host MPI_Alltoall passes, and the JSON has the host mode's shape,
+# a row per size (1 KiB to 64 MiB), naming the device and where MPI ran.
+mb=$EMUTEST/moe-bench
+if [ -x "$mb" ]; then
+	run 4 "$mb" --device cuda --only=alltoall --local-size=2 -E 8 -M 16 -n 1 -w 0 -t 1 \
+		>mb.out 2>mb.err || { cat mb.out mb.err; die "moe-bench --device cuda --only=alltoall failed"; }
+	grep -q '^{"impl":"dist","only":"alltoall","device":"cuda","mpi_on":"host","W":4,"local_size":2,' mb.out ||
+		{ cat mb.out; die "moe-bench: not the expected JSON head"; }
+	[ "$(grep -o '"linear_ms"' mb.out | wc -l)" -eq 9 ] || { cat mb.out; die "moe-bench: not 9 sizes"; }
+	grep -q 'mpi: MPI_Alltoall on host copies (the baseline)' mb.err || { cat mb.err; die "moe-bench: no baseline label"; }
+	# the distributed layer itself stays on host memory: refused, exit 2, one line per rank
+	run 2 "$mb" --device cuda -T 16 -M 8 -H 8 -E 2 -n 1 -w 0 >ly.out 2>ly.err && rc=0 || rc=$?
+	[ "$rc" -eq 2 ] && grep -q "the distributed layer runs on host memory (cpu or ref), not on 'cuda'" ly.err ||
+		{ cat ly.err; die "moe-bench: the layer on cuda under mpirun was not refused with exit 2 (got $rc)"; }
+fi
+
 real=${MPITEST:-}/test_dist_dev
 if [ -n "${MPITEST:-}" ] && [ -x "$real" ]; then
 	run 1 "$real" >real.out 2>real.err || { cat real.out real.err; die "test_dist_dev (real CUDA) failed"; }
