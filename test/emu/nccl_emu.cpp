@@ -42,7 +42,7 @@
 
 static char last_error[512];
 
-__attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...)
+__attribute__((format(printf, 1, 2), unused)) static void say(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);

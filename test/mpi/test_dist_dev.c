@@ -14,7 +14,9 @@
  * the backend cannot be opened here (no GPU, a build without nvcc) every rank prints
  * "test_dist_dev: skipped: <why>" and exits 0. Under the emulator it also checks that a
  * misused round of transfers (sizes that differ, a peer out of range) is an error on every
- * rank rather than a hang: the real NCCL would hang there, so not with it.
+ * rank rather than a hang: the real NCCL would hang there, so not with it. On one rank, where
+ * dist_dev needs no communicator, a round of transfers with itself runs the backend's
+ * collectives (real NCCL on a one-GPU machine).
  */
 #include <mpi.h>
 #include <stdarg.h>
@@ -291,6 +293,35 @@ static void check_misuse(struct backend *be)
 }
 #endif
 
+/* The backend's collectives on a communicator of this rank alone: a round of transfers to
+ * and from itself (a world of one opens none in dist_dev_open, so this is where a one-GPU
+ * machine runs the real NCCL: loading it, a communicator, a group of send and receive). */
+static void check_self_round(struct backend *be)
+{
+	enum { B = 4096 };
+	unsigned char id[BACKEND_COMM_ID_BYTES], h[B], back[B];
+	void *comm = NULL, *buf = NULL;
+	int rc = be->op->comm_unique_id(be, id);
+
+	for (int i = 0; i < B; i++)
+		h[i] = (unsigned char)(i * 7 + 3);
+	if (rc == 0)
+		rc = be->op->comm_open(be, &comm, id, 1, 0);
+	if (rc == 0)
+		rc = be->op->alloc(be, &buf, 2 * B);
+	if (rc == 0)
+		rc = be->op->upload(be, buf, h, B);
+	struct backend_xfer x[2] = {{0, 0, buf, B}, {0, 1, (char *)buf + B, B}};
+	if (rc == 0)
+		rc = be->op->comm_exchange(be, comm, x, 2);
+	if (rc == 0)
+		rc = be->op->download(be, back, (char *)buf + B, B);
+	CHECK(rc == 0, "a round with itself: %s", err_detail());
+	CHECK(rc < 0 || memcmp(h, back, B) == 0, "a round with itself: the bytes differ");
+	be->op->free(be, buf);
+	be->op->comm_close(be, comm);
+}
+
 static void check_layout(struct backend *be, int local_size)
 {
 	struct dist *d = NULL;
@@ -347,8 +378,10 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
 		if (sizes[i] == 0 || W % sizes[i] == 0)
 			check_layout(be, sizes[i]);
-#ifdef CORE_CUDA_EMU
 	m = 0;
+	if (W == 1 && be->op->comm_exchange)
+		check_self_round(be);
+#ifdef CORE_CUDA_EMU
 	if (W > 1 && be->op->comm_exchange)
 		check_misuse(be);
 #endif
