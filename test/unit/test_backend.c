@@ -538,6 +538,35 @@ static int run_sum(struct backend *be, void *const *p, const struct kase *k)
 	return be->op->sum(be, p[0], p[1], (size_t)k->i[0], k->i[1]);
 }
 
+/* copy_2d: i[] dpitch, spitch, width, rows in floats (the op counts bytes); p[] dst, src. */
+static int run_copy_2d(struct backend *be, void *const *p, const struct kase *k)
+{
+	const size_t f = sizeof(float);
+	return be->op->copy_2d(be, p[0], (size_t)k->i[0] * f, p[1], (size_t)k->i[1] * f,
+			       (size_t)k->i[2] * f, (size_t)k->i[3]);
+}
+
+/* Strided copies: rows of width floats between pitches, the destination preset so that what
+ * lies between its rows must come back untouched. */
+static void copy_2d_cases(struct harness *h)
+{
+	static const int sh[][4] = {
+		/* dpitch, spitch, width, rows */
+		{5, 5, 5, 3},   {7, 5, 5, 4},   {5, 9, 3, 6},   {64, 17, 17, 5},
+		{3, 100, 3, 33}, {1, 1, 1, 1},   {8, 8, 0, 4},   {9, 4, 4, 0},
+	};
+	for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++) {
+		const int dp = sh[s][0], sp = sh[s][1], w = sh[s][2], rows = sh[s][3];
+		struct kase *k = kase_new("copy_2d", run_copy_2d, "copy_2d dpitch=%d spitch=%d "
+					  "width=%d rows=%d (floats)", dp, sp, w, rows);
+		k->i[0] = dp, k->i[1] = sp, k->i[2] = w, k->i[3] = rows;
+		const size_t r1 = (size_t)(rows ? rows : 1), nd = r1 * (size_t)dp, ns = r1 * (size_t)sp;
+		OUT(k, "dst", F32, nd, randn(k, nd, 0, 1), TOL_EXACT);
+		IN(k, "src", F32, ns, randn(k, ns, 0, 1));
+		run_case(h, k, 0);
+	}
+}
+
 static void fills_and_sums(struct harness *h)
 {
 	static const int ns[] = {0, 1, 3, 7, 16, 17, 32, 33, 100, 1000, 4097};
@@ -583,6 +612,7 @@ static void fills_and_sums(struct harness *h)
 			run_case(h, k, 0);
 		}
 	}
+	copy_2d_cases(h);
 	/* a long sum: double accumulation is the contract */
 	for (int sq = 0; sq < 2; sq++) {
 		struct kase *k = kase_new("sum", run_sum, "sum n=100003 squares=%d", sq);
