@@ -10,6 +10,8 @@
 #   make fuzz SECS=60    every libFuzzer harness of test/fuzz for SECS seconds (needs clang)
 #   make test-cuda-emu   the cuda backend's kernels on the CPU (test/emu), against ref; part of
 #                        test-unit, so of `make test`: needs a C++ compiler, not nvcc or a GPU
+#                        (test-sh also runs the device All-to-All over NCCL emulated over MPI:
+#                        test/sh/t-dist-dev.sh)
 # Optional parts are probed and reported; override a probe with HAVE_X=0 or HAVE_X=1.
 
 # `make` alone builds `all`, whatever rule comes first below (the CUDA block's is earlier).
@@ -164,7 +166,7 @@ probe:
 	@echo "==> libdeflate: $(if $(filter 1,$(HAVE_LIBDEFLATE)),found (fast crc32),not found (crc32 from zlib, about 3x slower; install libdeflate-dev))"
 	@echo "==> Criterion: $(if $(filter 1,$(HAVE_CRITERION)),found,not found (make test needs libcriterion-dev))"
 	@echo "==> MPI: $(if $(filter 1,$(HAVE_MPI)),found ($(MPICC)): lib/dist over MPI,not found: lib/dist is single-process only (install libopenmpi-dev))"
-	@echo "==> CUDA: $(if $(filter 1,$(HAVE_CUDA)),nvcc found ($(NVCC)): the cuda backend (kernels/) is built,$(if $(NVCC),off in this build,nvcc not found): no cuda backend)"
+	@echo "==> CUDA: $(if $(filter 1,$(HAVE_CUDA)),nvcc found ($(NVCC)): the cuda backend (kernels/) is built; cuBLAS and NCCL are loaded when first used,$(if $(NVCC),off in this build,nvcc not found): no cuda backend)"
 	@echo "==> PyTorch (reference tests): $(if $(filter 1,$(HAVE_PYTORCH)),found,not found; reference tests will be skipped)"
 	@echo "==> build: $(BUILD) $(if $(filter 1,$(SAN)),(ASan + UBSan))"
 

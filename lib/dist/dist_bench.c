@@ -72,9 +72,31 @@ static int verify(enum dist_a2a a, const unsigned char *got, const unsigned char
 		       want[i]);
 }
 
-int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
-			struct dist_bench_row **rows, int *nrows)
+/* Where the algorithms run: host buffers (x NULL), or LINEAR and 2DH on the device buffers
+ * ds, dr of x's backend while MPI runs on the host ones. */
+struct bench {
+	struct dist *d;
+	struct dist_dev *x;
+	struct backend *be;
+	void *ds, *dr;
+};
+
+/* One exchange of algorithm a; on the device until the backend has run it. */
+static int bench_round(const struct bench *b, int a, const struct dist_span *hs,
+		       const struct dist_span *hr, int nblk, int64_t n, size_t rb)
 {
+	if (!b->x || a == DIST_A2A_MPI)
+		return dist_alltoall(b->d, (enum dist_a2a)a, hs, hr, nblk, n, rb);
+	struct dist_span ds = {b->ds, hs->rows, hs->row0, hs->interleaved};
+	struct dist_span dr = {b->dr, hr->rows, hr->row0, hr->interleaved};
+	ERR_FORWARD(dist_dev_alltoall(b->x, (enum dist_a2a)a, &ds, &dr, nblk, n, rb));
+	return b->be->op->sync(b->be);
+}
+
+static int bench_run(struct bench *b, const struct dist_bench_opts *o,
+		     struct dist_bench_row **rows, int *nrows)
+{
+	struct dist *d = b->d;
 	const size_t *sizes = o->sizes ? o->sizes : default_sizes;
 	const int ns = o->sizes ? o->nsizes : (int)(sizeof default_sizes / sizeof default_sizes[0]);
 	const int W = dist_size(d);
@@ -94,8 +116,8 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 		int64_t n = 0;
 		size_t rb = 0;
 		ERR_FORWARD(shape(sizes[i], W, o, &n, &rb));
-		size_t b = (size_t)W * (size_t)o->nblk * (size_t)n * rb;
-		most = b > most ? b : most;
+		size_t bytes = (size_t)W * (size_t)o->nblk * (size_t)n * rb;
+		most = bytes > most ? bytes : most;
 	}
 	s = malloc(most);
 	r = malloc(most);
@@ -117,6 +139,15 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 	}
 	memset(r, 0, most);
 	memset(ref, 0, most);
+	if (b->x) { /* the same bytes on the device */
+		rc = b->be->op->alloc(b->be, &b->ds, most);
+		if (rc == 0)
+			rc = b->be->op->alloc(b->be, &b->dr, most);
+		if (rc == 0)
+			rc = b->be->op->upload(b->be, b->ds, s, most);
+		if ((rc = dist_agree_rc(d, rc)) < 0)
+			goto out;
+	}
 
 	for (int i = 0; i < ns; i++) {
 		int64_t n = 0;
@@ -131,7 +162,12 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 			if (a == DIST_A2A_MPI)
 				continue;
 			memset(r, 0, bytes);
-			rc = dist_alltoall(d, (enum dist_a2a)a, &ss, &rs, o->nblk, n, rb);
+			if (b->x)
+				rc = b->be->op->memset(b->be, b->dr, 0, bytes);
+			if (rc == 0)
+				rc = bench_round(b, a, &ss, &rs, o->nblk, n, rb);
+			if (rc == 0 && b->x)
+				rc = b->be->op->download(b->be, r, b->dr, bytes);
 			if (rc == 0)
 				rc = verify((enum dist_a2a)a, r, ref, bytes, sizes[i], W, n, rb);
 		}
@@ -139,8 +175,7 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 			goto out;
 		for (int w = 0; w < o->warmup; w++)
 			for (int a = 0; a < NALG; a++)
-				if ((rc = dist_alltoall(d, (enum dist_a2a)a, &ss, &rs, o->nblk, n,
-							rb)) < 0)
+				if ((rc = bench_round(b, a, &ss, &rs, o->nblk, n, rb)) < 0)
 					goto out;
 		for (int k = 0; k < o->reps; k++)
 			for (int j = 0; j < NALG; j++) {
@@ -148,8 +183,7 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 				if ((rc = dist_barrier(d)) < 0)
 					goto out;
 				double t0 = dist_time();
-				if ((rc = dist_alltoall(d, (enum dist_a2a)a, &ss, &rs, o->nblk, n,
-							rb)) < 0)
+				if ((rc = bench_round(b, a, &ss, &rs, o->nblk, n, rb)) < 0)
 					goto out;
 				t[(size_t)a * (size_t)o->reps + (size_t)k] = dist_time() - t0;
 			}
@@ -167,6 +201,10 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 	*nrows = ns;
 	out = NULL;
 out:
+	if (b->x) {
+		b->be->op->free(b->be, b->ds);
+		b->be->op->free(b->be, b->dr);
+	}
 	free(s);
 	free(r);
 	free(ref);
@@ -175,133 +213,17 @@ out:
 	return rc;
 }
 
-/* One exchange of algorithm a, on the device (LINEAR, 2DH: until the backend has run it) or on
- * the host (MPI). */
-static int dev_round(struct dist *d, struct dist_dev *x, struct backend *be, int a,
-		     const struct dist_span *hs, const struct dist_span *hr,
-		     const struct dist_span *ds, const struct dist_span *dr, int nblk, int64_t n,
-		     size_t rb)
+int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
+			struct dist_bench_row **rows, int *nrows)
 {
-	if (a == DIST_A2A_MPI)
-		return dist_alltoall(d, DIST_A2A_MPI, hs, hr, nblk, n, rb);
-	ERR_FORWARD(dist_dev_alltoall(x, (enum dist_a2a)a, ds, dr, nblk, n, rb));
-	return be->op->sync(be);
+	struct bench b = {.d = d};
+	return bench_run(&b, o, rows, nrows);
 }
 
 int dist_bench_alltoall_dev(struct dist *d, struct dist_dev *x, struct backend *be,
 			    const struct dist_bench_opts *o, struct dist_bench_row **rows,
 			    int *nrows)
 {
-	const size_t *sizes = o->sizes ? o->sizes : default_sizes;
-	const int ns = o->sizes ? o->nsizes : (int)(sizeof default_sizes / sizeof default_sizes[0]);
-	const int W = dist_size(d);
-	unsigned char *s = NULL, *r = NULL, *ref = NULL;
-	void *ds = NULL, *dr = NULL;
-	double *t = NULL;
-	struct dist_bench_row *out = NULL;
-	size_t most = 0;
-	int rc = 0;
-
-	*rows = NULL;
-	*nrows = 0;
-	if (ns < 1 || o->reps < 1 || o->warmup < 0 || o->nblk < 1 || o->row_bytes < 1)
-		return err_set(CORE_EUSAGE, NULL, "all-to-all benchmark: %d sizes, %d repetitions, "
-			       "%d warm-up rounds, %d blocks, rows of %zu bytes", ns, o->reps,
-			       o->warmup, o->nblk, o->row_bytes);
-	for (int i = 0; i < ns; i++) {
-		int64_t n = 0;
-		size_t rb = 0;
-		ERR_FORWARD(shape(sizes[i], W, o, &n, &rb));
-		size_t b = (size_t)W * (size_t)o->nblk * (size_t)n * rb;
-		most = b > most ? b : most;
-	}
-	s = malloc(most);
-	r = malloc(most);
-	ref = malloc(most);
-	t = malloc(sizeof *t * NALG * (size_t)o->reps);
-	out = calloc((size_t)ns, sizeof *out);
-	if (!s || !r || !ref || !t || !out) {
-		rc = err_set(CORE_ENOMEM, NULL, "out of memory for the all-to-all benchmark's 3 "
-			     "buffers of %zu bytes", most);
-		goto out;
-	}
-	uint32_t v = 2463534242u ^ (uint32_t)dist_rank(d) * 2654435761u;
-	for (size_t i = 0; i < most; i++) {
-		v ^= v << 13;
-		v ^= v >> 17;
-		v ^= v << 5;
-		s[i] = (unsigned char)v;
-	}
-	memset(r, 0, most);
-	memset(ref, 0, most);
-	rc = be->op->alloc(be, &ds, most);
-	if (rc == 0)
-		rc = be->op->alloc(be, &dr, most);
-	if (rc == 0)
-		rc = be->op->upload(be, ds, s, most);
-	if (rc == 0)
-		rc = be->op->memset(be, dr, 0, most);
-	if ((rc = dist_agree_rc(d, rc)) < 0)
-		goto out;
-
-	for (int i = 0; i < ns; i++) {
-		int64_t n = 0;
-		size_t rb = 0;
-		shape(sizes[i], W, o, &n, &rb);
-		const size_t bytes = (size_t)W * (size_t)o->nblk * (size_t)n * rb;
-		struct dist_span hs = {s, n, 0, 0}, hr = {r, n, 0, 1}, fs = {ref, n, 0, 1};
-		struct dist_span dss = {ds, n, 0, 0}, drs = {dr, n, 0, 1};
-
-		rc = dist_alltoall(d, DIST_A2A_MPI, &hs, &fs, o->nblk, n, rb);
-		for (int a = 0; a < NALG && rc == 0; a++) {
-			if (a == DIST_A2A_MPI)
-				continue;
-			rc = be->op->memset(be, dr, 0, bytes);
-			if (rc == 0)
-				rc = dev_round(d, x, be, a, &hs, &hr, &dss, &drs, o->nblk, n, rb);
-			if (rc == 0)
-				rc = be->op->download(be, r, dr, bytes);
-			if (rc == 0)
-				rc = verify((enum dist_a2a)a, r, ref, bytes, sizes[i], W, n, rb);
-		}
-		if ((rc = dist_agree_rc(d, rc)) < 0)
-			goto out;
-		for (int w = 0; w < o->warmup; w++)
-			for (int a = 0; a < NALG; a++)
-				if ((rc = dev_round(d, x, be, a, &hs, &hr, &dss, &drs, o->nblk, n,
-						    rb)) < 0)
-					goto out;
-		for (int k = 0; k < o->reps; k++)
-			for (int j = 0; j < NALG; j++) {
-				int a = (k + j) % NALG;
-				if ((rc = dist_barrier(d)) < 0)
-					goto out;
-				double t0 = dist_time();
-				if ((rc = dev_round(d, x, be, a, &hs, &hr, &dss, &drs, o->nblk, n,
-						    rb)) < 0)
-					goto out;
-				t[(size_t)a * (size_t)o->reps + (size_t)k] = dist_time() - t0;
-			}
-		if ((rc = dist_allreduce_f64(d, t, NALG * o->reps, DIST_MAX)) < 0)
-			goto out;
-		out[i].bytes = bytes;
-		out[i].piece = bytes / (size_t)W;
-		for (int a = 0; a < NALG; a++) {
-			out[i].seconds[a] = stats_median(t + (size_t)a * (size_t)o->reps, o->reps,
-							 NULL, NULL);
-			out[i].gbps[a] = (double)bytes / out[i].seconds[a] / 1e9;
-		}
-	}
-	*rows = out;
-	*nrows = ns;
-	out = NULL;
-out:
-	be->op->free(be, ds);
-	be->op->free(be, dr);
-	free(s);
-	free(r);
-	free(ref);
-	free(t);
-	free(out);
-	return rc;
+	struct bench b = {.d = d, .x = x, .be = be};
+	return bench_run(&b, o, rows, nrows);
 }
