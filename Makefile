@@ -10,6 +10,8 @@
 #   make fuzz SECS=60    every libFuzzer harness of test/fuzz for SECS seconds (needs clang)
 #   make test-cuda-emu   the cuda backend's kernels on the CPU (test/emu), against ref; part of
 #                        test-unit, so of `make test`: needs a C++ compiler, not nvcc or a GPU
+#                        (test-sh also runs the device All-to-All over NCCL emulated over MPI:
+#                        test/sh/t-dist-dev.sh)
 # Optional parts are probed and reported; override a probe with HAVE_X=0 or HAVE_X=1.
 
 # `make` alone builds `all`, whatever rule comes first below (the CUDA block's is earlier).
@@ -63,6 +65,8 @@ HAVE_CUDA ?= 0
 else
 HAVE_CUDA ?= $(if $(NVCC),1,0)
 endif
+# a C++ compiler: the CUDA emulator (test/emu)
+HAVE_CXX ?= $(shell command -v $(CXX) >/dev/null 2>&1 && echo 1 || echo 0)
 HAVE_PYTORCH ?= $(shell /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 && echo 1 || echo 0)
 
 # OpenBLAS: headers and link name from pkg-config; at run time prefer Debian's OpenMP
@@ -128,12 +132,13 @@ NVCCFLAGS ?= -O3
 NVCCFLAGS += -std=c++20 $(CUDA_ARCH) -DCORE_VERSION='"$(VERSION)"' -Ilib -Ikernels \
 	-Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 # cuBLAS is not linked but loaded when the cuda device is opened (kernels/cublas_dl.c: linked,
-# it costs every program ~215 MiB of memory at start); the CUDA runtime is linked statically.
-LIB_OBJ += $(CU_OBJ) $(BUILD)/kernels/cublas_dl.o
+# it costs every program ~215 MiB of memory at start), NCCL when a communicator is first made
+# (kernels/nccl_dl.c); the CUDA runtime is linked statically.
+LIB_OBJ += $(CU_OBJ) $(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o
 LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt \
 	-lpthread
 $(BUILD)/lib/backend/backend.o: CFLAGS += -DCORE_HAVE_CUDA=1
-$(BUILD)/kernels/cublas_dl.o: kernels/cublas_dl.c
+$(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o: $(BUILD)/kernels/%.o: kernels/%.c
 	@mkdir -p $(@D)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CFLAGS) -isystem $(CUDA_HOME)/include -MMD -MP -c $< -o $@
@@ -161,7 +166,7 @@ probe:
 	@echo "==> libdeflate: $(if $(filter 1,$(HAVE_LIBDEFLATE)),found (fast crc32),not found (crc32 from zlib, about 3x slower; install libdeflate-dev))"
 	@echo "==> Criterion: $(if $(filter 1,$(HAVE_CRITERION)),found,not found (make test needs libcriterion-dev))"
 	@echo "==> MPI: $(if $(filter 1,$(HAVE_MPI)),found ($(MPICC)): lib/dist over MPI,not found: lib/dist is single-process only (install libopenmpi-dev))"
-	@echo "==> CUDA: $(if $(filter 1,$(HAVE_CUDA)),nvcc found ($(NVCC)): the cuda backend (kernels/) is built,$(if $(NVCC),off in this build,nvcc not found): no cuda backend)"
+	@echo "==> CUDA: $(if $(filter 1,$(HAVE_CUDA)),nvcc found ($(NVCC)): the cuda backend (kernels/) is built; cuBLAS and NCCL are loaded when first used,$(if $(NVCC),off in this build,nvcc not found): no cuda backend)"
 	@echo "==> PyTorch (reference tests): $(if $(filter 1,$(HAVE_PYTORCH)),found,not found; reference tests will be skipped)"
 	@echo "==> build: $(BUILD) $(if $(filter 1,$(SAN)),(ASan + UBSan))"
 
@@ -215,7 +220,7 @@ endif
 	test $$fail = 0 || { echo "unit tests FAILED"; exit 1; }
 
 test-sh: $(PROGS) $(MPI_TESTS)
-	@BIN=$(abspath $(BUILD)/bin) MPITEST=$(if $(MPI_TESTS),$(abspath $(BUILD)/test/mpi)) SAN=$(SAN) HAVE_PYTORCH=$(HAVE_PYTORCH) sh test/sh/run.sh
+	@BIN=$(abspath $(BUILD)/bin) MPITEST=$(if $(MPI_TESTS),$(abspath $(BUILD)/test/mpi)) EMUTEST=$(if $(EMU_MPI_TESTS),$(abspath $(EMU_DIR))) SAN=$(SAN) HAVE_PYTORCH=$(HAVE_PYTORCH) sh test/sh/run.sh
 
 # A man page passes when groff renders it without a single warning.
 # Rendered as man(1) renders it for an 80-column terminal (tbl, UTF-8, line length 78n), where
@@ -323,7 +328,7 @@ EMU_CXXFLAGS := -std=c++20 -O1 -ffp-contract=off -Itest/emu/include -Ilib -Ikern
 	$(filter -g -fno-omit-frame-pointer -fsanitize=% -fno-sanitize-recover=% -Werror,$(OPT) \
 	$(WARN))
 EMU_OBJ := $(CU_SRC:%.cu=$(EMU_DIR)/%.o) $(EMU_DIR)/test/emu/emu.o \
-	$(EMU_DIR)/lib/backend/backend.o
+	$(EMU_DIR)/test/emu/nccl_emu.o $(EMU_DIR)/lib/backend/backend.o
 EMU_LIB_OBJ := $(filter-out $(BUILD)/lib/backend/backend.o,$(LIB_SRC:%.c=$(BUILD)/%.o))
 # the usual libraries, less the CUDA runtime's (the emulator replaces it)
 emu_comma := ,
@@ -352,6 +357,35 @@ $(EMU_DIR)/test_backend: $(BUILD)/test/unit/test_backend.o $(EMU_OBJ) $(EMU_LIB_
 	$(call say,LINK,$@)
 	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) $(shell $(PKG_CONFIG) --libs criterion) -o $@
 
+# NCCL emulated over MPI (test/emu/nccl_emu.cpp: one emulated GPU per MPI process); without
+# MPI its calls fail with "built without MPI". build/emu/test_dist_dev: test/mpi/test_dist_dev.c
+# against the emulator, run under mpirun by test/sh/t-dist-dev.sh (EMUTEST): the device
+# All-to-All (lib/dist/dist_dev.c) through the cuda backend's NCCL code (kernels/nccl.cu); and
+# build/emu/moe-bench, whose --device cuda --only=alltoall the same test runs.
+ifeq ($(HAVE_MPI),1)
+$(EMU_DIR)/test/emu/nccl_emu.o: EMU_CXXFLAGS += $(MPI_CFLAGS) -DEMU_NCCL_MPI=1
+ifeq ($(HAVE_CXX),1)
+EMU_MPI_TESTS := $(EMU_DIR)/test_dist_dev $(EMU_DIR)/moe-bench
+endif
+endif
+# (again here: test-sh's rule above is read before EMU_MPI_TESTS is set, and a rule's
+# prerequisites are expanded when it is read)
+test-sh: $(EMU_MPI_TESTS)
+
+$(EMU_DIR)/test/mpi/%.o: test/mpi/%.c
+	@mkdir -p $(@D)
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CFLAGS) $(MPI_CFLAGS) -DCORE_CUDA_EMU -MMD -MP -c $< -o $@
+
+$(EMU_DIR)/test_dist_dev: $(EMU_DIR)/test/mpi/test_dist_dev.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
+
+# moe-bench on the emulated cuda backend: --device cuda --only=alltoall under mpirun
+$(EMU_DIR)/moe-bench: $(BUILD)/cmd/moe-bench.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
+
 # the emulator against CUDA's, cuBLAS's and CUB's semantics, first
 $(EMU_DIR)/selftest: $(EMU_DIR)/test/emu/selftest.o $(EMU_DIR)/test/emu/emu.o
 	$(call say,LINK,$@)
@@ -368,7 +402,7 @@ endif
 	@CORE_CUDA_ATTENTION=fused $(EMU_DIR)/test_backend --jobs=2 \
 		--filter 'backend/@(attention|gpt2_training_step|reduced_precision_products)'
 
--include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d
+-include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d $(EMU_DIR)/test/mpi/test_dist_dev.d
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5

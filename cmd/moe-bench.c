@@ -18,6 +18,7 @@
 #include "io/trace.h"
 #include "moe/moe.h"
 #include "dist/dist_bench.h"
+#include "dist/dist_dev.h"
 #include "moe/moe_bench.h"
 #include "moe/moe_bench_dist.h"
 #include "moe/moe_dict.h"
@@ -72,7 +73,8 @@ static void usage(FILE *f)
 "  -s, --seed=N             seed for parameters, inputs and gate noise (default 1)\n"
 "  -t, --threads=N          OpenMP and BLAS threads (default: OMP_NUM_THREADS or all)\n"
 "      --device=NAME        where the layer runs: cpu (default), ref (the slow\n"
-"                           reference backend), cuda (when built, one process)\n"
+"                           reference backend), cuda (when built, one process;\n"
+"                           distributed: --only=alltoall on device memory, NCCL)\n"
 "      --precision=P        expert products in fp32 (default), tf32 or bf16 (cuda)\n"
 "  -h, --help               print this help and exit\n"
 "  -V, --version            print the version and exit\n"
@@ -629,27 +631,42 @@ static int run_dict(struct moe_bench_dist_opts *o, struct moe_bench_dist_data *d
 }
 
 /* --only=alltoall: our Linear and 2DH against MPI_Alltoall, 1 KiB to 64 MiB per rank, on
- * the layer's layouts ([E, C, M] to [E/W, W*C, M]: E/W blocks of M-float rows). */
+ * the layer's layouts ([E, C, M] to [E/W, W*C, M]: E/W blocks of M-float rows). On a device
+ * backend (not host_visible: cuda) Linear and 2DH run on device memory through its
+ * collectives (dist_dev.h, NCCL), and MPI_Alltoall on host copies is the baseline. */
 static int run_a2a(struct moe_bench_dist_opts *o)
 {
-	const int W = dist_size(o->d);
+	const int W = dist_size(o->d), dev = !o->be->host_visible;
 	struct dist_bench_opts bo;
 	struct dist_bench_row *rows = NULL;
-	int n = 0;
+	struct dist_dev *x = NULL;
+	int n = 0, rc = 0;
 
 	dist_bench_opts_default(&bo);
 	bo.reps = (int)o->iters;
 	bo.warmup = (int)o->warmup;
 	bo.nblk = o->cfg.E >= W && o->cfg.E % W == 0 ? o->cfg.E / W : 1;
 	bo.row_bytes = sizeof(float) * (size_t)o->cfg.M;
-	ERR_FORWARD(dist_bench_alltoall(o->d, &bo, &rows, &n));
+	if (dev) {
+		rc = dist_dev_open(&x, o->d, o->be);
+		if (rc == 0)
+			rc = dist_bench_alltoall_dev(o->d, x, o->be, &bo, &rows, &n);
+		dist_dev_close(x);
+	} else {
+		rc = dist_bench_alltoall(o->d, &bo, &rows, &n);
+	}
+	if (rc < 0)
+		return rc;
 	if (dist_rank(o->d) == 0) {
 		fprintf(stderr, "All-to-All on W=%d ranks (nodes of %d, %s), %d block%s of %lld-byte "
 			"rows per piece; median of %d, slowest rank\n", W, dist_local_size(o->d),
 			dist_layout_source(o->d), bo.nblk, bo.nblk == 1 ? "" : "s",
 			(long long)bo.row_bytes, bo.reps);
-		fprintf(stderr, "%12s %12s %12s %12s %10s %10s\n", "bytes/rank", "mpi ms",
-			"linear ms", "2dh ms", "lin/mpi", "2dh/mpi");
+		if (dev)
+			fprintf(stderr, "linear and 2dh on %s device memory; mpi: MPI_Alltoall on "
+				"host copies (the baseline)\n", o->be->name);
+		fprintf(stderr, "%12s %12s %12s %12s %10s %10s\n", "bytes/rank",
+			dev ? "host mpi ms" : "mpi ms", "linear ms", "2dh ms", "lin/mpi", "2dh/mpi");
 	}
 	json_t *list = json_array();
 	for (int i = 0; i < n; i++) {
@@ -670,10 +687,12 @@ static int run_a2a(struct moe_bench_dist_opts *o)
 		json_decref(list);
 		return 0;
 	}
-	json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:s, s:i, s:I, s:i, s:o}", "impl", "dist",
-			      "only", "alltoall", "W", W, "local_size", dist_local_size(o->d),
-			      "local_size_from", dist_layout_source(o->d), "blocks", bo.nblk,
-			      "row_bytes", (json_int_t)bo.row_bytes, "reps", bo.reps, "sizes", list);
+	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:s, s:i, s:I, s:i, s:o}", "impl",
+			      "dist", "only", "alltoall", "device", o->be->name, "mpi_on", "host",
+			      "W", W, "local_size",
+			      dist_local_size(o->d), "local_size_from", dist_layout_source(o->d),
+			      "blocks", bo.nblk, "row_bytes", (json_int_t)bo.row_bytes, "reps",
+			      bo.reps, "sizes", list);
 	return print_json(j);
 }
 
@@ -915,17 +934,20 @@ int main(int argc, char **argv)
 					       "--baseline=dense" : dry ? "--dry-run" :
 					       "--only=encode-decode");
 		}
-		if (strcmp(device, "cpu") != 0 && strcmp(device, "ref") != 0) {
+		if (encdec != 2 && strcmp(device, "cpu") != 0 && strcmp(device, "ref") != 0) {
 			free(trace);
 			return cli_usage_error(prog, "option '--device': the distributed layer runs "
-					       "on host memory (cpu or ref), not on '%s'", device);
+					       "on host memory (cpu or ref), not on '%s' (only "
+					       "--only=alltoall runs on it)", device);
 		}
 		struct dist *world = NULL;
 		rc = dist_open(&world, (int)local_size);
+		/* one GPU per rank of a node */
 		if (rc == 0)
 			rc = backend_open(&be, device, &(struct backend_params){
 				.threads = (int)threads,
-				.precision = (enum backend_precision)precision});
+				.precision = (enum backend_precision)precision,
+				.device = dist_rank(world) % dist_local_size(world)});
 		if (rc == 0) {
 			struct moe_bench_dist_opts dopt = {
 				.cfg = o.cfg, .be = be, .d = world, .forward_only = o.forward_only,

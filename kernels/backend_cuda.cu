@@ -184,6 +184,30 @@ static int cu_copy(struct backend *be, void *dst, const void *src, size_t bytes)
 	return 0;
 }
 
+/* cudaMemcpy2DAsync takes pitches up to the device's maximum pitch (2^31 - 1 on the GPUs we
+ * know); beyond it, one copy per row. */
+static int cu_copy_2d(struct backend *be, void *dst, size_t dpitch, const void *src,
+		      size_t spitch, size_t width, size_t rows)
+{
+	struct cuda_ctx *c = cuda_ctx_of(be);
+	if (!width || !rows)
+		return 0;
+	if (rows == 1 || (dpitch == width && spitch == width)) {
+		CUDA_TRY(cudaMemcpyAsync(dst, src, width * rows, cudaMemcpyDeviceToDevice,
+					 c->stream), "copy_2d");
+		return 0;
+	}
+	if (dpitch <= INT32_MAX && spitch <= INT32_MAX) {
+		CUDA_TRY(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
+					   cudaMemcpyDeviceToDevice, c->stream), "copy_2d");
+		return 0;
+	}
+	for (size_t i = 0; i < rows; i++)
+		CUDA_TRY(cudaMemcpyAsync((char *)dst + i * dpitch, (const char *)src + i * spitch,
+					 width, cudaMemcpyDeviceToDevice, c->stream), "copy_2d");
+	return 0;
+}
+
 static int cu_memset(struct backend *be, void *dst, int byte, size_t bytes)
 {
 	struct cuda_ctx *c = cuda_ctx_of(be);
@@ -1210,6 +1234,7 @@ static const struct backend_ops cuda_ops = {
 	.upload = cu_upload,
 	.download = cu_download,
 	.copy = cu_copy,
+	.copy_2d = cu_copy_2d,
 	.memset = cu_memset,
 	.sync = cu_sync,
 	.workspace_bytes = cu_workspace_bytes,
@@ -1241,6 +1266,10 @@ static const struct backend_ops cuda_ops = {
 	.moe_encode_backward = cuda_moe_encode_backward,
 	.profile = cu_profile,
 	.gemm_seconds = cu_gemm_seconds,
+	.comm_unique_id = cuda_comm_unique_id,
+	.comm_open = cuda_comm_open,
+	.comm_close = cuda_comm_close,
+	.comm_exchange = cuda_comm_exchange,
 };
 
 int backend_cuda_init(struct backend *be, const struct backend_params *params)
@@ -1263,8 +1292,9 @@ int backend_cuda_init(struct backend *be, const struct backend_params *params)
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the CUDA backend");
 	int rc = 0;
 	struct cudaDeviceProp prop;
-	if ((rc = cuda_fail(cudaSetDevice(0), "selecting device 0")) < 0 ||
-	    (rc = cuda_fail(cudaGetDeviceProperties(&prop, 0), "reading device 0")) < 0 ||
+	c->device = params->device > 0 ? params->device % n : 0;
+	if ((rc = cuda_fail(cudaSetDevice(c->device), "selecting the device")) < 0 ||
+	    (rc = cuda_fail(cudaGetDeviceProperties(&prop, c->device), "reading the device")) < 0 ||
 	    (rc = cuda_fail(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
 			    "creating a stream")) < 0) {
 		free(c);

@@ -24,7 +24,7 @@ extern "C" {
 #define CUDA_EV_RING 512
 
 struct cuda_ctx {
-	int device;
+	int device;              /* the GPU the backend runs on */
 	int sms;                 /* multiprocessors: grid sizes of grid-stride loops */
 	cudaStream_t stream;
 	cublasHandle_t blas;
@@ -133,5 +133,12 @@ int cuda_moe_decode_backward(struct backend *be, const struct backend_moe_route 
 			     int zero_pad);
 int cuda_moe_encode_backward(struct backend *be, const struct backend_moe_route *r,
 			     const float *d_disp, float *dx, int64_t M);
+
+
+/* The device collectives (nccl.cu), with backend.h's signatures. */
+int cuda_comm_unique_id(struct backend *be, void *id);
+int cuda_comm_open(struct backend *be, void **comm, const void *id, int nranks, int rank);
+void cuda_comm_close(struct backend *be, void *comm);
+int cuda_comm_exchange(struct backend *be, void *comm, const struct backend_xfer *x, int nx);
 
 #endif

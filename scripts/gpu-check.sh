@@ -10,6 +10,13 @@
 #   backend ops    test_backend: every op of the backend table on cuda against the reference
 #                  backend, at many shapes, aligned and misaligned, plus one GPT-2 training
 #                  step and one MoE layer step compared tensor by tensor
+#   nccl self      test_backend's comm_self_round: the real NCCL (libnccl.so.2 of the
+#                  machine or of its Python's nvidia-nccl package) on a communicator of one
+#                  process, rounds of sends and receives with itself (SKIP without NCCL); the
+#                  multi-process All-to-All needs several GPUs (test/mpi/test_dist_dev.c)
+#   fused attention
+#                  test_backend's attention cases and GPT-2 step with CORE_CUDA_ATTENTION=fused
+#                  (kernels/attention.cu), and the 50 training steps again with it
 #   moe layer      test_moe on the GPU machine's CPU (the layer itself; the cuda layer step is
 #                  in test_backend)
 #   sanitizer      compute-sanitizer memcheck over a small moe-bench step and 2 training steps
@@ -29,6 +36,9 @@
 #                  fp32 (no TF32), tf32 (torch: TF32 allowed) and bf16 (torch: autocast to
 #                  bfloat16); each must be at least torch's eager/manual in the same precision
 #   moe layer bf16 moe-bench --precision bf16 against our fp32 layer (a ratio, no verdict)
+#   attention      training tokens/s (fp32, the size above) with the cuBLAS attention and
+#                  with CORE_CUDA_ATTENTION=fused (a ratio, no verdict: the default is chosen
+#                  from it)
 # Raw outputs are kept in --out (default /tmp/gpu-check); the whole run takes 4-6 minutes on an
 # H200 (--quick: small sizes, about a minute).
 set -u
@@ -76,10 +86,16 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets
 	[ -n "$d" ] && [ -e "$d/libcublas.so.13" ] && { cublas_dir=$d; break; }
 done
 [ -n "$cublas_dir" ] || cublas_dir=$(dirname "$(ldconfig -p | awk '/libcublas.so.13 / { print $NF; exit }')" 2>/dev/null)
-export LD_LIBRARY_PATH="$pack/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NCCL, loaded by the backend when a communicator is first made: the machine's, or torch's
+nccl_dir=
+for d in /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu \
+	"$($PY -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)"; do
+	[ -n "$d" ] && [ -e "$d/libnccl.so.2" ] && { nccl_dir=$d; break; }
+done
+export LD_LIBRARY_PATH="$pack/lib${cublas_dir:+:$cublas_dir}${nccl_dir:+:$nccl_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader >"$out/gpu.txt" 2>&1
-stamp "GPU: $(cat "$out/gpu.txt"); cuBLAS from ${cublas_dir:-nowhere}; $(nproc) CPUs"
+stamp "GPU: $(cat "$out/gpu.txt"); cuBLAS from ${cublas_dir:-nowhere}; NCCL from ${nccl_dir:-nowhere}; $(nproc) CPUs"
 
 B=$pack/bin
 # ---- correctness -------------------------------------------------------------------------
@@ -90,6 +106,20 @@ ops=$(grep -c "on 'cuda'" "$out/test_backend.log")
 worst=$(grep "on 'cuda'" "$out/test_backend.log" | sed 's/.*test_backend: //' | tr '\n' ';' | cut -c1-400)
 if [ $rc = 0 ] && [ "$ops" -gt 0 ]; then row "backend ops" PASS "$ops tests on cuda; $(grep -c SKIPPED "$out/test_backend.log") skipped"; else row "backend ops" FAIL "rc $rc, $ops cuda lines (test_backend.log)"; fi
 echo "$worst" | tr ';' '\n' >>"$out/backend_summary.txt"
+if grep -q "comm_self_round on 'cuda'" "$out/test_backend.log"; then
+	row "nccl self" PASS "$(grep "comm_self_round on 'cuda'" "$out/test_backend.log" | sed 's/.*: //')"
+elif grep -q "comm_self_round: SKIPPED" "$out/test_backend.log"; then
+	row "nccl self" SKIP "$(grep "comm_self_round: SKIPPED" "$out/test_backend.log" | sed 's/.*SKIPPED //' | cut -c1-200)"
+else
+	row "nccl self" FAIL "no comm_self_round line (test_backend.log)"
+fi
+
+stamp "test_backend, fused attention"
+CORE_CUDA_ATTENTION=fused timeout 300 "$pack/test/test_backend" --jobs=4 \
+	--filter 'backend/@(attention|gpt2_training_step|reduced_precision_products)' >"$out/test_backend_fused.log" 2>&1
+rc=$?
+fa=$(grep -c "on 'cuda'" "$out/test_backend_fused.log")
+if [ $rc = 0 ] && [ "$fa" -gt 0 ]; then row "fused attention" PASS "$(grep "attention on 'cuda'" "$out/test_backend_fused.log" | sed 's/.*: //' | cut -c1-160)"; else row "fused attention" FAIL "rc $rc, $fa cuda lines (test_backend_fused.log)"; fi
 
 stamp "test_moe"
 timeout 120 "$pack/test/test_moe" --jobs=4 >"$out/test_moe.log" 2>&1
@@ -140,25 +170,27 @@ res=$(verdict train50 <"$out/train50.txt")
 row "train 50 steps" "${res%% *}" "${res#* }"
 
 # Reduced precision: the same 50 steps on cuda against the cpu's fp32 losses.
-for prec in tf32 bf16; do
+for prec in tf32 bf16 fused; do
 	stamp "train 50 steps on cuda, $prec"
 	rm -f "$out/train50-$prec.jsonl"
-	timeout 300 "$B/dpc-train-path" --device cuda --precision $prec -f -c "$here/configs/gpt-tiny.yaml" \
+	pflag="--precision $prec" attn=cublas
+	[ $prec = fused ] && pflag= attn=fused
+	CORE_CUDA_ATTENTION=$attn timeout 300 "$B/dpc-train-path" --device cuda $pflag -f -c "$here/configs/gpt-tiny.yaml" \
 		-s train.steps=50 -s train.eval_every=0 -s train.checkpoint_every=0 -d "$pack/data/val.tok" \
 		-o "$out/train50-$prec.safetensors" -m "$out/train50-$prec.jsonl" -q \
 		>"$out/train50-$prec.json" 2>"$out/train50-$prec.err"
 	$PY - "$out" $prec <<'EOF' >"$out/train50-$prec.txt" 2>&1
 import json, sys
 out, prec = sys.argv[1], sys.argv[2]
-bound = {"tf32": 1e-2, "bf16": 3e-2}[prec]
+bound = {"tf32": 1e-2, "bf16": 3e-2, "fused": 1e-3}[prec]
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{out}/train50-{name}.jsonl") if '"event":"train"' in l]
 a, b = losses("cpu"), losses(prec)
 assert len(a) == 50 and len(b) == 50, (len(a), len(b))
 rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 j = json.load(open(f"{out}/train50-{prec}.json"))
-assert j.get("precision") == prec, j
-print(f"{'PASS' if rel <= bound else 'FAIL'} max rel diff {rel:.2e} from cpu fp32 (bound {bound:g}); loss {a[-1]:.4f} fp32, {b[-1]:.4f} {prec}")
+assert j.get("precision") == (prec if prec != "fused" else "fp32"), j
+print(f"{'PASS' if rel <= bound else 'FAIL'} max rel diff {rel:.2e} from cpu fp32 (bound {bound:g}); loss {a[-1]:.4f} cpu, {b[-1]:.4f} {prec}")
 EOF
 	res=$(verdict train50-$prec <"$out/train50-$prec.txt")
 	row "train 50 $prec" "${res%% *}" "${res#* }"
@@ -218,6 +250,19 @@ EOF
 	) 2>&1 | verdict big$sfx)
 	row "training $prec" "${tr%% *}" "${tr#* }"
 done
+
+stamp "training throughput, fused attention"
+CORE_CUDA_ATTENTION=fused timeout 300 "$B/dpc-train-path" --device cuda -f -c "$here/configs/gpt-tiny.yaml" \
+	-s model.n_layer=12 -s model.n_embd=768 -s model.n_head=12 -s model.seq_len=1024 \
+	-s train.batch_size=8 -s train.steps=$IT -s train.eval_every=0 -s train.checkpoint_every=0 $TR \
+	-d "$pack/data/val.tok" -o "$out/big-fused.safetensors" -m "$out/big-fused.jsonl" -q \
+	>"$out/big-fused.json" 2>"$out/big-fused.err"
+at=$($PY -c 'import json,statistics,sys
+def f(n):
+    v = [json.loads(l)["tokens_per_s"] for l in open(f"{sys.argv[1]}/{n}.jsonl") if "\"event\":\"train\"" in l]
+    return statistics.median(v[2:] if len(v) > 3 else v)
+c,u=f("big"),f("big-fused"); print(f"INFO cublas {c:.0f} tok/s, fused {u:.0f} tok/s ({u/c:.2f}x)")' "$out" 2>&1 | verdict big-fused)
+row "attention" "${at%% *}" "${at#* }"
 
 stamp "moe layer in bf16"
 "$B/moe-bench" --device cuda --precision bf16 $LY -k 2 -n $IT -w 3 >"$out/layer-bf16.json" 2>"$out/layer-bf16.err"

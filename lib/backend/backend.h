@@ -94,6 +94,18 @@ struct backend_moe_route {
 				 * holds its kept choices in slots 0 .. min(n_e, C) - 1 */
 };
 
+/* Bytes of a communicator id (comm_unique_id): NCCL's NCCL_UNIQUE_ID_BYTES. */
+enum { BACKEND_COMM_ID_BYTES = 128 };
+
+/* One transfer of comm_exchange: bytes from buf to peer (recv = 0), or from peer into buf
+ * (recv = 1); peer is a rank of the communicator. */
+struct backend_xfer {
+	int peer;
+	int recv;
+	void *buf;
+	size_t bytes;
+};
+
 struct backend_ops {
 	/* ---- lifetime and memory ------------------------------------------------------ */
 
@@ -109,6 +121,13 @@ struct backend_ops {
 	int (*upload)(struct backend *be, void *dst, const void *host_src, size_t bytes);
 	int (*download)(struct backend *be, void *host_dst, const void *src, size_t bytes);
 	int (*copy)(struct backend *be, void *dst, const void *src, size_t bytes);
+	/* A strided copy: rows rows of width bytes, row i from src + i * spitch to dst + i *
+	 * dpitch (pitches >= width; rows or width 0: nothing). The stride copies of an
+	 * All-to-All (lib/dist/dist_dev.h) gather or scatter the blocks of a piece with it: one
+	 * call per block position instead of one copy per block. The source and destination
+	 * ranges must not overlap. */
+	int (*copy_2d)(struct backend *be, void *dst, size_t dpitch, const void *src,
+		       size_t spitch, size_t width, size_t rows);
 	int (*memset)(struct backend *be, void *dst, int byte, size_t bytes);
 	/* Wait for all queued work; returns the first error an op reported since the last
 	 * sync. Download waits by itself. */
@@ -293,6 +312,41 @@ struct backend_ops {
 	/* Wall-clock seconds spent in matrix products since profile(be, 1) (NaN if the backend
 	 * cannot tell). */
 	double (*gemm_seconds)(struct backend *be);
+
+	/* ---- device collectives (NULL where the backend has none: cpu, ref) ----------------
+	 *
+	 * Point-to-point transfers between processes, one backend (one device) per process,
+	 * on backend memory, for the MoE layer's All-to-All (lib/dist/dist_dev.h; cuda: NCCL).
+	 * A communicator joins nranks processes: one of them makes an id, which the caller
+	 * carries to the others by its own means (MPI), and each opens the communicator with
+	 * that id and its rank. Opening is collective and blocks until all nranks have joined;
+	 * processes that open several communicators open them in the same order. Only point
+	 * to point: the All-to-All algorithms (Linear, 2DH) are the caller's, written once
+	 * over these transfers and copy_2d, rather than once per backend.
+	 *
+	 * The errors are CORE_EUNSUPPORTED when the library behind them cannot be loaded (one
+	 * line saying why), CORE_EIO for a failure of the library or of a peer. */
+
+	/* id (host, BACKEND_COMM_ID_BYTES) = a new communicator id, made by one process of
+	 * the future communicator. id NULL: only check that communicators can be made here
+	 * (loads the library), so that every process can fail before any blocks in comm_open. */
+	int (*comm_unique_id)(struct backend *be, void *id);
+	/* *comm = this process, rank rank of nranks, in the communicator of id. */
+	int (*comm_open)(struct backend *be, void **comm, const void *id, int nranks, int rank);
+	/* Waits for the transfers queued on comm, then frees it (NULL is allowed). */
+	void (*comm_close)(struct backend *be, void *comm);
+	/* One round of transfers (host array x of nx entries), queued on the backend's queue
+	 * after the ops before it and before those after it, like any op: every send and
+	 * receive of the round may proceed at once (no order among them, so no deadlock
+	 * between peers that each send before they receive), and the round is complete when
+	 * the queue has run past it (sync, download). Between two processes, the k-th send of
+	 * one to the other matches the k-th receive of the other from it, rounds in order,
+	 * and the two must have the same bytes; entries of 0 bytes are skipped (on both sides).
+	 * Buffers are backend memory and must not be touched until the round is complete. A
+	 * mismatch (bytes, a missing partner) is an error where the library detects it, and
+	 * a hang where it does not (NCCL mostly does not): the caller's to prevent. */
+	int (*comm_exchange)(struct backend *be, void *comm, const struct backend_xfer *x,
+			     int nx);
 };
 
 struct backend {
@@ -311,6 +365,8 @@ struct backend_params {
 	int threads; /* cpu: OpenMP and BLAS threads (default: OMP_NUM_THREADS or all cores) */
 	enum backend_precision precision; /* of the matrix products (default fp32); a backend
 					   * without it is CORE_EUSAGE at backend_open */
+	int device;  /* cuda: the GPU, counted modulo the GPUs present (default 0); one process
+		      * per GPU passes its rank on the node */
 };
 
 /* Open the backend registered under name (params may be NULL). An unknown name, or one this

@@ -9,6 +9,10 @@
  * frequency scaling) falls on all three rather than on whichever ran then. Buffers are
  * allocated once for the largest size and written before the first timing: fresh pages
  * cost more than the transfer on these machines.
+ *
+ * The device benchmark (dist_bench_alltoall_dev) follows the same schedule; a device exchange
+ * is timed from its call to the backend's sync, since it only queues the work, and the host
+ * MPI_Alltoall beside it runs on host buffers holding the same bytes.
  */
 #include "dist/dist_bench.h"
 
@@ -16,8 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "common/err.h"
 #include "common/stats.h"
+#include "dist/dist_dev.h"
 #include "common/banned.h"
 
 enum { NALG = 3 };
@@ -66,9 +72,31 @@ static int verify(enum dist_a2a a, const unsigned char *got, const unsigned char
 		       want[i]);
 }
 
-int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
-			struct dist_bench_row **rows, int *nrows)
+/* Where the algorithms run: host buffers (x NULL), or LINEAR and 2DH on the device buffers
+ * ds, dr of x's backend while MPI runs on the host ones. */
+struct bench {
+	struct dist *d;
+	struct dist_dev *x;
+	struct backend *be;
+	void *ds, *dr;
+};
+
+/* One exchange of algorithm a; on the device until the backend has run it. */
+static int bench_round(const struct bench *b, int a, const struct dist_span *hs,
+		       const struct dist_span *hr, int nblk, int64_t n, size_t rb)
 {
+	if (!b->x || a == DIST_A2A_MPI)
+		return dist_alltoall(b->d, (enum dist_a2a)a, hs, hr, nblk, n, rb);
+	struct dist_span ds = {b->ds, hs->rows, hs->row0, hs->interleaved};
+	struct dist_span dr = {b->dr, hr->rows, hr->row0, hr->interleaved};
+	ERR_FORWARD(dist_dev_alltoall(b->x, (enum dist_a2a)a, &ds, &dr, nblk, n, rb));
+	return b->be->op->sync(b->be);
+}
+
+static int bench_run(struct bench *b, const struct dist_bench_opts *o,
+		     struct dist_bench_row **rows, int *nrows)
+{
+	struct dist *d = b->d;
 	const size_t *sizes = o->sizes ? o->sizes : default_sizes;
 	const int ns = o->sizes ? o->nsizes : (int)(sizeof default_sizes / sizeof default_sizes[0]);
 	const int W = dist_size(d);
@@ -88,8 +116,8 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 		int64_t n = 0;
 		size_t rb = 0;
 		ERR_FORWARD(shape(sizes[i], W, o, &n, &rb));
-		size_t b = (size_t)W * (size_t)o->nblk * (size_t)n * rb;
-		most = b > most ? b : most;
+		size_t bytes = (size_t)W * (size_t)o->nblk * (size_t)n * rb;
+		most = bytes > most ? bytes : most;
 	}
 	s = malloc(most);
 	r = malloc(most);
@@ -111,6 +139,15 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 	}
 	memset(r, 0, most);
 	memset(ref, 0, most);
+	if (b->x) { /* the same bytes on the device */
+		rc = b->be->op->alloc(b->be, &b->ds, most);
+		if (rc == 0)
+			rc = b->be->op->alloc(b->be, &b->dr, most);
+		if (rc == 0)
+			rc = b->be->op->upload(b->be, b->ds, s, most);
+		if ((rc = dist_agree_rc(d, rc)) < 0)
+			goto out;
+	}
 
 	for (int i = 0; i < ns; i++) {
 		int64_t n = 0;
@@ -125,7 +162,12 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 			if (a == DIST_A2A_MPI)
 				continue;
 			memset(r, 0, bytes);
-			rc = dist_alltoall(d, (enum dist_a2a)a, &ss, &rs, o->nblk, n, rb);
+			if (b->x)
+				rc = b->be->op->memset(b->be, b->dr, 0, bytes);
+			if (rc == 0)
+				rc = bench_round(b, a, &ss, &rs, o->nblk, n, rb);
+			if (rc == 0 && b->x)
+				rc = b->be->op->download(b->be, r, b->dr, bytes);
 			if (rc == 0)
 				rc = verify((enum dist_a2a)a, r, ref, bytes, sizes[i], W, n, rb);
 		}
@@ -133,8 +175,7 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 			goto out;
 		for (int w = 0; w < o->warmup; w++)
 			for (int a = 0; a < NALG; a++)
-				if ((rc = dist_alltoall(d, (enum dist_a2a)a, &ss, &rs, o->nblk, n,
-							rb)) < 0)
+				if ((rc = bench_round(b, a, &ss, &rs, o->nblk, n, rb)) < 0)
 					goto out;
 		for (int k = 0; k < o->reps; k++)
 			for (int j = 0; j < NALG; j++) {
@@ -142,8 +183,7 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 				if ((rc = dist_barrier(d)) < 0)
 					goto out;
 				double t0 = dist_time();
-				if ((rc = dist_alltoall(d, (enum dist_a2a)a, &ss, &rs, o->nblk, n,
-							rb)) < 0)
+				if ((rc = bench_round(b, a, &ss, &rs, o->nblk, n, rb)) < 0)
 					goto out;
 				t[(size_t)a * (size_t)o->reps + (size_t)k] = dist_time() - t0;
 			}
@@ -161,10 +201,29 @@ int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 	*nrows = ns;
 	out = NULL;
 out:
+	if (b->x) {
+		b->be->op->free(b->be, b->ds);
+		b->be->op->free(b->be, b->dr);
+	}
 	free(s);
 	free(r);
 	free(ref);
 	free(t);
 	free(out);
 	return rc;
+}
+
+int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
+			struct dist_bench_row **rows, int *nrows)
+{
+	struct bench b = {.d = d};
+	return bench_run(&b, o, rows, nrows);
+}
+
+int dist_bench_alltoall_dev(struct dist *d, struct dist_dev *x, struct backend *be,
+			    const struct dist_bench_opts *o, struct dist_bench_row **rows,
+			    int *nrows)
+{
+	struct bench b = {.d = d, .x = x, .be = be};
+	return bench_run(&b, o, rows, nrows);
 }

@@ -46,4 +46,18 @@ struct dist_bench_row {
 int dist_bench_alltoall(struct dist *d, const struct dist_bench_opts *o,
 			struct dist_bench_row **rows, int *nrows);
 
+struct dist_dev;
+struct backend;
+
+/* The same benchmark on device memory (dist_dev.h): seconds[DIST_A2A_LINEAR] and
+ * seconds[DIST_A2A_2DH] time dist_dev_alltoall on backend buffers up to the backend's sync
+ * (the exchange is queued, so its time is until it is done), and seconds[DIST_A2A_MPI] is
+ * the host MPI_Alltoall on host copies of the same data (dist_alltoall, the baseline: what
+ * a program without device collectives would do, less its device to host copies). Once per
+ * size both device outputs are downloaded and compared with the host MPI's, byte for byte.
+ * Errors as dist_bench_alltoall's, and the backend's. */
+int dist_bench_alltoall_dev(struct dist *d, struct dist_dev *x, struct backend *be,
+			    const struct dist_bench_opts *o, struct dist_bench_row **rows,
+			    int *nrows);
+
 #endif

@@ -278,6 +278,7 @@ const char *cudaGetErrorString(cudaError_t error)
 	case cudaErrorInvalidValue: return "invalid argument";
 	case cudaErrorMemoryAllocation: return "out of memory";
 	case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+	case cudaErrorInvalidPitchValue: return "invalid pitch argument";
 	case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
 	case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient";
 	case cudaErrorNoDevice: return "no CUDA-capable device is detected";
@@ -355,6 +356,41 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 	if (overlap(dst, bytes, src, bytes))
 		die("cudaMemcpyAsync(%p, %p, %zu): the ranges overlap", dst, src, bytes);
 	memcpy(dst, src, bytes);
+	return cudaSuccess;
+}
+
+/* Device to device only (what kernels/ asks for); every row inside one allocation on each
+ * side, no row of the destination overlapping a row of the source. */
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+			      size_t width, size_t height, enum cudaMemcpyKind kind,
+			      cudaStream_t stream)
+{
+	if (!stream_ok(stream)) {
+		warn("cudaMemcpy2DAsync: %p is not a stream", (void *)stream);
+		return cudaErrorInvalidResourceHandle;
+	}
+	if (kind != cudaMemcpyDeviceToDevice) {
+		warn("cudaMemcpy2DAsync: kind %d: the emulator has device to device only", kind);
+		return cudaErrorInvalidMemcpyDirection;
+	}
+	if (dpitch < width || spitch < width) {
+		warn("cudaMemcpy2DAsync: pitches %zu and %zu below the width %zu", dpitch, spitch,
+		     width);
+		return cudaErrorInvalidPitchValue;
+	}
+	if (!width || !height)
+		return cudaSuccess;
+	const size_t dspan = (height - 1) * dpitch + width, sspan = (height - 1) * spitch + width;
+	need_device(dst, dspan, "cudaMemcpy2DAsync destination");
+	need_device(src, sspan, "cudaMemcpy2DAsync source");
+	for (size_t i = 0; i < height; i++)
+		for (size_t j = 0; overlap(dst, dspan, src, sspan) && j < height; j++)
+			if (overlap((char *)dst + i * dpitch, width, (const char *)src + j * spitch,
+				    width))
+				die("cudaMemcpy2DAsync: row %zu of the destination overlaps row %zu "
+				    "of the source", i, j);
+	for (size_t i = 0; i < height; i++)
+		memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
 	return cudaSuccess;
 }
 
@@ -438,6 +474,17 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 }
 
 } /* extern "C" */
+
+int emu_is_device_range(const void *p, size_t bytes)
+{
+	auto it = alloc_of(p);
+	return it != allocs.end() && (uintptr_t)p + bytes <= it->first + it->second;
+}
+
+int emu_is_stream(cudaStream_t s)
+{
+	return stream_ok(s);
+}
 
 /* ---- user-level threads ---------------------------------------------------------------------
  * emu_fiber_switch(save, load): push the callee-saved registers and the floating-point control

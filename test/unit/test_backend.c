@@ -538,6 +538,35 @@ static int run_sum(struct backend *be, void *const *p, const struct kase *k)
 	return be->op->sum(be, p[0], p[1], (size_t)k->i[0], k->i[1]);
 }
 
+/* copy_2d: i[] dpitch, spitch, width, rows in floats (the op counts bytes); p[] dst, src. */
+static int run_copy_2d(struct backend *be, void *const *p, const struct kase *k)
+{
+	const size_t f = sizeof(float);
+	return be->op->copy_2d(be, p[0], (size_t)k->i[0] * f, p[1], (size_t)k->i[1] * f,
+			       (size_t)k->i[2] * f, (size_t)k->i[3]);
+}
+
+/* Strided copies: rows of width floats between pitches, the destination preset so that what
+ * lies between its rows must come back untouched. */
+static void copy_2d_cases(struct harness *h)
+{
+	static const int sh[][4] = {
+		/* dpitch, spitch, width, rows */
+		{5, 5, 5, 3},   {7, 5, 5, 4},   {5, 9, 3, 6},   {64, 17, 17, 5},
+		{3, 100, 3, 33}, {1, 1, 1, 1},   {8, 8, 0, 4},   {9, 4, 4, 0},
+	};
+	for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++) {
+		const int dp = sh[s][0], sp = sh[s][1], w = sh[s][2], rows = sh[s][3];
+		struct kase *k = kase_new("copy_2d", run_copy_2d, "copy_2d dpitch=%d spitch=%d "
+					  "width=%d rows=%d (floats)", dp, sp, w, rows);
+		k->i[0] = dp, k->i[1] = sp, k->i[2] = w, k->i[3] = rows;
+		const size_t r1 = (size_t)(rows ? rows : 1), nd = r1 * (size_t)dp, ns = r1 * (size_t)sp;
+		OUT(k, "dst", F32, nd, randn(k, nd, 0, 1), TOL_EXACT);
+		IN(k, "src", F32, ns, randn(k, ns, 0, 1));
+		run_case(h, k, 0);
+	}
+}
+
 static void fills_and_sums(struct harness *h)
 {
 	static const int ns[] = {0, 1, 3, 7, 16, 17, 32, 33, 100, 1000, 4097};
@@ -583,6 +612,7 @@ static void fills_and_sums(struct harness *h)
 			run_case(h, k, 0);
 		}
 	}
+	copy_2d_cases(h);
 	/* a long sum: double accumulation is the contract */
 	for (int sq = 0; sq < 2; sq++) {
 		struct kase *k = kase_new("sum", run_sum, "sum n=100003 squares=%d", sq);
@@ -2121,5 +2151,83 @@ Test(backend, reduced_precision_products, .timeout = 120)
 			backend_close(be32);
 			backend_close(be);
 		}
+	}
+}
+
+/* ---- device collectives on one process ------------------------------------------------ *
+ * A communicator of this process alone and rounds of transfers with itself: the k-th send
+ * to a peer meets the k-th receive from it, whatever the sizes. This is where a machine with
+ * one GPU runs the real NCCL (loading it, a communicator, a group of sends and receives);
+ * the All-to-All over several processes is test/mpi/test_dist_dev.c's, under mpirun. Skipped
+ * where the backend has no collectives (cpu, ref) or cannot make a communicator here (no
+ * GPU; no NCCL library; the emulator's NCCL outside mpirun). */
+Test(backend, comm_self_round)
+{
+	char list[256], *save = NULL;
+	snprintf(list, sizeof list, "%s", backend_names());
+	for (char *name = strtok_r(list, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
+		struct backend *be = NULL;
+		int rc = backend_open(&be, name, NULL);
+		if (rc == CORE_EUNSUPPORTED)
+			continue; /* built, no device: the other tests say so */
+		cr_assert_eq(rc, 0, "%s: %s", name, err_detail());
+		if (!be->op->comm_exchange) {
+			cr_assert(!be->op->comm_unique_id && !be->op->comm_open && !be->op->comm_close,
+				  "%s: some collectives but not comm_exchange", name);
+			backend_close(be);
+			continue;
+		}
+		if ((rc = be->op->comm_unique_id(be, NULL)) < 0) {
+			fprintf(stderr, "test_backend: comm_self_round: SKIPPED backend '%s': no "
+				"communicator here (%s)\n", name, err_detail());
+			backend_close(be);
+			continue;
+		}
+		unsigned char id[BACKEND_COMM_ID_BYTES];
+		void *comm = NULL;
+		cr_assert_eq(be->op->comm_unique_id(be, id), 0, "%s: %s", name, err_detail());
+		cr_assert_eq(be->op->comm_open(be, &comm, id, 1, 0), 0, "%s: %s", name, err_detail());
+		/* three sends and three receives in one round, sizes 1, 4099 and 1 MiB + 3, and an
+		 * empty entry on each side */
+		static const size_t sz[] = {1, 0, 4099, ((size_t)1 << 20) + 3};
+		enum { NS = sizeof sz / sizeof sz[0] };
+		size_t total = 0;
+		for (int i = 0; i < NS; i++)
+			total += sz[i];
+		unsigned char *h = malloc(total), *back = malloc(total);
+		cr_assert(h && back);
+		for (size_t i = 0; i < total; i++)
+			h[i] = (unsigned char)(i * 7 + i / 251 + 3);
+		void *src, *dst;
+		cr_assert_eq(be->op->alloc(be, &src, total), 0);
+		cr_assert_eq(be->op->alloc(be, &dst, total), 0);
+		cr_assert_eq(be->op->upload(be, src, h, total), 0);
+		cr_assert_eq(be->op->memset(be, dst, 0xa5, total), 0);
+		struct backend_xfer x[2 * NS];
+		size_t off = 0;
+		for (int i = 0; i < NS; i++) {
+			/* receives listed first: the order within a round does not matter */
+			x[i] = (struct backend_xfer){0, 1, (char *)dst + off, sz[i]};
+			x[NS + i] = (struct backend_xfer){0, 0, (char *)src + off, sz[i]};
+			off += sz[i];
+		}
+		for (int round = 0; round < 2; round++) {
+			cr_assert_eq(be->op->comm_exchange(be, comm, x, 2 * NS), 0, "%s round %d: %s",
+				     name, round, err_detail());
+			cr_assert_eq(be->op->download(be, back, dst, total), 0, "%s: %s", name,
+				     err_detail());
+			cr_assert(memcmp(h, back, total) == 0, "%s round %d: the bytes received differ "
+				  "from those sent", name, round);
+			cr_assert_eq(be->op->memset(be, dst, 0, total), 0);
+		}
+		be->op->comm_close(be, comm);
+		be->op->free(be, src);
+		be->op->free(be, dst);
+		free(h);
+		free(back);
+		fprintf(stderr, "test_backend: comm_self_round on '%s': 2 rounds of 4 sends and 4 "
+			"receives with itself (1 B to 1 MiB, an empty one), the same bytes back\n",
+			name);
+		backend_close(be);
 	}
 }

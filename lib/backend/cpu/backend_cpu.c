@@ -110,6 +110,14 @@ static int cpu_copy(struct backend *be, void *dst, const void *src, size_t bytes
 	return 0;
 }
 
+static int cpu_copy_2d(struct backend *be, void *dst, size_t dpitch, const void *src,
+		       size_t spitch, size_t width, size_t rows)
+{
+	for (size_t i = 0; width && i < rows; i++)
+		memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+	return 0;
+}
+
 static int cpu_memset(struct backend *be, void *dst, int byte, size_t bytes)
 {
 	memset(dst, byte, bytes);
@@ -983,6 +991,7 @@ static const struct backend_ops cpu_ops = {
 	.upload = cpu_copy,
 	.download = cpu_copy,
 	.copy = cpu_copy,
+	.copy_2d = cpu_copy_2d,
 	.memset = cpu_memset,
 	.sync = cpu_sync,
 	.workspace_bytes = cpu_workspace_bytes,

@@ -89,6 +89,14 @@ static int ref_copy(struct backend *be, void *dst, const void *src, size_t bytes
 	return 0;
 }
 
+static int ref_copy_2d(struct backend *be, void *dst, size_t dpitch, const void *src,
+		       size_t spitch, size_t width, size_t rows)
+{
+	for (size_t i = 0; width && i < rows; i++)
+		memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+	return 0;
+}
+
 static int ref_memset(struct backend *be, void *dst, int byte, size_t bytes)
 {
 	if (bytes)
@@ -975,6 +983,7 @@ static const struct backend_ops ref_ops = {
 	.upload = ref_upload,
 	.download = ref_download,
 	.copy = ref_copy,
+	.copy_2d = ref_copy_2d,
 	.memset = ref_memset,
 	.sync = ref_sync,
 	.workspace_bytes = ref_workspace_bytes,

@@ -194,6 +194,7 @@ enum cudaError {
 	cudaErrorInvalidValue = 1,
 	cudaErrorMemoryAllocation = 2,
 	cudaErrorInvalidConfiguration = 9,
+	cudaErrorInvalidPitchValue = 12,
 	cudaErrorInvalidMemcpyDirection = 21,
 	cudaErrorInsufficientDriver = 35,
 	cudaErrorNoDevice = 100,
@@ -243,6 +244,9 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
 			    cudaStream_t stream = 0);
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+			      size_t width, size_t height, enum cudaMemcpyKind kind,
+			      cudaStream_t stream = 0);
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream = 0);
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);
@@ -293,5 +297,10 @@ static inline void emu_launch(const char *kernel, const void *func, const char *
 
 /* The running launch's dynamic shared memory (its smem bytes, poisoned before each block). */
 void *emu_dyn_shared(void);
+
+/* For the emulated NCCL (nccl_emu.cpp): 1 when [p, p + bytes) lies inside one device
+ * allocation, and when s is a stream (or 0). */
+int emu_is_device_range(const void *p, size_t bytes);
+int emu_is_stream(cudaStream_t s);
 
 #endif
