@@ -133,12 +133,12 @@ NVCCFLAGS += -std=c++20 $(CUDA_ARCH) -DCORE_VERSION='"$(VERSION)"' -Ilib -Ikerne
 	-Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 # cuBLAS is not linked but loaded when the cuda device is opened (kernels/cublas_dl.c: linked,
 # it costs every program ~215 MiB of memory at start), NCCL when a communicator is first made
-# (kernels/nccl_dl.c); the CUDA runtime is linked statically.
-LIB_OBJ += $(CU_OBJ) $(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o
+# (kernels/nccl_dl.c), both through kernels/dl_load.c; the CUDA runtime is linked statically.
+LIB_OBJ += $(CU_OBJ) $(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o $(BUILD)/kernels/dl_load.o
 LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt \
 	-lpthread
 $(BUILD)/lib/backend/backend.o: CFLAGS += -DCORE_HAVE_CUDA=1
-$(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o: $(BUILD)/kernels/%.o: kernels/%.c
+$(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o $(BUILD)/kernels/dl_load.o: $(BUILD)/kernels/%.o: kernels/%.c
 	@mkdir -p $(@D)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CFLAGS) -isystem $(CUDA_HOME)/include -MMD -MP -c $< -o $@

@@ -54,20 +54,27 @@ static int blas_fail(cublasStatus_t s, const char *what)
 		       "cublas: %s: %s", what, cublasGetStatusString(s));
 }
 
+/* *buf (of *have bytes) grown to at least bytes, by half again so that a slowly growing
+ * demand does not reallocate often; the stream is drained before the old one goes. */
+static int grow(struct cuda_ctx *c, void **buf, size_t *have, size_t bytes, const char *what)
+{
+	if (bytes <= *have)
+		return 0;
+	size_t want = bytes + bytes / 2;
+	if (*buf) {
+		CUDA_TRY(cudaStreamSynchronize(c->stream), "workspace: waiting for the stream");
+		cudaFree(*buf);
+		*buf = NULL;
+		*have = 0;
+	}
+	CUDA_TRY(cudaMalloc(buf, want), what);
+	*have = want;
+	return 0;
+}
+
 int cuda_workspace(struct cuda_ctx *c, size_t bytes, void **out)
 {
-	if (bytes > c->ws_bytes) {
-		/* grow by half again, so that a slowly growing demand does not reallocate often */
-		size_t want = bytes + bytes / 2;
-		if (c->ws) {
-			CUDA_TRY(cudaStreamSynchronize(c->stream), "workspace: waiting for the stream");
-			cudaFree(c->ws);
-			c->ws = NULL;
-			c->ws_bytes = 0;
-		}
-		CUDA_TRY(cudaMalloc(&c->ws, want), "workspace allocation");
-		c->ws_bytes = want;
-	}
+	ERR_FORWARD(grow(c, &c->ws, &c->ws_bytes, bytes, "workspace allocation"));
 	*out = c->ws;
 	return 0;
 }
@@ -356,21 +363,10 @@ static int to_bf16(struct cuda_ctx *c, const float *x, size_t n, size_t *off,
 	return 0;
 }
 
-/* c->lp of at least bytes (grown as cuda_workspace grows ws). */
+/* c->lp of at least bytes. */
 static int lp_workspace(struct cuda_ctx *c, size_t bytes)
 {
-	if (bytes <= c->lp_bytes)
-		return 0;
-	size_t want = bytes + bytes / 2;
-	if (c->lp) {
-		CUDA_TRY(cudaStreamSynchronize(c->stream), "workspace: waiting for the stream");
-		cudaFree(c->lp);
-		c->lp = NULL;
-		c->lp_bytes = 0;
-	}
-	CUDA_TRY(cudaMalloc(&c->lp, want), "bfloat16 workspace allocation");
-	c->lp_bytes = want;
-	return 0;
+	return grow(c, &c->lp, &c->lp_bytes, bytes, "bfloat16 workspace allocation");
 }
 
 /* Row-major C = alpha op(A) op(B) + beta C as cuBLAS's column-major C^T = op(B)^T op(A)^T,

@@ -11,11 +11,11 @@
  * cublasGetStatusString says why, which the backend reports as its open error.
  */
 #include <cublas_v2.h>
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 
 #include "common/banned.h"
+#include "dl_load.h"
 
 #define CUBLAS_SONAME "libcublas.so.13"
 
@@ -35,19 +35,7 @@ static struct {
 
 static void load(void)
 {
-	void *lib = dlopen(CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
-	if (!lib)
-		lib = dlopen("/usr/local/cuda/lib64/" CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
-	if (!lib) {
-		const char *e = dlerror();
-		snprintf(api.why, sizeof api.why, "cannot load %s (%s)", CUBLAS_SONAME,
-			 e ? e : "not found");
-		return;
-	}
-	static const struct {
-		const char *name;
-		void **slot;
-	} sym[] = {
+	static const struct dl_sym sym[] = {
 		{"cublasCreate_v2", (void **)&api.create},
 		{"cublasDestroy_v2", (void **)&api.destroy},
 		{"cublasSetStream_v2", (void **)&api.set_stream},
@@ -57,16 +45,7 @@ static void load(void)
 		{"cublasSgemmStridedBatched", (void **)&api.sgemm_sb},
 		{"cublasGemmStridedBatchedEx", (void **)&api.gemm_sb_ex},
 	};
-	for (size_t i = 0; i < sizeof sym / sizeof sym[0]; i++) {
-		*sym[i].slot = dlsym(lib, sym[i].name);
-		if (!*sym[i].slot) {
-			snprintf(api.why, sizeof api.why, "%s has no %s", CUBLAS_SONAME,
-				 sym[i].name);
-			dlclose(lib);
-			return;
-		}
-	}
-	api.lib = lib;
+	api.lib = dl_load(CUBLAS_SONAME, sym, sizeof sym / sizeof sym[0], api.why, sizeof api.why);
 }
 
 static int loaded(void)

@@ -8,12 +8,12 @@
  * returns ncclSystemError, and ncclGetErrorString says why in one line ("cannot load
  * libnccl.so.2 (...)"), which the backend reports when a communicator is first asked for.
  */
-#include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdio.h>
 
 #include "common/banned.h"
+#include "dl_load.h"
 
 #define NCCL_SONAME "libnccl.so.2"
 
@@ -35,19 +35,7 @@ static struct {
 
 static void load(void)
 {
-	void *lib = dlopen(NCCL_SONAME, RTLD_NOW | RTLD_LOCAL);
-	if (!lib)
-		lib = dlopen("/usr/local/cuda/lib64/" NCCL_SONAME, RTLD_NOW | RTLD_LOCAL);
-	if (!lib) {
-		const char *e = dlerror();
-		snprintf(api.why, sizeof api.why, "cannot load %s (%s)", NCCL_SONAME,
-			 e ? e : "not found");
-		return;
-	}
-	static const struct {
-		const char *name;
-		void **slot;
-	} sym[] = {
+	static const struct dl_sym sym[] = {
 		{"ncclGetVersion", (void **)&api.get_version},
 		{"ncclGetUniqueId", (void **)&api.get_unique_id},
 		{"ncclCommInitRank", (void **)&api.init_rank},
@@ -59,15 +47,7 @@ static void load(void)
 		{"ncclSend", (void **)&api.send},
 		{"ncclRecv", (void **)&api.recv},
 	};
-	for (size_t i = 0; i < sizeof sym / sizeof sym[0]; i++) {
-		*sym[i].slot = dlsym(lib, sym[i].name);
-		if (!*sym[i].slot) {
-			snprintf(api.why, sizeof api.why, "%s has no %s", NCCL_SONAME, sym[i].name);
-			dlclose(lib);
-			return;
-		}
-	}
-	api.lib = lib;
+	api.lib = dl_load(NCCL_SONAME, sym, sizeof sym / sizeof sym[0], api.why, sizeof api.why);
 }
 
 static int loaded(void)
