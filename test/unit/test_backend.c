@@ -126,8 +126,9 @@ static const struct {
 	 * compared with the exact sum (ref's fp32 op on the widened inputs, see arg.exact), not
 	 * with ref's bfloat16, and allowed half a bfloat16 ulp of the result (the rounding) plus
 	 * this, the float32 sum's error: up to 6 roundings of sums of up to 6 O(1) terms, so
-	 * ~6 * 2^-24 * 24 < 1e-5 absolute. A wrong rounding (truncation: up to a whole ulp, 2^-8
-	 * relative and more) or a missed term is far above it. */
+	 * ~6 * 2^-24 * 24 < 1e-5 absolute. The rounding alone may use all of the half ulp (the
+	 * largest error reported is then ~1.0 of the tolerance); a wrong rounding (truncation:
+	 * up to a whole ulp) or a missed term is far above it. */
 	[TOL_BF16_SUM] = {"bf16-sum", 1e-5, 1e-6},
 	/* d_eo of decode_backward_bf16: the float32 product (2^-24 relative) rounded once */
 	[TOL_BF16_ROUND] = {"bf16-round", 0, 1e-7},
