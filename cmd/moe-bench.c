@@ -77,7 +77,7 @@ static void usage(FILE *f)
 "                           distributed: --only=alltoall on device memory, NCCL)\n"
 "      --precision=P        expert products in fp32 (default), tf32 or bf16 (cuda)\n"
 "      --dtype=TYPE         rows of --only=encode-decode: fp32 (default) or bf16\n"
-"                           (the bfloat16 kernels: ref, cuda)\n"
+"                           (bfloat16 rows: the device's bfloat16 kernels)\n"
 "  -h, --help               print this help and exit\n"
 "  -V, --version            print the version and exit\n"
 "Distributed (mpirun -np W; see moe-bench(1), DISTRIBUTED RUNS):\n"
@@ -990,7 +990,7 @@ int main(int argc, char **argv)
 		backend_close(be);
 		free(trace);
 		return cli_usage_error(prog, "option '--dtype': device '%s' has no bfloat16 "
-				       "encode and decode (ref and cuda have)", device);
+				       "encode and decode", device);
 	}
 	if (rc == 0) {
 		o.be = be;

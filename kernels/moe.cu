@@ -1184,10 +1184,11 @@ gather_kernel(const int32_t *__restrict__ idx, const int32_t *__restrict__ loc,
 						float v[W];
 						load_group<S, VEC>(src, g, M, v);
 #pragma unroll
-						for (int e = 0; e < W; e++)
-							acc[i][e] = WEIGHTED
-									? fmaf(s, v[e], acc[i][e])
-									: __fadd_rn(acc[i][e], v[e]);
+						for (int e = 0; e < W; e++) {
+							float &a = acc[i][e];
+							a = WEIGHTED ? fmaf(s, v[e], a)
+								     : __fadd_rn(a, v[e]);
+						}
 					}
 				}
 			}
@@ -1239,7 +1240,7 @@ decode_backward_kernel(const int32_t *__restrict__ idx, const int32_t *__restric
 						float a[W], b[W], sa[W];
 						load_group<S, VEC>(gy, g, M, a);
 						load_group<S, VEC>(o, g, M, b);
-						/* past M (scalar path only) a and b are 0: skipped */
+						/* past M (scalar path): a, b 0, skipped */
 #pragma unroll
 						for (int e = 0; e < W; e++) {
 							if (VEC || e == 0 || W * g + e < M)

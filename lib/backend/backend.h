@@ -327,7 +327,8 @@ struct backend_ops {
 	int (*moe_encode_backward)(struct backend *be, const struct backend_moe_route *r,
 				   const float *d_disp, float *dx, int64_t M);
 
-	/* The four dispatch ops above on bfloat16 data (NULL where a backend lacks them: cpu).
+	/* The four dispatch ops above on bfloat16 data (NULL where a backend lacks them; cpu,
+	 * ref and cuda have them).
 	 * A bfloat16 is a uint16_t holding the upper half of a float32 (8 exponent bits, 7
 	 * stored mantissa bits); bf(v) below is v rounded to it, to nearest, ties to even (a
 	 * NaN stays a NaN). The routing (idx, loc, score, count) and dscore stay float32; only

@@ -165,7 +165,7 @@ int moe_encode_decode(struct moe_layer *l, const float *x, float *disp, float *y
 		      const float *dy, float *dscore, float *dx, int backward,
 		      struct moe_times *times);
 /* The same on bfloat16 rows (backend.h's moe_*_bf16 ops; dscore stays float):
- * CORE_EUNSUPPORTED when the backend lacks them (cpu). */
+ * CORE_EUNSUPPORTED when the backend lacks them. */
 int moe_encode_decode_bf16(struct moe_layer *l, const uint16_t *x, uint16_t *disp, uint16_t *y,
 			   const uint16_t *dy, float *dscore, uint16_t *dx, int backward,
 			   struct moe_times *times);

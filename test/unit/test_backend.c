@@ -1855,11 +1855,10 @@ static void moe_dispatch_bf16(struct harness *h)
 				run_case(h, k, 0);
 			}
 		{
-			struct kase *k = kase_new("moe_encode_backward_bf16",
-						  run_encode_backward_bf16,
-						  "moe_encode_backward_bf16 T=%lld M=%lld E=%d k=%d "
-						  "C=%lld", (long long)T, (long long)M, E, K,
-						  (long long)C);
+			struct kase *k = kase_new(
+				"moe_encode_backward_bf16", run_encode_backward_bf16,
+				"moe_encode_backward_bf16 T=%lld M=%lld E=%d k=%d C=%lld",
+				(long long)T, (long long)M, E, K, (long long)C);
 			struct kase *k32 = kase_new("moe_encode_backward", run_encode_backward,
 						    "%s (fp32)", k->what);
 			struct route r;
