@@ -159,6 +159,10 @@ struct arg {
 	const float *exact;   /* BF16 outputs of a sum: the unrounded values (host), which the
 			       * tested run and ref's are each compared with instead of with
 			       * each other, allowing half a bfloat16 ulp (see TOL_BF16_SUM) */
+	int ties;             /* with exact: the exact values are exact (not rounded to float), so
+			       * a tie must go to the even neighbour: sums of a few bfloat16
+			       * values (encode backward), which are exact in float and often
+			       * ties, unlike decode's products with float scores */
 	void *want, *got;     /* ref's result, the first tested run's result */
 };
 
@@ -394,12 +398,16 @@ static double bf16_half_ulp(double v)
 }
 
 /* Element e of a bfloat16 output with exact values: |v - exact| <= half an ulp of v + atol +
- * rtol |exact|; returns the fraction of that used. */
+ * rtol |exact|, and, where a->ties, at a tie (|v - exact| half an ulp exactly) v is the even
+ * neighbour; returns the fraction of the bound used. */
 static double bf16_close(const struct kase *k, const struct arg *a, size_t e, double v,
 			 const char *who)
 {
 	double x = a->exact[e], d = fabs(v - x);
 	double lim = bf16_half_ulp(v) + tols[a->tol].atol + tols[a->tol].rtol * fabs(x);
+	if (a->ties && d == bf16_half_ulp(v) && (backend_bf16_from_float((float)v) & 1u))
+		cr_assert_fail("%s [%s]: '%s'[%zu] = %.9g, exact %.9g: a tie rounded to the odd "
+			       "neighbour (round to nearest even)", k->what, who, a->name, e, v, x);
 	if (!(d <= lim))
 		cr_assert_fail("%s [%s]: '%s'[%zu] = %.9g, exact %.9g: |diff| %.3g > half a "
 			       "bfloat16 ulp %.3g + %.3g + %.3g |exact| (tolerance '%s')", k->what,
@@ -1872,6 +1880,7 @@ static void moe_dispatch_bf16(struct harness *h)
 			IN(k32, "d_disp", F32, nd, widened(k, dd, nd));
 			OUT(k32, "dx", F32, nx, NULL, TOL_EXACT);
 			k->a[dx].exact = exact_of(h, k, k32, dx);
+			k->a[dx].ties = 1;
 			run_case(h, k, 0);
 		}
 	}
