@@ -76,6 +76,8 @@ static void usage(FILE *f)
 "                           reference backend), cuda (when built, one process;\n"
 "                           distributed: --only=alltoall on device memory, NCCL)\n"
 "      --precision=P        expert products in fp32 (default), tf32 or bf16 (cuda)\n"
+"      --dtype=TYPE         rows of --only=encode-decode: fp32 (default) or bf16\n"
+"                           (bfloat16 rows: the device's bfloat16 kernels)\n"
 "  -h, --help               print this help and exit\n"
 "  -V, --version            print the version and exit\n"
 "Distributed (mpirun -np W; see moe-bench(1), DISTRIBUTED RUNS):\n"
@@ -321,10 +323,11 @@ static int report_encdec(const struct moe_bench_opts *o, const char *trace,
 	const double copy_s = bytes / r->copy_gbps / 1e9;
 	json_t *j = base_json(o, trace, "sparse", "encode-decode", c->T);
 	add_step_stats(j, o, r);
+	json_object_set_new(j, "dtype", json_string(o->bf16 ? "bf16" : "fp32"));
 	json_object_set_new(j, "bytes_moved", json_real(bytes));
 	json_object_set_new(j, "bytes_formula", json_string(
-		"rows of M floats read + written: encode T + E*C, decode R + T, decode backward "
-		"T + R + E*C, encode backward R + T; R = kept choices"));
+		"rows of M elements (fp32 4 bytes, bf16 2) read + written: encode T + E*C, decode "
+		"R + T, decode backward T + R + E*C, encode backward R + T; R = kept choices"));
 	json_object_set_new(j, "encdec_gbps", json_real(bytes / md / 1e9));
 	json_object_set_new(j, "copy_gbps", json_real(r->copy_gbps));
 	json_object_set_new(j, "copy_ms", MS(copy_s));
@@ -335,9 +338,10 @@ static int report_encdec(const struct moe_bench_opts *o, const char *trace,
 			    json_integer((json_int_t)moe_dense_bytes(c, c->T, c->k, s->C[s->n - 1],
 								     !o->forward_only)));
 	print_table("encdec", r, 0.0);
-	fprintf(stderr, "        %.1f MB moved: %.2f GB/s; plain copy of the same bytes %.2f GB/s "
-		"(%.2f ms); time over the copy's %.2f\n", bytes / 1e6, bytes / md / 1e9, r->copy_gbps,
-		1e3 * copy_s, md / copy_s);
+	fprintf(stderr, "        %.1f MB moved (%s rows): %.2f GB/s; plain copy of the same bytes "
+		"%.2f GB/s (%.2f ms); time over the copy's %.2f\n", bytes / 1e6,
+		o->bf16 ? "bf16" : "fp32", bytes / md / 1e9, r->copy_gbps, 1e3 * copy_s,
+		md / copy_s);
 	return print_json(j);
 }
 
@@ -804,10 +808,12 @@ int main(int argc, char **argv)
 		{"a2a-ffn-overlap-degree", required_argument, NULL, 1016},
 		{"use-2dh", no_argument, NULL, 1020},
 		{"precision", required_argument, NULL, 1021},
+		{"dtype", required_argument, NULL, 1022},
 		{NULL, 0, NULL, 0},
 	};
 	static const char *const parts[] = {"layer", "encode-decode", "alltoall", NULL};
 	static const char *const baselines[] = {"sparse", "dense", NULL};
+	static const char *const dtypes[] = {"fp32", "bf16", NULL};
 	struct moe_bench_opts o = {.iters = 10, .warmup = 2, .input_grad = 1};
 	long T = 4096, M = 1024, H = 4096, E = 16, k = 2, align = 1, seed = 1, dense_T = 0;
 	long threads = 0;
@@ -867,6 +873,7 @@ int main(int argc, char **argv)
 		case 1013: o.input_grad = 0; break;
 		case 1014: device = optarg; break;
 		case 1021: rc = cli_parse_precision("--precision", optarg, &precision); break;
+		case 1022: rc = choice("--dtype", optarg, dtypes, &o.bf16); break;
 		case 1015: rc = cli_parse_long("--r", optarg, 0, 1L << 20, &r); distopt = 1; break;
 		case 1016: rc = cli_parse_long("--d", optarg, 1, 8, &d); distopt = 1; break;
 		case 1017:
@@ -919,6 +926,9 @@ int main(int argc, char **argv)
 		return cli_usage_error(prog, "option '--dense-tokens' sizes the dense baseline: it "
 				       "needs --baseline=dense");
 	o.dense_T = dense_T ? dense_T : T;
+	if (o.bf16 && (encdec != 1 || dry))
+		return cli_usage_error(prog, "option '--dtype': bf16 is for --only=encode-decode "
+				       "only (the layer computes in float)");
 	if (trace_path) {
 		rc = trace_read(trace_path, &trace, &o.trace_n);
 		if (rc < 0)
@@ -976,6 +986,12 @@ int main(int argc, char **argv)
 	}
 	rc = backend_open(&be, device, &(struct backend_params){
 		.threads = (int)threads, .precision = (enum backend_precision)precision});
+	if (rc == 0 && o.bf16 && !be->op->moe_encode_bf16) {
+		backend_close(be);
+		free(trace);
+		return cli_usage_error(prog, "option '--dtype': device '%s' has no bfloat16 "
+				       "encode and decode", device);
+	}
 	if (rc == 0) {
 		o.be = be;
 		rc = run(&o, trace_path, encdec, dry, dense);

@@ -133,7 +133,15 @@ int cuda_moe_decode_backward(struct backend *be, const struct backend_moe_route 
 			     int zero_pad);
 int cuda_moe_encode_backward(struct backend *be, const struct backend_moe_route *r,
 			     const float *d_disp, float *dx, int64_t M);
-
+int cuda_moe_encode_bf16(struct backend *be, const struct backend_moe_route *r,
+			 const uint16_t *x, uint16_t *disp, int64_t M, int zero_pad);
+int cuda_moe_decode_bf16(struct backend *be, const struct backend_moe_route *r,
+			 const uint16_t *eo, uint16_t *y, int64_t M);
+int cuda_moe_decode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
+				  const uint16_t *dy, const uint16_t *eo, uint16_t *d_eo,
+				  float *dscore, int64_t M, int zero_pad);
+int cuda_moe_encode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
+				  const uint16_t *d_disp, uint16_t *dx, int64_t M);
 
 /* The device collectives (nccl.cu), with backend.h's signatures. */
 int cuda_comm_unique_id(struct backend *be, void *id);

@@ -13,9 +13,11 @@
  * Locations are two stable radix sorts (CUB): the tokens by their BPR key, then the visiting
  * sequence by expert, whose position within its expert is the slot.
  *
- * The row kernels (encode, decode and their backwards) run one block per token over its row
- * of M floats in groups of 4 consecutive floats: a float4 load or store when every pointer
- * and M allow it, else 4 guarded scalars. A thread owns the same groups in both cases and
+ * The row kernels (encode, decode and their backwards, on float32 or bfloat16 rows, one
+ * template each) run one block per token over its row of M elements in groups of 16 bytes
+ * (4 floats, 8 bfloat16): one uint4 load or store when every pointer and M allow it, else
+ * guarded scalars. All k choices of a token are handled in the one pass (Tutel's K0, K1, K2).
+ * A thread owns the same groups in both cases and
  * does the same operations in the same order, so the bits never depend on which path ran;
  * this matters for the one reduction across a row (dscore), which every thread accumulates
  * over its groups in order and the block sums with a fixed tree.
@@ -27,6 +29,7 @@
 #include "cuda_common.cuh"
 
 #include <cub/cub.cuh>
+#include <cuda_bf16.h>
 #include <float.h>
 #include <math.h>
 
@@ -951,100 +954,197 @@ int cuda_moe_locations(struct backend *be, const int32_t *idx, const float *top,
 }
 
 /* ---- row kernels: encode, decode and their backwards ------------------------------------
- * A row of M floats is ceil(M/4) groups of 4; in a tile of ROW_CPT * blockDim groups thread
- * tid owns groups tile + i blockDim + tid, i < ROW_CPT. VEC: float4 accesses (every row
- * pointer 16-byte aligned: aligned buffers and M % 4 == 0); else scalars, skipping the
- * floats past M. */
+ * Rows hold S = float or S = __nv_bfloat16 (backend.h's uint16_t bfloat16), in groups of
+ * RW<S> consecutive elements: 16 bytes, 4 floats or 8 bfloat16. In a tile of ROW_CPT *
+ * blockDim groups thread tid owns groups tile + i blockDim + tid, i < ROW_CPT. VEC: one uint4
+ * access per group (every row pointer 16-byte aligned: aligned buffers and M % RW<S> == 0);
+ * else scalars, skipping the elements past M. Arithmetic is in float on the widened values
+ * (exact), and a bfloat16 result is rounded once, to nearest even, as it is stored; encode
+ * moves bits and never converts. */
 
 #define ROW_CPT 4
 #define ROW_MAX_THREADS 256
 
-template <bool VEC>
-__device__ __forceinline__ float4 load_group(const float *row, int64_t g, int64_t M)
-{
-	if (VEC)
-		return reinterpret_cast<const float4 *>(row)[g];
-	const int64_t m = 4 * g;
-	float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-	v.x = row[m];
-	if (m + 1 < M)
-		v.y = row[m + 1];
-	if (m + 2 < M)
-		v.z = row[m + 2];
-	if (m + 3 < M)
-		v.w = row[m + 3];
-	return v;
-}
+template <typename S>
+constexpr int RW = 16 / (int)sizeof(S);
 
-template <bool VEC>
-__device__ __forceinline__ void store_group(float *row, int64_t g, int64_t M, float4 v)
+/* Conversions between a row's storage and float, per element and per uint4 group (a word of a
+ * bfloat16 group holds element 2j in its low half and 2j+1 in its high half: little-endian). */
+template <typename S>
+struct row_io;
+
+template <>
+struct row_io<float> {
+	static __device__ __forceinline__ float widen(float v) { return v; }
+	static __device__ __forceinline__ float narrow(float v) { return v; }
+	static __device__ __forceinline__ void unpack(uint4 u, float *a)
+	{
+		a[0] = __uint_as_float(u.x);
+		a[1] = __uint_as_float(u.y);
+		a[2] = __uint_as_float(u.z);
+		a[3] = __uint_as_float(u.w);
+	}
+	static __device__ __forceinline__ uint4 pack(const float *a)
+	{
+		return make_uint4(__float_as_uint(a[0]), __float_as_uint(a[1]),
+				  __float_as_uint(a[2]), __float_as_uint(a[3]));
+	}
+};
+
+template <>
+struct row_io<__nv_bfloat16> {
+	static __device__ __forceinline__ float widen(__nv_bfloat16 v)
+	{
+		return __bfloat162float(v);
+	}
+	static __device__ __forceinline__ __nv_bfloat16 narrow(float v)
+	{
+		return __float2bfloat16_rn(v);
+	}
+	static __device__ __forceinline__ void half2(unsigned w, float *a)
+	{
+		a[0] = __uint_as_float(w << 16);
+		a[1] = __uint_as_float(w & 0xffff0000u);
+	}
+	static __device__ __forceinline__ unsigned word(float lo, float hi)
+	{
+		return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+		       (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
+	}
+	static __device__ __forceinline__ void unpack(uint4 u, float *a)
+	{
+		half2(u.x, a);
+		half2(u.y, a + 2);
+		half2(u.z, a + 4);
+		half2(u.w, a + 6);
+	}
+	static __device__ __forceinline__ uint4 pack(const float *a)
+	{
+		return make_uint4(word(a[0], a[1]), word(a[2], a[3]), word(a[4], a[5]),
+				  word(a[6], a[7]));
+	}
+};
+
+/* Group g of a row as floats (0 past M). */
+template <typename S, bool VEC>
+__device__ __forceinline__ void load_group(const S *row, int64_t g, int64_t M, float *a)
 {
+	constexpr int W = RW<S>;
 	if (VEC) {
-		reinterpret_cast<float4 *>(row)[g] = v;
+		row_io<S>::unpack(reinterpret_cast<const uint4 *>(row)[g], a);
 		return;
 	}
-	const int64_t m = 4 * g;
-	row[m] = v.x;
-	if (m + 1 < M)
-		row[m + 1] = v.y;
-	if (m + 2 < M)
-		row[m + 2] = v.z;
-	if (m + 3 < M)
-		row[m + 3] = v.w;
+	const int64_t m = W * g; /* < M: g is a group of the row */
+#pragma unroll
+	for (int i = 0; i < W; i++)
+		a[i] = (i == 0 || m + i < M) ? row_io<S>::widen(row[m + i]) : 0.0f;
+}
+
+/* Group g of a row from floats, rounded to S (elements past M not written). */
+template <typename S, bool VEC>
+__device__ __forceinline__ void store_group(S *row, int64_t g, int64_t M, const float *a)
+{
+	constexpr int W = RW<S>;
+	if (VEC) {
+		reinterpret_cast<uint4 *>(row)[g] = row_io<S>::pack(a);
+		return;
+	}
+	const int64_t m = W * g;
+#pragma unroll
+	for (int i = 0; i < W; i++)
+		if (i == 0 || m + i < M)
+			row[m + i] = row_io<S>::narrow(a[i]);
+}
+
+/* Group g of a row as its bits, for copies: u (VEC) or s (scalars, past M unset). */
+template <typename S>
+struct raw_group {
+	uint4 u;
+	S s[RW<S>];
+};
+
+template <typename S, bool VEC>
+__device__ __forceinline__ void load_raw(const S *row, int64_t g, int64_t M, raw_group<S> &v)
+{
+	constexpr int W = RW<S>;
+	if (VEC) {
+		v.u = reinterpret_cast<const uint4 *>(row)[g];
+		return;
+	}
+	const int64_t m = W * g;
+#pragma unroll
+	for (int i = 0; i < W; i++)
+		if (i == 0 || m + i < M)
+			v.s[i] = row[m + i];
+}
+
+template <typename S, bool VEC>
+__device__ __forceinline__ void store_raw(S *row, int64_t g, int64_t M, const raw_group<S> &v)
+{
+	constexpr int W = RW<S>;
+	if (VEC) {
+		reinterpret_cast<uint4 *>(row)[g] = v.u;
+		return;
+	}
+	const int64_t m = W * g;
+#pragma unroll
+	for (int i = 0; i < W; i++)
+		if (i == 0 || m + i < M)
+			row[m + i] = v.s[i];
 }
 
 /* Zero rows min(n_e, C) .. C-1 of every expert: one contiguous run per expert, blockIdx.y
  * the expert (striding by gridDim.y), the x blocks striding over the run. */
-template <bool VEC>
+template <typename S, bool VEC>
 __global__ void zero_padding_kernel(const int64_t *__restrict__ count, int E, int64_t C,
-				    int64_t M, float *buf)
+				    int64_t M, S *buf)
 {
 	for (int e = blockIdx.y; e < E; e += gridDim.y) {
 		const int64_t used = count[e] < C ? count[e] : C;
 		const int64_t n = (C - used) * M;
-		float *base = buf + ((int64_t)e * C + used) * M;
+		S *base = buf + ((int64_t)e * C + used) * M;
 		const int64_t step = (int64_t)gridDim.x * blockDim.x;
 		if (VEC) {
-			float4 *b4 = reinterpret_cast<float4 *>(base);
-			const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-			for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4;
-			     i += step)
+			uint4 *b4 = reinterpret_cast<uint4 *>(base);
+			const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+			for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+			     i < n / RW<S>; i += step)
 				b4[i] = z;
 		} else {
 			for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 			     i += step)
-				base[i] = 0.0f;
+				base[i] = row_io<S>::narrow(0.0f);
 		}
 	}
 }
 
-/* K0: token t's row read once per tile and written to each of its kept slots. */
-template <bool VEC>
+/* K0: token t's row read once per tile and written to each of its kept slots, bit for bit. */
+template <typename S, bool VEC>
 __global__ void __launch_bounds__(ROW_MAX_THREADS)
 encode_kernel(const int32_t *__restrict__ idx, const int32_t *__restrict__ loc, int64_t T,
-	      int k, int64_t C, int64_t M, const float *__restrict__ x, float *__restrict__ disp)
+	      int k, int64_t C, int64_t M, const S *__restrict__ x, S *__restrict__ disp)
 {
-	const int64_t G = (M + 3) / 4, B = blockDim.x;
+	const int64_t G = (M + RW<S> - 1) / RW<S>, B = blockDim.x;
 	for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-		const float *src = x + t * M;
+		const S *src = x + t * M;
 		for (int64_t g0 = 0; g0 < G; g0 += ROW_CPT * B) {
-			float4 v[ROW_CPT];
+			raw_group<S> v[ROW_CPT];
 #pragma unroll
 			for (int i = 0; i < ROW_CPT; i++) {
 				const int64_t g = g0 + i * B + threadIdx.x;
 				if (g < G)
-					v[i] = load_group<VEC>(src, g, M);
+					load_raw<S, VEC>(src, g, M, v[i]);
 			}
 			for (int j = 0; j < k; j++) {
 				const int32_t l = loc[(int64_t)j * T + t];
 				if (l < 0)
 					continue;
-				float *dst = disp + ((int64_t)idx[(int64_t)j * T + t] * C + l) * M;
+				S *dst = disp + ((int64_t)idx[(int64_t)j * T + t] * C + l) * M;
 #pragma unroll
 				for (int i = 0; i < ROW_CPT; i++) {
 					const int64_t g = g0 + i * B + threadIdx.x;
 					if (g < G)
-						store_group<VEC>(dst, g, M, v[i]);
+						store_raw<S, VEC>(dst, g, M, v[i]);
 				}
 			}
 		}
@@ -1052,71 +1152,73 @@ encode_kernel(const int32_t *__restrict__ idx, const int32_t *__restrict__ loc, 
 }
 
 /* K1: out[t] = the sum over t's kept choices, in rank order from zero, of score * row
- * (WEIGHTED, as fused multiply-adds: decode) or of the rows (encode backward). */
-template <bool VEC, bool WEIGHTED>
+ * (WEIGHTED, as fused multiply-adds: decode) or of the rows (encode backward), in float,
+ * rounded to S once at the store. */
+template <typename S, bool VEC, bool WEIGHTED>
 __global__ void __launch_bounds__(ROW_MAX_THREADS)
 gather_kernel(const int32_t *__restrict__ idx, const int32_t *__restrict__ loc,
 	      const float *__restrict__ score, int64_t T, int k, int64_t C, int64_t M,
-	      const float *__restrict__ buf, float *__restrict__ out)
+	      const S *__restrict__ buf, S *__restrict__ out)
 {
-	const int64_t G = (M + 3) / 4, B = blockDim.x;
+	constexpr int W = RW<S>;
+	const int64_t G = (M + W - 1) / W, B = blockDim.x;
 	for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
 		for (int64_t g0 = 0; g0 < G; g0 += ROW_CPT * B) {
-			float4 acc[ROW_CPT];
+			float acc[ROW_CPT][W];
 #pragma unroll
 			for (int i = 0; i < ROW_CPT; i++)
-				acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+				for (int e = 0; e < W; e++)
+					acc[i][e] = 0.0f;
 			for (int j = 0; j < k; j++) {
 				const int64_t ci = (int64_t)j * T + t;
 				const int32_t l = loc[ci];
 				if (l < 0)
 					continue;
-				const float *src = buf + ((int64_t)idx[ci] * C + l) * M;
+				const S *src = buf + ((int64_t)idx[ci] * C + l) * M;
 				const float s = WEIGHTED ? score[ci] : 1.0f;
 #pragma unroll
 				for (int i = 0; i < ROW_CPT; i++) {
 					const int64_t g = g0 + i * B + threadIdx.x;
 					if (g < G) {
-						const float4 v = load_group<VEC>(src, g, M);
-						if (WEIGHTED) {
-							acc[i].x = fmaf(s, v.x, acc[i].x);
-							acc[i].y = fmaf(s, v.y, acc[i].y);
-							acc[i].z = fmaf(s, v.z, acc[i].z);
-							acc[i].w = fmaf(s, v.w, acc[i].w);
-						} else {
-							acc[i].x = __fadd_rn(acc[i].x, v.x);
-							acc[i].y = __fadd_rn(acc[i].y, v.y);
-							acc[i].z = __fadd_rn(acc[i].z, v.z);
-							acc[i].w = __fadd_rn(acc[i].w, v.w);
+						float v[W];
+						load_group<S, VEC>(src, g, M, v);
+#pragma unroll
+						for (int e = 0; e < W; e++) {
+							float &a = acc[i][e];
+							a = WEIGHTED ? fmaf(s, v[e], a)
+								     : __fadd_rn(a, v[e]);
 						}
 					}
 				}
 			}
-			float *dst = out + t * M;
+			S *dst = out + t * M;
 #pragma unroll
 			for (int i = 0; i < ROW_CPT; i++) {
 				const int64_t g = g0 + i * B + threadIdx.x;
 				if (g < G)
-					store_group<VEC>(dst, g, M, acc[i]);
+					store_group<S, VEC>(dst, g, M, acc[i]);
 			}
 		}
 	}
 }
 
 /* K2 + K0 per kept choice of token t, in rank order: dscore = <dy[t], eo row> (each thread
- * accumulates its groups in order, then block_sum) and d_eo row = score * dy[t]. Each float
- * of the row is read (eo) and written (d_eo) by the same thread, read first, so d_eo may be
- * eo; hence no __restrict__ on those two. */
-template <bool VEC>
+ * accumulates its groups in order, then block_sum; for bfloat16 each product is exact in
+ * float) and d_eo row = score * dy[t] (rounded to S). Each element of the row is read (eo)
+ * and written (d_eo) by the same thread, read first, so d_eo may be eo; hence no
+ * __restrict__ on those two. */
+template <typename S, bool VEC>
 __global__ void __launch_bounds__(ROW_MAX_THREADS)
 decode_backward_kernel(const int32_t *__restrict__ idx, const int32_t *__restrict__ loc,
 		       const float *__restrict__ score, int64_t T, int k, int64_t C, int64_t M,
-		       const float *__restrict__ dy, const float *eo, float *d_eo, float *dscore)
+		       const S *__restrict__ dy, const S *eo, S *d_eo, float *dscore)
 {
+	constexpr int W = RW<S>;
 	__shared__ float red[32];
-	const int64_t G = (M + 3) / 4, B = blockDim.x;
+	const int64_t G = (M + W - 1) / W, B = blockDim.x;
 	for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-		const float *gy = dy + t * M;
+		const S *gy = dy + t * M;
 		for (int j = 0; j < k; j++) {
 			const int64_t ci = (int64_t)j * T + t;
 			const int32_t l = loc[ci];
@@ -1126,8 +1228,8 @@ decode_backward_kernel(const int32_t *__restrict__ idx, const int32_t *__restric
 				continue;
 			}
 			const int64_t row = ((int64_t)idx[ci] * C + l) * M;
-			const float *o = eo + row;
-			float *d = d_eo + row;
+			const S *o = eo + row;
+			S *d = d_eo + row;
 			const float s = score[ci];
 			float part = 0.0f;
 			for (int64_t g0 = 0; g0 < G; g0 += ROW_CPT * B) {
@@ -1135,19 +1237,17 @@ decode_backward_kernel(const int32_t *__restrict__ idx, const int32_t *__restric
 				for (int i = 0; i < ROW_CPT; i++) {
 					const int64_t g = g0 + i * B + threadIdx.x;
 					if (g < G) {
-						const float4 a = load_group<VEC>(gy, g, M);
-						const float4 b = load_group<VEC>(o, g, M);
-						/* past M (scalar path only) a and b are 0: no-op */
-						part = fmaf(a.x, b.x, part);
-						if (VEC || 4 * g + 1 < M)
-							part = fmaf(a.y, b.y, part);
-						if (VEC || 4 * g + 2 < M)
-							part = fmaf(a.z, b.z, part);
-						if (VEC || 4 * g + 3 < M)
-							part = fmaf(a.w, b.w, part);
-						store_group<VEC>(d, g, M,
-								 make_float4(s * a.x, s * a.y,
-									     s * a.z, s * a.w));
+						float a[W], b[W], sa[W];
+						load_group<S, VEC>(gy, g, M, a);
+						load_group<S, VEC>(o, g, M, b);
+						/* past M (scalar path): a, b 0, skipped */
+#pragma unroll
+						for (int e = 0; e < W; e++) {
+							if (VEC || e == 0 || W * g + e < M)
+								part = fmaf(a[e], b[e], part);
+							sa[e] = s * a[e];
+						}
+						store_group<S, VEC>(d, g, M, sa);
 					}
 				}
 			}
@@ -1158,10 +1258,11 @@ decode_backward_kernel(const int32_t *__restrict__ idx, const int32_t *__restric
 	}
 }
 
-/* Threads per row block: enough for ROW_CPT groups each over one row, in whole warps. */
-static unsigned row_threads(int64_t M)
+/* Threads per row block: enough for ROW_CPT groups of W elements each over one row, in whole
+ * warps. */
+static unsigned row_threads(int64_t M, int W)
 {
-	const int64_t G = (M + 3) / 4;
+	const int64_t G = (M + W - 1) / W;
 	int64_t th = (G + ROW_CPT - 1) / ROW_CPT;
 	th = (th + 31) / 32 * 32;
 	return (unsigned)(th < 32 ? 32 : th > ROW_MAX_THREADS ? ROW_MAX_THREADS : th);
@@ -1178,106 +1279,153 @@ static int aligned16(const void *p)
 	return ((uintptr_t)p & 15u) == 0;
 }
 
-static int zero_padding(struct cuda_ctx *c, const struct backend_moe_route *r, float *buf,
+template <typename S>
+static int zero_padding(struct cuda_ctx *c, const struct backend_moe_route *r, S *buf,
 			int64_t M)
 {
-	const int vec = aligned16(buf) && M % 4 == 0;
+	const int vec = aligned16(buf) && M % RW<S> == 0;
 	const unsigned ey = (unsigned)(r->E < 65535 ? r->E : 65535);
 	const int64_t want = (int64_t)c->sms * 8;
 	int64_t bx = (want + ey - 1) / ey;
-	const int64_t most = (r->C * M / (vec ? 4 : 1) + 255) / 256; /* blocks for a full run */
+	const int64_t most = (r->C * M / (vec ? RW<S> : 1) + 255) / 256; /* a full run's blocks */
 	bx = bx > most ? most : bx;
 	bx = bx < 1 ? 1 : bx;
 	const dim3 grid((unsigned)bx, ey);
 	if (vec)
-		CUDA_LAUNCH((zero_padding_kernel<true>), grid, 256, 0, c->stream, r->count, r->E,
-			    r->C, M, buf);
+		CUDA_LAUNCH((zero_padding_kernel<S, true>), grid, 256, 0, c->stream, r->count,
+			    r->E, r->C, M, buf);
 	else
-		CUDA_LAUNCH((zero_padding_kernel<false>), grid, 256, 0, c->stream, r->count, r->E,
-			    r->C, M, buf);
+		CUDA_LAUNCH((zero_padding_kernel<S, false>), grid, 256, 0, c->stream, r->count,
+			    r->E, r->C, M, buf);
 	CUDA_LAUNCHED("moe zero padding");
+	return 0;
+}
+
+template <typename S>
+static int encode(struct cuda_ctx *c, const struct backend_moe_route *r, const S *x, S *disp,
+		  int64_t M, int zero_pad, const char *what)
+{
+	if (zero_pad && r->E > 0 && r->C > 0 && M > 0)
+		ERR_FORWARD(zero_padding<S>(c, r, disp, M));
+	if (r->T < 1 || M < 1)
+		return 0;
+	const unsigned th = row_threads(M, RW<S>), grid = row_grid(r->T);
+	if (aligned16(x) && aligned16(disp) && M % RW<S> == 0)
+		CUDA_LAUNCH((encode_kernel<S, true>), grid, th, 0, c->stream, r->idx, r->loc,
+			    r->T, r->k, r->C, M, x, disp);
+	else
+		CUDA_LAUNCH((encode_kernel<S, false>), grid, th, 0, c->stream, r->idx, r->loc,
+			    r->T, r->k, r->C, M, x, disp);
+	CUDA_LAUNCHED(what);
+	return 0;
+}
+
+/* Decode (weighted) and encode backward (unweighted) share the gather. */
+template <typename S>
+static int gather(struct cuda_ctx *c, const struct backend_moe_route *r, const S *buf, S *out,
+		  int64_t M, int weighted, const char *what)
+{
+	if (r->T < 1 || M < 1)
+		return 0;
+	const unsigned th = row_threads(M, RW<S>), grid = row_grid(r->T);
+	const int vec = aligned16(buf) && aligned16(out) && M % RW<S> == 0;
+	if (vec && weighted)
+		CUDA_LAUNCH((gather_kernel<S, true, true>), grid, th, 0, c->stream, r->idx,
+			    r->loc, r->score, r->T, r->k, r->C, M, buf, out);
+	else if (vec)
+		CUDA_LAUNCH((gather_kernel<S, true, false>), grid, th, 0, c->stream, r->idx,
+			    r->loc, r->score, r->T, r->k, r->C, M, buf, out);
+	else if (weighted)
+		CUDA_LAUNCH((gather_kernel<S, false, true>), grid, th, 0, c->stream, r->idx,
+			    r->loc, r->score, r->T, r->k, r->C, M, buf, out);
+	else
+		CUDA_LAUNCH((gather_kernel<S, false, false>), grid, th, 0, c->stream, r->idx,
+			    r->loc, r->score, r->T, r->k, r->C, M, buf, out);
+	CUDA_LAUNCHED(what);
+	return 0;
+}
+
+template <typename S>
+static int decode_backward(struct cuda_ctx *c, const struct backend_moe_route *r, const S *dy,
+			   const S *eo, S *d_eo, float *dscore, int64_t M, int zero_pad,
+			   const char *what)
+{
+	/* padding rows are not kept rows: zeroing them first never clobbers a row of eo that is
+	 * still to be read when d_eo is eo */
+	if (zero_pad && r->E > 0 && r->C > 0 && M > 0)
+		ERR_FORWARD(zero_padding<S>(c, r, d_eo, M));
+	if (r->T < 1)
+		return 0;
+	if (M < 1) { /* empty dot products */
+		CUDA_TRY(cudaMemsetAsync(dscore, 0, sizeof(float) * (size_t)(r->k * r->T),
+					 c->stream),
+			 what);
+		return 0;
+	}
+	const unsigned th = row_threads(M, RW<S>), grid = row_grid(r->T);
+	if (aligned16(dy) && aligned16(eo) && aligned16(d_eo) && M % RW<S> == 0)
+		CUDA_LAUNCH((decode_backward_kernel<S, true>), grid, th, 0, c->stream, r->idx,
+			    r->loc, r->score, r->T, r->k, r->C, M, dy, eo, d_eo, dscore);
+	else
+		CUDA_LAUNCH((decode_backward_kernel<S, false>), grid, th, 0, c->stream, r->idx,
+			    r->loc, r->score, r->T, r->k, r->C, M, dy, eo, d_eo, dscore);
+	CUDA_LAUNCHED(what);
 	return 0;
 }
 
 int cuda_moe_encode(struct backend *be, const struct backend_moe_route *r, const float *x,
 		    float *disp, int64_t M, int zero_pad)
 {
-	struct cuda_ctx *c = cuda_ctx_of(be);
-	if (zero_pad && r->E > 0 && r->C > 0 && M > 0)
-		ERR_FORWARD(zero_padding(c, r, disp, M));
-	if (r->T < 1 || M < 1)
-		return 0;
-	const unsigned th = row_threads(M), grid = row_grid(r->T);
-	if (aligned16(x) && aligned16(disp) && M % 4 == 0)
-		CUDA_LAUNCH((encode_kernel<true>), grid, th, 0, c->stream, r->idx, r->loc, r->T,
-			    r->k, r->C, M, x, disp);
-	else
-		CUDA_LAUNCH((encode_kernel<false>), grid, th, 0, c->stream, r->idx, r->loc, r->T,
-			    r->k, r->C, M, x, disp);
-	CUDA_LAUNCHED("moe_encode");
-	return 0;
-}
-
-/* Decode (weighted) and encode backward (unweighted) share the gather. */
-static int gather(struct cuda_ctx *c, const struct backend_moe_route *r, const float *buf,
-		  float *out, int64_t M, int weighted, const char *what)
-{
-	if (r->T < 1 || M < 1)
-		return 0;
-	const unsigned th = row_threads(M), grid = row_grid(r->T);
-	const int vec = aligned16(buf) && aligned16(out) && M % 4 == 0;
-	if (vec && weighted)
-		CUDA_LAUNCH((gather_kernel<true, true>), grid, th, 0, c->stream, r->idx, r->loc,
-			    r->score, r->T, r->k, r->C, M, buf, out);
-	else if (vec)
-		CUDA_LAUNCH((gather_kernel<true, false>), grid, th, 0, c->stream, r->idx, r->loc,
-			    r->score, r->T, r->k, r->C, M, buf, out);
-	else if (weighted)
-		CUDA_LAUNCH((gather_kernel<false, true>), grid, th, 0, c->stream, r->idx, r->loc,
-			    r->score, r->T, r->k, r->C, M, buf, out);
-	else
-		CUDA_LAUNCH((gather_kernel<false, false>), grid, th, 0, c->stream, r->idx, r->loc,
-			    r->score, r->T, r->k, r->C, M, buf, out);
-	CUDA_LAUNCHED(what);
-	return 0;
+	return encode<float>(cuda_ctx_of(be), r, x, disp, M, zero_pad, "moe_encode");
 }
 
 int cuda_moe_decode(struct backend *be, const struct backend_moe_route *r, const float *eo,
 		    float *y, int64_t M)
 {
-	return gather(cuda_ctx_of(be), r, eo, y, M, 1, "moe_decode");
+	return gather<float>(cuda_ctx_of(be), r, eo, y, M, 1, "moe_decode");
 }
 
 int cuda_moe_encode_backward(struct backend *be, const struct backend_moe_route *r,
 			     const float *d_disp, float *dx, int64_t M)
 {
-	return gather(cuda_ctx_of(be), r, d_disp, dx, M, 0, "moe_encode_backward");
+	return gather<float>(cuda_ctx_of(be), r, d_disp, dx, M, 0, "moe_encode_backward");
 }
 
 int cuda_moe_decode_backward(struct backend *be, const struct backend_moe_route *r,
 			     const float *dy, const float *eo, float *d_eo, float *dscore,
 			     int64_t M, int zero_pad)
 {
-	struct cuda_ctx *c = cuda_ctx_of(be);
-	/* padding rows are not kept rows: zeroing them first never clobbers a row of eo that is
-	 * still to be read when d_eo is eo */
-	if (zero_pad && r->E > 0 && r->C > 0 && M > 0)
-		ERR_FORWARD(zero_padding(c, r, d_eo, M));
-	if (r->T < 1)
-		return 0;
-	if (M < 1) { /* empty dot products */
-		CUDA_TRY(cudaMemsetAsync(dscore, 0, sizeof(float) * (size_t)(r->k * r->T),
-					 c->stream),
-			 "moe_decode_backward");
-		return 0;
-	}
-	const unsigned th = row_threads(M), grid = row_grid(r->T);
-	if (aligned16(dy) && aligned16(eo) && aligned16(d_eo) && M % 4 == 0)
-		CUDA_LAUNCH((decode_backward_kernel<true>), grid, th, 0, c->stream, r->idx, r->loc,
-			    r->score, r->T, r->k, r->C, M, dy, eo, d_eo, dscore);
-	else
-		CUDA_LAUNCH((decode_backward_kernel<false>), grid, th, 0, c->stream, r->idx, r->loc,
-			    r->score, r->T, r->k, r->C, M, dy, eo, d_eo, dscore);
-	CUDA_LAUNCHED("moe_decode_backward");
-	return 0;
+	return decode_backward<float>(cuda_ctx_of(be), r, dy, eo, d_eo, dscore, M, zero_pad,
+				      "moe_decode_backward");
+}
+
+/* backend.h's bfloat16 is a uint16_t with the bits of CUDA's __nv_bfloat16. */
+static_assert(sizeof(__nv_bfloat16) == sizeof(uint16_t), "bfloat16 is 2 bytes");
+#define BF(p) reinterpret_cast<__nv_bfloat16 *>(p)
+#define CBF(p) reinterpret_cast<const __nv_bfloat16 *>(p)
+
+int cuda_moe_encode_bf16(struct backend *be, const struct backend_moe_route *r,
+			 const uint16_t *x, uint16_t *disp, int64_t M, int zero_pad)
+{
+	return encode(cuda_ctx_of(be), r, CBF(x), BF(disp), M, zero_pad, "moe_encode_bf16");
+}
+
+int cuda_moe_decode_bf16(struct backend *be, const struct backend_moe_route *r,
+			 const uint16_t *eo, uint16_t *y, int64_t M)
+{
+	return gather(cuda_ctx_of(be), r, CBF(eo), BF(y), M, 1, "moe_decode_bf16");
+}
+
+int cuda_moe_encode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
+				  const uint16_t *d_disp, uint16_t *dx, int64_t M)
+{
+	return gather(cuda_ctx_of(be), r, CBF(d_disp), BF(dx), M, 0, "moe_encode_backward_bf16");
+}
+
+int cuda_moe_decode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
+				  const uint16_t *dy, const uint16_t *eo, uint16_t *d_eo,
+				  float *dscore, int64_t M, int zero_pad)
+{
+	return decode_backward(cuda_ctx_of(be), r, CBF(dy), CBF(eo), BF(d_eo), dscore, M,
+			       zero_pad, "moe_decode_backward_bf16");
 }

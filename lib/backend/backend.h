@@ -14,8 +14,9 @@
  * in and out with upload and download. When be->host_visible is 1 (cpu, ref) backend memory
  * is ordinary host memory and the host may read and write it directly; code that must run on
  * any backend uses upload/download. Buffers hold float32 (or int32 tokens and slots, int64
- * counts, double sums), row-major, contiguous unless a leading dimension is given; they need
- * no alignment beyond their element's (ops must give the same bits at any such address).
+ * counts, double sums, the bfloat16 rows of the *_bf16 MoE ops), row-major, contiguous
+ * unless a leading dimension is given; they need no alignment beyond their element's (ops
+ * must give the same bits at any such address).
  *
  * Errors. Every op returns 0 or a negative CORE_E* code (common/err.h) with the detail set.
  * A backend that queues work (a GPU) may report an op's failure at the next sync instead.
@@ -36,6 +37,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 struct backend;
 
@@ -61,6 +63,26 @@ enum backend_act { BACKEND_ACT_GELU = 0, BACKEND_ACT_RELU = 1 };
  * Where the rounding of TF32 is not specified (the hardware's), a value exactly halfway may go
  * either way; other values round to the nearest. */
 enum backend_precision { BACKEND_FP32 = 0, BACKEND_TF32 = 1, BACKEND_BF16 = 2 };
+
+/* A bfloat16 (the upper half of a float32, in a uint16_t) widened to float: exact. */
+static inline float backend_bf16_to_float(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, sizeof f);
+	return f;
+}
+
+/* f rounded to bfloat16: to nearest, ties to even; a NaN stays a NaN (quietened, its sign
+ * kept), as CUDA's __float2bfloat16_rn. */
+static inline uint16_t backend_bf16_from_float(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof u);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x0040u);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 /* "fp32", "tf32", "bf16"; and back (-1 when unknown). */
 const char *backend_precision_name(enum backend_precision p);
@@ -304,6 +326,35 @@ struct backend_ops {
 	 * d_disp[idx, loc]; zeros when none. */
 	int (*moe_encode_backward)(struct backend *be, const struct backend_moe_route *r,
 				   const float *d_disp, float *dx, int64_t M);
+
+	/* The four dispatch ops above on bfloat16 data (NULL where a backend lacks them; cpu,
+	 * ref and cuda have them).
+	 * A bfloat16 is a uint16_t holding the upper half of a float32 (8 exponent bits, 7
+	 * stored mantissa bits); bf(v) below is v rounded to it, to nearest, ties to even (a
+	 * NaN stays a NaN). The routing (idx, loc, score, count) and dscore stay float32; only
+	 * the rows ([T, M] and [E, C, M]) change type, so the same route serves both. Each sum
+	 * is the fp32 op's float32 computation on the values widened to float (exactly), with
+	 * one rounding to bfloat16 at the end:
+	 *   encode_bf16: the rows copied bit for bit (padding rows zeroed or left as above);
+	 *   decode_bf16: y[t] = bf(the fp32 decode's fma chain over the kept choices of t);
+	 *   decode_backward_bf16: dscore = <dy[t], eo row> accumulated in float32 (output
+	 *     float32; a product of two bfloat16 values is exact in float32, so only the sum
+	 *     rounds), d_eo row = bf(score * dy[t]) (the float32 product, then bf: the one
+	 *     double rounding of the set, at most a bfloat16 ulp from the exact product's);
+	 *     d_eo may be eo, padding rows zeroed when zero_pad;
+	 *   encode_backward_bf16: dx[t] = bf(the float32 sum, in rank order, of the rows).
+	 * Rounding once from a float32 sum leaves a result within half a bfloat16 ulp of that
+	 * sum, so within about one ulp (2^-7 relative) of the exact value, plus the float32
+	 * sum's own error: what test_backend allows against ref (which sums in double). */
+	int (*moe_encode_bf16)(struct backend *be, const struct backend_moe_route *r,
+			       const uint16_t *x, uint16_t *disp, int64_t M, int zero_pad);
+	int (*moe_decode_bf16)(struct backend *be, const struct backend_moe_route *r,
+			       const uint16_t *eo, uint16_t *y, int64_t M);
+	int (*moe_decode_backward_bf16)(struct backend *be, const struct backend_moe_route *r,
+					const uint16_t *dy, const uint16_t *eo, uint16_t *d_eo,
+					float *dscore, int64_t M, int zero_pad);
+	int (*moe_encode_backward_bf16)(struct backend *be, const struct backend_moe_route *r,
+					const uint16_t *d_disp, uint16_t *dx, int64_t M);
 
 	/* ---- profiling ------------------------------------------------------------------ */
 

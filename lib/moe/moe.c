@@ -623,29 +623,55 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 	return 0;
 }
 
-int moe_encode_decode(struct moe_layer *l, const float *x, float *disp, float *y,
-		      const float *dy, float *dscore, float *dx, int backward,
-		      struct moe_times *times)
+/* Both element types: the fp32 ops or their bfloat16 twins on the same route. */
+static int encode_decode(struct moe_layer *l, int bf16, const void *x, void *disp, void *y,
+			 const void *dy, float *dscore, void *dx, int backward,
+			 struct moe_times *times)
 {
 	struct backend *be = l->be;
+	const struct backend_ops *op = be->op;
+	const struct backend_moe_route *r = &l->route;
 	const int64_t M = l->cfg.M;
 	double t0 = stage_clock(l), t1;
 
-	ERR_FORWARD(be->op->moe_encode(be, &l->route, x, disp, M, 1));
+	ERR_FORWARD(bf16 ? op->moe_encode_bf16(be, r, x, disp, M, 1)
+			 : op->moe_encode(be, r, x, disp, M, 1));
 	t1 = stage_clock(l);
 	times->encode = t1 - t0;
 	t0 = t1;
-	ERR_FORWARD(be->op->moe_decode(be, &l->route, disp, y, M));
+	ERR_FORWARD(bf16 ? op->moe_decode_bf16(be, r, disp, y, M)
+			 : op->moe_decode(be, r, disp, y, M));
 	t1 = stage_clock(l);
 	times->decode = t1 - t0;
 	t0 = t1;
 	if (!backward)
 		return 0;
-	ERR_FORWARD(be->op->moe_decode_backward(be, &l->route, dy, disp, disp, dscore, M, 1));
+	ERR_FORWARD(bf16 ? op->moe_decode_backward_bf16(be, r, dy, disp, disp, dscore, M, 1)
+			 : op->moe_decode_backward(be, r, dy, disp, disp, dscore, M, 1));
 	t1 = stage_clock(l);
 	times->bwd_decode = t1 - t0;
 	t0 = t1;
-	ERR_FORWARD(be->op->moe_encode_backward(be, &l->route, disp, dx, M));
+	ERR_FORWARD(bf16 ? op->moe_encode_backward_bf16(be, r, disp, dx, M)
+			 : op->moe_encode_backward(be, r, disp, dx, M));
 	times->bwd_encode = stage_clock(l) - t0;
 	return 0;
+}
+
+int moe_encode_decode(struct moe_layer *l, const float *x, float *disp, float *y,
+		      const float *dy, float *dscore, float *dx, int backward,
+		      struct moe_times *times)
+{
+	return encode_decode(l, 0, x, disp, y, dy, dscore, dx, backward, times);
+}
+
+int moe_encode_decode_bf16(struct moe_layer *l, const uint16_t *x, uint16_t *disp, uint16_t *y,
+			   const uint16_t *dy, float *dscore, uint16_t *dx, int backward,
+			   struct moe_times *times)
+{
+	const struct backend_ops *op = l->be->op;
+	if (!op->moe_encode_bf16 || !op->moe_decode_bf16 || !op->moe_decode_backward_bf16 ||
+	    !op->moe_encode_backward_bf16)
+		return err_set(CORE_EUNSUPPORTED, NULL, "backend '%s' has no bfloat16 dispatch "
+			       "ops", l->be->name);
+	return encode_decode(l, 1, x, disp, y, dy, dscore, dx, backward, times);
 }

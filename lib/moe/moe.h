@@ -164,6 +164,11 @@ int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, i
 int moe_encode_decode(struct moe_layer *l, const float *x, float *disp, float *y,
 		      const float *dy, float *dscore, float *dx, int backward,
 		      struct moe_times *times);
+/* The same on bfloat16 rows (backend.h's moe_*_bf16 ops; dscore stays float):
+ * CORE_EUNSUPPORTED when the backend lacks them. */
+int moe_encode_decode_bf16(struct moe_layer *l, const uint16_t *x, uint16_t *disp, uint16_t *y,
+			   const uint16_t *dy, float *dscore, uint16_t *dx, int backward,
+			   struct moe_times *times);
 /* Backward of the last forward: dx [T,M] and every gradient in g are overwritten. dx may be
  * NULL when the input needs no gradient: then the d_disp GEMM, encode-backward and the
  * gate's input term are skipped (as PyTorch skips them for an input without grad).

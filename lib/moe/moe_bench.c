@@ -198,17 +198,41 @@ int moe_bench_layer(const struct moe_bench_opts *o, struct moe_bench_data *d,
 	return rc;
 }
 
-/* Bytes a step of the kernels reads and writes, in rows of M floats: encode T + E*C, decode
- * R + T, decode backward T + R + E*C, encode backward R + T (R = kept choices). Scores and
- * metadata are not counted. */
+/* Bytes a step of the kernels reads and writes, in rows of M elements of es bytes: encode
+ * T + E*C, decode R + T, decode backward T + R + E*C, encode backward R + T (R = kept
+ * choices). Scores and metadata are not counted. */
 static double encdec_bytes(const struct moe_config *c, const struct moe_routing *r,
-			   int backward)
+			   int backward, size_t es)
 {
 	double R = (double)kept_rows(r), EC = (double)c->E * (double)r->C, T = (double)r->T;
 	double rows = (T + EC) + (R + T);
 	if (backward)
 		rows += (T + R + EC) + (R + T);
-	return rows * (double)c->M * sizeof(float);
+	return rows * (double)c->M * (double)es;
+}
+
+/* bf16 rows x, y, dy, dx [T, M] for moe_bench_encdec: x and dy d's float inputs rounded, y
+ * and dx zeroed (through the host: once, before the steps). */
+static int bf16_rows(struct backend *be, const struct moe_bench_data *d, int64_t n,
+		     uint16_t *io[4])
+{
+	float *h = malloc(sizeof *h * (size_t)n);
+	uint16_t *b = malloc(sizeof *b * (size_t)n);
+	int rc = h && b ? 0 : err_set(CORE_ENOMEM, NULL, "cannot allocate the bfloat16 inputs");
+	for (int i = 0; rc == 0 && i < 4; i++)
+		rc = backend_alloc_zero(be, (void **)&io[i], sizeof *b * (size_t)n);
+	const float *src[2] = {d->x, d->dy};
+	uint16_t *dst[2] = {io[0], io[2]};
+	for (int i = 0; rc == 0 && i < 2; i++) {
+		rc = be->op->download(be, h, src[i], sizeof *h * (size_t)n);
+		for (int64_t j = 0; rc == 0 && j < n; j++)
+			b[j] = backend_bf16_from_float(h[j]);
+		if (rc == 0)
+			rc = be->op->upload(be, dst[i], b, sizeof *b * (size_t)n);
+	}
+	free(h);
+	free(b);
+	return rc;
 }
 
 int moe_bench_encdec(const struct moe_bench_opts *o, struct moe_bench_data *d,
@@ -217,7 +241,10 @@ int moe_bench_encdec(const struct moe_bench_opts *o, struct moe_bench_data *d,
 	const struct moe_config *c = &o->cfg;
 	struct backend *be = o->be;
 	struct moe_layer *l = NULL;
-	float *disp = NULL, *dscore = NULL;
+	void *disp = NULL;
+	float *dscore = NULL;
+	uint16_t *b[4] = {NULL, NULL, NULL, NULL}; /* bf16: x, y, dy, dx */
+	const size_t es = o->bf16 ? sizeof(uint16_t) : sizeof(float);
 	size_t disp_bytes = 0;
 	double bytes_sum = 0.0;
 	int rc;
@@ -229,12 +256,14 @@ int moe_bench_encdec(const struct moe_bench_opts *o, struct moe_bench_data *d,
 	rc = moe_layer_init(&l, c, be);
 	if (rc == 0)
 		rc = be->op->alloc(be, (void **)&dscore, sizeof(float) * (size_t)(c->k * c->T));
+	if (rc == 0 && o->bf16)
+		rc = bf16_rows(be, d, c->T * c->M, b);
 	for (long i = 0; rc == 0 && i < o->warmup + o->iters; i++) {
 		rc = moe_route(l, d->p.wg, d->x, c->T, c->k, moe_bench_setting(o, i), (uint64_t)i);
 		if (rc < 0)
 			break;
 		const struct moe_routing *rt = moe_layer_routing(l);
-		size_t need = sizeof(float) * (size_t)(c->E * rt->C * c->M);
+		size_t need = es * (size_t)(c->E * rt->C * c->M);
 		if (need > disp_bytes) {
 			be->op->free(be, disp);
 			disp_bytes = 0;
@@ -244,8 +273,12 @@ int moe_bench_encdec(const struct moe_bench_opts *o, struct moe_bench_data *d,
 			disp_bytes = need;
 		}
 		struct moe_times tm = {0};
-		rc = moe_encode_decode(l, d->x, disp, d->y, d->dy, dscore, d->dx, !o->forward_only,
-				       &tm);
+		if (o->bf16)
+			rc = moe_encode_decode_bf16(l, b[0], disp, b[1], b[2], dscore, b[3],
+						    !o->forward_only, &tm);
+		else
+			rc = moe_encode_decode(l, d->x, disp, d->y, d->dy, dscore, d->dx,
+					       !o->forward_only, &tm);
 		if (rc < 0 || i < o->warmup)
 			continue;
 		long j = i - o->warmup;
@@ -258,7 +291,7 @@ int moe_bench_encdec(const struct moe_bench_opts *o, struct moe_bench_data *d,
 		s->rows[j] = kept_rows(rt);
 		s->aux[j] = rt->aux_loss;
 		memcpy(s->load, rt->count, sizeof(int64_t) * (size_t)c->E);
-		bytes_sum += encdec_bytes(c, rt, !o->forward_only);
+		bytes_sum += encdec_bytes(c, rt, !o->forward_only, es);
 	}
 	if (rc == 0) {
 		r->bytes_moved = bytes_sum / (double)o->iters;
@@ -266,8 +299,11 @@ int moe_bench_encdec(const struct moe_bench_opts *o, struct moe_bench_data *d,
 					       o->iters > 3 ? o->iters : 3);
 		r->kept_rows_mean = mean_rows(s);
 		r->layer_bytes_peak = moe_layer_peak_bytes(l) + disp_bytes +
-				      sizeof(float) * (size_t)(c->k * c->T);
+				      sizeof(float) * (size_t)(c->k * c->T) +
+				      (o->bf16 ? 4 * es * (size_t)(c->T * c->M) : 0);
 	}
+	for (int i = 0; i < 4; i++)
+		be->op->free(be, b[i]);
 	be->op->free(be, disp);
 	be->op->free(be, dscore);
 	moe_layer_free(l);

@@ -30,6 +30,7 @@ struct moe_bench_opts {
 	const double *trace;   /* capacity setting per step, cyclic; NULL: cfg.capacity_setting */
 	size_t trace_n;
 	int64_t dense_T;       /* tokens of the dense run (<= cfg.T) */
+	int bf16;              /* encode-decode on bfloat16 rows (the backend's moe_*_bf16) */
 };
 
 /* Parameters, their gradients and the step's inputs and outputs, on the backend. */
@@ -83,7 +84,9 @@ void moe_bench_data_free(struct moe_bench_data *d);
 int moe_bench_layer(const struct moe_bench_opts *o, struct moe_bench_data *d,
 		    struct moe_bench_result *r);
 /* The encode and decode kernels alone (the experts are the identity: decode reads the
- * encode output), and a plain copy of the same number of bytes. */
+ * encode output), and a plain copy of the same number of bytes. With o->bf16 the rows are
+ * bfloat16 (x and dy rounded from the float inputs once, before the steps: half the bytes);
+ * CORE_EUNSUPPORTED when the backend lacks those ops. */
 int moe_bench_encdec(const struct moe_bench_opts *o, struct moe_bench_data *d,
 		     struct moe_bench_result *r);
 /* The dense GShard formulation on the first dense_T tokens of the same inputs. Refused with

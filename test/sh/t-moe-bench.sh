@@ -79,6 +79,29 @@ grep -q '"flops_formula":' out.stdout || die "no flops formula"
 expect_ok "$B" -T 64 -M 8 -H 16 -E 4 -k 1 -n 2 -w 0 -t 1 --only=encode-decode
 check_json 1
 grep -q '"copy_gbps":' out.stdout || die "no copy baseline"
+grep -q '"dtype":"fp32"' out.stdout || die "encode-decode JSON has no dtype fp32: $(cat out.stdout)"
+# --dtype=bf16: the bfloat16 kernels (every built-in device has them), only for
+# encode-decode; the same routing moves half the bytes of fp32, on cpu and on ref
+expect_fail 2 "^moe-bench: option '--dtype': unknown value 'fp16' \(fp32, bf16\)$" \
+	"$B" --dtype=fp16
+expect_fail 2 "^moe-bench: option '--dtype': bf16 is for --only=encode-decode only \(the layer computes in float\)$" \
+	"$B" -T 64 -M 8 -H 16 -E 4 -n 1 -w 0 --dtype=bf16
+expect_fail 2 "^moe-bench: option '--dtype': bf16 is for --only=encode-decode only" \
+	"$B" -T 64 -M 8 -H 16 -E 4 --only=encode-decode --dry-run --dtype=bf16
+bytes_moved() { sed -n 's/.*"bytes_moved":\([0-9.e+]*\).*/\1/p' out.stdout; }
+expect_ok "$B" -T 64 -M 12 -H 16 -E 4 -k 2 -n 2 -w 0 --device=ref --only=encode-decode --dtype=fp32
+b32=$(bytes_moved)
+expect_ok "$B" -T 64 -M 12 -H 16 -E 4 -k 2 -n 2 -w 0 --device=ref --only=encode-decode --dtype=bf16
+check_json 1
+grep -q '"dtype":"bf16"' out.stdout || die "bf16 encode-decode JSON has no dtype bf16: $(cat out.stdout)"
+grep -q '"copy_gbps":' out.stdout || die "no copy baseline for bf16"
+b16=$(bytes_moved)
+awk -v a="$b32" -v b="$b16" 'BEGIN { exit !(a > 0 && a == 2 * b) }' ||
+	die "bf16 moved $b16 bytes, fp32 $b32: not half"
+expect_ok "$B" -T 64 -M 12 -H 16 -E 4 -k 2 -n 2 -w 0 -t 2 --only=encode-decode --dtype=bf16
+check_json 1
+grep -q '"dtype":"bf16"' out.stdout || die "cpu bf16 encode-decode JSON has no dtype: $(cat out.stdout)"
+[ "$(bytes_moved)" = "$b16" ] || die "cpu bf16 moved $(bytes_moved) bytes, ref $b16"
 printf '0\n-0.5\n2\n' >ok.trace
 expect_ok "$B" -T 64 -M 8 -H 16 -E 4 -n 3 -w 0 -t 1 --trace ok.trace --activation=gelu \
 	--gate-noise=1 --aux-loss=load-importance --forward-only

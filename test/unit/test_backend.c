@@ -70,6 +70,8 @@ enum tol {
 	TOL_SCORE,
 	TOL_AUX,
 	TOL_GATE_BWD,
+	TOL_BF16_SUM,
+	TOL_BF16_ROUND,
 	NTOL
 };
 
@@ -120,13 +122,23 @@ static const struct {
 	/* gate backward: softmax backward subtracts a row dot product (cancellation), and the
 	 * load-importance term scales by pdf/sigma with sigma = s/E as small as 1/64 */
 	[TOL_GATE_BWD] = {"gate-backward", 5e-6, 2e-4},
+	/* bfloat16 results of a float32 sum rounded once (decode_bf16, encode_backward_bf16):
+	 * compared with the exact sum (ref's fp32 op on the widened inputs, see arg.exact), not
+	 * with ref's bfloat16, and allowed half a bfloat16 ulp of the result (the rounding) plus
+	 * this, the float32 sum's error: up to 6 roundings of sums of up to 6 O(1) terms, so
+	 * ~6 * 2^-24 * 24 < 1e-5 absolute. The rounding alone may use all of the half ulp (the
+	 * largest error reported is then ~1.0 of the tolerance); a wrong rounding (truncation:
+	 * up to a whole ulp) or a missed term is far above it. */
+	[TOL_BF16_SUM] = {"bf16-sum", 1e-5, 1e-6},
+	/* d_eo of decode_backward_bf16: the float32 product (2^-24 relative) rounded once */
+	[TOL_BF16_ROUND] = {"bf16-round", 0, 1e-7},
 };
 
 /* ---- cases and the harness ------------------------------------------------------------ */
 
-enum kind { F32, I32, I64, F64 };
-static const size_t kind_size[] = {4, 4, 8, 8};
-static const char *const kind_name[] = {"float", "int32", "int64", "double"};
+enum kind { F32, I32, I64, F64, BF16 };
+static const size_t kind_size[] = {4, 4, 8, 8, 2};
+static const char *const kind_name[] = {"float", "int32", "int64", "double", "bfloat16"};
 
 #define MAXARG 10
 #define MAXOWN 40
@@ -144,6 +156,13 @@ struct arg {
 	int null;             /* pass NULL */
 	const uint8_t *unspec; /* elements the contract leaves unspecified: never compared */
 	const uint8_t *skip;  /* elements not compared with ref (set after ref's run) */
+	const float *exact;   /* BF16 outputs of a sum: the unrounded values (host), which the
+			       * tested run and ref's are each compared with instead of with
+			       * each other, allowing half a bfloat16 ulp (see TOL_BF16_SUM) */
+	int ties;             /* with exact: the exact values are exact (not rounded to float), so
+			       * a tie must go to the even neighbour: sums of a few bfloat16
+			       * values (encode backward), which are exact in float and often
+			       * ties, unlike decode's products with float scores */
 	void *want, *got;     /* ref's result, the first tested run's result */
 };
 
@@ -336,6 +355,7 @@ static double value_at(const void *buf, enum kind kind, size_t j)
 {
 	switch (kind) {
 	case F32: return ((const float *)buf)[j];
+	case BF16: return backend_bf16_to_float(((const uint16_t *)buf)[j]);
 	case I32: return ((const int32_t *)buf)[j];
 	case I64: return (double)((const int64_t *)buf)[j];
 	default: return ((const double *)buf)[j];
@@ -367,6 +387,35 @@ static void expect_same_bits(const struct kase *k, void *const *res, const char 
 	}
 }
 
+/* Half the spacing of bfloat16 values at v (8 significant bits; subnormals below 2^-126). */
+static double bf16_half_ulp(double v)
+{
+	int ex;
+	if (!(fabs(v) > 0) || !isfinite(v))
+		return ldexp(1.0, -134);
+	frexp(fabs(v), &ex); /* |v| in [2^(ex-1), 2^ex): ulp 2^(ex-8) */
+	return fmax(ldexp(1.0, ex - 9), ldexp(1.0, -134));
+}
+
+/* Element e of a bfloat16 output with exact values: |v - exact| <= half an ulp of v + atol +
+ * rtol |exact|, and, where a->ties, at a tie (|v - exact| half an ulp exactly) v is the even
+ * neighbour; returns the fraction of the bound used. */
+static double bf16_close(const struct kase *k, const struct arg *a, size_t e, double v,
+			 const char *who)
+{
+	double x = a->exact[e], d = fabs(v - x);
+	double lim = bf16_half_ulp(v) + tols[a->tol].atol + tols[a->tol].rtol * fabs(x);
+	if (a->ties && d == bf16_half_ulp(v) && (backend_bf16_from_float((float)v) & 1u))
+		cr_assert_fail("%s [%s]: '%s'[%zu] = %.9g, exact %.9g: a tie rounded to the odd "
+			       "neighbour (round to nearest even)", k->what, who, a->name, e, v, x);
+	if (!(d <= lim))
+		cr_assert_fail("%s [%s]: '%s'[%zu] = %.9g, exact %.9g: |diff| %.3g > half a "
+			       "bfloat16 ulp %.3g + %.3g + %.3g |exact| (tolerance '%s')", k->what,
+			       who, a->name, e, v, x, d, bf16_half_ulp(v), tols[a->tol].atol,
+			       tols[a->tol].rtol, tols[a->tol].name);
+	return d / lim;
+}
+
 /* |got - want| <= atol + rtol |want| for every compared element of argument a; returns the
  * largest fraction of the tolerance used. */
 static double expect_close(const struct kase *k, const struct arg *a, const char *who)
@@ -384,6 +433,12 @@ static double expect_close(const struct kase *k, const struct arg *a, const char
 			continue;
 		}
 		size_t es = kind_size[a->kind];
+		if (a->exact) {
+			double f = bf16_close(k, a, e, g, who);
+			bf16_close(k, a, e, w, "ref");
+			worst = f > worst ? f : worst;
+			continue;
+		}
 		if (memcmp((const char *)a->got + e * es, (const char *)a->want + e * es, es) == 0)
 			continue; /* equal bits, NaN poison left alone by both included */
 		double lim = tols[a->tol].atol + tols[a->tol].rtol * fabs(w), d = fabs(g - w);
@@ -1552,6 +1607,16 @@ static void locations_case(struct harness *h, int64_t T, int K, int E, int64_t C
 	run_case(h, k, 0);
 }
 
+/* The routes of the dispatch tests, float32 and bfloat16: with and without drops, M odd, a
+ * multiple of 4 but not of 8, and of 8. */
+static const int64_t routes[][5] = {
+	/* T, M, E, k, C */
+	{1, 1, 1, 1, 1},    {3, 7, 2, 2, 3},     {7, 17, 4, 1, 2},  {17, 16, 8, 2, 5},
+	{33, 32, 4, 2, 40}, {100, 33, 16, 2, 12}, {64, 64, 8, 3, 20}, {100, 100, 32, 1, 3},
+	{50, 48, 6, 6, 50}, {1024, 128, 16, 2, 100}, {2000, 64, 64, 4, 150},
+};
+#define NROUTES (sizeof routes / sizeof routes[0])
+
 static void moe_dispatch(struct harness *h)
 {
 	static const int counts[][2] = {{1, 1}, {3, 2}, {17, 4}, {100, 8}, {1000, 64}, {33, 3},
@@ -1583,13 +1648,7 @@ static void moe_dispatch(struct harness *h)
 		}
 
 	/* encode, decode and their backwards on routes with and without drops */
-	static const int64_t routes[][5] = {
-		/* T, M, E, k, C */
-		{1, 1, 1, 1, 1},    {3, 7, 2, 2, 3},     {7, 17, 4, 1, 2},  {17, 16, 8, 2, 5},
-		{33, 32, 4, 2, 40}, {100, 33, 16, 2, 12}, {64, 64, 8, 3, 20}, {100, 100, 32, 1, 3},
-		{50, 48, 6, 6, 50}, {1024, 128, 16, 2, 100}, {2000, 64, 64, 4, 150},
-	};
-	for (size_t s = 0; s < sizeof routes / sizeof routes[0]; s++) {
+	for (size_t s = 0; s < NROUTES; s++) {
 		int64_t T = routes[s][0], M = routes[s][1], C = routes[s][4];
 		int E = (int)routes[s][2], K = (int)routes[s][3];
 		size_t nx = (size_t)(T * M), nd = (size_t)(E * C * M), nk = (size_t)(K * T);
@@ -1658,6 +1717,178 @@ static void moe_dispatch(struct harness *h)
 Test(backend, moe_dispatch)
 {
 	for_each_backend("moe_dispatch", moe_dispatch);
+}
+
+/* ---- the dispatch ops on bfloat16 rows -----------------------------------------------------
+ * The same routes and flags as moe_dispatch, the rows drawn N(0,1) and rounded to bfloat16.
+ * encode_bf16 must give ref's bits; dscore is a float32 dot product as in the fp32 op (the
+ * products are exact), compared with ref's; the bfloat16 sums and d_eo are compared with
+ * their exact values, which ref's fp32 op gives from the widened inputs (rounding once from
+ * double), within half a bfloat16 ulp plus the float32 sum's error; ref's own bfloat16 results
+ * are held to the same bound. */
+
+static int run_encode_bf16(struct backend *be, void *const *p, const struct kase *k)
+{
+	struct backend_moe_route r = route_of(p, k);
+	return be->op->moe_encode_bf16(be, &r, p[4], p[5], k->l[2], k->i[2]);
+}
+
+static int run_decode_bf16(struct backend *be, void *const *p, const struct kase *k)
+{
+	struct backend_moe_route r = route_of(p, k);
+	return be->op->moe_decode_bf16(be, &r, p[4], p[5], k->l[2]);
+}
+
+static int run_decode_backward_bf16(struct backend *be, void *const *p, const struct kase *k)
+{
+	struct backend_moe_route r = route_of(p, k);
+	return be->op->moe_decode_backward_bf16(be, &r, p[4], p[5], p[6], p[7], k->l[2],
+						k->i[2]);
+}
+
+static int run_encode_backward_bf16(struct backend *be, void *const *p, const struct kase *k)
+{
+	struct backend_moe_route r = route_of(p, k);
+	return be->op->moe_encode_backward_bf16(be, &r, p[4], p[5], k->l[2]);
+}
+
+/* n draws of N(0,1) rounded to bfloat16, and those values widened back to float. */
+static uint16_t *randbf(struct kase *k, size_t n)
+{
+	const float *x = randn(k, n, 0, 1);
+	uint16_t *b = own(k, n * sizeof *b);
+	for (size_t j = 0; j < n; j++)
+		b[j] = backend_bf16_from_float(x[j]);
+	return b;
+}
+
+static float *widened(struct kase *k, const uint16_t *b, size_t n)
+{
+	float *x = own(k, n * sizeof *x);
+	for (size_t j = 0; j < n; j++)
+		x[j] = backend_bf16_to_float(b[j]);
+	return x;
+}
+
+/* Argument j of the fp32 case k32 after it ran on ref: the exact values for the bfloat16
+ * case k (owned by k); k32 is freed. */
+static const float *exact_of(struct harness *h, struct kase *k, struct kase *k32, int j)
+{
+	void *res[MAXARG];
+	exec(h->ref, "ref, fp32 on the widened inputs", k32, 0, res);
+	float *x = own(k, k32->a[j].n * sizeof *x);
+	memcpy(x, res[j], k32->a[j].n * sizeof *x);
+	for (int i = 0; i < k32->nargs; i++)
+		free(res[i]);
+	kase_free(k32);
+	return x;
+}
+
+static void moe_dispatch_bf16(struct harness *h)
+{
+	const struct backend_ops *op = h->be[0]->op;
+	if (!op->moe_encode_bf16 || !op->moe_decode_bf16 || !op->moe_decode_backward_bf16 ||
+	    !op->moe_encode_backward_bf16) {
+		h->summary = "SKIPPED: the backend has no bfloat16 dispatch ops";
+		return;
+	}
+	for (size_t s = 0; s < NROUTES; s++) {
+		int64_t T = routes[s][0], M = routes[s][1], C = routes[s][4];
+		int E = (int)routes[s][2], K = (int)routes[s][3];
+		size_t nx = (size_t)(T * M), nd = (size_t)(E * C * M), nk = (size_t)(K * T);
+		for (int zp = 0; zp < 2; zp++) {
+			struct kase *k = kase_new("moe_encode_bf16", run_encode_bf16,
+						  "moe_encode_bf16 T=%lld M=%lld E=%d k=%d C=%lld "
+						  "zero_pad=%d", (long long)T, (long long)M, E, K,
+						  (long long)C, zp);
+			struct route r;
+			make_route(k, &r, T, E, K, C);
+			route_args(k, &r);
+			k->l[2] = M, k->i[2] = zp;
+			IN(k, "x", BF16, nx, randbf(k, nx));
+			OUT(k, "disp", BF16, nd, randbf(k, nd), TOL_EXACT);
+			run_case(h, k, 0);
+		}
+		{
+			struct kase *k = kase_new("moe_decode_bf16", run_decode_bf16,
+						  "moe_decode_bf16 T=%lld M=%lld E=%d k=%d C=%lld",
+						  (long long)T, (long long)M, E, K, (long long)C);
+			struct kase *k32 = kase_new("moe_decode", run_decode, "%s (fp32)", k->what);
+			struct route r;
+			make_route(k, &r, T, E, K, C);
+			route_args(k, &r);
+			route_args(k32, &r);
+			k->l[2] = k32->l[2] = M;
+			const uint16_t *eo = randbf(k, nd);
+			IN(k, "eo", BF16, nd, eo);
+			int y = OUT(k, "y", BF16, nx, NULL, TOL_BF16_SUM);
+			IN(k32, "eo", F32, nd, widened(k, eo, nd));
+			OUT(k32, "y", F32, nx, NULL, TOL_EXACT);
+			k->a[y].exact = exact_of(h, k, k32, y);
+			run_case(h, k, 0);
+		}
+		for (int zp = 0; zp < 2; zp++)
+			for (int inplace = 0; inplace < 2; inplace++) {
+				struct kase *k = kase_new(
+					"moe_decode_backward_bf16", run_decode_backward_bf16,
+					"moe_decode_backward_bf16 T=%lld M=%lld E=%d k=%d C=%lld "
+					"zero_pad=%d d_eo=%s", (long long)T, (long long)M, E, K,
+					(long long)C, zp, inplace ? "eo" : "own buffer");
+				struct kase *k32 = kase_new("moe_decode_backward",
+							    run_decode_backward, "%s (fp32)",
+							    k->what);
+				struct route r;
+				make_route(k, &r, T, E, K, C);
+				route_args(k, &r);
+				route_args(k32, &r);
+				k->l[2] = k32->l[2] = M, k->i[2] = k32->i[2] = zp;
+				const uint16_t *dy = randbf(k, nx), *eo = randbf(k, nd);
+				IN(k, "dy", BF16, nx, dy);
+				int eoj = IN(k, "eo", BF16, nd, eo);
+				IN(k32, "dy", F32, nx, widened(k, dy, nx));
+				int eo32 = IN(k32, "eo", F32, nd, widened(k, eo, nd));
+				int d;
+				if (inplace) {
+					arg_alias(k, "d_eo", eoj, TOL_BF16_ROUND);
+					d = k->nargs - 1;
+					arg_alias(k32, "d_eo", eo32, TOL_EXACT);
+				} else {
+					const uint16_t *pre = randbf(k, nd);
+					d = OUT(k, "d_eo", BF16, nd, pre, TOL_BF16_ROUND);
+					OUT(k32, "d_eo", F32, nd, widened(k, pre, nd), TOL_EXACT);
+				}
+				OUT(k, "dscore", F32, nk, NULL, TOL_DOT);
+				OUT(k32, "dscore", F32, nk, NULL, TOL_EXACT);
+				k->a[d].exact = exact_of(h, k, k32, d);
+				run_case(h, k, 0);
+			}
+		{
+			struct kase *k = kase_new(
+				"moe_encode_backward_bf16", run_encode_backward_bf16,
+				"moe_encode_backward_bf16 T=%lld M=%lld E=%d k=%d C=%lld",
+				(long long)T, (long long)M, E, K, (long long)C);
+			struct kase *k32 = kase_new("moe_encode_backward", run_encode_backward,
+						    "%s (fp32)", k->what);
+			struct route r;
+			make_route(k, &r, T, E, K, C);
+			route_args(k, &r);
+			route_args(k32, &r);
+			k->l[2] = k32->l[2] = M;
+			const uint16_t *dd = randbf(k, nd);
+			IN(k, "d_disp", BF16, nd, dd);
+			int dx = OUT(k, "dx", BF16, nx, NULL, TOL_BF16_SUM);
+			IN(k32, "d_disp", F32, nd, widened(k, dd, nd));
+			OUT(k32, "dx", F32, nx, NULL, TOL_EXACT);
+			k->a[dx].exact = exact_of(h, k, k32, dx);
+			k->a[dx].ties = 1;
+			run_case(h, k, 0);
+		}
+	}
+}
+
+Test(backend, moe_dispatch_bf16)
+{
+	for_each_backend("moe_dispatch_bf16", moe_dispatch_bf16);
 }
 
 /* ---- the registry --------------------------------------------------------------------- */

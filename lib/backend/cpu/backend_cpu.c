@@ -47,6 +47,15 @@ int cpu_moe_decode_backward(struct backend *be, const struct backend_moe_route *
 			    int64_t M, int zero_pad);
 int cpu_moe_encode_backward(struct backend *be, const struct backend_moe_route *r,
 			    const float *d_disp, float *dx, int64_t M);
+int cpu_moe_encode_bf16(struct backend *be, const struct backend_moe_route *r,
+			const uint16_t *x, uint16_t *disp, int64_t M, int zero_pad);
+int cpu_moe_decode_bf16(struct backend *be, const struct backend_moe_route *r,
+			const uint16_t *eo, uint16_t *y, int64_t M);
+int cpu_moe_decode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
+				 const uint16_t *dy, const uint16_t *eo, uint16_t *d_eo,
+				 float *dscore, int64_t M, int zero_pad);
+int cpu_moe_encode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
+				 const uint16_t *d_disp, uint16_t *dx, int64_t M);
 
 /* Attention row/key block: rows of block r attend to keys of blocks 0..r only, so the
  * products skip all but (nb + 1) / (2 nb) of the T x T scores (nb = T / ATT_BLOCK blocks).
@@ -1021,6 +1030,10 @@ static const struct backend_ops cpu_ops = {
 	.moe_decode = cpu_moe_decode,
 	.moe_decode_backward = cpu_moe_decode_backward,
 	.moe_encode_backward = cpu_moe_encode_backward,
+	.moe_encode_bf16 = cpu_moe_encode_bf16,
+	.moe_decode_bf16 = cpu_moe_decode_bf16,
+	.moe_decode_backward_bf16 = cpu_moe_decode_backward_bf16,
+	.moe_encode_backward_bf16 = cpu_moe_encode_backward_bf16,
 	.profile = cpu_profile,
 	.gemm_seconds = cpu_gemm_seconds,
 };

@@ -664,3 +664,138 @@ int cpu_moe_decode_backward(struct backend *be, const struct backend_moe_route *
 	}
 	return 0;
 }
+
+/* ---- the dispatch ops on bfloat16 rows ----------------------------------------------------
+ * Plain loops on the widened values, tokens shared among the threads as above (each output
+ * row has one owner). Decode and encode backward keep float accumulators for a block of
+ * BF_BLOCK elements on the stack and run the contract's chain per element (fused
+ * multiply-adds from zero, in rank order), so any k works; each result is rounded once. The
+ * dot product of decode backward has a fixed order (8 partial sums by m % 8, then a fixed
+ * tree), so its bits depend neither on the thread count nor on alignment. */
+#define BF_BLOCK 256
+
+static void zero_padding_bf16(const struct backend_moe_route *r, uint16_t *buf, int64_t M)
+{
+	const int64_t C = r->C;
+#pragma omp for schedule(dynamic, ROW_CHUNK) collapse(2) nowait
+	for (int e = 0; e < r->E; e++)
+		for (int64_t c = 0; c < C; c++)
+			if (c >= r->count[e])
+				memset(buf + ((int64_t)e * C + c) * M, 0, sizeof *buf * (size_t)M);
+}
+
+int cpu_moe_encode_bf16(struct backend *be, const struct backend_moe_route *r,
+			const uint16_t *x, uint16_t *disp, int64_t M, int zero_pad)
+{
+	const int64_t T = r->T, C = r->C;
+	const int k = r->k;
+
+	cpu_enter(be);
+#pragma omp parallel if ((T + (int64_t)r->E * C) * M >= CPU_PAR_MIN)
+	{
+		if (zero_pad)
+			zero_padding_bf16(r, disp, M);
+#pragma omp for schedule(dynamic, ROW_CHUNK) nowait
+		for (int64_t t = 0; t < T; t++)
+			for (int j = 0; j < k; j++) {
+				const int64_t i = (int64_t)j * T + t;
+				if (r->loc[i] >= 0)
+					memcpy(disp + ((int64_t)r->idx[i] * C + r->loc[i]) * M,
+					       x + t * M, sizeof *x * (size_t)M);
+			}
+	}
+	return 0;
+}
+
+static void gather_bf16(const struct backend_moe_route *r, const uint16_t *buf, uint16_t *out,
+			int64_t M, int weighted)
+{
+	const int64_t T = r->T;
+	const int k = r->k;
+
+#pragma omp parallel for schedule(dynamic, ROW_CHUNK) if (T * M * k >= CPU_PAR_MIN)
+	for (int64_t t = 0; t < T; t++) {
+		float acc[BF_BLOCK];
+		for (int64_t m0 = 0; m0 < M; m0 += BF_BLOCK) {
+			const int64_t n = M - m0 < BF_BLOCK ? M - m0 : BF_BLOCK;
+			for (int64_t m = 0; m < n; m++)
+				acc[m] = 0.0f;
+			for (int j = 0; j < k; j++) {
+				const int64_t i = (int64_t)j * T + t;
+				if (r->loc[i] < 0)
+					continue;
+				const uint16_t *s =
+					buf + ((int64_t)r->idx[i] * r->C + r->loc[i]) * M + m0;
+				const float w = r->score[i];
+				if (weighted)
+					for (int64_t m = 0; m < n; m++)
+						acc[m] = fmaf(w, backend_bf16_to_float(s[m]),
+							      acc[m]);
+				else
+					for (int64_t m = 0; m < n; m++)
+						acc[m] += backend_bf16_to_float(s[m]);
+			}
+			uint16_t *o = out + t * M + m0;
+			for (int64_t m = 0; m < n; m++)
+				o[m] = backend_bf16_from_float(acc[m]);
+		}
+	}
+}
+
+int cpu_moe_decode_bf16(struct backend *be, const struct backend_moe_route *r,
+			const uint16_t *eo, uint16_t *y, int64_t M)
+{
+	cpu_enter(be);
+	gather_bf16(r, eo, y, M, 1);
+	return 0;
+}
+
+int cpu_moe_encode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
+				 const uint16_t *d_disp, uint16_t *dx, int64_t M)
+{
+	cpu_enter(be);
+	gather_bf16(r, d_disp, dx, M, 0);
+	return 0;
+}
+
+int cpu_moe_decode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
+				 const uint16_t *dy, const uint16_t *eo, uint16_t *d_eo,
+				 float *dscore, int64_t M, int zero_pad)
+{
+	const int64_t T = r->T, C = r->C;
+	const int k = r->k;
+
+	cpu_enter(be);
+#pragma omp parallel if ((T + (int64_t)r->E * C) * M >= CPU_PAR_MIN)
+	{
+		if (zero_pad) /* padding rows are not kept rows: as in cpu_moe_decode_backward */
+			zero_padding_bf16(r, d_eo, M);
+#pragma omp for schedule(dynamic, ROW_CHUNK) nowait
+		for (int64_t t = 0; t < T; t++) {
+			const uint16_t *g = dy + t * M;
+			for (int j = 0; j < k; j++) {
+				const int64_t i = (int64_t)j * T + t;
+				const int32_t l = r->loc[i];
+				if (l < 0) {
+					dscore[i] = 0.0f;
+					continue;
+				}
+				const int64_t s = (int64_t)r->idx[i] * C + l;
+				const uint16_t *o = eo + s * M;
+				float p[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+				for (int64_t m = 0; m < M; m++)
+					p[m & 7] = fmaf(backend_bf16_to_float(g[m]),
+							backend_bf16_to_float(o[m]), p[m & 7]);
+				dscore[i] = ((p[0] + p[4]) + (p[2] + p[6])) +
+					    ((p[1] + p[5]) + (p[3] + p[7]));
+				/* the row of eo has been read: d_eo may overwrite it */
+				uint16_t *d = d_eo + s * M;
+				const float sc = r->score[i];
+				for (int64_t m = 0; m < M; m++)
+					d[m] = backend_bf16_from_float(sc *
+								       backend_bf16_to_float(g[m]));
+			}
+		}
+	}
+	return 0;
+}

@@ -965,6 +965,111 @@ static int ref_moe_encode_backward(struct backend *be, const struct backend_moe_
 	return gather(r, d_disp, dx, M, 0);
 }
 
+/* ---- the dispatch ops on bfloat16 rows ------------------------------------------------
+ * The same sums as above, in double from the widened values, each rounded once, straight
+ * from double to bfloat16 (the exact result's nearest: the oracle of the math; the contract's
+ * float32 sum is within the tolerance of it). */
+
+/* d rounded to bfloat16, to nearest, ties to even. d is first cut to float toward zero
+ * (exact when d is a float), then the float's low 16 bits decide, with sticky = whether the
+ * cut lost anything; a float's own rounding would round twice. */
+static uint16_t bf16_of_double(double d)
+{
+	if (isnan(d))
+		return backend_bf16_from_float((float)d);
+	float f = (float)d;
+	if (fabs((double)f) > fabs(d))
+		f = nextafterf(f, 0.0f);
+	const int sticky = (double)f != d;
+	uint32_t u;
+	memcpy(&u, &f, sizeof u);
+	uint32_t hi = u >> 16, lo = u & 0xffffu;
+	if (lo > 0x8000u || (lo == 0x8000u && (sticky || (hi & 1u))))
+		hi++; /* the magnitude up: sign-magnitude bits, so right for either sign */
+	return (uint16_t)hi;
+}
+
+static void zero_padding_bf16(const struct backend_moe_route *r, uint16_t *buf, int64_t M)
+{
+	for (int e = 0; e < r->E; e++) {
+		int64_t used = r->count[e] < r->C ? r->count[e] : r->C;
+		for (int64_t c = used; c < r->C; c++)
+			memset(buf + ((size_t)e * r->C + c) * M, 0, sizeof *buf * (size_t)M);
+	}
+}
+
+static int ref_moe_encode_bf16(struct backend *be, const struct backend_moe_route *r,
+			       const uint16_t *x, uint16_t *disp, int64_t M, int zero_pad)
+{
+	if (zero_pad)
+		zero_padding_bf16(r, disp, M);
+	for (int64_t i = 0; i < r->k * r->T; i++)
+		if (r->loc[i] >= 0)
+			memcpy(disp + row_of(r, i, M), x + (size_t)(i % r->T) * M,
+			       sizeof *x * (size_t)M);
+	return 0;
+}
+
+static int gather_bf16(const struct backend_moe_route *r, const uint16_t *buf, uint16_t *out,
+		       int64_t M, int weighted)
+{
+	double *acc = scratch((size_t)M, sizeof *acc);
+	if (!acc)
+		return CORE_ENOMEM;
+	for (int64_t t = 0; t < r->T; t++) {
+		memset(acc, 0, sizeof *acc * (size_t)M);
+		for (int rk = 0; rk < r->k; rk++) {
+			int64_t i = rk * r->T + t;
+			if (r->loc[i] < 0)
+				continue;
+			const uint16_t *row = buf + row_of(r, i, M);
+			const double w = weighted ? (double)r->score[i] : 1.0;
+			for (int64_t m = 0; m < M; m++)
+				acc[m] += w * backend_bf16_to_float(row[m]);
+		}
+		for (int64_t m = 0; m < M; m++)
+			out[t * M + m] = bf16_of_double(acc[m]);
+	}
+	free(acc);
+	return 0;
+}
+
+static int ref_moe_decode_bf16(struct backend *be, const struct backend_moe_route *r,
+			       const uint16_t *eo, uint16_t *y, int64_t M)
+{
+	return gather_bf16(r, eo, y, M, 1);
+}
+
+static int ref_moe_decode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
+					const uint16_t *dy, const uint16_t *eo, uint16_t *d_eo,
+					float *dscore, int64_t M, int zero_pad)
+{
+	if (zero_pad) /* padding rows are not kept rows: as in ref_moe_decode_backward */
+		zero_padding_bf16(r, d_eo, M);
+	for (int64_t i = 0; i < r->k * r->T; i++) {
+		if (r->loc[i] < 0) {
+			dscore[i] = 0.0f;
+			continue;
+		}
+		const uint16_t *g = dy + (size_t)(i % r->T) * M, *row = eo + row_of(r, i, M);
+		double s = 0;
+		for (int64_t m = 0; m < M; m++)
+			s += (double)backend_bf16_to_float(g[m]) * backend_bf16_to_float(row[m]);
+		dscore[i] = (float)s;
+		uint16_t *drow = d_eo + row_of(r, i, M);
+		for (int64_t m = 0; m < M; m++)
+			drow[m] = bf16_of_double((double)r->score[i] *
+						 backend_bf16_to_float(g[m]));
+	}
+	return 0;
+}
+
+static int ref_moe_encode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
+					const uint16_t *d_disp, uint16_t *dx, int64_t M)
+{
+	return gather_bf16(r, d_disp, dx, M, 0);
+}
+
 /* ---- profiling ------------------------------------------------------------------------ */
 
 static void ref_profile(struct backend *be, int enable)
@@ -1013,6 +1118,10 @@ static const struct backend_ops ref_ops = {
 	.moe_decode = ref_moe_decode,
 	.moe_decode_backward = ref_moe_decode_backward,
 	.moe_encode_backward = ref_moe_encode_backward,
+	.moe_encode_bf16 = ref_moe_encode_bf16,
+	.moe_decode_bf16 = ref_moe_decode_bf16,
+	.moe_decode_backward_bf16 = ref_moe_decode_backward_bf16,
+	.moe_encode_backward_bf16 = ref_moe_encode_backward_bf16,
 	.profile = ref_profile,
 	.gemm_seconds = ref_gemm_seconds,
 };

@@ -1,7 +1,8 @@
 /* cuda_bf16.h (test/emu) - the bfloat16 type of CUDA and the conversions kernels/ uses, on the
  * CPU. bfloat16 is the upper half of an IEEE float32: 8 exponent bits, 7 stored mantissa bits.
  * __float2bfloat16_rn rounds to nearest, ties to even, and keeps a NaN a (quiet) NaN, as CUDA's
- * does; __bfloat162float is exact.
+ * does; __bfloat162float is exact; __bfloat16_as_ushort and __ushort_as_bfloat16 give and
+ * take the bits.
  */
 #ifndef CORE_EMU_CUDA_BF16_H
 #define CORE_EMU_CUDA_BF16_H
@@ -31,6 +32,19 @@ static inline float __bfloat162float(__nv_bfloat16 h)
 	float f;
 	memcpy(&f, &u, 4);
 	return f;
+}
+
+/* The bits, both ways. */
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h)
+{
+	return h.__x;
+}
+
+static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u)
+{
+	__nv_bfloat16 h;
+	h.__x = u;
+	return h;
 }
 
 #endif

@@ -56,6 +56,15 @@ static inline float4 make_float4(float x, float y, float z, float w)
 	return float4{x, y, z, w};
 }
 
+struct alignas(16) uint4 {
+	unsigned x, y, z, w;
+};
+
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
+{
+	return uint4{x, y, z, w};
+}
+
 /* The running thread's indices, set by the scheduler whenever it resumes a thread. */
 extern uint3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
