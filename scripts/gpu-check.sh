@@ -28,7 +28,8 @@
 #                  bound (test_backend checks the rounding itself exactly)
 # Benchmarks (each with its ratio):
 #   encode+decode  moe-bench --only=encode-decode at T=65536 M=2048 E=64 k=2: GB/s against a
-#                  device copy of as many bytes in the same run (target >= 0.70)
+#                  device copy of as many bytes in the same run (target >= 0.70), in fp32 and
+#                  with --dtype bf16 (the bfloat16 kernels, half the bytes)
 #   moe layer      moe-bench forward+backward against the same layer in PyTorch on the same GPU
 #                  (test/gpu/torch_moe_bench.py, eager and torch.compile)
 #   training       dpc-train-path tokens/s, L=12 C=768 T=1024 vocab 256 B=8, against PyTorch
@@ -136,12 +137,17 @@ if [ -n "$san" ]; then
 		-E 5 -k 3 -n 1 -w 0 --gate-noise 1 --aux-loss load-importance --activation gelu \
 		--capacity 0.5 >>"$out/san_moe.log" 2>&1
 	r2=$?
+	# the bfloat16 dispatch kernels: M=33 the scalar path, M=64 the vector one
+	for m in 33 64; do
+		timeout 120 $san --tool memcheck --error-exitcode 9 "$B/moe-bench" --device cuda --only=encode-decode \
+			--dtype bf16 -T 777 -M $m -E 5 -k 3 -n 1 -w 0 >>"$out/san_moe.log" 2>&1 || r2=$?
+	done
 	timeout 120 $san --tool memcheck --error-exitcode 9 "$B/dpc-train-path" --device cuda -f \
 		-c "$here/configs/gpt-tiny.yaml" -s train.steps=2 -s train.eval_every=0 \
 		-s model.n_layer=2 -s model.seq_len=64 -s train.batch_size=3 \
 		-d "$pack/data/val.tok" -o "$out/san.safetensors" -q >"$out/san_train.log" 2>&1
 	r3=$?
-	if [ $r1$r2$r3 = 000 ]; then row "sanitizer" PASS "memcheck: 2 moe-bench steps, 2 training steps, no error"; else row "sanitizer" FAIL "exit $r1 $r2 $r3 (san_*.log)"; fi
+	if [ $r1$r2$r3 = 000 ]; then row "sanitizer" PASS "memcheck: 2 moe-bench steps, 2 bf16 encode-decode steps, 2 training steps, no error"; else row "sanitizer" FAIL "exit $r1 $r2 $r3 (san_*.log)"; fi
 else
 	row "sanitizer" SKIP "no compute-sanitizer here"
 fi
@@ -206,6 +212,10 @@ stamp "encode+decode"
 "$B/moe-bench" --device cuda --only=encode-decode $ED -k 2 -n $IT -w 3 >"$out/encdec.json" 2>"$out/encdec.err"
 ed=$($PY -c 'import json,sys; j=json.load(open(sys.argv[1])); r=j["encdec_gbps"]/j["copy_gbps"]; print(("PASS" if r>=0.7 else "FAIL"), "%.0f GB/s, copy %.0f GB/s, ratio %.2f (target 0.70)" % (j["encdec_gbps"], j["copy_gbps"], r))' "$out/encdec.json" 2>&1 | verdict encdec)
 row "encode+decode" "${ed%% *}" "${ed#* }"
+stamp "encode+decode bf16"
+"$B/moe-bench" --device cuda --only=encode-decode --dtype bf16 $ED -k 2 -n $IT -w 3 >"$out/encdec-bf16.json" 2>"$out/encdec-bf16.err"
+edb=$($PY -c 'import json,sys; j=json.load(open(sys.argv[1])); r=j["encdec_gbps"]/j["copy_gbps"]; print(("PASS" if r>=0.7 else "FAIL"), "%.0f GB/s, copy %.0f GB/s, ratio %.2f (target 0.70)" % (j["encdec_gbps"], j["copy_gbps"], r))' "$out/encdec-bf16.json" 2>&1 | verdict encdec-bf16)
+row "encode+decode bf16" "${edb%% *}" "${edb#* }"
 
 stamp "moe layer: ours and PyTorch"
 "$B/moe-bench" --device cuda $LY -k 2 -n $IT -w 3 >"$out/layer.json" 2>"$out/layer.err"
