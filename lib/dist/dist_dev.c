@@ -9,6 +9,11 @@
  * pieces for ranks l2, l2 + m, l2 + 2m, ... lies at a constant stride in the send span (m
  * times the span's peer stride, dist_impl.h), so phase 1 is m * nblk strided copies and not
  * W * nblk small ones; phase 3 is m, and the own node's part of phase 4 nblk.
+ *
+ * The parameter collectives use the world communicator with only the group's members as
+ * peers: no communicator per group size (r changes g at every step, and opening a NCCL
+ * communicator is collective and slow). Their sums are add_f32 over received copies in
+ * member order, never a reduction inside the library, whose order NCCL does not promise.
  */
 #include "dist/dist_dev.h"
 
@@ -30,6 +35,7 @@ struct dist_dev {
 	size_t cap;
 	void *red;                   /* the parameter collectives' receive staging */
 	size_t red_cap;
+	int64_t allocs;              /* staging (re)allocations */
 	struct backend_xfer *x;      /* a round's transfers */
 	size_t nx;
 };
@@ -117,6 +123,11 @@ out:
 	return 0;
 }
 
+int64_t dist_dev_allocs(const struct dist_dev *x)
+{
+	return x->allocs;
+}
+
 size_t dist_dev_bytes(const struct dist_dev *x)
 {
 	return 2 * x->cap + x->red_cap;
@@ -147,6 +158,7 @@ static int stage_grow(struct dist_dev *x, size_t bytes)
 	ERR_FORWARD(be->op->alloc(be, &x->stage[0], bytes));
 	ERR_FORWARD(be->op->alloc(be, &x->stage[1], bytes));
 	x->cap = bytes;
+	x->allocs++;
 	return 0;
 }
 
@@ -160,6 +172,7 @@ static int red_grow(struct dist_dev *x, size_t bytes)
 	x->red_cap = 0;
 	ERR_FORWARD(be->op->alloc(be, &x->red, bytes));
 	x->red_cap = bytes;
+	x->allocs++;
 	return 0;
 }
 

@@ -83,5 +83,7 @@ int dist_dev_allreduce_f32(struct dist_dev *x, float *v, size_t n);
 
 /* Bytes of device staging memory held now (2DH, the parameter collectives' sums). */
 size_t dist_dev_bytes(const struct dist_dev *x);
+/* Staging (re)allocations so far: staging grows to the largest call and is kept. */
+int64_t dist_dev_allocs(const struct dist_dev *x);
 
 #endif

@@ -18,6 +18,9 @@
  *   decode    with the virtual route: sums the r partials of each choice (local sum).
  * Backward runs the same pipeline on d_eo, and reduce-scatters the gradients.
  * r = 0 gathers everything and runs the single-process flow on the local tokens.
+ * On device memory (l->dd) each exchange of backend memory is queued through dist_dev on the
+ * backend's stream instead: the pipeline's pieces in order, the ops between them waiting
+ * for nothing but the stream, so the host path's communication thread is not used.
  */
 #include "moe/moe_dist.h"
 
@@ -326,6 +329,12 @@ const struct moe_dist_step *moe_dist_layer_last(const struct moe_dist_layer *l)
 void moe_dist_layer_stats(const struct moe_dist_layer *l, struct moe_dist_stats *s)
 {
 	*s = l->st;
+	/* the device exchanges' staging grows to the largest step and stays, like the rest */
+	if (l->dd) {
+		s->bytes += dist_dev_bytes(l->dd);
+		s->peak += dist_dev_bytes(l->dd);
+		s->allocs += dist_dev_allocs(l->dd);
+	}
 }
 
 static double clock_be(struct moe_dist_layer *l)
