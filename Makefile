@@ -365,7 +365,8 @@ $(EMU_DIR)/test_backend: $(BUILD)/test/unit/test_backend.o $(EMU_OBJ) $(EMU_LIB_
 ifeq ($(HAVE_MPI),1)
 $(EMU_DIR)/test/emu/nccl_emu.o: EMU_CXXFLAGS += $(MPI_CFLAGS) -DEMU_NCCL_MPI=1
 ifeq ($(HAVE_CXX),1)
-EMU_MPI_TESTS := $(EMU_DIR)/test_dist_dev $(EMU_DIR)/test_moe_dist $(EMU_DIR)/moe-bench
+EMU_MPI_TESTS := $(EMU_DIR)/test_dist_dev $(EMU_DIR)/test_moe_dist $(EMU_DIR)/moe-bench \
+	$(EMU_DIR)/moe-profile
 endif
 endif
 # (again here: test-sh's rule above is read before EMU_MPI_TESTS is set, and a rule's
@@ -389,6 +390,11 @@ $(EMU_DIR)/test_moe_dist: $(EMU_DIR)/test/mpi/test_moe_dist.o $(EMU_OBJ) $(EMU_L
 
 # moe-bench on the emulated cuda backend: --device cuda --only=alltoall under mpirun
 $(EMU_DIR)/moe-bench: $(BUILD)/cmd/moe-bench.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
+
+# moe-profile on the emulated cuda backend: a dictionary of the layer on device memory
+$(EMU_DIR)/moe-profile: $(BUILD)/cmd/moe-profile.o $(EMU_OBJ) $(EMU_LIB_OBJ)
 	$(call say,LINK,$@)
 	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
 

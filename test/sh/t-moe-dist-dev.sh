@@ -30,4 +30,16 @@ for args in "2" "4" "4 --local-size 2"; do
 		{ cat all.out; die "test_moe_dist --device cuda at $args: the layer was not on cuda"; }
 	grep -m1 'checks' all.out
 done
+# moe-profile measures a dictionary of the layer on the emulated device, and moe-bench
+# --dict runs it there (the cuda layer end to end through the programs)
+mp=$EMUTEST/moe-profile mb=$EMUTEST/moe-bench
+if [ -x "$mp" ] && [ -x "$mb" ]; then
+	shape="-T 16 -M 8 -H 8 -E 2 -t 1"
+	run 4 "$mp" --device cuda --local-size 2 $shape -R 8 --factors 1:2 --d-values 1,2 -n 1 -w 0 \
+		-o d.txt >mp.out 2>mp.err || { cat mp.out mp.err; die "moe-profile --device cuda failed"; }
+	grep -q '^world 4$' d.txt || { cat d.txt; die "moe-profile --device cuda: no 'world 4' in the dictionary"; }
+	run 4 "$mb" --device cuda --local-size 2 $shape --dict d.txt -n 1 -w 0 >mb.out 2>mb.err ||
+		{ cat mb.out mb.err; die "moe-bench --device cuda --dict failed"; }
+	grep -q '"run":"dictionary-summary"' mb.out || { cat mb.out; die "moe-bench --device cuda --dict: no summary"; }
+fi
 echo "test_moe_dist --device cuda (emulated) at 2 and 4 ranks and nodes of 2: every plan matches ref"
