@@ -365,7 +365,8 @@ $(EMU_DIR)/test_backend: $(BUILD)/test/unit/test_backend.o $(EMU_OBJ) $(EMU_LIB_
 ifeq ($(HAVE_MPI),1)
 $(EMU_DIR)/test/emu/nccl_emu.o: EMU_CXXFLAGS += $(MPI_CFLAGS) -DEMU_NCCL_MPI=1
 ifeq ($(HAVE_CXX),1)
-EMU_MPI_TESTS := $(EMU_DIR)/test_dist_dev $(EMU_DIR)/moe-bench
+EMU_MPI_TESTS := $(EMU_DIR)/test_dist_dev $(EMU_DIR)/test_moe_dist $(EMU_DIR)/moe-bench \
+	$(EMU_DIR)/moe-profile
 endif
 endif
 # (again here: test-sh's rule above is read before EMU_MPI_TESTS is set, and a rule's
@@ -381,8 +382,19 @@ $(EMU_DIR)/test_dist_dev: $(EMU_DIR)/test/mpi/test_dist_dev.o $(EMU_OBJ) $(EMU_L
 	$(call say,LINK,$@)
 	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
 
+# the distributed MoE layer on the emulated device (test/mpi/test_moe_dist.c --device cuda),
+# run under mpirun by test/sh/t-moe-dist-dev.sh
+$(EMU_DIR)/test_moe_dist: $(EMU_DIR)/test/mpi/test_moe_dist.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
+
 # moe-bench on the emulated cuda backend: --device cuda --only=alltoall under mpirun
 $(EMU_DIR)/moe-bench: $(BUILD)/cmd/moe-bench.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
+
+# moe-profile on the emulated cuda backend: a dictionary of the layer on device memory
+$(EMU_DIR)/moe-profile: $(BUILD)/cmd/moe-profile.o $(EMU_OBJ) $(EMU_LIB_OBJ)
 	$(call say,LINK,$@)
 	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
 
@@ -402,7 +414,8 @@ endif
 	@CORE_CUDA_ATTENTION=fused $(EMU_DIR)/test_backend --jobs=2 \
 		--filter 'backend/@(attention|gpt2_training_step|reduced_precision_products)'
 
--include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d $(EMU_DIR)/test/mpi/test_dist_dev.d
+-include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d $(EMU_DIR)/test/mpi/test_dist_dev.d \
+	$(EMU_DIR)/test/mpi/test_moe_dist.d
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5

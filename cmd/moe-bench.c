@@ -73,8 +73,8 @@ static void usage(FILE *f)
 "  -s, --seed=N             seed for parameters, inputs and gate noise (default 1)\n"
 "  -t, --threads=N          OpenMP and BLAS threads (default: OMP_NUM_THREADS or all)\n"
 "      --device=NAME        where the layer runs: cpu (default), ref (the slow\n"
-"                           reference backend), cuda (when built, one process;\n"
-"                           distributed: --only=alltoall on device memory, NCCL)\n"
+"                           reference backend), cuda (when built; under mpirun\n"
+"                           one GPU per rank, exchanges on device memory, NCCL)\n"
 "      --precision=P        expert products in fp32 (default), tf32 or bf16 (cuda)\n"
 "      --dtype=TYPE         rows of --only=encode-decode: fp32 (default) or bf16\n"
 "                           (bfloat16 rows: the device's bfloat16 kernels)\n"
@@ -944,11 +944,13 @@ int main(int argc, char **argv)
 					       "--baseline=dense" : dry ? "--dry-run" :
 					       "--only=encode-decode");
 		}
-		if (encdec != 2 && strcmp(device, "cpu") != 0 && strcmp(device, "ref") != 0) {
+		/* On a device (cuda) the layer exchanges through its collectives (dist_dev.h):
+		 * Linear and 2DH; MPI's All-to-All runs on host memory only. */
+		if (encdec != 2 && a2a == DIST_A2A_MPI && strcmp(device, "cpu") != 0 &&
+		    strcmp(device, "ref") != 0) {
 			free(trace);
-			return cli_usage_error(prog, "option '--device': the distributed layer runs "
-					       "on host memory (cpu or ref), not on '%s' (only "
-					       "--only=alltoall runs on it)", device);
+			return cli_usage_error(prog, "option '--a2a': mpi runs on host memory (cpu "
+					       "or ref), not on '%s': use linear or 2dh", device);
 		}
 		struct dist *world = NULL;
 		rc = dist_open(&world, (int)local_size);

@@ -73,7 +73,7 @@ static void usage(FILE *f)
 "  -f, --force              overwrite existing output files\n"
 "  -s, --seed=N             seed for parameters and inputs (default 1)\n"
 "  -t, --threads=N          OpenMP and BLAS threads per rank (default: OMP_NUM_THREADS)\n"
-"      --device=NAME        cpu (default) or ref\n"
+"      --device=NAME        cpu (default), ref or cuda (one GPU per rank)\n"
 "  -h, --help               print this help and exit\n"
 "  -V, --version            print the version and exit\n"
 "\n"
@@ -604,9 +604,9 @@ int main(int argc, char **argv)
 	if ((out || trials) && sim)
 		return cli_usage_error(prog, "--simulate predicts exchange times and writes no "
 				       "dictionary: not with %s", out ? "-o" : "--trials");
-	if (strcmp(device, "cpu") != 0 && strcmp(device, "ref") != 0)
-		return cli_usage_error(prog, "option '--device': the distributed layer runs on "
-				       "host memory (cpu or ref), not on '%s'", device);
+	if (sim && strcmp(device, "cpu") != 0 && strcmp(device, "ref") != 0)
+		return cli_usage_error(prog, "option '--device': --simulate times the host "
+				       "All-to-All (cpu or ref), not '%s'", device);
 	if (sim) {
 		struct dist *d = NULL;
 		struct backend *be = NULL;
@@ -641,8 +641,10 @@ int main(int argc, char **argv)
 	struct dist *d = NULL;
 	struct backend *be = NULL;
 	rc = dist_open(&d, (int)local);
+	/* one GPU per rank of a node */
 	if (rc == 0)
-		rc = backend_open(&be, device, &(struct backend_params){.threads = (int)threads});
+		rc = backend_open(&be, device, &(struct backend_params){
+			.threads = (int)threads, .device = dist_rank(d) % dist_local_size(d)});
 	if (rc == 0) {
 		struct moe_dist_place pl;
 		rc = moe_dist_place(&pl, &s.o.cfg, dist_size(d), dist_rank(d));

@@ -253,6 +253,23 @@ static int cu_fill(struct backend *be, float *x, size_t n, float value)
 	return 0;
 }
 
+__global__ void k_add_f32(float *y, const float *x, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		y[i] = __fadd_rn(y[i], x[i]); /* never fused with anything: the CPU's bits */
+}
+
+static int cu_add_f32(struct backend *be, float *y, const float *x, size_t n)
+{
+	struct cuda_ctx *c = cuda_ctx_of(be);
+	if (!n)
+		return 0;
+	CUDA_LAUNCH(k_add_f32, cuda_grid(c, n, 256), 256, 0, c->stream, y, x, n);
+	CUDA_LAUNCHED("add_f32");
+	return 0;
+}
+
 /* Drawn on the host by the one generator every backend shares (common/rng.h), so the bits are
  * the CPU's: a parameter initialisation, once per run, not a hot path. */
 static int cu_fill_normal(struct backend *be, float *x, size_t n, float mean, float std,
@@ -1235,6 +1252,7 @@ static const struct backend_ops cuda_ops = {
 	.sync = cu_sync,
 	.workspace_bytes = cu_workspace_bytes,
 	.fill = cu_fill,
+	.add_f32 = cu_add_f32,
 	.fill_normal = cu_fill_normal,
 	.sum = cu_sum,
 	.gemm = cu_gemm,

@@ -161,6 +161,10 @@ struct backend_ops {
 
 	/* x[i] = value, i < n. */
 	int (*fill)(struct backend *be, float *x, size_t n, float value);
+	/* y[i] += x[i], i < n, one float rounding each (so every backend gives the same bits):
+	 * the sums of the device reduce-scatter and all-reduce (lib/dist/dist_dev.h), added
+	 * member by member in a fixed order. x and y must not overlap. */
+	int (*add_f32)(struct backend *be, float *y, const float *x, size_t n);
 	/* x[i] = mean + std * rng_normal(seed, stream, base + i) (common/rng.h), i < n, in
 	 * float: a rounded product, then a rounded sum (no fused multiply-add), so every
 	 * backend gives the same bits. */

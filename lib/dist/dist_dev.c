@@ -9,6 +9,11 @@
  * pieces for ranks l2, l2 + m, l2 + 2m, ... lies at a constant stride in the send span (m
  * times the span's peer stride, dist_impl.h), so phase 1 is m * nblk strided copies and not
  * W * nblk small ones; phase 3 is m, and the own node's part of phase 4 nblk.
+ *
+ * The parameter collectives use the world communicator with only the group's members as
+ * peers: no communicator per group size (r changes g at every step, and opening a NCCL
+ * communicator is collective and slow). Their sums are add_f32 over received copies in
+ * member order, never a reduction inside the library, whose order NCCL does not promise.
  */
 #include "dist/dist_dev.h"
 
@@ -28,6 +33,9 @@ struct dist_dev {
 	void *world, *intra, *inter; /* communicators; NULL where not needed */
 	void *stage[2];              /* 2DH: two buffers of cap bytes, device memory */
 	size_t cap;
+	void *red;                   /* the parameter collectives' receive staging */
+	size_t red_cap;
+	int64_t allocs;              /* staging (re)allocations */
 	struct backend_xfer *x;      /* a round's transfers */
 	size_t nx;
 };
@@ -44,6 +52,7 @@ void dist_dev_close(struct dist_dev *x)
 	}
 	be->op->free(be, x->stage[0]);
 	be->op->free(be, x->stage[1]);
+	be->op->free(be, x->red);
 	free(x->x);
 	free(x);
 }
@@ -114,9 +123,14 @@ out:
 	return 0;
 }
 
+int64_t dist_dev_allocs(const struct dist_dev *x)
+{
+	return x->allocs;
+}
+
 size_t dist_dev_bytes(const struct dist_dev *x)
 {
-	return 2 * x->cap;
+	return 2 * x->cap + x->red_cap;
 }
 
 /* Room for k transfers in x->x. */
@@ -144,6 +158,21 @@ static int stage_grow(struct dist_dev *x, size_t bytes)
 	ERR_FORWARD(be->op->alloc(be, &x->stage[0], bytes));
 	ERR_FORWARD(be->op->alloc(be, &x->stage[1], bytes));
 	x->cap = bytes;
+	x->allocs++;
+	return 0;
+}
+
+static int red_grow(struct dist_dev *x, size_t bytes)
+{
+	if (x->red_cap >= bytes)
+		return 0;
+	struct backend *be = x->be;
+	be->op->free(be, x->red);
+	x->red = NULL;
+	x->red_cap = 0;
+	ERR_FORWARD(be->op->alloc(be, &x->red, bytes));
+	x->red_cap = bytes;
+	x->allocs++;
 	return 0;
 }
 
@@ -282,4 +311,110 @@ int dist_dev_alltoall(struct dist_dev *x, enum dist_a2a a, const struct dist_spa
 	if (a == DIST_A2A_2DH && x->m > 1 && x->m < x->W)
 		return a2a_2dh(x, send, recv, nblk, n, row_bytes);
 	return a2a_linear(x, send, recv, nblk, n, row_bytes);
+}
+
+/* ---- parameters ----------------------------------------------------------------------------
+ *
+ * One round over the world communicator whose peers are the group's members: the k-th send
+ * to a peer matches its k-th receive from us, and here each pair exchanges at most one
+ * message each way per round, so the matching holds whatever the order of the entries. */
+
+static int group_check(const struct dist_dev *x, int g)
+{
+	if (g < 1 || x->W % g)
+		return err_set(CORE_EUSAGE, NULL, "group size %d does not divide %d ranks", g,
+			       x->W);
+	return 0;
+}
+
+int dist_dev_allgather(struct dist_dev *x, int g, const void *send, void *recv, size_t bytes)
+{
+	struct backend *be = x->be;
+	ERR_FORWARD(group_check(x, g));
+	const int b0 = x->q / g * g, i = x->q % g;
+	size_t k = 0;
+
+	if (!bytes)
+		return 0;
+	ERR_FORWARD(be->op->copy(be, (char *)recv + (size_t)i * bytes, send, bytes));
+	if (g == 1)
+		return 0;
+	ERR_FORWARD(xfer_room(x, 2 * (size_t)g));
+	for (int j = 0; j < g; j++)
+		if (j != i)
+			x->x[k++] = (struct backend_xfer){b0 + j, 0, (void *)send, bytes};
+	for (int j = 0; j < g; j++)
+		if (j != i)
+			x->x[k++] = (struct backend_xfer){b0 + j, 1, (char *)recv + (size_t)j * bytes,
+							  bytes};
+	return be->op->comm_exchange(be, x->world, x->x, (int)k);
+}
+
+/* out[n] = the sum over members j = 0 .. g - 1 of part(j), in that order: part(mine) is
+ * own, the others lie at x->red + j * n (received there). */
+static int sum_parts(struct dist_dev *x, int g, int mine, const float *own, float *out,
+		     size_t n)
+{
+	struct backend *be = x->be;
+	const float *red = x->red;
+	for (int j = 0; j < g; j++) {
+		const float *part = j == mine ? own : red + (size_t)j * n;
+		if (j == 0)
+			ERR_FORWARD(be->op->copy(be, out, part, n * sizeof(float)));
+		else
+			ERR_FORWARD(be->op->add_f32(be, out, part, n));
+	}
+	return 0;
+}
+
+int dist_dev_reduce_scatter_f32(struct dist_dev *x, int g, const float *send, float *recv,
+				size_t n)
+{
+	struct backend *be = x->be;
+	ERR_FORWARD(group_check(x, g));
+	const int b0 = x->q / g * g, i = x->q % g;
+	const size_t bytes = n * sizeof(float);
+	size_t k = 0;
+
+	if (!n)
+		return 0;
+	if (g == 1)
+		return be->op->copy(be, recv, send, bytes);
+	ERR_FORWARD(red_grow(x, (size_t)g * bytes));
+	ERR_FORWARD(xfer_room(x, 2 * (size_t)g));
+	/* member j's part of our send to j; member j's part for us into red slot j */
+	for (int j = 0; j < g; j++)
+		if (j != i)
+			x->x[k++] = (struct backend_xfer){b0 + j, 0, (void *)(send + (size_t)j * n),
+							  bytes};
+	for (int j = 0; j < g; j++)
+		if (j != i)
+			x->x[k++] = (struct backend_xfer){b0 + j, 1, (float *)x->red + (size_t)j * n,
+							  bytes};
+	ERR_FORWARD(be->op->comm_exchange(be, x->world, x->x, (int)k));
+	return sum_parts(x, g, i, send + (size_t)i * n, recv, n);
+}
+
+int dist_dev_allreduce_f32(struct dist_dev *x, float *v, size_t n)
+{
+	struct backend *be = x->be;
+	const int W = x->W, q = x->q;
+	const size_t bytes = n * sizeof(float);
+	size_t k = 0;
+
+	if (!n || W == 1)
+		return 0;
+	/* slot q holds a copy of v: the sum reads v's old value while writing v */
+	ERR_FORWARD(red_grow(x, (size_t)W * bytes));
+	ERR_FORWARD(xfer_room(x, 2 * (size_t)W));
+	float *own = (float *)x->red + (size_t)q * n;
+	ERR_FORWARD(be->op->copy(be, own, v, bytes));
+	for (int j = 0; j < W; j++)
+		if (j != q)
+			x->x[k++] = (struct backend_xfer){j, 0, own, bytes};
+	for (int j = 0; j < W; j++)
+		if (j != q)
+			x->x[k++] = (struct backend_xfer){j, 1, (float *)x->red + (size_t)j * n, bytes};
+	ERR_FORWARD(be->op->comm_exchange(be, x->world, x->x, (int)k));
+	return sum_parts(x, W, q, own, v, n);
 }

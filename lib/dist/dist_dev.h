@@ -60,7 +60,30 @@ void dist_dev_close(struct dist_dev *x);
 int dist_dev_alltoall(struct dist_dev *x, enum dist_a2a a, const struct dist_span *send,
 		      const struct dist_span *recv, int nblk, int64_t n, size_t row_bytes);
 
-/* Bytes of device staging memory held now (2DH). */
+/* ---- parameters: dist.h's all-gather, reduce-scatter and all-reduce on device memory ----
+ *
+ * The semantics of dist_allgather, dist_reduce_scatter_f32 (groups of g consecutive ranks,
+ * see dist.h, "Groups") and dist_allreduce_f32 (the world), with send, recv and v in
+ * backend memory: one round of comm_exchange over the world communicator whose transfers
+ * name only the members of this rank's group (no communicator per group), queued on the
+ * backend's queue like dist_dev_alltoall (complete at the next sync or download).
+ * The sums are deterministic: each rank receives the members' contributions into device
+ * staging memory (kept, dist_dev_bytes) and adds them with the backend's add_f32 in member
+ * order 0, 1, .., g - 1, so an all-reduce gives the same bits on every rank, and a
+ * reduce-scatter the same bits whatever the backend (float additions in that order; the
+ * host's MPI reductions may order them otherwise: equal to rounding, not to the bit).
+ * The all-reduce sends the whole vector to every rank (W - 1 transfers of n floats each
+ * way, W n floats of staging): meant for the gate's gradient (M E floats), not for large
+ * vectors. All ranks pass the same g and sizes; g divides W (CORE_EUSAGE otherwise, on every
+ * rank alike). g = 1: a copy (all-gather) or a copy of this rank's own part. */
+int dist_dev_allgather(struct dist_dev *x, int g, const void *send, void *recv, size_t bytes);
+int dist_dev_reduce_scatter_f32(struct dist_dev *x, int g, const float *send, float *recv,
+				size_t n);
+int dist_dev_allreduce_f32(struct dist_dev *x, float *v, size_t n);
+
+/* Bytes of device staging memory held now (2DH, the parameter collectives' sums). */
 size_t dist_dev_bytes(const struct dist_dev *x);
+/* Staging (re)allocations so far: staging grows to the largest call and is kept. */
+int64_t dist_dev_allocs(const struct dist_dev *x);
 
 #endif

@@ -18,6 +18,9 @@
  *   decode    with the virtual route: sums the r partials of each choice (local sum).
  * Backward runs the same pipeline on d_eo, and reduce-scatters the gradients.
  * r = 0 gathers everything and runs the single-process flow on the local tokens.
+ * On device memory (l->dd) each exchange of backend memory is queued through dist_dev on the
+ * backend's stream instead: the pipeline's pieces in order, the ops between them waiting
+ * for nothing but the stream, so the host path's communication thread is not used.
  */
 #include "moe/moe_dist.h"
 
@@ -28,6 +31,7 @@
 
 #include "common/err.h"
 #include "common/progress.h"
+#include "dist/dist_dev.h"
 #include "moe/moe_impl.h"
 #include "common/banned.h"
 
@@ -209,6 +213,8 @@ struct moe_dist_layer {
 	struct moe_dist_place pl;
 	struct backend *be;
 	struct dist *d;
+	struct dist_dev *dd;  /* device memory (be not host-visible): every exchange; else NULL */
+	double dev_comm;      /* seconds in device exchanges (dd), since the layer began */
 	struct moe_layer *ml; /* local gating and locations */
 	int64_t T;
 	int k, routed, have_forward, input_grad;
@@ -261,11 +267,12 @@ int moe_dist_layer_init(struct moe_dist_layer **out, const struct moe_config *cf
 	ERR_FORWARD(moe_config_check(cfg));
 	/* Every rank must hold the same layer: checked before anything else is exchanged. */
 	int64_t v[] = {cfg->T, cfg->M, cfg->H, cfg->E, cfg->k, cfg->capacity_align, cfg->bpr,
-		       (int64_t)cfg->act, (int64_t)cfg->loss, (int64_t)cfg->seed, 0};
+		       (int64_t)cfg->act, (int64_t)cfg->loss, (int64_t)cfg->seed, 0,
+		       be->host_visible};
 	memcpy(&v[10], &cfg->gate_noise, sizeof cfg->gate_noise);
 	static const char *const names[] = {"T", "M", "H", "E", "k", "capacity alignment",
 					    "bpr", "activation", "auxiliary loss", "seed",
-					    "gate noise"};
+					    "gate noise", "whether backend memory is host memory"};
 	ERR_FORWARD(dist_agree(d, v, (int)(sizeof v / sizeof v[0]), names));
 
 	struct moe_dist_layer *l = calloc(1, sizeof *l);
@@ -277,6 +284,13 @@ int moe_dist_layer_init(struct moe_dist_layer **out, const struct moe_config *cf
 	int rc = moe_dist_place(&l->pl, cfg, dist_size(d), dist_rank(d));
 	if (rc == 0)
 		rc = moe_layer_init(&l->ml, cfg, be);
+	/* Device memory: the layer opens its own dist_dev, collectively (every rank agreed on
+	 * host_visible above, and a rank's failure so far becomes everyone's first). */
+	if (!be->host_visible) {
+		rc = dist_agree_rc(d, rc);
+		if (rc == 0)
+			rc = dist_dev_open(&l->dd, d, be);
+	}
 	if (rc < 0) {
 		moe_dist_layer_free(l);
 		return rc;
@@ -295,6 +309,7 @@ void moe_dist_layer_free(struct moe_dist_layer *l)
 			     &l->dw2, &l->db2};
 	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
 		l->be->op->free(l->be, all[i]->p);
+	dist_dev_close(l->dd);
 	moe_layer_free(l->ml);
 	free(l->hidx);
 	free(l->hloc);
@@ -314,6 +329,12 @@ const struct moe_dist_step *moe_dist_layer_last(const struct moe_dist_layer *l)
 void moe_dist_layer_stats(const struct moe_dist_layer *l, struct moe_dist_stats *s)
 {
 	*s = l->st;
+	/* the device exchanges' staging grows to the largest step and stays, like the rest */
+	if (l->dd) {
+		s->bytes += dist_dev_bytes(l->dd);
+		s->peak += dist_dev_bytes(l->dd);
+		s->allocs += dist_dev_allocs(l->dd);
+	}
 }
 
 static double clock_be(struct moe_dist_layer *l)
@@ -507,7 +528,10 @@ static int gather1(struct moe_dist_layer *l, int g, const float *shard, size_t n
 		return 0;
 	}
 	ERR_FORWARD(grow(l, b, sizeof(float) * n * (size_t)g));
-	ERR_FORWARD(dist_allgather(l->d, g, shard, b->p, sizeof(float) * n));
+	if (l->dd)
+		ERR_FORWARD(dist_dev_allgather(l->dd, g, shard, b->p, sizeof(float) * n));
+	else
+		ERR_FORWARD(dist_allgather(l->d, g, shard, b->p, sizeof(float) * n));
 	l->st.param_bytes_moved += (double)(g - 1) * (double)n * sizeof(float);
 	*out = b->p;
 	return 0;
@@ -664,6 +688,17 @@ static int exchange(struct moe_dist_layer *l, const struct geom *G, enum dist_a2
 		return 0;
 	spans(l, G, i, dispatch, layout, piecebuf, &snd, &rcv);
 	l->st.token_bytes_moved += (double)(l->pl.W - 1) * G->nle * (double)n * (double)rb;
+	if (l->dd) {
+		/* in stream order, timed between two syncs: nothing overlaps it anyway */
+		ERR_FORWARD(l->be->op->sync(l->be));
+		const double t0 = now_seconds();
+		ERR_FORWARD(dist_dev_alltoall(l->dd, a, &snd, &rcv, G->nle, n, rb));
+		ERR_FORWARD(l->be->op->sync(l->be));
+		const double t = now_seconds() - t0;
+		l->exposed += t;
+		l->dev_comm += t;
+		return 0;
+	}
 	if (async)
 		return dist_alltoall_start(l->d, a, &snd, &rcv, G->nle, n, rb, ticket);
 	const double t0 = now_seconds();
@@ -688,7 +723,7 @@ static int pipeline(struct moe_dist_layer *l, const struct piece_ctx *c, enum di
 		    float *src, float *in, float *outp, float *dst, int ret)
 {
 	const struct geom *G = c->G;
-	const int P = G->pieces, async = P > 1;
+	const int P = G->pieces, async = P > 1 && !l->dd; /* device: one stream, in order */
 	int64_t t_in[MAX_PIECES], last = -1;
 
 	for (int i = 0; i < P; i++)
@@ -732,6 +767,9 @@ int moe_dist_forward_routed(struct moe_dist_layer *l, const struct moe_params *p
 	if (!l->routed)
 		return err_set(CORE_EUSAGE, NULL, "moe_dist_forward_routed without a route");
 	ERR_FORWARD(moe_plan_check(plan, &l->pl));
+	if (l->dd && pn.r > 0 && pn.a == DIST_A2A_MPI)
+		return err_set(CORE_EUSAGE, NULL, "the mpi all-to-all runs on host memory, not on "
+			       "the %s backend's: use linear or 2dh", be->name);
 	if (pn.r == 0) {
 		pn.d = 1;
 		pn.a = DIST_A2A_LINEAR;
@@ -743,6 +781,7 @@ int moe_dist_forward_routed(struct moe_dist_layer *l, const struct moe_params *p
 	const double g0 = be->op->gemm_seconds(be);
 	struct dist_stats ds0;
 	dist_stats(l->d, &ds0);
+	const double dc0 = l->dev_comm;
 	l->exposed = 0;
 
 	double t0 = clock_be(l), t1;
@@ -781,7 +820,7 @@ int moe_dist_forward_routed(struct moe_dist_layer *l, const struct moe_params *p
 	l->last.decode = clock_be(l) - t0;
 	struct dist_stats ds1;
 	dist_stats(l->d, &ds1);
-	l->last.comm = ds1.comm_seconds - ds0.comm_seconds;
+	l->last.comm = ds1.comm_seconds - ds0.comm_seconds + (l->dev_comm - dc0);
 	l->last.comm_exposed = l->exposed;
 	l->last.gemm = be->op->gemm_seconds(be) - g0;
 	l->have_forward = 1;
@@ -841,10 +880,16 @@ static int reduce_grads(struct moe_dist_layer *l, const struct geom *G, struct m
 	for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
 		if (t[i].grp == 1)
 			continue;
-		ERR_FORWARD(dist_reduce_scatter_f32(l->d, t[i].grp, t[i].tmp->p, t[i].shard,
-						    t[i].n));
+		if (l->dd)
+			ERR_FORWARD(dist_dev_reduce_scatter_f32(l->dd, t[i].grp, t[i].tmp->p,
+								t[i].shard, t[i].n));
+		else
+			ERR_FORWARD(dist_reduce_scatter_f32(l->d, t[i].grp, t[i].tmp->p,
+							    t[i].shard, t[i].n));
 		l->st.param_bytes_moved += (double)(t[i].grp - 1) * (double)t[i].n * sizeof(float);
 	}
+	if (l->dd)
+		return dist_dev_allreduce_f32(l->dd, g->wg, (size_t)(l->cfg.M * l->cfg.E));
 	return dist_allreduce_f32(l->d, g->wg, (size_t)(l->cfg.M * l->cfg.E));
 }
 
@@ -866,6 +911,7 @@ int moe_dist_backward(struct moe_dist_layer *l, const struct moe_params *p,
 	const double g0 = be->op->gemm_seconds(be);
 	struct dist_stats ds0;
 	dist_stats(l->d, &ds0);
+	const double dc0 = l->dev_comm;
 	kept_params(l, p, &G, &w);
 	l->exposed = 0;
 
@@ -918,7 +964,7 @@ int moe_dist_backward(struct moe_dist_layer *l, const struct moe_params *p,
 	l->last.reduce = clock_be(l) - t0;
 	struct dist_stats ds1;
 	dist_stats(l->d, &ds1);
-	l->last.comm += ds1.comm_seconds - ds0.comm_seconds;
+	l->last.comm += ds1.comm_seconds - ds0.comm_seconds + (l->dev_comm - dc0);
 	l->last.comm_exposed += l->exposed;
 	l->last.gemm += be->op->gemm_seconds(be) - g0;
 	l->have_forward = 0;

@@ -26,8 +26,10 @@
  *           (only slice 0 adds b2) and decode sums the r partials ("local sum").
  * Plan d in {1, 2, 4, 8} (pipelining, r >= 1): the capacity each rank sends each peer is cut
  * into d row ranges; the exchange of range i+1 runs on the communication thread while the
- * experts compute range i, and its return while range i+1 computes. Never the batch.
- * Plan a: the All-to-All algorithm (dist.h: linear or 2dh; mpi, the reference, also works).
+ * experts compute range i, and its return while range i+1 computes (on device memory: in
+ * stream order, see below). Never the batch.
+ * Plan a: the All-to-All algorithm (dist.h: linear or 2dh; mpi, the reference, also works on
+ * host memory).
  *
  * The math is the single-process layer's (moe.h) on each rank's tokens with these
  * differences, all deliberate and all independent of the plan:
@@ -43,6 +45,17 @@
  * Gradients: the objective is sum over ranks and tokens <dy, y> + aux_weight * mean aux; every
  * gradient shard is the sum over ranks of that rank's contributions (reduce-scatter), and
  * the gate's gradient is the same on every rank (all-reduce).
+ *
+ * Device memory (a backend that is not host-visible: cuda): the layer opens its own
+ * dist_dev (dist_dev.h) at moe_dist_layer_init, on every rank (collective; CORE_EUNSUPPORTED
+ * when the backend has no device collectives or NCCL is missing), and every exchange of
+ * backend memory goes through it: the parameters' all-gather, the gradients' reduce-scatter
+ * and the gate gradient's all-reduce (summed in rank order: the same bits on every rank),
+ * and the tokens' All-to-All (a = linear or 2dh; a = mpi, which runs on host memory, is
+ * CORE_EUSAGE). Only small host values (capacity, drops, auxiliary loss, agreement) go over
+ * MPI. Pipelining d > 1 cuts the exchange as on the host, but the pieces run in stream order
+ * on the backend's one stream, each exchange timed between two syncs: no overlap yet
+ * (comm_exposed = comm). The host path (cpu, ref) is unchanged.
  *
  * Memory: the shard storage never changes; the layer's workspace (gathered parameters,
  * dispatch and receive buffers, activations) grows to the largest step and is reused, so
@@ -116,7 +129,8 @@ struct moe_dist_step {
 /* Counters over the layer's life. allocs counts workspace (re)allocations: once every plan
  * has run at the largest capacity it stops growing. param_bytes_moved counts the bytes of
  * parameters and gradients this rank received in all-gathers and reduce-scatters (the
- * plan's traffic, never a re-layout). */
+ * plan's traffic, never a re-layout). On device memory allocs, bytes and peak include the
+ * dist_dev's staging (grown to the largest step, then kept). */
 struct moe_dist_stats {
 	int64_t allocs;
 	size_t bytes, peak;      /* workspace now and at most */
@@ -127,7 +141,9 @@ struct moe_dist_stats {
 struct moe_dist_layer;
 
 /* A layer for cfg on this rank of dist, with backend be (the CPU backends: exchanges read and
- * write backend memory as host memory). Checks that all ranks passed the same cfg. */
+ * write backend memory as host memory; a device backend: through the dist_dev the layer
+ * opens, see "Device memory"). Checks that all ranks passed the same cfg and the same kind
+ * of backend memory. */
 int moe_dist_layer_init(struct moe_dist_layer **out, const struct moe_config *cfg,
 			struct backend *be, struct dist *d);
 void moe_dist_layer_free(struct moe_dist_layer *l);

@@ -16,7 +16,9 @@
  * misused round of transfers (sizes that differ, a peer out of range) is an error on every
  * rank rather than a hang: the real NCCL would hang there, so not with it. On one rank, where
  * dist_dev needs no communicator, a round of transfers with itself runs the backend's
- * collectives (real NCCL on a one-GPU machine).
+ * collectives (real NCCL on a one-GPU machine). The parameter collectives (all-gather,
+ * reduce-scatter in groups of every g dividing W, all-reduce) are checked bit for bit
+ * against float sums in member order.
  */
 #include <mpi.h>
 #include <stdarg.h>
@@ -232,6 +234,102 @@ static void check_self_round(struct backend *be)
 	be->op->comm_close(be, comm);
 }
 
+/* A value of rank r's buffer at index k: not exact sums, so that the order of the
+ * additions shows in the bits. */
+static float pval(int r, size_t k)
+{
+	return (float)((r + 1) * 0.1234567 + (double)k * 0.0379) * (k % 3 ? 1.0f : -3.3f);
+}
+
+/* The parameter collectives in groups of every g dividing W: the all-gather byte for byte,
+ * the reduce-scatter and the all-reduce bit for bit against float sums in member order
+ * (dist_dev.h), the floats past each output untouched. */
+static void check_params(struct dist_dev *x, struct backend *be)
+{
+	enum { N = 37, PAD = 3 };
+	const float sentinel = -777.0f;
+	float *hs = malloc(sizeof(float) * (size_t)(W * N + PAD));
+	float *hr = malloc(sizeof(float) * (size_t)(W * N + PAD));
+	void *ds = NULL, *dr = NULL;
+	int rc = be->op->alloc(be, &ds, sizeof(float) * (size_t)(W * N + PAD));
+	if (rc == 0)
+		rc = be->op->alloc(be, &dr, sizeof(float) * (size_t)(W * N + PAD));
+	CHECK(rc == 0 && hs && hr, "parameter collectives: allocation failed");
+	if (rc < 0 || !hs || !hr)
+		goto out;
+	for (int g = 1; g <= W; g++) {
+		if (W % g)
+			continue;
+		const int b0 = q / g * g, i = q % g;
+		/* all-gather of N floats */
+		for (size_t k = 0; k < N; k++)
+			hs[k] = pval(q, k);
+		for (size_t k = 0; k < (size_t)(g * N + PAD); k++)
+			hr[k] = sentinel;
+		be->op->upload(be, ds, hs, sizeof(float) * N);
+		be->op->upload(be, dr, hr, sizeof(float) * (size_t)(g * N + PAD));
+		rc = dist_dev_allgather(x, g, ds, dr, sizeof(float) * N);
+		if (rc == 0)
+			rc = be->op->download(be, hr, dr, sizeof(float) * (size_t)(g * N + PAD));
+		CHECK(rc == 0, "allgather g=%d: %s", g, err_detail());
+		int bad = 0;
+		for (int j = 0; j < g; j++)
+			for (size_t k = 0; k < N; k++)
+				bad += hr[(size_t)j * N + k] != pval(b0 + j, k);
+		for (size_t k = 0; k < PAD; k++)
+			bad += hr[(size_t)g * N + k] != sentinel;
+		CHECK(rc < 0 || !bad, "allgather g=%d: %d floats differ", g, bad);
+
+		/* reduce-scatter: g*N floats in, N out: member order, float sums */
+		for (size_t k = 0; k < (size_t)(g * N); k++)
+			hs[k] = pval(q, k);
+		for (size_t k = 0; k < N + PAD; k++)
+			hr[k] = sentinel;
+		be->op->upload(be, ds, hs, sizeof(float) * (size_t)(g * N));
+		be->op->upload(be, dr, hr, sizeof(float) * (N + PAD));
+		rc = dist_dev_reduce_scatter_f32(x, g, ds, dr, N);
+		if (rc == 0)
+			rc = be->op->download(be, hr, dr, sizeof(float) * (N + PAD));
+		CHECK(rc == 0, "reduce_scatter g=%d: %s", g, err_detail());
+		bad = 0;
+		for (size_t k = 0; k < N; k++) {
+			float want = pval(b0, (size_t)i * N + k);
+			for (int j = 1; j < g; j++)
+				want += pval(b0 + j, (size_t)i * N + k);
+			bad += memcmp(&hr[k], &want, sizeof want) != 0;
+		}
+		for (size_t k = 0; k < PAD; k++)
+			bad += hr[N + k] != sentinel;
+		CHECK(rc < 0 || !bad, "reduce_scatter g=%d: %d floats differ from the sum in "
+		      "member order", g, bad);
+	}
+	/* all-reduce over the world, in place */
+	for (size_t k = 0; k < N + PAD; k++)
+		hs[k] = k < N ? pval(q, k) : sentinel;
+	be->op->upload(be, ds, hs, sizeof(float) * (N + PAD));
+	rc = dist_dev_allreduce_f32(x, ds, N);
+	if (rc == 0)
+		rc = be->op->download(be, hr, ds, sizeof(float) * (N + PAD));
+	CHECK(rc == 0, "allreduce: %s", err_detail());
+	int bad = 0;
+	for (size_t k = 0; k < N; k++) {
+		float want = pval(0, k);
+		for (int j = 1; j < W; j++)
+			want += pval(j, k);
+		bad += memcmp(&hr[k], &want, sizeof want) != 0;
+	}
+	for (size_t k = 0; k < PAD; k++)
+		bad += hr[N + k] != sentinel;
+	CHECK(rc < 0 || !bad, "allreduce: %d floats differ from the sum in rank order", bad);
+	CHECK(dist_dev_reduce_scatter_f32(x, W + 1, ds, dr, N) == CORE_EUSAGE,
+	      "reduce_scatter: a group size not dividing W was not refused");
+out:
+	be->op->free(be, ds);
+	be->op->free(be, dr);
+	free(hs);
+	free(hr);
+}
+
 static void check_layout(struct backend *be, int local_size)
 {
 	struct dist *d = NULL;
@@ -250,6 +348,7 @@ static void check_layout(struct backend *be, int local_size)
 		check_refusals(x, be);
 		CHECK((dist_dev_bytes(x) > 0) == (m > 1 && m < W),
 		      "dist_dev_bytes %zu: 2DH stages exactly when 1 < m < W", dist_dev_bytes(x));
+		check_params(x, be);
 		dist_dev_close(x);
 	}
 	dist_close(d);

@@ -4,6 +4,10 @@
  *   mpirun -np W test_moe_dist [--local-size m]       every check; exit 0 when all pass
  *   mpirun -np W test_moe_dist --disagree             rank 1 passes another E: every rank
  *                                                     must fail with one line, none hang
+ *   mpirun -np W test_moe_dist --device cuda [...]    the layer on device memory (dist_dev.h,
+ *                                                     one device per rank: its local index);
+ *                                                     d in {1, 2}, a in {linear, 2dh}, and
+ *                                                     a = mpi refused (CORE_EUSAGE)
  *
  * Checks, for each placement (E a multiple of W, E dividing W) and every plan {r, d, a}:
  *  1. with no drops and no auxiliary loss, outputs, input gradients and gradient shards
@@ -13,7 +17,9 @@
  *     the single-process layer on each rank's own tokens with C_g slots (moe_dist.h);
  *  3. cycling through every plan again, step after step, allocates nothing, and leaves the
  *     parameter shard where and as it was (no migration).
- * The references run on the "ref" backend (naive loops), the layer on "cpu" (BLAS).
+ * The references run on the "ref" backend (naive loops), the layer on "cpu" (BLAS), or on
+ * --device's backend (build/emu/test_moe_dist: the cuda backend in the CPU emulator, NCCL
+ * emulated over MPI; kept small, the emulator is slow).
  * Each failed check prints one line; exit 1 when any failed.
  */
 #include <math.h>
@@ -29,6 +35,8 @@
 #include "moe/moe_dist.h"
 
 static int failures, checks, rank;
+/* the layer on device memory: fewer plans (d in {1, 2}, a in {linear, 2dh}) */
+static int on_device;
 
 #define CHECK(cond, ...)                                                                   \
 	do {                                                                               \
@@ -173,6 +181,23 @@ static void compare_shard(struct backend *be, const struct moe_config *cfg,
 	moe_params_free(&want);
 }
 
+/* The device all-reduce sums in one member order on every rank (dist_dev.h): the gate's
+ * gradient must be the same bits everywhere, not only close. */
+static void same_on_all_ranks(struct dist *d, struct backend *be, const float *v, size_t n,
+			      const char *what)
+{
+	float *h = host(be, v, n);
+	uint64_t hash = 14695981039346656037ull; /* FNV-1a over the bytes */
+	const unsigned char *b = (const unsigned char *)h;
+	for (size_t i = 0; i < n * sizeof(float); i++)
+		hash = (hash ^ b[i]) * 1099511628211ull;
+	free(h);
+	int64_t v1 = (int64_t)(hash >> 1);
+	static const char *const names[] = {"the gate gradient's bits"};
+	int rc = dist_agree(d, &v1, 1, names);
+	CHECK(rc == 0, "%s: dwg differs between ranks", what);
+}
+
 static const int ds[] = {1, 2, 4, 8};
 
 /* One placement: every plan against the references. */
@@ -224,8 +249,8 @@ static void run_case(struct dist *d, struct backend *be, struct backend *rb, int
 		struct ref R;
 		reference(rb, &cfg, x, dy, W, T, pl.s, setting, step, aux_w, mode == 0, &full, &R);
 		for (int ir = 0; ir < nr; ir++)
-			for (int id = 0; id < 4; id++)
-				for (int a = 0; a < 3; a++) {
+			for (int id = 0; id < (on_device ? 2 : 4); id++)
+				for (int a = 0; a < (on_device ? 2 : 3); a++) {
 					const int r = rs[ir];
 					if (r == 0 && (id > 0 || a > 0))
 						continue;
@@ -253,12 +278,23 @@ static void run_case(struct dist *d, struct backend *be, struct backend *rb, int
 						      what);
 					}
 					compare_shard(be, &cfg, &pl, &g, &R.g, what, 1e-5);
+					if (on_device)
+						same_on_all_ranks(d, be, g.wg, (size_t)(M * E),
+								  what);
 					free(hy);
 					free(hdx);
 				}
 		free(R.y);
 		free(R.dx);
 		moe_params_free(&R.g);
+	}
+
+	/* On device the MPI All-to-All (host memory) is a usage error, on every rank alike. */
+	if (on_device && rs[nr - 1] > 0) {
+		struct moe_plan plan = {.r = rs[nr - 1], .d = 1, .a = DIST_A2A_MPI};
+		int rc = moe_dist_forward(l, &p, xd, yd, T, 0, 0.0, 5, &plan);
+		CHECK(rc == CORE_EUSAGE, "%s: a=mpi on device returned %d, not CORE_EUSAGE", name,
+		      rc);
 	}
 
 	/* 3. Zero-cost switching: after the cycle above every plan has run at this size;
@@ -274,9 +310,10 @@ static void run_case(struct dist *d, struct backend *be, struct backend *rb, int
 			moe_dist_layer_stats(l, &s0);
 			before = host(be, p.w1, nw1);
 		}
+		const int nd = on_device ? 2 : 4;
 		for (int ir = 0; ir < nr; ir++)
-			for (int id = 0; id < 4; id++) {
-				struct moe_plan plan = {.r = rs[(ir + rep) % nr], .d = ds[(id + rep) % 4],
+			for (int id = 0; id < nd; id++) {
+				struct moe_plan plan = {.r = rs[(ir + rep) % nr], .d = ds[(id + rep) % nd],
 							.a = (enum dist_a2a)((id + rep) % 2)};
 				OK(moe_dist_forward(l, &p, xd, yd, T, 0, 0.0, 9, &plan));
 				OK(moe_dist_backward(l, &p, xd, dyd, dxd, &g, 0.0f));
@@ -309,9 +346,12 @@ static void run_case(struct dist *d, struct backend *be, struct backend *rb, int
 int main(int argc, char **argv)
 {
 	int local = 0, disagree = 0;
+	const char *device = "cpu";
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--local-size") == 0 && i + 1 < argc)
 			local = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+			device = argv[++i];
 		else if (strcmp(argv[i], "--disagree") == 0)
 			disagree = 1;
 	}
@@ -322,7 +362,9 @@ int main(int argc, char **argv)
 	rank = dist_rank(d);
 	const int W = dist_size(d);
 	struct backend *be, *rb;
-	OK(backend_open(&be, "cpu", &(struct backend_params){.threads = 1}));
+	OK(backend_open(&be, device, &(struct backend_params){.threads = 1,
+							     .device = rank % dist_local_size(d)}));
+	on_device = !be->host_visible;
 	OK(backend_open(&rb, "ref", &(struct backend_params){.threads = 1}));
 
 	if (disagree) {
@@ -348,6 +390,8 @@ int main(int argc, char **argv)
 	if (W >= 4)
 		run_case(d, be, rb, 1, 1, MOE_ACT_GELU, 16, 16, 32);
 
+	if (on_device)
+		printf("rank %d: the layer on %s (device memory)\n", rank, be->name);
 	backend_close(be);
 	backend_close(rb);
 	printf("rank %d: %d checks, %d failed\n", rank, checks, failures);

@@ -2,7 +2,8 @@
 # emulator with NCCL emulated over MPI (build/emu/test_dist_dev, test/mpi/test_dist_dev.c): at
 # 1, 2, 4 and 8 ranks, in the host layout and in nodes of 1, 2 and 4 ranks, device Linear and
 # device 2DH deliver the bytes of the host MPI_Alltoall on the same data, sentinels untouched;
-# misused rounds of transfers fail on every rank instead of hanging. Then the same program
+# misused rounds of transfers fail on every rank instead of hanging; moe-bench runs the layer
+# on the emulated device and refuses --a2a mpi there. Then the same program
 # built against the real CUDA runtime and NCCL, on one rank: here (no GPU) it must say that it
 # skipped; on a GPU it runs the one-rank checks (a world of one is a device copy).
 set -eu
@@ -45,10 +46,15 @@ if [ -x "$mb" ]; then
 		{ cat mb.out; die "moe-bench: not the expected JSON head"; }
 	[ "$(grep -o '"linear_ms"' mb.out | wc -l)" -eq 9 ] || { cat mb.out; die "moe-bench: not 9 sizes"; }
 	grep -q 'mpi: MPI_Alltoall on host copies (the baseline)' mb.err || { cat mb.err; die "moe-bench: no baseline label"; }
-	# the distributed layer itself stays on host memory: refused, exit 2, one line per rank
-	run 2 "$mb" --device cuda -T 16 -M 8 -H 8 -E 2 -n 1 -w 0 >ly.out 2>ly.err && rc=0 || rc=$?
-	[ "$rc" -eq 2 ] && grep -q "the distributed layer runs on host memory (cpu or ref), not on 'cuda'" ly.err ||
-		{ cat ly.err; die "moe-bench: the layer on cuda under mpirun was not refused with exit 2 (got $rc)"; }
+	# the distributed layer on device memory (its exchanges through dist_dev, 2DH in nodes
+	# of 2); MPI's All-to-All stays on host memory: --a2a mpi refused, exit 2, a line per rank
+	run 4 "$mb" --device cuda --local-size=2 -T 16 -M 8 -H 8 -E 2 -n 2 -w 1 --r 2 --d 2 \
+		--a2a 2dh >ly.out 2>ly.err || { cat ly.out ly.err; die "moe-bench: the layer on cuda failed"; }
+	grep -q '^{"impl":"dist","only":"layer","device":"cuda",.*"plan":{"r":2,"d":2,"a":"2dh"}' ly.out ||
+		{ cat ly.out; die "moe-bench: the layer on cuda: not the expected JSON"; }
+	run 2 "$mb" --device cuda -T 16 -M 8 -H 8 -E 2 -n 1 -w 0 --a2a mpi >ly.out 2>ly.err && rc=0 || rc=$?
+	[ "$rc" -eq 2 ] && [ "$(grep -c "^moe-bench: option '--a2a': mpi runs on host memory (cpu or ref), not on 'cuda'" ly.err)" -eq 2 ] ||
+		{ cat ly.err; die "moe-bench: --a2a mpi on cuda under mpirun was not refused with exit 2 (got $rc)"; }
 fi
 
 real=${MPITEST:-}/test_dist_dev

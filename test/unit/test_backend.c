@@ -582,6 +582,12 @@ static int run_fill(struct backend *be, void *const *p, const struct kase *k)
 	return be->op->fill(be, p[0], (size_t)k->i[0], k->f[0]);
 }
 
+/* add_f32: i[0] n; p[] y, x. */
+static int run_add_f32(struct backend *be, void *const *p, const struct kase *k)
+{
+	return be->op->add_f32(be, p[0], p[1], (size_t)k->i[0]);
+}
+
 static int run_fill_normal(struct backend *be, void *const *p, const struct kase *k)
 {
 	return be->op->fill_normal(be, p[0], (size_t)k->i[0], k->f[0], k->f[1], k->u[0], k->u[1],
@@ -656,6 +662,14 @@ static void fills_and_sums(struct harness *h)
 			k->u[1] = fn[v].stream;
 			k->u[2] = fn[v].base;
 			OUT(k, "x", F32, (size_t)n + 3, randn(k, (size_t)n + 3, 0, 1), TOL_EXACT);
+			run_case(h, k, 0);
+		}
+		{
+			/* three elements past n preset: the add must stop at n */
+			struct kase *k = kase_new("add_f32", run_add_f32, "add_f32 n=%d", n);
+			k->i[0] = n;
+			OUT(k, "y", F32, (size_t)n + 3, randn(k, (size_t)n + 3, 0, 1), TOL_EXACT);
+			IN(k, "x", F32, (size_t)n, randn(k, (size_t)n, 0.5f, 1));
 			run_case(h, k, 0);
 		}
 		for (int sq = 0; sq < 2; sq++) {

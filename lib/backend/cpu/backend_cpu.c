@@ -174,6 +174,15 @@ static int cpu_fill(struct backend *be, float *x, size_t n, float value)
 	return 0;
 }
 
+static int cpu_add_f32(struct backend *be, float *y, const float *x, size_t n)
+{
+	cpu_enter(be);
+#pragma omp parallel for schedule(static) if (n >= CPU_PAR_MIN)
+	for (size_t i = 0; i < n; i++)
+		y[i] += x[i];
+	return 0;
+}
+
 static int cpu_fill_normal(struct backend *be, float *x, size_t n, float mean, float std,
 			   uint64_t seed, uint64_t stream, uint64_t base)
 {
@@ -1005,6 +1014,7 @@ static const struct backend_ops cpu_ops = {
 	.sync = cpu_sync,
 	.workspace_bytes = cpu_workspace_bytes,
 	.fill = cpu_fill,
+	.add_f32 = cpu_add_f32,
 	.fill_normal = cpu_fill_normal,
 	.sum = cpu_sum,
 	.gemm = cpu_gemm,

@@ -123,6 +123,13 @@ static int ref_fill(struct backend *be, float *x, size_t n, float value)
 	return 0;
 }
 
+static int ref_add_f32(struct backend *be, float *y, const float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] += x[i];
+	return 0;
+}
+
 static int ref_fill_normal(struct backend *be, float *x, size_t n, float mean, float std,
 			   uint64_t seed, uint64_t stream, uint64_t base)
 {
@@ -1093,6 +1100,7 @@ static const struct backend_ops ref_ops = {
 	.sync = ref_sync,
 	.workspace_bytes = ref_workspace_bytes,
 	.fill = ref_fill,
+	.add_f32 = ref_add_f32,
 	.fill_normal = ref_fill_normal,
 	.sum = ref_sum,
 	.gemm = ref_gemm,
