@@ -34,3 +34,11 @@ kill_task() {
 	done
 	return $hit
 }
+
+# mpi_run N CMD...: CMD on N ranks under mpirun, oversubscribed, quiet (only the programs' own
+# lines), ASAN_OPTIONS and OMP_NUM_THREADS passed on, killed after 240 s (a hang fails).
+mpi_run() {
+	n=$1; shift
+	timeout -k 10 240 mpirun --quiet --oversubscribe -x ASAN_OPTIONS -x OMP_NUM_THREADS \
+		-np "$n" "$@"
+}

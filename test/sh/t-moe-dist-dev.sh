@@ -12,12 +12,7 @@ t=${EMUTEST:-}/test_moe_dist
 	skip "skipped: no emulated device test (EMUTEST; needs MPI and a C++ compiler: apt-get install libopenmpi-dev g++)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
-# run N PROG ARGS...: on N ranks, oversubscribed, killed after 240 s
-run() {
-	n=$1; shift
-	timeout -k 10 240 mpirun --quiet --oversubscribe -x ASAN_OPTIONS -x OMP_NUM_THREADS \
-		-np "$n" "$@"
-}
+run() { mpi_run "$@"; } # lib.sh
 
 for args in "2" "4" "4 --local-size 2"; do
 	set -- $args

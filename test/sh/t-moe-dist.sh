@@ -12,12 +12,7 @@ t=${MPITEST:-}/test_moe_dist
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 # Open MPI frees little at MPI_Finalize: LeakSanitizer would call it leaks (see t-dist.sh).
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
-# run N CMD...: N ranks, oversubscribed, quiet (only the programs' own lines), 240 s at most
-run() {
-	n=$1; shift
-	timeout -k 10 240 mpirun --quiet --oversubscribe -x ASAN_OPTIONS -x OMP_NUM_THREADS \
-		-np "$n" "$@"
-}
+run() { mpi_run "$@"; } # lib.sh
 # one_line_each N CODE PATTERN CMD...: exit CODE, and exactly N stderr lines, each matching
 one_line_each() {
 	n=$1 code=$2 pat=$3; shift 3
