@@ -880,102 +880,8 @@ static int ref_moe_locations(struct backend *be, const int32_t *idx, const float
 	return 0;
 }
 
-/* Rows min(n_e, C) .. C-1 of every expert of an [E, C, M] buffer set to zero. */
-static void zero_padding(const struct backend_moe_route *r, float *buf, int64_t M)
-{
-	for (int e = 0; e < r->E; e++) {
-		int64_t used = r->count[e] < r->C ? r->count[e] : r->C;
-		for (int64_t c = used; c < r->C; c++)
-			memset(buf + ((size_t)e * r->C + c) * M, 0, sizeof *buf * (size_t)M);
-	}
-}
-
-/* The row of expert idx[i], slot loc[i] of an [E, C, M] buffer. */
-static size_t row_of(const struct backend_moe_route *r, int64_t i, int64_t M)
-{
-	return ((size_t)r->idx[i] * r->C + (size_t)r->loc[i]) * M;
-}
-
-static int ref_moe_encode(struct backend *be, const struct backend_moe_route *r, const float *x,
-			  float *disp, int64_t M, int zero_pad)
-{
-	if (zero_pad)
-		zero_padding(r, disp, M);
-	for (int64_t i = 0; i < r->k * r->T; i++)
-		if (r->loc[i] >= 0)
-			memcpy(disp + row_of(r, i, M), x + (size_t)(i % r->T) * M,
-			       sizeof *x * (size_t)M);
-	return 0;
-}
-
-/* out[t] = sum over token t's kept choices, in double, of (score, when weighted) times its
- * row of buf: decode (weighted) and encode backward (unweighted) are this one gather. */
-static int gather(const struct backend_moe_route *r, const float *buf, float *out, int64_t M,
-		  int weighted)
-{
-	double *acc = scratch((size_t)M, sizeof *acc);
-	if (!acc)
-		return CORE_ENOMEM;
-	for (int64_t t = 0; t < r->T; t++) {
-		memset(acc, 0, sizeof *acc * (size_t)M);
-		for (int rk = 0; rk < r->k; rk++) {
-			int64_t i = rk * r->T + t;
-			if (r->loc[i] < 0)
-				continue;
-			const float *row = buf + row_of(r, i, M);
-			const double w = weighted ? (double)r->score[i] : 1.0;
-			for (int64_t m = 0; m < M; m++)
-				acc[m] += w * row[m];
-		}
-		for (int64_t m = 0; m < M; m++)
-			out[t * M + m] = (float)acc[m];
-	}
-	free(acc);
-	return 0;
-}
-
-static int ref_moe_decode(struct backend *be, const struct backend_moe_route *r, const float *eo,
-			  float *y, int64_t M)
-{
-	return gather(r, eo, y, M, 1);
-}
-
-static int ref_moe_decode_backward(struct backend *be, const struct backend_moe_route *r,
-				   const float *dy, const float *eo, float *d_eo, float *dscore,
-				   int64_t M, int zero_pad)
-{
-	/* padding rows are not kept rows, so zeroing them first cannot clobber a row of eo
-	 * that is still to be read when d_eo is eo */
-	if (zero_pad)
-		zero_padding(r, d_eo, M);
-	for (int64_t i = 0; i < r->k * r->T; i++) {
-		if (r->loc[i] < 0) {
-			dscore[i] = 0.0f;
-			continue;
-		}
-		const float *g = dy + (size_t)(i % r->T) * M, *row = eo + row_of(r, i, M);
-		double s = 0;
-		for (int64_t m = 0; m < M; m++)
-			s += (double)g[m] * row[m];
-		dscore[i] = (float)s;
-		/* the row of eo has been read: now it may be overwritten */
-		float *drow = d_eo + row_of(r, i, M);
-		for (int64_t m = 0; m < M; m++)
-			drow[m] = (float)((double)r->score[i] * g[m]);
-	}
-	return 0;
-}
-
-static int ref_moe_encode_backward(struct backend *be, const struct backend_moe_route *r,
-				   const float *d_disp, float *dx, int64_t M)
-{
-	return gather(r, d_disp, dx, M, 0);
-}
-
-/* ---- the dispatch ops on bfloat16 rows ------------------------------------------------
- * The same sums as above, in double from the widened values, each rounded once, straight
- * from double to bfloat16 (the exact result's nearest: the oracle of the math; the contract's
- * float32 sum is within the tolerance of it). */
+/* The dispatch ops below serve both element types of their rows: float32, and bfloat16 (the
+ * *_bf16 ops), each sum in double from the widened values and rounded once at the store. */
 
 /* d rounded to bfloat16, to nearest, ties to even. d is first cut to float toward zero
  * (exact when d is a float), then the float's low 16 bits decide, with sticky = whether the
@@ -996,29 +902,53 @@ static uint16_t bf16_of_double(double d)
 	return (uint16_t)hi;
 }
 
-static void zero_padding_bf16(const struct backend_moe_route *r, uint16_t *buf, int64_t M)
+/* Element i of a row buffer of floats (bf16 = 0) or bfloat16s (bf16 = 1), widened; and the
+ * store of a double, rounded once to the buffer's type. */
+static double ld(const void *p, size_t i, int bf16)
+{
+	return bf16 ? backend_bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static void st(void *p, size_t i, double v, int bf16)
+{
+	if (bf16)
+		((uint16_t *)p)[i] = bf16_of_double(v);
+	else
+		((float *)p)[i] = (float)v;
+}
+
+/* Rows min(n_e, C) .. C-1 of every expert of an [E, C, M] buffer of es-byte elements set to
+ * zero. */
+static void zero_padding(const struct backend_moe_route *r, void *buf, int64_t M, size_t es)
 {
 	for (int e = 0; e < r->E; e++) {
 		int64_t used = r->count[e] < r->C ? r->count[e] : r->C;
 		for (int64_t c = used; c < r->C; c++)
-			memset(buf + ((size_t)e * r->C + c) * M, 0, sizeof *buf * (size_t)M);
+			memset((char *)buf + ((size_t)e * r->C + c) * M * es, 0, es * (size_t)M);
 	}
 }
 
-static int ref_moe_encode_bf16(struct backend *be, const struct backend_moe_route *r,
-			       const uint16_t *x, uint16_t *disp, int64_t M, int zero_pad)
+/* The row of expert idx[i], slot loc[i] of an [E, C, M] buffer (in elements). */
+static size_t row_of(const struct backend_moe_route *r, int64_t i, int64_t M)
 {
-	if (zero_pad)
-		zero_padding_bf16(r, disp, M);
-	for (int64_t i = 0; i < r->k * r->T; i++)
-		if (r->loc[i] >= 0)
-			memcpy(disp + row_of(r, i, M), x + (size_t)(i % r->T) * M,
-			       sizeof *x * (size_t)M);
-	return 0;
+	return ((size_t)r->idx[i] * r->C + (size_t)r->loc[i]) * M;
 }
 
-static int gather_bf16(const struct backend_moe_route *r, const uint16_t *buf, uint16_t *out,
-		       int64_t M, int weighted)
+static void encode(const struct backend_moe_route *r, const void *x, void *disp, int64_t M,
+		   int zero_pad, size_t es)
+{
+	if (zero_pad)
+		zero_padding(r, disp, M, es);
+	for (int64_t i = 0; i < r->k * r->T; i++)
+		if (r->loc[i] >= 0)
+			memcpy((char *)disp + row_of(r, i, M) * es,
+			       (const char *)x + (size_t)(i % r->T) * M * es, es * (size_t)M);
+}
+
+/* out[t] = sum over token t's kept choices, in double, of (score, when weighted) times its
+ * row of buf: decode (weighted) and encode backward (unweighted) are this one gather. */
+static int gather(const struct backend_moe_route *r, const void *buf, void *out, int64_t M,
+		  int weighted, int bf16)
 {
 	double *acc = scratch((size_t)M, sizeof *acc);
 	if (!acc)
@@ -1029,52 +959,93 @@ static int gather_bf16(const struct backend_moe_route *r, const uint16_t *buf, u
 			int64_t i = rk * r->T + t;
 			if (r->loc[i] < 0)
 				continue;
-			const uint16_t *row = buf + row_of(r, i, M);
+			const size_t row = row_of(r, i, M);
 			const double w = weighted ? (double)r->score[i] : 1.0;
 			for (int64_t m = 0; m < M; m++)
-				acc[m] += w * backend_bf16_to_float(row[m]);
+				acc[m] += w * ld(buf, row + m, bf16);
 		}
 		for (int64_t m = 0; m < M; m++)
-			out[t * M + m] = bf16_of_double(acc[m]);
+			st(out, (size_t)(t * M + m), acc[m], bf16);
 	}
 	free(acc);
+	return 0;
+}
+
+static void decode_backward(const struct backend_moe_route *r, const void *dy, const void *eo,
+			    void *d_eo, float *dscore, int64_t M, int zero_pad, int bf16)
+{
+	/* padding rows are not kept rows, so zeroing them first cannot clobber a row of eo
+	 * that is still to be read when d_eo is eo */
+	if (zero_pad)
+		zero_padding(r, d_eo, M, bf16 ? 2 : 4);
+	for (int64_t i = 0; i < r->k * r->T; i++) {
+		if (r->loc[i] < 0) {
+			dscore[i] = 0.0f;
+			continue;
+		}
+		const size_t g = (size_t)(i % r->T) * M, row = row_of(r, i, M);
+		double s = 0;
+		for (int64_t m = 0; m < M; m++)
+			s += ld(dy, g + m, bf16) * ld(eo, row + m, bf16);
+		dscore[i] = (float)s;
+		/* the row of eo has been read: now it may be overwritten */
+		for (int64_t m = 0; m < M; m++)
+			st(d_eo, row + m, (double)r->score[i] * ld(dy, g + m, bf16), bf16);
+	}
+}
+
+static int ref_moe_encode(struct backend *be, const struct backend_moe_route *r, const float *x,
+			  float *disp, int64_t M, int zero_pad)
+{
+	encode(r, x, disp, M, zero_pad, sizeof *x);
+	return 0;
+}
+
+static int ref_moe_decode(struct backend *be, const struct backend_moe_route *r, const float *eo,
+			  float *y, int64_t M)
+{
+	return gather(r, eo, y, M, 1, 0);
+}
+
+static int ref_moe_decode_backward(struct backend *be, const struct backend_moe_route *r,
+				   const float *dy, const float *eo, float *d_eo, float *dscore,
+				   int64_t M, int zero_pad)
+{
+	decode_backward(r, dy, eo, d_eo, dscore, M, zero_pad, 0);
+	return 0;
+}
+
+static int ref_moe_encode_backward(struct backend *be, const struct backend_moe_route *r,
+				   const float *d_disp, float *dx, int64_t M)
+{
+	return gather(r, d_disp, dx, M, 0, 0);
+}
+
+static int ref_moe_encode_bf16(struct backend *be, const struct backend_moe_route *r,
+			       const uint16_t *x, uint16_t *disp, int64_t M, int zero_pad)
+{
+	encode(r, x, disp, M, zero_pad, sizeof *x);
 	return 0;
 }
 
 static int ref_moe_decode_bf16(struct backend *be, const struct backend_moe_route *r,
 			       const uint16_t *eo, uint16_t *y, int64_t M)
 {
-	return gather_bf16(r, eo, y, M, 1);
+	return gather(r, eo, y, M, 1, 1);
 }
 
 static int ref_moe_decode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
 					const uint16_t *dy, const uint16_t *eo, uint16_t *d_eo,
 					float *dscore, int64_t M, int zero_pad)
 {
-	if (zero_pad) /* padding rows are not kept rows: as in ref_moe_decode_backward */
-		zero_padding_bf16(r, d_eo, M);
-	for (int64_t i = 0; i < r->k * r->T; i++) {
-		if (r->loc[i] < 0) {
-			dscore[i] = 0.0f;
-			continue;
-		}
-		const uint16_t *g = dy + (size_t)(i % r->T) * M, *row = eo + row_of(r, i, M);
-		double s = 0;
-		for (int64_t m = 0; m < M; m++)
-			s += (double)backend_bf16_to_float(g[m]) * backend_bf16_to_float(row[m]);
-		dscore[i] = (float)s;
-		uint16_t *drow = d_eo + row_of(r, i, M);
-		for (int64_t m = 0; m < M; m++)
-			drow[m] = bf16_of_double((double)r->score[i] *
-						 backend_bf16_to_float(g[m]));
-	}
+	decode_backward(r, dy, eo, d_eo, dscore, M, zero_pad, 1);
 	return 0;
 }
 
 static int ref_moe_encode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
 					const uint16_t *d_disp, uint16_t *dx, int64_t M)
 {
-	return gather_bf16(r, d_disp, dx, M, 0);
+	return gather(r, d_disp, dx, M, 0, 1);
 }
 
 /* ---- profiling ------------------------------------------------------------------------ */
