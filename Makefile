@@ -69,18 +69,23 @@ endif
 HAVE_CXX ?= $(shell command -v $(CXX) >/dev/null 2>&1 && echo 1 || echo 0)
 HAVE_PYTORCH ?= $(shell /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 && echo 1 || echo 0)
 
-# OpenBLAS: headers and link name from pkg-config; at run time prefer Debian's OpenMP
-# build of the same library so that BLAS and our own loops share one thread pool instead
-# of two pools spinning against each other.
+# The cpu backend's matrix products (lib/backend/cpu/cpu_blas.h): oneDNN's sgemm when
+# libdnnl-dev is found, else OpenBLAS's, each loaded with dlopen at run time (never linked:
+# OpenBLAS must be loaded by us to correct the kernel it picks). Only their headers are
+# needed here; at run time Debian's OpenMP build of OpenBLAS (libopenblas0-openmp) is
+# preferred, so that BLAS and our own loops share one thread pool.
 OPENBLAS_OMP_DIR ?= $(wildcard /usr/lib/x86_64-linux-gnu/openblas-openmp)
 BLAS_CFLAGS := $(shell $(PKG_CONFIG) --cflags openblas 2>/dev/null)
-BLAS_LIBS := $(shell $(PKG_CONFIG) --libs openblas 2>/dev/null)
-ifneq ($(OPENBLAS_OMP_DIR),)
-BLAS_LIBS += -Wl,-rpath,$(OPENBLAS_OMP_DIR)
-BLAS_FLAVOUR := OpenMP threading ($(OPENBLAS_OMP_DIR))
+HAVE_DNNL ?= $(shell echo '\#include <oneapi/dnnl/dnnl.h>' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1 || echo 0)
+CPU_BLAS_CFLAGS := $(if $(OPENBLAS_OMP_DIR),-DCORE_OPENBLAS_DIR='"$(OPENBLAS_OMP_DIR)"')
+ifeq ($(HAVE_DNNL),1)
+CPU_BLAS_CFLAGS += -DCORE_HAVE_DNNL=1
+BLAS_FLAVOUR := oneDNN found: its sgemm by default, OpenBLAS's as the fallback
 else
-BLAS_FLAVOUR := its default threading (install libopenblas0-openmp for one thread pool)
+BLAS_FLAVOUR := OpenBLAS's sgemm (install libdnnl-dev for oneDNN's, about 10% faster)
 endif
+BLAS_FLAVOUR += (both loaded at run time$(if $(OPENBLAS_OMP_DIR),; OpenBLAS's OpenMP build from $(OPENBLAS_OMP_DIR)))
+$(BUILD)/lib/backend/cpu/cpu_blas.o: CFLAGS += $(CPU_BLAS_CFLAGS)
 
 REQUIRED := OPENBLAS YAML ZLIB JANSSON LBFGS OPENMP
 MISSING := $(strip $(foreach r,$(REQUIRED),$(if $(filter 1,$(HAVE_$(r))),,$(r))))
@@ -89,7 +94,7 @@ $(error missing required libraries: $(MISSING); run scripts/setup-debian.sh or i
 endif
 
 CFLAGS += -fopenmp $(BLAS_CFLAGS) $(shell $(PKG_CONFIG) --cflags yaml-0.1 zlib jansson liblbfgs)
-LIBS := $(BLAS_LIBS) $(shell $(PKG_CONFIG) --libs yaml-0.1 zlib jansson liblbfgs) -fopenmp -lm
+LIBS := $(shell $(PKG_CONFIG) --libs yaml-0.1 zlib jansson liblbfgs) -fopenmp -lm -ldl
 # libdeflate: crc32 at about 3x zlib's speed (lib/common/crc.h); zlib's when absent.
 ifeq ($(HAVE_LIBDEFLATE),1)
 CFLAGS += -DHAVE_LIBDEFLATE=1 $(shell $(PKG_CONFIG) --cflags libdeflate)
@@ -133,12 +138,12 @@ NVCCFLAGS += -std=c++20 $(CUDA_ARCH) -DCORE_VERSION='"$(VERSION)"' -Ilib -Ikerne
 	-Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 # cuBLAS is not linked but loaded when the cuda device is opened (kernels/cublas_dl.c: linked,
 # it costs every program ~215 MiB of memory at start), NCCL when a communicator is first made
-# (kernels/nccl_dl.c), both through kernels/dl_load.c; the CUDA runtime is linked statically.
-LIB_OBJ += $(CU_OBJ) $(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o $(BUILD)/kernels/dl_load.o
+# (kernels/nccl_dl.c), both through lib/common/dl_load.c; the CUDA runtime is linked statically.
+LIB_OBJ += $(CU_OBJ) $(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o
 LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt \
 	-lpthread
 $(BUILD)/lib/backend/backend.o: CFLAGS += -DCORE_HAVE_CUDA=1
-$(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o $(BUILD)/kernels/dl_load.o: $(BUILD)/kernels/%.o: kernels/%.c
+$(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o: $(BUILD)/kernels/%.o: kernels/%.c
 	@mkdir -p $(@D)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CFLAGS) -isystem $(CUDA_HOME)/include -MMD -MP -c $< -o $@
@@ -161,7 +166,7 @@ all: probe $(BUILD)/libcore.a $(PROGS)
 
 probe:
 	@echo "==> OpenMP: $(if $(filter 1,$(HAVE_OPENMP)),found,not found)"
-	@echo "==> OpenBLAS (CBLAS): found, $(BLAS_FLAVOUR)"
+	@echo "==> matrix products: $(BLAS_FLAVOUR)"
 	@echo "==> libyaml: found; zlib: found; jansson: found; liblbfgs: found"
 	@echo "==> libdeflate: $(if $(filter 1,$(HAVE_LIBDEFLATE)),found (fast crc32),not found (crc32 from zlib, about 3x slower; install libdeflate-dev))"
 	@echo "==> Criterion: $(if $(filter 1,$(HAVE_CRITERION)),found,not found (make test needs libcriterion-dev))"

@@ -91,8 +91,14 @@ static int bad_option(const char *cmd, const struct option *longopts, char **arg
 	return cli_bad_option(prog, help, longopts, argv, c);
 }
 
+/* What ran the matrix products, once a subcommand has opened its backend: every summary then
+ * names it (gemm_kernel). */
+static const char *gemm_kernel;
+
 static int print_json(json_t *j)
 {
+	if (j && gemm_kernel)
+		json_object_set_new(j, "gemm_kernel", json_string(gemm_kernel));
 	int rc = cli_print_json(j, JSON_INDENT(2) | JSON_REAL_PRECISION(8));
 
 	return rc < 0 ? cli_report(prog, rc) : 0;
@@ -158,7 +164,10 @@ static int open_backend(struct common *co)
 {
 	int rc = backend_open(&co->be, co->device ? co->device : "cpu",
 			      &(struct backend_params){.threads = (int)co->threads});
-	return rc < 0 ? cli_report(prog, rc) : 0;
+	if (rc < 0)
+		return cli_report(prog, rc);
+	gemm_kernel = co->be->gemm_kernel;
+	return 0;
 }
 
 static void show_progress(void *ctx, uint64_t done)

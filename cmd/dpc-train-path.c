@@ -474,7 +474,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	double rss_mb = (double)peak_rss_bytes() / 1048576.0;
-	rc = cli_print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s, s:s, s:s}", "steps",
+	rc = cli_print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s, s:s, s:s, s:s}",
+				      "steps",
 				      (json_int_t)(r.final_step - r.start_step), "step",
 				      (json_int_t)r.final_step, "loss",
 				      num(r.final_step > r.start_step ? r.loss : NAN), "val_loss",
@@ -483,7 +484,8 @@ int main(int argc, char **argv)
 					  ? r.tokens_per_s : NAN),
 				      "peak_rss_mb", num(rss_mb), "matmul_frac",
 				      num(r.matmul_frac), "checkpoint", o.out_path, "device",
-				      be->name, "precision", backend_precision_name(be->precision)),
+				      be->name, "gemm_kernel", be->gemm_kernel, "precision",
+				      backend_precision_name(be->precision)),
 			    json_flags);
 	if (rc)
 		rc = cli_report(prog, rc);

@@ -151,6 +151,7 @@ static json_t *base_json(const struct moe_bench_opts *o, const char *trace, cons
 	json_object_set_new(j, "impl", json_string(impl));
 	json_object_set_new(j, "only", json_string(only));
 	json_object_set_new(j, "device", json_string(o->be->name));
+	json_object_set_new(j, "gemm_kernel", json_string(o->be->gemm_kernel));
 	json_object_set_new(j, "precision",
 			    json_string(backend_precision_name(o->be->precision)));
 	json_object_set_new(j, "T", json_integer(T));

@@ -461,11 +461,12 @@ static int run(struct search *s, const char *out, const char *trials_path, doubl
 		if (rc == 0 && trials_path)
 			rc = write_trials(trials_path, s);
 		if (rc == 0)
-			rc = cli_print_json(json_pack("{s:s, s:i, s:i, s:I, s:I, s:I, s:f}", "dict",
-						      out, "W", dict.W, "local_size",
+			rc = cli_print_json(json_pack("{s:s, s:i, s:i, s:I, s:I, s:I, s:f, s:s}",
+						      "dict", out, "W", dict.W, "local_size",
 						      dict.local_size, "buckets", (json_int_t)dict.n,
 						      "trials", (json_int_t)s->nt, "window",
-						      (json_int_t)R, "seconds", now_seconds() - t0),
+						      (json_int_t)R, "seconds", now_seconds() - t0,
+						      "gemm_kernel", s->o.be->gemm_kernel),
 					    JSON_COMPACT);
 	}
 	/* The files are rank 0's: the others learn whether it managed. */

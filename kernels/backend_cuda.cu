@@ -1340,6 +1340,7 @@ int backend_cuda_init(struct backend *be, const struct backend_params *params)
 	be->host_visible = 0;
 	be->attention_keeps_p = !c->attention_fused;
 	be->threads = params->threads > 0 ? params->threads : 1;
+	be->gemm_kernel = "cublas";
 	be->ctx = c;
 	return 0;
 }

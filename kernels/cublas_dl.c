@@ -15,7 +15,7 @@
 #include <stdio.h>
 
 #include "common/banned.h"
-#include "dl_load.h"
+#include "common/dl_load.h"
 
 #define CUBLAS_SONAME "libcublas.so.13"
 
@@ -45,7 +45,8 @@ static void load(void)
 		{"cublasSgemmStridedBatched", (void **)&api.sgemm_sb},
 		{"cublasGemmStridedBatchedEx", (void **)&api.gemm_sb_ex},
 	};
-	api.lib = dl_load(CUBLAS_SONAME, sym, sizeof sym / sizeof sym[0], api.why, sizeof api.why);
+	api.lib = dl_load(CUBLAS_SONAME, "/usr/local/cuda/lib64", sym, sizeof sym / sizeof sym[0],
+			  api.why, sizeof api.why);
 }
 
 static int loaded(void)

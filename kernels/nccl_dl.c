@@ -13,7 +13,7 @@
 #include <stdio.h>
 
 #include "common/banned.h"
-#include "dl_load.h"
+#include "common/dl_load.h"
 
 #define NCCL_SONAME "libnccl.so.2"
 
@@ -47,7 +47,8 @@ static void load(void)
 		{"ncclSend", (void **)&api.send},
 		{"ncclRecv", (void **)&api.recv},
 	};
-	api.lib = dl_load(NCCL_SONAME, sym, sizeof sym / sizeof sym[0], api.why, sizeof api.why);
+	api.lib = dl_load(NCCL_SONAME, "/usr/local/cuda/lib64", sym, sizeof sym / sizeof sym[0],
+			  api.why, sizeof api.why);
 }
 
 static int loaded(void)

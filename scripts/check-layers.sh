@@ -13,7 +13,7 @@
 #     are private to lib/backend: nothing outside includes them, and one backend's folder
 #     does not include another's;
 #  3. cmd/ includes libcore's public headers only (not *_impl.h, not a backend's folder);
-#  4. only lib/backend/cpu includes the BLAS header (cblas.h); nothing in lib/ or cmd/
+#  4. only lib/backend/cpu includes the BLAS headers (cblas.h, oneDNN's); nothing in lib/ or cmd/
 #     includes a CUDA header (kernels/ is reached through the backend table);
 #  5. lib/ never exits and never writes to stdout, except lib/cli, the program-support
 #     layer whose job that is.
@@ -56,7 +56,7 @@ echo "$includes" | while IFS= read -r hit; do
 	inc=$(echo "${rest#*:}" | sed -n 's/.*#[[:space:]]*include[[:space:]]*[<"]\([^>"]*\)[>"].*/\1/p')
 	where="$file:$line: includes '$inc'"
 	case $inc in
-	cblas.h | openblas*)
+	cblas.h | openblas* | oneapi/dnnl/*)
 		case $file in lib/backend/cpu/*) ;; *) echo "$where: only lib/backend/cpu uses BLAS" ;; esac
 		continue ;;
 	cuda*.h | cublas*.h | nccl.h | cudnn*.h | curand*.h | cuda/*)

@@ -9,7 +9,7 @@
 # is on PATH: a machine with Node.js from elsewhere (NodeSource's nodejs, say) keeps it, since
 # Debian's npm package conflicts with such a nodejs and apt-get would refuse the whole install.
 set -eu
-pkgs="gcc make pkg-config libc6-dev libopenblas-dev libopenblas0-openmp libyaml-dev zlib1g-dev libdeflate-dev
+pkgs="gcc make pkg-config libc6-dev libopenblas-dev libopenblas0-openmp libdnnl-dev libyaml-dev zlib1g-dev libdeflate-dev
 libjansson-dev liblbfgs-dev ca-certificates"
 if [ "${1:-}" = "--test" ]; then
 	pkgs="$pkgs g++ libcriterion-dev python3-torch python3-numpy groff-base openmpi-bin libopenmpi-dev procps

@@ -410,6 +410,9 @@ struct backend {
 	int host_visible;  /* backend memory is host memory */
 	int threads;       /* threads the backend's ops use */
 	enum backend_precision precision; /* of its matrix products (backend_params) */
+	const char *gemm_kernel; /* what runs its matrix products, for reports: "onednn 2.6.3
+				  * avx512_core_amx", "openblas 0.3.21 SkylakeX", "cublas",
+				  * "plain loops" */
 	int attention_keeps_p; /* 1: attention_forward leaves P in att (see there); 0: att
 				* holds something else of the backend's */
 	void *ctx;         /* the backend's own state */

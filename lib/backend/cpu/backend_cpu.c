@@ -1,5 +1,6 @@
-/* backend_cpu.c - the CPU backend: CBLAS sgemm for every matrix product, OpenMP loops for the
- * rest (the MoE kernels are in moe_cpu.c). Contracts in backend.h.
+/* backend_cpu.c - the CPU backend: one sgemm (oneDNN's or OpenBLAS's, cpu_blas.h) for every
+ * matrix product, OpenMP loops for the rest (the MoE kernels are in moe_cpu.c). Contracts in
+ * backend.h.
  *
  * Where the time goes: on a GPT-2 step almost all flops are matrix products, so each linear
  * layer is ONE sgemm over the whole [B*T, C] batch, and attention is a handful of small sgemms
@@ -16,11 +17,13 @@
  */
 #include "backend/cpu/cpu_impl.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include "backend/backend_impl.h"
 #include "common/err.h"
@@ -259,16 +262,16 @@ static double cpu_gemm_seconds(struct backend *be)
 	return s;
 }
 
-static void gemm_call(struct cpu_ctx *ctx, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb,
+static void gemm_call(struct cpu_ctx *ctx, int ta, int tb,
 		      int M, int N, int K, float alpha, const float *A, int lda, const float *B,
 		      int ldb, float beta, float *C, int ldc)
 {
 	if (!ctx->prof_on) {
-		cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		ctx->blas->sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 		return;
 	}
 	double t0 = omp_get_wtime();
-	cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	ctx->blas->sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	int tid = omp_get_thread_num();
 	double dt = (omp_get_wtime() - t0) / omp_get_num_threads();
 	if (tid < CPU_PROF_SLOTS - 1) {
@@ -294,7 +297,7 @@ static void gemm_call(struct cpu_ctx *ctx, enum CBLAS_TRANSPOSE ta, enum CBLAS_T
  * same elements in any split) and stay above GEMM_MIN_BLOCK (the same kernel), so each
  * element is summed exactly as in the whole product. test_backend.c checks it at 1, 2 and 3
  * threads. */
-static void sgemm(struct backend *be, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M,
+static void sgemm(struct backend *be, int ta, int tb, int M,
 		  int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
 		  float beta, float *C, int ldc)
 {
@@ -323,11 +326,11 @@ static void sgemm(struct backend *be, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSP
 		if (d1 > d0) {
 			if (by_rows) /* rows d0..d1 of C come from rows of op(A) */
 				gemm_call(ctx, ta, tb, d1 - d0, N, K, alpha,
-					  ta == CblasNoTrans ? A + (size_t)d0 * lda : A + d0, lda,
+					  ta == 0 ? A + (size_t)d0 * lda : A + d0, lda,
 					  B, ldb, beta, C + (size_t)d0 * ldc, ldc);
 			else /* columns d0..d1 of C come from columns of op(B) */
 				gemm_call(ctx, ta, tb, M, d1 - d0, K, alpha, A, lda,
-					  tb == CblasNoTrans ? B + d0 : B + (size_t)d0 * ldb, ldb,
+					  tb == 0 ? B + d0 : B + (size_t)d0 * ldb, ldb,
 					  beta, C + d0, ldc);
 		}
 	}
@@ -338,8 +341,7 @@ static int cpu_gemm(struct backend *be, int transA, int transB, int M, int N, in
 		    float *C, int ldc)
 {
 	cpu_enter(be);
-	sgemm(be, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, M, N,
-	      K, alpha, A, lda, B, ldb, beta, C, ldc);
+	sgemm(be, transA != 0, transB != 0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	return 0;
 }
 
@@ -466,9 +468,9 @@ static int cpu_matmul_forward(struct backend *be, float *y, const float *x, cons
 	if (OC <= SKINNY_OC)
 		return skinny_forward(be, y, x, w, bias, N, IC, OC, layout);
 	if (layout == BACKEND_W_IO)
-		sgemm(be, CblasNoTrans, CblasNoTrans, N, OC, IC, 1.0f, x, IC, w, OC, 0.0f, y, OC);
+		sgemm(be, 0, 0, N, OC, IC, 1.0f, x, IC, w, OC, 0.0f, y, OC);
 	else
-		sgemm(be, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, x, IC, w, IC, 0.0f, y, OC);
+		sgemm(be, 0, 1, N, OC, IC, 1.0f, x, IC, w, IC, 0.0f, y, OC);
 	if (bias)
 		add_bias(y, bias, N, OC);
 	return 0;
@@ -485,15 +487,15 @@ static int cpu_matmul_backward(struct backend *be, float *dx, float *dw, float *
 		return skinny_backward(be, dx, dw, dbias, dy, x, w, N, IC, OC, layout, accumulate);
 	/* dw and dbias first: dx may overwrite x. */
 	if (dw && layout == BACKEND_W_IO) /* dw [IC,OC] = x^T dy */
-		sgemm(be, CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, x, IC, dy, OC, 0.0f, dw, OC);
+		sgemm(be, 1, 0, IC, OC, N, 1.0f, x, IC, dy, OC, 0.0f, dw, OC);
 	else if (dw) /* dw [OC,IC] = dy^T x */
-		sgemm(be, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dy, OC, x, IC, 0.0f, dw, IC);
+		sgemm(be, 1, 0, OC, IC, N, 1.0f, dy, OC, x, IC, 0.0f, dw, IC);
 	if (dbias)
 		cpu_column_sums(dbias, dy, N, OC);
 	if (dx && layout == BACKEND_W_IO) /* dx = dy w^T, w [IC,OC] */
-		sgemm(be, CblasNoTrans, CblasTrans, N, IC, OC, 1.0f, dy, OC, w, OC, beta, dx, IC);
+		sgemm(be, 0, 1, N, IC, OC, 1.0f, dy, OC, w, OC, beta, dx, IC);
 	else if (dx) /* dx = dy w, w [OC,IC] */
-		sgemm(be, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dy, OC, w, IC, beta, dx, IC);
+		sgemm(be, 0, 0, N, IC, OC, 1.0f, dy, OC, w, IC, beta, dx, IC);
 	return 0;
 }
 
@@ -814,12 +816,12 @@ static int cpu_attention_forward(struct backend *be, float *out, float *att, con
 				int rn = min_int(ATT_BLOCK, T - r0), kn = r0 + rn;
 				float *Pr = P + (size_t)r0 * T;
 				/* S[r0.., 0..kn) = scale * Q K^T */
-				gemm_call(ctx, CblasNoTrans, CblasNoTrans, rn, kn, hs, scale,
+				gemm_call(ctx, 0, 0, rn, kn, hs, scale,
 					  q + (size_t)r0 * C3, C3, kt, T, 0.0f, Pr, T);
 				for (int i = 0; i < rn; i++)
 					causal_softmax_row(Pr + (size_t)i * T, r0 + i, kn);
 				/* O[r0..] = P V */
-				gemm_call(ctx, CblasNoTrans, CblasNoTrans, rn, hs, kn, 1.0f, Pr, T, v,
+				gemm_call(ctx, 0, 0, rn, hs, kn, 1.0f, Pr, T, v,
 					  C3, 0.0f, o + (size_t)r0 * C, C);
 			}
 		}
@@ -856,7 +858,7 @@ static int cpu_attention_backward(struct backend *be, float *dqkv, const float *
 			for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
 				int rn = min_int(ATT_BLOCK, T - r0), kn = r0 + rn;
 				float *dSr = dS + (size_t)r0 * T;
-				gemm_call(ctx, CblasNoTrans, CblasNoTrans, rn, kn, hs, 1.0f,
+				gemm_call(ctx, 0, 0, rn, kn, hs, 1.0f,
 					  dO + (size_t)r0 * C, C, vt, T, 0.0f, dSr, T);
 				for (int ii = 0; ii < rn; ii++) {
 					int i = r0 + ii;
@@ -872,15 +874,15 @@ static int cpu_attention_backward(struct backend *be, float *dqkv, const float *
 					for (int j = i + 1; j < kn; j++)
 						d[j] = 0.0f;
 				}
-				gemm_call(ctx, CblasNoTrans, CblasNoTrans, rn, hs, kn, 1.0f, dSr, T, k,
+				gemm_call(ctx, 0, 0, rn, hs, kn, 1.0f, dSr, T, k,
 					  C3, 0.0f, dq + (size_t)r0 * C3, C3);
 			}
 			for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
 				int cn = min_int(ATT_BLOCK, T - c0), m = T - c0;
-				gemm_call(ctx, CblasTrans, CblasNoTrans, cn, hs, m, 1.0f,
+				gemm_call(ctx, 1, 0, cn, hs, m, 1.0f,
 					  dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, 0.0f,
 					  dk + (size_t)c0 * C3, C3);
-				gemm_call(ctx, CblasTrans, CblasNoTrans, cn, hs, m, 1.0f,
+				gemm_call(ctx, 1, 0, cn, hs, m, 1.0f,
 					  P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, 0.0f,
 					  dv + (size_t)c0 * C3, C3);
 			}
@@ -1048,27 +1050,46 @@ static const struct backend_ops cpu_ops = {
 	.gemm_seconds = cpu_gemm_seconds,
 };
 
+/* Flush-to-zero and denormals-are-zero on the calling thread: a float below 2^-126 that an
+ * operation produces becomes zero (FTZ), and one it reads counts as zero (DAZ). On x86 an
+ * operation that meets a subnormal takes a microcode assist of ~100 cycles; training meets
+ * them more as it goes (softmax probabilities of bytes that never occur, their gradients
+ * through the head's products), and on an Intel Xeon six steps from a phase-3 DiPaCo path ran
+ * at a third of the speed of six from initialisation (MACHINE.md). */
+static void flush_subnormals(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	_mm_setcsr(_mm_getcsr() | 0x8040); /* FTZ (bit 15), DAZ (bit 6) */
+#endif
+}
+
 int backend_cpu_init(struct backend *be, const struct backend_params *params)
 {
+	const struct cpu_blas *blas;
+	ERR_FORWARD(cpu_blas_get(&blas));
 	struct cpu_ctx *c = calloc(1, sizeof *c);
 	if (!c)
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the cpu backend");
+	c->blas = blas;
 	/* The thread count the process started with (OMP_NUM_THREADS, else every core), read
 	 * before any backend changes it. */
 	static int initial_threads;
 	if (!initial_threads)
 		initial_threads = omp_get_max_threads();
 	const int threads = params->threads > 0 ? params->threads : initial_threads;
-	/* OpenBLAS runs single-threaded: sgemm() splits the products itself, with bits that do
-	 * not depend on the thread count, which OpenBLAS's own splitting does not give. (Its
-	 * OpenMP build follows OpenMP's thread count at each call, so sgemm() also lowers that
-	 * around the calls it makes outside a parallel region.) */
-	openblas_set_num_threads(1);
 	omp_set_num_threads(threads);
+	/* Subnormals flushed on every thread that computes: this one, and each of OpenMP's
+	 * pool (its threads keep their MXCSR from region to region; threads it adds later
+	 * start from their creator's, which is this one or one of them). The libraries' sgemm
+	 * runs on our threads (one per block, sgemm() below), never on threads of its own. */
+	flush_subnormals();
+#pragma omp parallel num_threads(threads)
+	flush_subnormals();
 	be->op = &cpu_ops;
 	be->host_visible = 1;
 	be->attention_keeps_p = 1;
 	be->threads = threads;
+	be->gemm_kernel = blas->kernel;
 	be->ctx = c;
 	return 0;
 }

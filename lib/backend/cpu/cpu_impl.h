@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_blas.h"
 
 /* Below this many elements a loop runs on one thread: forking a parallel region costs more
  * than the work (a few microseconds against ~10 GB/s of one core). */
@@ -23,6 +24,7 @@
 #define CPU_PROF_SLOTS 256
 
 struct cpu_ctx {
+	const struct cpu_blas *blas; /* the process's matrix-product library (cpu_blas.h) */
 	int prof_on;
 	struct {
 		double s;

@@ -1112,6 +1112,7 @@ int backend_ref_init(struct backend *be, const struct backend_params *params)
 	be->host_visible = 1;
 	be->attention_keeps_p = 1;
 	be->threads = 1;
+	be->gemm_kernel = "plain loops";
 	be->ctx = NULL;
 	return 0;
 }

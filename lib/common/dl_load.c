@@ -1,18 +1,18 @@
 /* dl_load.c - see dl_load.h. */
-#include "dl_load.h"
+#include "common/dl_load.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
 
 #include "common/banned.h"
 
-void *dl_load(const char *soname, const struct dl_sym *sym, size_t nsym, char *why,
-	      size_t why_len)
+void *dl_load(const char *soname, const char *dir, const struct dl_sym *sym, size_t nsym,
+	      char *why, size_t why_len)
 {
 	void *lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
-	if (!lib) {
-		char path[256];
-		snprintf(path, sizeof path, "/usr/local/cuda/lib64/%s", soname);
+	if (!lib && dir) {
+		char path[512];
+		snprintf(path, sizeof path, "%s/%s", dir, soname);
 		lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	}
 	if (!lib) {
