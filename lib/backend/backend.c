@@ -16,7 +16,8 @@ static const struct {
 	unsigned precisions; /* PREC(p) for each enum backend_precision p it has */
 	const char *precision_names;
 } registry[] = {
-	{"cpu", backend_cpu_init, PREC(BACKEND_FP32), "fp32"},
+	/* bf16 where oneDNN and the CPU have it; elsewhere backend_open says why not */
+	{"cpu", backend_cpu_init, PREC(BACKEND_FP32) | PREC(BACKEND_BF16), "fp32, bf16"},
 	{"ref", backend_ref_init, PREC(BACKEND_FP32), "fp32"},
 #ifdef CORE_HAVE_CUDA
 	{"cuda", backend_cuda_init, PREC(BACKEND_FP32) | PREC(BACKEND_TF32) | PREC(BACKEND_BF16),

@@ -298,3 +298,61 @@ Test(cpu_blas, subnormals_flushed_on_every_thread_in_products)
 		backend_close(be);
 	}
 }
+
+/* ---- bfloat16 products ------------------------------------------------------------------ */
+
+/* The same bits at any thread count, on shapes of a gpt-tiny step that sgemm splits: forward
+ * (NN), the input gradient (NT) and the weight gradient (TN, K = B*T, where oneDNN's AMX
+ * kernel blocks K by the block's shape: only a split fixed by the shape keeps the bits). */
+Test(cpu_blas, bf16_products_same_bits_at_any_thread_count, .timeout = 60)
+{
+	const struct cpu_blas *b;
+	cr_assert_eq(cpu_blas_get(&b), 0);
+	if (!b->gemm_bf16)
+		cr_skip_test("no bf16 products here: %s", b->why_no_bf16);
+	static const int shapes[][5] = {
+		{0, 0, 2048, 768, 256}, {0, 1, 2048, 256, 1024}, {1, 0, 256, 768, 2048},
+		{1, 0, 1024, 256, 2048}, {0, 0, 100, 3000, 70}};
+	const size_t big = (size_t)2048 * 1024;
+	float *A = malloc(4 * big), *B = malloc(4 * big), *C[3];
+	cr_assert(A && B);
+	for (size_t i = 0; i < big; i++) {
+		A[i] = (float)((i * 2654435761u % 2001) / 1000.0 - 1.0);
+		B[i] = (float)((i * 40503u % 1999) / 999.0 - 1.0);
+	}
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+		const int ta = shapes[s][0], tb = shapes[s][1], M = shapes[s][2], N = shapes[s][3];
+		const int K = shapes[s][4];
+		for (int t = 0; t < 3; t++) {
+			struct backend *be = NULL;
+			cr_assert_eq(backend_open(&be, "cpu", &(struct backend_params){
+				.threads = t + 1, .precision = BACKEND_BF16}), 0, "%s", err_detail());
+			C[t] = malloc(sizeof(float) * (size_t)M * N);
+			cr_assert(C[t]);
+			cr_assert_eq(be->op->gemm(be, ta, tb, M, N, K, 1.0f, A, ta ? M : K, B,
+						  tb ? K : N, 0.0f, C[t], N), 0);
+			backend_close(be);
+		}
+		for (int t = 1; t < 3; t++)
+			cr_expect(memcmp(C[0], C[t], sizeof(float) * (size_t)M * N) == 0,
+				  "ta %d tb %d M %d N %d K %d: %d threads differ from 1", ta, tb, M,
+				  N, K, t + 1);
+		for (int t = 0; t < 3; t++)
+			free(C[t]);
+	}
+	free(A);
+	free(B);
+}
+
+/* Where bf16 cannot run, backend_open refuses it in one line that says why (exit 2 in the
+ * programs); forced here through OpenBLAS, which has no bf16 kernel in this backend. */
+Test(cpu_blas, bf16_refused_with_the_reason)
+{
+	setenv("CORE_CPU_BLAS", "openblas", 1);
+	struct backend *be = NULL;
+	int rc = backend_open(&be, "cpu", &(struct backend_params){.precision = BACKEND_BF16});
+	cr_expect_eq(rc, CORE_EUSAGE, "rc %d", rc);
+	cr_expect_null(be);
+	cr_expect(strstr(err_detail(), "bf16") && strstr(err_detail(), "OpenBLAS") &&
+		  !strchr(err_detail(), '\n'), "%s", err_detail());
+}

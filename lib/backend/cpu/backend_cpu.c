@@ -160,8 +160,10 @@ static size_t cpu_workspace_bytes(struct backend *be) { return cpu_ctx(be)->ws_b
 static void cpu_close(struct backend *be)
 {
 	struct cpu_ctx *c = cpu_ctx(be);
-	if (c)
+	if (c) {
 		free(c->ws);
+		free(c->shared);
+	}
 	free(c);
 	be->ctx = NULL;
 }
@@ -262,16 +264,34 @@ static double cpu_gemm_seconds(struct backend *be)
 	return s;
 }
 
-static void gemm_call(struct cpu_ctx *ctx, int ta, int tb,
-		      int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-		      int ldb, float beta, float *C, int ldc)
+/* One product on the calling thread, in the backend's precision. A bf16 product whose
+ * workspace cannot be had runs in fp32 instead (counted in bf16_fallbacks): products have no
+ * error path, and their callers none to take. */
+static void product(struct cpu_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha,
+		    const float *A, int lda, const float *B, int ldb, float beta, float *C,
+		    int ldc, const uint16_t *ah, const uint16_t *bh)
+{
+	if (ctx->bf16 && ctx->blas->gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C,
+					       ldc, ah, bh) == 0)
+		return;
+	if (ctx->bf16) {
+#pragma omp atomic
+		ctx->bf16_fallbacks++;
+	}
+	ctx->blas->sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* product(), timed when profiling; ah, bh as gemm_bf16 takes them (bf16 only) */
+static void gemm_timed(struct cpu_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha,
+		       const float *A, int lda, const float *B, int ldb, float beta, float *C,
+		       int ldc, const uint16_t *ah, const uint16_t *bh)
 {
 	if (!ctx->prof_on) {
-		ctx->blas->sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+		product(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ah, bh);
 		return;
 	}
 	double t0 = omp_get_wtime();
-	ctx->blas->sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	product(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ah, bh);
 	int tid = omp_get_thread_num();
 	double dt = (omp_get_wtime() - t0) / omp_get_num_threads();
 	if (tid < CPU_PROF_SLOTS - 1) {
@@ -282,10 +302,21 @@ static void gemm_call(struct cpu_ctx *ctx, int ta, int tb,
 	}
 }
 
+static void gemm_call(struct cpu_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha,
+		      const float *A, int lda, const float *B, int ldb, float beta, float *C,
+		      int ldc)
+{
+	gemm_timed(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, NULL);
+}
+
 /* OpenBLAS runs products up to about this size (M*N*K; 1e6 for its SkylakeX kernels) through
  * a separate small-matrix kernel whose sums round differently. No block of a split product
  * goes below four times that, so every block takes the same kernel as the whole product. */
 #define GEMM_MIN_BLOCK 4e6
+/* A bf16 product is split into at most BF16_BLOCKS blocks of at least BF16_MIN_BLOCK
+ * (M*N*K; see sgemm): fewer, larger blocks keep AMX's tiles busy. */
+#define BF16_BLOCKS 4
+#define BF16_MIN_BLOCK 16e6
 
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C with the threads splitting C into blocks of
  * rows (or of columns, when C is wider than tall) and each block one single-threaded sgemm
@@ -303,6 +334,52 @@ static void sgemm(struct backend *be, int ta, int tb, int M,
 {
 	struct cpu_ctx *ctx = cpu_ctx(be);
 	const double mnk = (double)M * N * K;
+	const int by_rows = M >= N;
+	if (ctx->bf16) {
+		/* bf16 blocks are fixed by the shape alone, never by the thread count: oneDNN's
+		 * AMX kernel blocks K differently for different block shapes (seen at K = 2048),
+		 * so the same blocks must be computed whatever the threads. The operand every
+		 * block reads whole (B for blocks of rows, A for blocks of columns) is rounded
+		 * to bfloat16 once, here; each block rounds its own part of the other. */
+		const int D = by_rows ? M : N;
+		int nblk = (int)(mnk / BF16_MIN_BLOCK);
+		nblk = nblk < 1 ? 1 : nblk > BF16_BLOCKS ? BF16_BLOCKS : nblk;
+		if (nblk > (D + 15) / 16)
+			nblk = D > 16 ? (D + 15) / 16 : 1;
+		const int per = ((D + nblk - 1) / nblk + 15) / 16 * 16;
+		nblk = D > 0 ? (D + per - 1) / per : 1;
+		const int nth = omp_in_parallel() ? 1 : min_int(be->threads, nblk);
+		const uint16_t *ah = NULL, *bh = NULL;
+		if (nblk > 1 && K > 0) {
+			const size_t n = (size_t)K * (by_rows ? N : M);
+			if (n > ctx->shared_n) {
+				free(ctx->shared);
+				ctx->shared_n = 0;
+				if ((ctx->shared = aligned_alloc(64, (n * 2 + 63) / 64 * 64)))
+					ctx->shared_n = n;
+			}
+			if (ctx->shared) { /* else each block rounds it again */
+				if (by_rows)
+					ctx->blas->to_bf16(ctx->shared, B, tb ? N : K, tb ? K : N, ldb);
+				else
+					ctx->blas->to_bf16(ctx->shared, A, ta ? K : M, ta ? M : K, lda);
+				*(by_rows ? &bh : &ah) = ctx->shared;
+			}
+		}
+#pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1)
+		for (int b = 0; b < nblk; b++) {
+			const int d0 = b * per, d1 = min_int(D, d0 + per);
+			if (by_rows)
+				gemm_timed(ctx, ta, tb, d1 - d0, N, K, alpha,
+					   ta == 0 ? A + (size_t)d0 * lda : A + d0, lda, B, ldb, beta,
+					   C + (size_t)d0 * ldc, ldc, NULL, bh);
+			else
+				gemm_timed(ctx, ta, tb, M, d1 - d0, K, alpha, A, lda,
+					   tb == 0 ? B + d0 : B + (size_t)d0 * ldb, ldb, beta,
+					   C + d0, ldc, ah, NULL);
+		}
+		return;
+	}
 	int nth = omp_in_parallel() ? 1 : be->threads;
 	if (nth > mnk / GEMM_MIN_BLOCK)
 		nth = (int)(mnk / GEMM_MIN_BLOCK);
@@ -317,7 +394,6 @@ static void sgemm(struct backend *be, int ta, int tb, int M,
 			omp_set_num_threads(be->threads);
 		return;
 	}
-	const int by_rows = M >= N;
 #pragma omp parallel num_threads(nth)
 	{
 		int64_t s0, s1; /* blocks of whole 16-wide panels */
@@ -1070,7 +1146,13 @@ int backend_cpu_init(struct backend *be, const struct backend_params *params)
 	struct cpu_ctx *c = calloc(1, sizeof *c);
 	if (!c)
 		return err_set(CORE_ENOMEM, NULL, "cannot allocate the cpu backend");
+	if (be->precision == BACKEND_BF16 && !blas->gemm_bf16) {
+		free(c);
+		return err_set(CORE_EUSAGE, NULL, "device 'cpu' has no bf16 matrix products "
+			       "here: %s", blas->why_no_bf16);
+	}
 	c->blas = blas;
+	c->bf16 = be->precision == BACKEND_BF16;
 	/* The thread count the process started with (OMP_NUM_THREADS, else every core), read
 	 * before any backend changes it. */
 	static int initial_threads;

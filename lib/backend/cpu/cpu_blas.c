@@ -9,7 +9,9 @@
 #include "backend/cpu/cpu_blas.h"
 
 #include <dlfcn.h>
+#include <omp.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,7 @@
 #endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#include <immintrin.h>
 #endif
 
 #include "common/dl_load.h"
@@ -130,6 +133,33 @@ static struct {
 	/* oneDNN */
 	int (*dnnl_sgemm)(char, char, long long, long long, long long, float, const float *,
 			  long long, const float *, long long, float, float *, long long);
+#ifdef CORE_HAVE_DNNL
+	struct {
+		__typeof__(dnnl_engine_create) *engine_create;
+		__typeof__(dnnl_stream_create) *stream_create;
+		__typeof__(dnnl_memory_desc_init_by_strides) *md_init;
+		__typeof__(dnnl_matmul_desc_init) *matmul_init;
+		__typeof__(dnnl_primitive_attr_create) *attr_create;
+		__typeof__(dnnl_primitive_attr_destroy) *attr_destroy;
+		__typeof__(dnnl_primitive_attr_set_scratchpad_mode) *attr_scratchpad;
+		__typeof__(dnnl_primitive_attr_set_output_scales) *attr_scales;
+		__typeof__(dnnl_primitive_attr_set_post_ops) *attr_post_ops;
+		__typeof__(dnnl_post_ops_create) *po_create;
+		__typeof__(dnnl_post_ops_append_sum) *po_sum;
+		__typeof__(dnnl_post_ops_destroy) *po_destroy;
+		__typeof__(dnnl_primitive_desc_create) *pd_create;
+		__typeof__(dnnl_primitive_desc_destroy) *pd_destroy;
+		__typeof__(dnnl_primitive_desc_query_md) *pd_query_md;
+		__typeof__(dnnl_memory_desc_get_size) *md_size;
+		__typeof__(dnnl_primitive_create) *prim_create;
+		__typeof__(dnnl_primitive_destroy) *prim_destroy;
+		__typeof__(dnnl_memory_create) *mem_create;
+		__typeof__(dnnl_memory_set_data_handle) *mem_set;
+		__typeof__(dnnl_memory_destroy) *mem_destroy;
+		__typeof__(dnnl_primitive_execute) *execute;
+		__typeof__(dnnl_stream_wait) *stream_wait;
+	} mm;
+#endif
 } g = {.once = PTHREAD_ONCE_INIT};
 
 static void openblas_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A,
@@ -212,6 +242,261 @@ static const char *dnnl_isa_name(int isa)
 	}
 }
 
+
+/* ---- bfloat16 products: oneDNN's matmul primitive ---------------------------------------
+ *
+ * oneDNN 2.6 has no bf16 gemm in its C API (and its fpmath_mode attribute is accepted by the
+ * f32 matmul but changes nothing), so: each operand converted into a compact bf16 buffer
+ * (keeping its orientation: a transpose is a stride of the memory descriptor), a matmul
+ * primitive with bf16 source and weights and f32 destination, alpha as its output scale and
+ * beta as a sum post-op. Compact buffers are not only the conversion's place: the AMX kernel
+ * (brg:avx512_core_amx) takes dense operands only, and any padding of a leading dimension
+ * drops the primitive to a jit gemm slower than fp32's. For the same reason a destination
+ * whose ldc is not N is computed in a dense scratch and copied back.
+ *
+ * Everything is per thread (attention calls this from inside a parallel region, one product
+ * per thread): engine, stream, the primitives made so far, keyed by what they bake in, their
+ * memory objects, the scratch buffers. A primitive is made with OpenMP's thread count at 1
+ * outside parallel regions and runs sequentially inside one (nested regions are inactive).
+ */
+
+#define BF16_CACHE 96
+
+struct bf16_prim {
+	int ta, tb, M, N, K;
+	float alpha, beta;
+	dnnl_primitive_t prim;
+	dnnl_memory_t a, b, c, scratch;
+	size_t scratch_bytes;
+};
+
+struct bf16_thread {
+	int ready;
+	dnnl_engine_t engine;
+	dnnl_stream_t stream;
+	struct bf16_prim cache[BF16_CACHE];
+	int n, next; /* entries used; the next one to replace when full */
+	uint16_t *ah, *bh;
+	float *ct;
+	void *scratch;
+	size_t ah_n, bh_n, ct_n, scratch_bytes;
+};
+
+static _Thread_local struct bf16_thread bt;
+
+/* dst[r * cols + c] = bf16(src[r * ld + c]): rows of a float matrix into a compact bf16 one */
+__attribute__((target("avx512f,avx512bf16,avx512vl")))
+static void to_bf16_rows(uint16_t *dst, const float *src, int rows, int cols, int ld)
+{
+	for (int r = 0; r < rows; r++) {
+		const float *s = src + (size_t)r * ld;
+		uint16_t *d = dst + (size_t)r * cols;
+		int c = 0;
+		for (; c + 16 <= cols; c += 16) {
+			__m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + c));
+			_mm256_storeu_si256((__m256i *)(d + c), (__m256i)h);
+		}
+		if (c < cols) {
+			__mmask16 m = (__mmask16)((1u << (cols - c)) - 1);
+			__m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, s + c));
+			_mm256_mask_storeu_epi16(d + c, m, (__m256i)h);
+		}
+	}
+}
+
+static int grow(void **p, size_t *have, size_t want, size_t elem)
+{
+	if (want <= *have)
+		return 0;
+	void *q = aligned_alloc(64, (want * elem + 63) / 64 * 64);
+	if (!q)
+		return CORE_ENOMEM;
+	free(*p);
+	*p = q;
+	*have = want;
+	return 0;
+}
+
+static void prim_free(struct bf16_prim *e)
+{
+	if (e->prim)
+		g.mm.prim_destroy(e->prim);
+	dnnl_memory_t *m[] = {&e->a, &e->b, &e->c, &e->scratch};
+	for (size_t i = 0; i < 4; i++)
+		if (*m[i])
+			g.mm.mem_destroy(*m[i]);
+	memset(e, 0, sizeof *e);
+}
+
+static int prim_make(struct bf16_prim *e, int ta, int tb, int M, int N, int K, float alpha,
+		     float beta)
+{
+	memset(e, 0, sizeof *e);
+	const dnnl_dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
+	const dnnl_dims_t as = {ta ? 1 : K, ta ? M : 1}, bs = {tb ? 1 : N, tb ? K : 1};
+	const dnnl_dims_t cs = {N, 1};
+	dnnl_memory_desc_t amd, bmd, cmd;
+	dnnl_matmul_desc_t md;
+	dnnl_primitive_attr_t attr = NULL;
+	dnnl_post_ops_t po = NULL;
+	dnnl_primitive_desc_t pd = NULL;
+	int ok = g.mm.md_init(&amd, 2, ad, dnnl_bf16, as) == dnnl_success &&
+		 g.mm.md_init(&bmd, 2, bd, dnnl_bf16, bs) == dnnl_success &&
+		 g.mm.md_init(&cmd, 2, cd, dnnl_f32, cs) == dnnl_success &&
+		 g.mm.matmul_init(&md, &amd, &bmd, NULL, &cmd) == dnnl_success &&
+		 g.mm.attr_create(&attr) == dnnl_success &&
+		 g.mm.attr_scratchpad(attr, dnnl_scratchpad_mode_user) == dnnl_success;
+	if (ok && alpha != 1.0f)
+		ok = g.mm.attr_scales(attr, 1, 0, &alpha) == dnnl_success;
+	if (ok && beta != 0.0f)
+		ok = g.mm.po_create(&po) == dnnl_success && g.mm.po_sum(po, beta) == dnnl_success &&
+		     g.mm.attr_post_ops(attr, po) == dnnl_success;
+	ok = ok && g.mm.pd_create(&pd, &md, attr, bt.engine, NULL) == dnnl_success &&
+	     g.mm.prim_create(&e->prim, pd) == dnnl_success;
+	const dnnl_memory_desc_t *smd = ok ? g.mm.pd_query_md(pd, dnnl_query_scratchpad_md, 0)
+					   : NULL;
+	if (ok) {
+		e->scratch_bytes = smd ? g.mm.md_size(smd) : 0;
+		ok = g.mm.mem_create(&e->a, &amd, bt.engine, DNNL_MEMORY_NONE) == dnnl_success &&
+		     g.mm.mem_create(&e->b, &bmd, bt.engine, DNNL_MEMORY_NONE) == dnnl_success &&
+		     g.mm.mem_create(&e->c, &cmd, bt.engine, DNNL_MEMORY_NONE) == dnnl_success &&
+		     (!e->scratch_bytes || g.mm.mem_create(&e->scratch, smd, bt.engine,
+							   DNNL_MEMORY_NONE) == dnnl_success);
+	}
+	if (pd)
+		g.mm.pd_destroy(pd);
+	if (po)
+		g.mm.po_destroy(po);
+	if (attr)
+		g.mm.attr_destroy(attr);
+	if (!ok) {
+		prim_free(e);
+		return CORE_ENOMEM;
+	}
+	e->ta = ta, e->tb = tb, e->M = M, e->N = N, e->K = K, e->alpha = alpha, e->beta = beta;
+	return 0;
+}
+
+static struct bf16_prim *prim_get(int ta, int tb, int M, int N, int K, float alpha,
+				  float beta)
+{
+	for (int i = 0; i < bt.n; i++) {
+		struct bf16_prim *e = &bt.cache[i];
+		if (e->M == M && e->N == N && e->K == K && e->ta == ta && e->tb == tb &&
+		    e->alpha == alpha && e->beta == beta)
+			return e;
+	}
+	struct bf16_prim *e = &bt.cache[bt.n < BF16_CACHE ? bt.n++ : bt.next++ % BF16_CACHE];
+	prim_free(e);
+	/* Made for one thread, inside a parallel region too: a primitive partitions its work
+	 * for the thread count OpenMP reports when it is made (which inside a region is the
+	 * count a nested region would get, not 1), runs those parts one after the other
+	 * inside a region, and sums K differently for different partitions. */
+	const int threads = omp_get_max_threads();
+	if (threads != 1)
+		omp_set_num_threads(1);
+	int rc = prim_make(e, ta, tb, M, N, K, alpha, beta);
+	if (threads != 1)
+		omp_set_num_threads(threads);
+	return rc < 0 ? NULL : e;
+}
+
+static int dnnl_gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+			  int lda, const float *B, int ldb, float beta, float *C, int ldc,
+			  const uint16_t *ah, const uint16_t *bh)
+{
+	if (M <= 0 || N <= 0)
+		return 0;
+	if (K <= 0) { /* C = beta C (no product), as sgemm */
+		for (int i = 0; i < M; i++)
+			for (int j = 0; j < N; j++)
+				C[(size_t)i * ldc + j] = beta != 0.0f ? beta * C[(size_t)i * ldc + j]
+								      : 0.0f;
+		return 0;
+	}
+	if (!bt.ready) {
+		if (g.mm.engine_create(&bt.engine, dnnl_cpu, 0) != dnnl_success ||
+		    g.mm.stream_create(&bt.stream, bt.engine, dnnl_stream_default_flags) !=
+			    dnnl_success)
+			return CORE_ENOMEM;
+		bt.ready = 1;
+	}
+	const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = ldc == N ? 0 : (size_t)M * N;
+	struct bf16_prim *e = prim_get(ta, tb, M, N, K, alpha, beta);
+	if (!e || (!ah && grow((void **)&bt.ah, &bt.ah_n, na, 2) < 0) ||
+	    (!bh && grow((void **)&bt.bh, &bt.bh_n, nb, 2) < 0) ||
+	    grow((void **)&bt.ct, &bt.ct_n, nc, 4) < 0 ||
+	    grow(&bt.scratch, &bt.scratch_bytes, e->scratch_bytes, 1) < 0)
+		return CORE_ENOMEM;
+	/* op(A) [M,K] is A's M rows of K (ta 0) or its K rows of M (ta 1); B likewise */
+	if (!ah)
+		to_bf16_rows(bt.ah, A, ta ? K : M, ta ? M : K, lda);
+	if (!bh)
+		to_bf16_rows(bt.bh, B, tb ? N : K, tb ? K : N, ldb);
+	float *c = C;
+	if (nc) {
+		c = bt.ct;
+		for (int i = 0; beta != 0.0f && i < M; i++)
+			memcpy(c + (size_t)i * N, C + (size_t)i * ldc, sizeof(float) * (size_t)N);
+	}
+	g.mm.mem_set(e->a, ah ? (void *)ah : bt.ah);
+	g.mm.mem_set(e->b, bh ? (void *)bh : bt.bh);
+	g.mm.mem_set(e->c, c);
+	dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b},
+				   {DNNL_ARG_DST, e->c}, {DNNL_ARG_SCRATCHPAD, e->scratch}};
+	if (e->scratch)
+		g.mm.mem_set(e->scratch, bt.scratch);
+	if (g.mm.execute(e->prim, bt.stream, e->scratch ? 4 : 3, args) != dnnl_success ||
+	    g.mm.stream_wait(bt.stream) != dnnl_success)
+		return CORE_ENOMEM;
+	for (int i = 0; nc && i < M; i++)
+		memcpy(C + (size_t)i * ldc, c + (size_t)i * N, sizeof(float) * (size_t)N);
+	return 0;
+}
+
+/* The matmul primitive's entry points, and whether this CPU runs bf16 products at all. */
+static void load_dnnl_bf16(void)
+{
+	const struct dl_sym sym[] = {
+		{"dnnl_engine_create", (void **)&g.mm.engine_create},
+		{"dnnl_stream_create", (void **)&g.mm.stream_create},
+		{"dnnl_memory_desc_init_by_strides", (void **)&g.mm.md_init},
+		{"dnnl_matmul_desc_init", (void **)&g.mm.matmul_init},
+		{"dnnl_primitive_attr_create", (void **)&g.mm.attr_create},
+		{"dnnl_primitive_attr_destroy", (void **)&g.mm.attr_destroy},
+		{"dnnl_primitive_attr_set_scratchpad_mode", (void **)&g.mm.attr_scratchpad},
+		{"dnnl_primitive_attr_set_output_scales", (void **)&g.mm.attr_scales},
+		{"dnnl_primitive_attr_set_post_ops", (void **)&g.mm.attr_post_ops},
+		{"dnnl_post_ops_create", (void **)&g.mm.po_create},
+		{"dnnl_post_ops_append_sum", (void **)&g.mm.po_sum},
+		{"dnnl_post_ops_destroy", (void **)&g.mm.po_destroy},
+		{"dnnl_primitive_desc_create", (void **)&g.mm.pd_create},
+		{"dnnl_primitive_desc_destroy", (void **)&g.mm.pd_destroy},
+		{"dnnl_primitive_desc_query_md", (void **)&g.mm.pd_query_md},
+		{"dnnl_memory_desc_get_size", (void **)&g.mm.md_size},
+		{"dnnl_primitive_create", (void **)&g.mm.prim_create},
+		{"dnnl_primitive_destroy", (void **)&g.mm.prim_destroy},
+		{"dnnl_memory_create", (void **)&g.mm.mem_create},
+		{"dnnl_memory_set_data_handle", (void **)&g.mm.mem_set},
+		{"dnnl_memory_destroy", (void **)&g.mm.mem_destroy},
+		{"dnnl_primitive_execute", (void **)&g.mm.execute},
+		{"dnnl_stream_wait", (void **)&g.mm.stream_wait},
+	};
+	if (!g.blas.cpu.avx512_bf16) {
+		snprintf(g.blas.why_no_bf16, sizeof g.blas.why_no_bf16,
+			 "this CPU has no AVX512_BF16 instructions");
+		return;
+	}
+	for (size_t i = 0; i < sizeof sym / sizeof sym[0]; i++)
+		if (!(*sym[i].slot = dlsym(g.lib, sym[i].name))) {
+			snprintf(g.blas.why_no_bf16, sizeof g.blas.why_no_bf16, "%s has no %s",
+				 DNNL_SONAME, sym[i].name);
+			return;
+		}
+	g.blas.gemm_bf16 = dnnl_gemm_bf16;
+	g.blas.to_bf16 = to_bf16_rows;
+}
+
 static int load_dnnl(void)
 {
 	const dnnl_version_t *(*version)(void) = NULL;
@@ -228,6 +513,7 @@ static int load_dnnl(void)
 	snprintf(g.blas.kernel, sizeof g.blas.kernel, "onednn %d.%d.%d %s", v->major, v->minor,
 		 v->patch, dnnl_isa_name((int)isa()));
 	g.blas.sgemm = dnnl_sgemm_rm;
+	load_dnnl_bf16();
 	return 0;
 }
 #else
@@ -241,6 +527,15 @@ static int load_dnnl(void)
 static void load(void)
 {
 	cpu_features_detect(&g.blas.cpu);
+	/* until oneDNN says otherwise */
+	snprintf(g.blas.why_no_bf16, sizeof g.blas.why_no_bf16, "%s",
+#ifdef CORE_HAVE_DNNL
+		 "the matrix products run on OpenBLAS, which has no bf16 kernel here (unset "
+		 "CORE_CPU_BLAS and OPENBLAS_CORETYPE for oneDNN's)"
+#else
+		 "this binary was built without oneDNN (libdnnl-dev)"
+#endif
+	);
 	const char *want = getenv("CORE_CPU_BLAS");
 	const char *coretype = getenv("OPENBLAS_CORETYPE");
 	if (want && *want) {

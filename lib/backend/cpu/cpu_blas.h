@@ -21,6 +21,8 @@
 #ifndef CORE_CPU_BLAS_H
 #define CORE_CPU_BLAS_H
 
+#include <stdint.h>
+
 /* What cpuid (and the OS's saved register state, XCR0) says the CPU can run. */
 struct cpu_features {
 	int amd;         /* AuthenticAMD or HygonGenuine: OpenBLAS names its AVX2 core "Zen" */
@@ -51,6 +53,19 @@ const char *cpu_openblas_correction(const struct cpu_features *f, const char *ch
 struct cpu_blas {
 	void (*sgemm)(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
 		      const float *B, int ldb, float beta, float *C, int ldc);
+	/* The same product with each operand rounded to bfloat16 (to nearest, ties to even) and
+	 * the products summed in float32 (backend.h, BACKEND_BF16), on the calling thread
+	 * alone; NULL where the library or the CPU has no such kernel (why_no_bf16 says
+	 * which). Its bits depend on the shape alone. ah (bh), when not NULL, is op(A)'s
+	 * (op(B)'s) bfloat16 already, as to_bf16 makes it from A's M rows of K (ta 0) or K
+	 * rows of M (ta 1) into rows without padding (B: K rows of N, or N rows of K), and A
+	 * (B) is not read. Returns 0, or CORE_ENOMEM (its workspace) having done nothing. */
+	int (*gemm_bf16)(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+			 int lda, const float *B, int ldb, float beta, float *C, int ldc,
+			 const uint16_t *ah, const uint16_t *bh);
+	/* dst[r * cols + c] = bf16(src[r * ld + c]), to nearest, ties to even */
+	void (*to_bf16)(uint16_t *dst, const float *src, int rows, int cols, int ld);
+	char why_no_bf16[128];
 	/* "onednn 2.6.3 avx512_core_amx", "openblas 0.3.21 SkylakeX" */
 	char kernel[96];
 	/* OpenBLAS: the core it chose by itself when we replaced it ("Prescott"), else "" */

@@ -25,6 +25,10 @@
 
 struct cpu_ctx {
 	const struct cpu_blas *blas; /* the process's matrix-product library (cpu_blas.h) */
+	int bf16;                    /* products in bfloat16 (--precision bf16) */
+	long bf16_fallbacks;         /* bf16 products run in fp32 for want of workspace */
+	uint16_t *shared;            /* the bf16 operand all blocks of a product read */
+	size_t shared_n;
 	int prof_on;
 	struct {
 		double s;
