@@ -55,9 +55,15 @@ SETTINGS = {  # name -> (torch intra-op threads, environment) for n threads
 
 def cmd_bench_one(a):
     """Runs in a fresh process whose environment the parent set: torch eager training."""
+    import contextlib
     import torch
     torch.set_num_threads(a.intra)
     torch.set_num_interop_threads(1)
+    # as ours flushes them (every cpu backend thread): subnormals slow x86 arithmetic
+    torch.set_flush_denormal(True)
+    # bf16: autocast's CPU products in bfloat16 (oneDNN), fp32 master weights and AdamW
+    amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.bf16 else \
+        contextlib.nullcontext
     cfg, model = ref.load_config(a.config, a.set)
     m = {k: int(model[k]) for k in ref.MODEL_KEYS}
     toks = ref.read_tokens(a.data)
@@ -77,7 +83,8 @@ def cmd_bench_one(a):
             break  # keeps the benchmark short on a loaded machine; the count is reported
         x, y = ref.get_batch(toks, ref.batch_starts(cfg, len(toks), T, s), T)
         t0 = time.perf_counter()
-        loss, _ = ref.forward(params, x, y, m)
+        with amp():
+            loss, _ = ref.forward(params, x, y, m)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grads = [params[n].grad for n in names]
@@ -98,7 +105,7 @@ def cmd_bench_one(a):
             if line.startswith("VmHWM:"):
                 rss = int(line.split()[1]) / 1024
     print(json.dumps({"tokens_per_s": cfg["batch_size"] * T / med, "median_step_s": med,
-                      "timed_steps": len(times),
+                      "timed_steps": len(times), "bf16": a.bf16,
                       "loss": float(loss), "peak_rss_mb": rss, "intra_threads": a.intra,
                       "torch_threads": torch.get_num_threads()}))
 
@@ -204,6 +211,7 @@ def main():
                    help="stop timing a setting after this many seconds (>= 5 steps)")
     if p.prog.endswith(" one"):
         p.add_argument("--intra", type=int, default=1)
+        p.add_argument("--bf16", action="store_true", help="under torch.autocast(bfloat16)")
         cmd_bench_one(p.parse_args(argv))
     else:
         p.add_argument("--threads", default="1,2")
