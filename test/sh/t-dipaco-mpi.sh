@@ -37,18 +37,19 @@ done
 echo "make -j2 and mpirun -np 3 (killed once, rerun): the same final modules, bit for bit"
 
 # --device and --precision reach every training task, under make and under mpirun: the cpu
-# has no bf16 products, so the first task refuses in dpc-train-path's own words
+# has no tf32 products, so the first task refuses in dpc-train-path's own words
 for engine in "-j 2" "--mpi 2"; do
 	rm -rf viaprec
 	# shellcheck disable=SC2086
 	sh "$root/scripts/dipaco-train.sh" --bin "$BIN" -s model.n_embd=64 -s model.n_head=2 \
 		-s model.seq_len=32 -s train.batch_size=2 -s dipaco.phases=1 -s dipaco.inner_steps=2 \
-		-s train.steps=2 $engine --device cpu --precision bf16 -q \
+		-s train.steps=2 $engine --device cpu --precision tf32 -q \
 		"$root/configs/dipaco-2x2.yaml" viaprec d/train.tok d/val.tok >prec.out 2>&1 &&
-		die "a bf16 run on the cpu succeeded ($engine)"
-	grep -q "^dpc-train-path: device 'cpu' has no bf16 matrix products (it has: fp32)$" prec.out ||
-		{ cat prec.out; die "the bf16 run ($engine) did not fail in dpc-train-path's words"; }
+		die "a tf32 run on the cpu succeeded ($engine)"
+	grep -q "^dpc-train-path: device 'cpu' has no tf32 matrix products (it has: fp32, bf16)$" \
+		prec.out ||
+		{ cat prec.out; die "the tf32 run ($engine) did not fail in dpc-train-path's words"; }
 	! ls viaprec/phase-0001/paths/*.safetensors >/dev/null 2>&1 ||
 		die "the refused run ($engine) wrote a path checkpoint"
 done
-echo "--device cpu --precision bf16 reach the tasks under make and mpirun (refused by the cpu)"
+echo "--device cpu --precision tf32 reach the tasks under make and mpirun (refused by the cpu)"

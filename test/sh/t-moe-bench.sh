@@ -41,7 +41,7 @@ expect_ok "$B" -T 64 -M 8 -H 8 -E 4 -n 1 -w 0 --device=ref
 grep -q '"device":"ref"' out.stdout || die "the JSON does not name the device: $(cat out.stdout)"
 expect_fail 2 "^moe-bench: option '--precision': unknown precision 'half' \(fp32, tf32 or bf16\)$" \
 	"$B" --precision=half
-expect_fail 2 "^moe-bench: device 'cpu' has no tf32 matrix products \(it has: fp32\)$" \
+expect_fail 2 "^moe-bench: device 'cpu' has no tf32 matrix products \(it has: fp32, bf16\)$" \
 	"$B" -T 64 -M 8 -H 8 -E 4 -n 1 -w 0 --precision=tf32
 # the JSON names the precision
 expect_ok "$B" -T 64 -M 8 -H 8 -E 4 -n 1 -w 0 --precision=fp32
