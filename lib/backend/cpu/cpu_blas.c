@@ -243,6 +243,7 @@ static const char *dnnl_isa_name(int isa)
 }
 
 
+#if defined(__x86_64__)
 /* ---- bfloat16 products: oneDNN's matmul primitive ---------------------------------------
  *
  * oneDNN 2.6 has no bf16 gemm in its C API (and its fpmath_mode attribute is accepted by the
@@ -496,6 +497,14 @@ static void load_dnnl_bf16(void)
 	g.blas.gemm_bf16 = dnnl_gemm_bf16;
 	g.blas.to_bf16 = to_bf16_rows;
 }
+
+#else
+static void load_dnnl_bf16(void)
+{
+	snprintf(g.blas.why_no_bf16, sizeof g.blas.why_no_bf16,
+		 "the bf16 products are built for x86-64 only");
+}
+#endif
 
 static int load_dnnl(void)
 {
