@@ -51,8 +51,9 @@ static const char usage[] =
 	"  -t, --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
 	"      --device NAME        where the model runs: cpu (default), ref (the slow\n"
 	"                           reference backend), cuda (when built)\n"
-	"      --precision P        matrix products in fp32 (default), tf32 or bf16 (cuda;\n"
-	"                           parameters and optimiser state stay fp32)\n"
+	"      --precision P        matrix products in fp32 (default), tf32 (cuda) or\n"
+	"                           bf16 (cuda; cpu with oneDNN and AVX512_BF16);\n"
+	"                           parameters and optimiser state stay fp32\n"
 	"      --run RUNDIR         train one path of a DiPaCo run (dpc-rundir(5)): the\n"
 	"                           config, shard and inputs come from RUNDIR\n"
 	"      --phase T            with --run: the phase to train (1 .. dipaco.phases)\n"
@@ -253,15 +254,15 @@ static int run_task(struct backend *be, const char *dir, long phase, long path, 
 		return cli_print_json(json_pack("{s:I, s:I, s:b, s:s}", "phase", (json_int_t)phase,
 						"path", (json_int_t)path, "skipped", 1, "checkpoint",
 						out), json_flags);
-	return cli_print_json(json_pack("{s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:s}",
-					"phase", (json_int_t)phase, "path", (json_int_t)path,
+	return cli_print_json(json_pack("{s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:s, "
+					"s:s}", "phase", (json_int_t)phase, "path", (json_int_t)path,
 					"step", (json_int_t)res.last_step, "best_step",
 					(json_int_t)res.best_step, "loss", num(res.train_loss),
 					"heldout_loss", num(res.heldout_loss), "val_loss",
 					num(res.val_loss), "tokens_per_s", num(res.tokens_per_s),
 					"seconds", num(res.seconds), "train_seconds",
 					num(res.train_seconds), "eval_seconds", num(res.eval_seconds),
-					"checkpoint", out), json_flags);
+					"checkpoint", out, "gemm_kernel", be->gemm_kernel), json_flags);
 }
 
 int main(int argc, char **argv)

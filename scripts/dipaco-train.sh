@@ -9,7 +9,7 @@
 #     -t N         threads per task (default 1)
 #     --device D   where the paths train: cpu (default) or cuda (dpc-train-path --device;
 #                  with -j N, N tasks share the device)
-#     --precision P  the paths' matrix products: fp32 (default), tf32 or bf16 (cuda)
+#     --precision P  fp32 (default), tf32 (cuda), bf16 (cuda; cpu with oneDNN, AVX512_BF16)
 #     --mpi N      N worker ranks under mpirun instead of make; MPIRUN_ARGS adds mpirun
 #                  options (a hostfile, say); RUNDIR must be on a filesystem every host sees
 #     --seed N     seed of the random shards (default 0)
