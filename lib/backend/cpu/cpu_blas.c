@@ -137,6 +137,8 @@ static struct {
 	struct {
 		__typeof__(dnnl_engine_create) *engine_create;
 		__typeof__(dnnl_stream_create) *stream_create;
+		__typeof__(dnnl_stream_destroy) *stream_destroy;
+		__typeof__(dnnl_engine_destroy) *engine_destroy;
 		__typeof__(dnnl_memory_desc_init_by_strides) *md_init;
 		__typeof__(dnnl_matmul_desc_init) *matmul_init;
 		__typeof__(dnnl_primitive_attr_create) *attr_create;
@@ -285,6 +287,30 @@ struct bf16_thread {
 
 static _Thread_local struct bf16_thread bt;
 
+static void prim_free(struct bf16_prim *e);
+
+/* At a thread's exit (OpenMP ends the threads a smaller team no longer needs): its
+ * primitives, oneDNN objects and buffers. */
+static void bf16_thread_free(void *p)
+{
+	struct bf16_thread *t = p;
+	for (int i = 0; i < t->n; i++)
+		prim_free(&t->cache[i]);
+	if (t->stream)
+		g.mm.stream_destroy(t->stream);
+	if (t->engine)
+		g.mm.engine_destroy(t->engine);
+	free(t->ah);
+	free(t->bh);
+	free(t->ct);
+	free(t->scratch);
+	memset(t, 0, sizeof *t);
+}
+
+static pthread_key_t bf16_key;
+static pthread_once_t bf16_key_once = PTHREAD_ONCE_INIT;
+static void bf16_key_make(void) { pthread_key_create(&bf16_key, bf16_thread_free); }
+
 /* dst[r * cols + c] = bf16(src[r * ld + c]): rows of a float matrix into a compact bf16 one */
 __attribute__((target("avx512f,avx512bf16,avx512vl")))
 static void to_bf16_rows(uint16_t *dst, const float *src, int rows, int cols, int ld)
@@ -421,6 +447,8 @@ static int dnnl_gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, cons
 			    dnnl_success)
 			return CORE_ENOMEM;
 		bt.ready = 1;
+		pthread_once(&bf16_key_once, bf16_key_make);
+		pthread_setspecific(bf16_key, &bt);
 	}
 	const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = ldc == N ? 0 : (size_t)M * N;
 	struct bf16_prim *e = prim_get(ta, tb, M, N, K, alpha, beta);
@@ -461,6 +489,8 @@ static void load_dnnl_bf16(void)
 	const struct dl_sym sym[] = {
 		{"dnnl_engine_create", (void **)&g.mm.engine_create},
 		{"dnnl_stream_create", (void **)&g.mm.stream_create},
+		{"dnnl_stream_destroy", (void **)&g.mm.stream_destroy},
+		{"dnnl_engine_destroy", (void **)&g.mm.engine_destroy},
 		{"dnnl_memory_desc_init_by_strides", (void **)&g.mm.md_init},
 		{"dnnl_matmul_desc_init", (void **)&g.mm.matmul_init},
 		{"dnnl_primitive_attr_create", (void **)&g.mm.attr_create},
