@@ -289,7 +289,7 @@ static _Thread_local struct bf16_thread bt;
 
 static void prim_free(struct bf16_prim *e);
 
-/* At a thread's exit (OpenMP ends the threads a smaller team no longer needs): its
+/* When a thread ends (OpenMP ends the threads a smaller team no longer needs): its
  * primitives, oneDNN objects and buffers. */
 static void bf16_thread_free(void *p)
 {
