@@ -44,6 +44,12 @@ CFLAGS += -std=c11 -D_GNU_SOURCE -DCORE_VERSION='"$(VERSION)"' $(OPT) -fno-math-
 LDFLAGS ?=
 ifeq ($(SAN),1)
 LDFLAGS += -fsanitize=address,undefined
+# GCC 12's sanitizer runtime mistakes some dynamic TLS blocks (those of a library loaded with
+# dlopen, as oneDNN and OpenBLAS are) for a pre-2.25 glibc header when a malloc'd block falls
+# at that offset by chance, and LeakSanitizer's tracer then dies on exit ("Tracer caught
+# signal 11"), failing a run whose tests passed. intercept_tls_get_addr=0 is the runtime's
+# own switch for this (fixed upstream in GCC 14 and LLVM 17).
+export ASAN_OPTIONS := $(if $(ASAN_OPTIONS),$(ASAN_OPTIONS):)intercept_tls_get_addr=0
 endif
 
 # ---- probes -------------------------------------------------------------------------------

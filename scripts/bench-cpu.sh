@@ -185,8 +185,10 @@ for t in (1, 2):
                     f"{'held' if d >= 0.95 * fp[best][0] else 'NOT held'}")
     if "bf16" in res:
         b = res["bf16"][0]
+        amx = "amx_bf16" in open("/proc/cpuinfo").read().split()
+        verdict = ("held" if b >= 2 * d else "NOT held") if amx else "this CPU has no AMX: not tested"
         verdicts.append(f"{t} thread(s): bf16 {b:.0f} tok/s = {b / d:.2f}x our fp32 (target "
-                        f">= 2x where the CPU has AMX: {'held' if b >= 2 * d else 'NOT held'})")
+                        f">= 2x where the CPU has AMX: {verdict})")
 if torch:
     rows = {}
     for key, path in torch:
