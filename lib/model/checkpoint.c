@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/crc.h"
 #include "common/err.h"
 #include "io/atomicio.h"
 #include "io/safetensors.h"
@@ -146,6 +147,33 @@ int ckpt_info(const char *path, struct ckpt_info *info)
 	int rc = read_info(&f, info);
 	st_close(&f);
 	return rc;
+}
+
+int ckpt_digest(const char *path, char out[CKPT_DIGEST_CHARS + 1])
+{
+	struct st_file f;
+	uint32_t h = 0;
+	int n = 0;
+
+	ERR_FORWARD(st_open(&f, path, 0));
+	for (int i = 0; i < f.n; i++) {
+		const struct st_entry *e = &f.entries[i];
+		if (strncmp(e->name, "optim.", 6) == 0 || strncmp(e->name, "outer.", 6) == 0)
+			continue;
+		if (!e->has_crc) {
+			st_close(&f);
+			return err_set(CORE_EFORMAT, path, "tensor '%s' has no crc32", e->name);
+		}
+		unsigned char b[4] = {(unsigned char)e->crc, (unsigned char)(e->crc >> 8),
+				      (unsigned char)(e->crc >> 16), (unsigned char)(e->crc >> 24)};
+		h = crc32_update(h, b, 4);
+		n++;
+	}
+	st_close(&f);
+	if (!n)
+		return err_set(CORE_EFORMAT, path, "no parameter tensors");
+	snprintf(out, CKPT_DIGEST_CHARS + 1, "%08x", (unsigned)h);
+	return 0;
 }
 
 int ckpt_train_config(const char *path, struct train_config *out)

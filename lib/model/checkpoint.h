@@ -26,6 +26,13 @@ struct ckpt_info {
 /* Open path, check it is one of ours, and read the model shape and step from its metadata.
  * Reads the header only: the data is verified by ckpt_load. */
 int ckpt_info(const char *path, struct ckpt_info *info);
+#define CKPT_DIGEST_CHARS 8 /* hex digits of ckpt_digest */
+/* The parameters' digest: crc32 over the per-tensor crc32s of the parameter tensors (not the
+ * optimizer state), in the order of the file's header (ours write Hugging Face order), as 8
+ * hex digits; a checkpoint without per-tensor crc32s (another tool's) is refused. Two checkpoints
+ * with the same parameters have the same digest whatever else they hold (optimizer state
+ * "optim.*" and a module's "outer.*" are left out); reads the header only. */
+int ckpt_digest(const char *path, char out[CKPT_DIGEST_CHARS + 1]);
 /* The train section the checkpoint was written with: its "config" metadata (one
  * "section.key: value" line per key, config_dump's canonical text) over the defaults. */
 int ckpt_train_config(const char *path, struct train_config *out);

@@ -14,33 +14,6 @@
 
 #include "common/banned.h"
 
-int lm_digest(const char *path, char out[LM_DIGEST_CHARS + 1])
-{
-	struct st_file f;
-	uint32_t h = 0;
-	int n = 0;
-
-	ERR_FORWARD(st_open(&f, path, 0));
-	for (int i = 0; i < f.n; i++) {
-		const struct st_entry *e = &f.entries[i];
-		if (strncmp(e->name, "optim.", 6) == 0 || strncmp(e->name, "outer.", 6) == 0)
-			continue;
-		if (!e->has_crc) {
-			st_close(&f);
-			return err_set(CORE_EFORMAT, path, "tensor '%s' has no crc32", e->name);
-		}
-		unsigned char b[4] = {(unsigned char)e->crc, (unsigned char)(e->crc >> 8),
-				      (unsigned char)(e->crc >> 16), (unsigned char)(e->crc >> 24)};
-		h = crc32_update(h, b, 4);
-		n++;
-	}
-	st_close(&f);
-	if (!n)
-		return err_set(CORE_EFORMAT, path, "no parameter tensors");
-	snprintf(out, LM_DIGEST_CHARS + 1, "%08x", (unsigned)h);
-	return 0;
-}
-
 void lm_close(struct lm *m)
 {
 	if (m->g.be)
@@ -63,7 +36,7 @@ int lm_open(struct lm *m, const char *path, struct backend *be, int B)
 	if (B < 1)
 		return err_set(CORE_EUSAGE, NULL, "batch of %d windows", B);
 	ERR_FORWARD(ckpt_info(path, &info));
-	ERR_FORWARD(lm_digest(path, m->digest));
+	ERR_FORWARD(ckpt_digest(path, m->digest));
 	rc = alloc_batch(m, &info.model, B, path);
 	if (!rc)
 		rc = gpt2_create_forward(&m->g, &info.model, B, info.model.seq_len, be);
@@ -105,7 +78,7 @@ int lm_open_run(struct lm *m, const struct rundir *r, long phase, int p, struct 
 		char d[LM_DIGEST_CHARS + 1];
 		ERR_FORWARD(rundir_module(r, phase, topo_module_of(&r->topo, p, l), ".safetensors",
 					  file, sizeof file));
-		ERR_FORWARD(lm_digest(file, d));
+		ERR_FORWARD(ckpt_digest(file, d));
 		h = crc32_update(h, d, LM_DIGEST_CHARS);
 	}
 	snprintf(m->digest, sizeof m->digest, "%08x", (unsigned)h);

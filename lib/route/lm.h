@@ -21,9 +21,10 @@
 
 #include "dipaco/rundir.h"
 #include "io/tokfile.h"
+#include "model/checkpoint.h"
 #include "model/gpt2.h"
 
-#define LM_DIGEST_CHARS 8 /* hex digits of lm_digest */
+#define LM_DIGEST_CHARS CKPT_DIGEST_CHARS /* hex digits of ckpt_digest */
 
 struct lm {
 	struct gpt2 g; /* forward only (gpt2_create_forward) */
@@ -37,17 +38,11 @@ struct lm {
 /* Open the checkpoint at path on be, for batches of B windows of the model's seq_len. */
 int lm_open(struct lm *m, const char *path, struct backend *be, int B);
 /* Path p of a DiPaCo run, assembled from its modules after phase `phase`'s outer step; its
- * digest is the crc32 of its module files' digests (lm_digest) in level order. */
+ * digest is the crc32 of its module files' digests (ckpt_digest) in level order. */
 int lm_open_run(struct lm *m, const struct rundir *r, long phase, int p, struct backend *be,
 		int B);
 void lm_close(struct lm *m);
 
-/* The parameters' digest: crc32 over the per-tensor crc32s of the parameter tensors (not the
- * optimizer state), in the order of the file's header (ours write Hugging Face order), as 8
- * hex digits; a checkpoint without per-tensor crc32s (another tool's) is refused. Two checkpoints
- * with the same parameters have the same digest whatever else they hold (optimizer state
- * "optim.*" and a module's "outer.*" are left out); reads the header only. */
-int lm_digest(const char *path, char out[LM_DIGEST_CHARS + 1]);
 
 /* The mean output of block `layer` over the first min(prefix, length) tokens of each of
  * documents [d0, d0 + n) of tf, into out [n, C] (an empty document gets zeros). prefix <=

@@ -5,7 +5,7 @@
  *
  * features (format "dpc-features"): tensor "features" F32 [docs, dim], one row per document
  *   of a token file in its order. Metadata: the recipe (checkpoint, checkpoint_digest (see
- *   lm_digest), layer, prefix), corpus (the token file as given), corpus_crc (its body crc32,
+ *   ckpt_digest), layer, prefix), corpus (the token file as given), corpus_crc (its body crc32,
  *   8 hex digits), docs, dim.
  *
  * router (format "dpc-router"): kind "kmeans" (tensor "centroids" [paths, dim]: a document
@@ -38,7 +38,7 @@
 
 /* How features were made. */
 struct recipe {
-	char digest[LM_DIGEST_CHARS + 1]; /* the base checkpoint's (lm_digest) */
+	char digest[LM_DIGEST_CHARS + 1]; /* the base checkpoint's (ckpt_digest) */
 	int layer, prefix;
 };
 
