@@ -226,9 +226,11 @@ static int write_makefile(const struct rundir *r, const char *bin)
 	return rc;
 }
 
-/* Phase 0: each module's initialisation, one module in memory at a time; a module file
- * that exists and verifies is kept. */
-static int write_init_modules(const struct rundir *r, int *written)
+/* Phase 0: each module's initialisation (the seed, or --from's tensors), one module in
+ * memory at a time; a module file that exists, verifies and came from the same source is
+ * kept. */
+static int write_init_modules(const struct rundir *r, const struct module_init *src,
+			      const char *label, int *written)
 {
 	char path[RUNDIR_PATH_MAX];
 
@@ -239,10 +241,13 @@ static int write_init_modules(const struct rundir *r, int *written)
 		ERR_FORWARD(rundir_module(r, 0, m, ".safetensors", path, sizeof path));
 		if (access(path, F_OK) == 0) {
 			ERR_FORWARD(module_open(&f, path, &r->topo, m, 0, r->config_hash, 1));
+			int rc = module_check_init(&f, label);
 			st_close(&f);
+			if (rc)
+				return rc;
 			continue;
 		}
-		ERR_FORWARD(module_write_init(path, &r->topo, m, r->cfg.train.seed, r->config_hash));
+		ERR_FORWARD(module_write_init(path, &r->topo, m, src, label, r->config_hash));
 		(*written)++;
 	}
 	return 0;
@@ -251,14 +256,19 @@ static int write_init_modules(const struct rundir *r, int *written)
 static void init_usage(FILE *fp)
 {
 	fprintf(fp,
-		"usage: %s init -c CONFIG [-s SECTION.KEY=V]... RUNDIR\n"
+		"usage: %s init -c CONFIG [-s SECTION.KEY=V]... [--from CKPT] RUNDIR\n"
 		"Create the run directory RUNDIR: config.yaml, phase-0000/modules (the seeded\n"
-		"initialisation, identical for every path) and the Makefile of the task graph.\n"
-		"Running it again on the same config keeps what exists; another config is refused.\n"
-		"The shards go to RUNDIR/shards (dpc-shard split ... RUNDIR/shards).\n\n"
+		"initialisation, or --from's model, identical for every path) and the Makefile of\n"
+		"the task graph. Running it again on the same config and source keeps what\n"
+		"exists; another config or source is refused. The shards go to RUNDIR/shards\n"
+		"(dpc-shard split ... RUNDIR/shards).\n\n"
 		"options:\n"
 		"  -c, --config FILE        YAML config (see dpc-config(5))\n"
 		"  -s, --set SECTION.KEY=V  override one config value (repeatable)\n"
+		"      --from CKPT          every module starts from this model's tensors (a\n"
+		"                           dpc-train-path checkpoint of the config's shape: the\n"
+		"                           paper's pretrained start), outer momentum zero; the\n"
+		"                           paths' AdamW state and step start afresh\n"
 		"      --bin DIR            where the Makefile finds the programs (default: the\n"
 		"                           folder of this dpc-outer)\n"
 		"  -h, --help               show this help and exit\n", prog);
@@ -268,10 +278,10 @@ static int cmd_init(int argc, char **argv)
 {
 	static const struct option longopts[] = {
 		{"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
-		{"bin", required_argument, NULL, 'b'},    {"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+		{"bin", required_argument, NULL, 'b'},    {"from", required_argument, NULL, 'F'},
+		{"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
 	};
-	const char *config = NULL, **sets = calloc((size_t)argc + 1, sizeof *sets);
+	const char *config = NULL, *from = NULL, **sets = calloc((size_t)argc + 1, sizeof *sets);
 	char bin[RUNDIR_PATH_MAX];
 	int nsets = 0, c, rc, written = 0;
 	struct run_config cfg;
@@ -285,6 +295,7 @@ static int cmd_init(int argc, char **argv)
 		case 'c': config = optarg; break;
 		case 's': sets[nsets++] = optarg; break;
 		case 'b': snprintf(bin, sizeof bin, "%s", optarg); break;
+		case 'F': from = optarg; break;
 		case 'h': init_usage(stdout); free(sets); return 0;
 		default: free(sets); return bad_option("init", longopts, argv, c);
 		}
@@ -300,18 +311,23 @@ static int cmd_init(int argc, char **argv)
 	if (!rc && config_inner_steps(&cfg) < 1)
 		rc = err_set(CORE_ECONFIG, config, "the config gives 0 inner steps per phase "
 			     "(dipaco.inner_steps, or train.steps / dipaco.phases)");
+	struct module_init src = {.seed = cfg.train.seed, .from = from};
+	char label[MODULE_INIT_MAX];
+	if (!rc)
+		rc = module_init_label(&src, &cfg.model, label);
 	if (!rc)
 		rc = rundir_create(dir, &cfg);
 	if (!rc)
 		rc = rundir_open(&r, dir, 0);
 	if (rc)
 		return cli_report(prog, rc);
-	rc = write_init_modules(&r, &written);
+	rc = write_init_modules(&r, &src, label, &written);
 	if (!rc)
 		rc = write_makefile(&r, bin);
 	if (!rc)
-		rc = cli_print_json(json_pack("{s:s, s:s, s:i, s:i, s:i, s:I, s:I, s:i}", "rundir",
-					      dir, "config_hash", r.config_hash, "paths",
+		rc = cli_print_json(json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:I, s:i}",
+					      "rundir", dir, "config_hash", r.config_hash, "init",
+					      label, "paths",
 					      r.topo.npaths, "modules", r.topo.nmodules,
 					      "modules_written", written, "phases",
 					      (json_int_t)r.cfg.dipaco.phases, "inner_steps",

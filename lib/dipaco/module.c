@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +29,7 @@ static void shape_meta(struct shape_meta *s, const struct model_config *mc)
 }
 
 int module_writer_open(struct st_writer **w, const char *path, const struct topology *t, int m,
-		       long phase, const char *config_hash)
+		       long phase, const char *config_hash, const char *init)
 {
 	const struct topo_module *md = &t->modules[m];
 	const int n = 2 * md->nviews;
@@ -69,9 +70,10 @@ int module_writer_open(struct st_writer **w, const char *path, const struct topo
 		{"level", t->levels[md->level].name}, {"index", sindex}, {"phase", sphase},
 		{"paths", paths}, {"optimizer", "outer-momentum"}, {"n_layer", sm.l},
 		{"n_embd", sm.c}, {"n_head", sm.h}, {"seq_len", sm.t}, {"vocab_size", sm.v},
-		{"config_hash", config_hash},
+		{"config_hash", config_hash}, {"init", init},
 	};
-	rc = st_writer_open(w, path, ptrs, n, meta, (int)(sizeof meta / sizeof meta[0]));
+	const int nmeta = (int)(sizeof meta / sizeof meta[0]) - (init ? 0 : 1);
+	rc = st_writer_open(w, path, ptrs, n, meta, nmeta);
 out:
 	free(specs);
 	free(ptrs);
@@ -79,11 +81,79 @@ out:
 	return rc;
 }
 
-int module_write_init(const char *path, const struct topology *t, int m, uint64_t seed,
-		      const char *config_hash)
+int module_init_label(const struct module_init *src, const struct model_config *want,
+		      char out[MODULE_INIT_MAX])
+{
+	char d[CKPT_DIGEST_CHARS + 1];
+	struct ckpt_info in;
+	struct st_file f;
+
+	if (!src->from) {
+		snprintf(out, MODULE_INIT_MAX, "seed %llu", (unsigned long long)src->seed);
+		return 0;
+	}
+	ERR_FORWARD(st_open(&f, src->from, 0));
+	const char *kind = st_meta(&f, "kind");
+	int rc = 0;
+	if (!kind || strcmp(kind, "path"))
+		rc = err_set(CORE_ECONFIG, src->from, "is a %.20s checkpoint, not a model's (one "
+			     "of dpc-train-path, or a path of a run)", kind ? kind : "unlabelled");
+	st_close(&f);
+	if (!rc)
+		rc = ckpt_info(src->from, &in);
+	const struct model_config *a = &in.model;
+	if (!rc && !config_model_equal(a, want))
+		rc = err_set(CORE_ECONFIG, src->from, "is a model of L=%d C=%d NH=%d T=%d V=%d, "
+			     "the run's config says L=%d C=%d NH=%d T=%d V=%d", a->n_layer,
+			     a->n_embd, a->n_head, a->seq_len, a->vocab_size, want->n_layer,
+			     want->n_embd, want->n_head, want->seq_len, want->vocab_size);
+	if (rc)
+		return rc;
+	ERR_FORWARD(ckpt_digest(src->from, d));
+	snprintf(out, MODULE_INIT_MAX, "checkpoint %s", d);
+	return 0;
+}
+
+int module_check_init(const struct st_file *f, const char *label)
+{
+	const char *was = st_meta(f, "init");
+
+	if (!was && strncmp(label, "seed ", 5) == 0)
+		return 0;
+	if (was && strcmp(was, label) == 0)
+		return 0;
+	return err_set(CORE_ECONFIG, f->path, "was initialised from %.60s, not from %s (another "
+		       "run directory, or remove this one, to start from %s)",
+		       was ? was : "the seeded initialisation", label,
+		       strncmp(label, "seed ", 5) ? "the checkpoint" : "the seed");
+}
+
+/* View i's values from the source: the checkpoint's tensor of that name, or the seeded
+ * initialisation. */
+static int init_values(const struct topology *t, int i, const struct module_init *src,
+		       struct st_file *ck, struct backend *be, float *buf)
+{
+	const struct tensor *v = &t->layout.views[i];
+	struct tensor dst;
+
+	if (!ck)
+		return gpt2_init_view(&t->layout, i, be, buf, src->seed);
+	tensor_view(&dst, DT_F32, v->ndim, v->ne, buf, v->name);
+	ERR_FORWARD(st_read(ck, v->name, &dst));
+	for (size_t k = 0, n = (size_t)tensor_numel(v); k < n; k++)
+		if (!isfinite(buf[k]))
+			return err_set(CORE_ENAN, ck->path, "tensor '%s' holds a non-finite value",
+				       v->name);
+	return 0;
+}
+
+int module_write_init(const char *path, const struct topology *t, int m,
+		      const struct module_init *src, const char *label, const char *config_hash)
 {
 	struct backend *be = NULL;
 	struct st_writer *w = NULL;
+	struct st_file ck;
+	int have_ck = 0;
 	float *buf = NULL, *zero = NULL;
 	size_t maxn = 0;
 	int rc;
@@ -91,20 +161,26 @@ int module_write_init(const char *path, const struct topology *t, int m, uint64_
 	for (int i = 0; i < t->layout.n; i++)
 		if (topo_owns(t, m, i) && (size_t)tensor_numel(&t->layout.views[i]) > maxn)
 			maxn = (size_t)tensor_numel(&t->layout.views[i]);
+	if (src->from) {
+		ERR_FORWARD(st_open(&ck, src->from, 1));
+		have_ck = 1;
+	}
 	/* The reference of every backend draws the same numbers; the CPU one is host memory. */
-	ERR_FORWARD(backend_open(&be, "cpu", &(struct backend_params){.threads = 1}));
+	rc = backend_open(&be, "cpu", &(struct backend_params){.threads = 1});
+	if (rc)
+		goto out;
 	buf = malloc(sizeof *buf * (maxn ? maxn : 1));
 	zero = calloc(maxn ? maxn : 1, sizeof *zero);
 	if (!buf || !zero) {
 		rc = err_set(CORE_ENOMEM, path, "out of memory for %zu floats", maxn);
 		goto out;
 	}
-	rc = module_writer_open(&w, path, t, m, 0, config_hash);
+	rc = module_writer_open(&w, path, t, m, 0, config_hash, label);
 	for (int i = 0; i < t->layout.n && !rc; i++) {
 		if (!topo_owns(t, m, i))
 			continue;
 		size_t n = (size_t)tensor_numel(&t->layout.views[i]);
-		rc = gpt2_init_view(&t->layout, i, be, buf, seed);
+		rc = init_values(t, i, src, have_ck ? &ck : NULL, be, buf);
 		if (!rc)
 			rc = st_writer_put(w, buf, sizeof *buf * n);
 		if (!rc)
@@ -119,7 +195,10 @@ int module_write_init(const char *path, const struct topology *t, int m, uint64_
 out:
 	free(buf);
 	free(zero);
-	backend_close(be);
+	if (be)
+		backend_close(be);
+	if (have_ck)
+		st_close(&ck);
 	return rc;
 }
 

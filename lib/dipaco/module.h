@@ -15,13 +15,30 @@
 #define MODULE_MOMENTUM_PREFIX "outer.momentum."
 
 /* Open a writer for module m of phase `phase` at path (st_writer: the caller then puts,
- * for each owned view in layout order, its parameters then its momentum). */
+ * for each owned view in layout order, its parameters then its momentum); init: phase 0's
+ * "init" metadata (module_init_label), NULL for the other phases. */
 int module_writer_open(struct st_writer **w, const char *path, const struct topology *t, int m,
-		       long phase, const char *config_hash);
-/* Write module m's phase-0 checkpoint: gpt2_init_params' values for its tensors (bit for bit
- * those of a whole model initialised with seed), momentum zero. */
-int module_write_init(const char *path, const struct topology *t, int m, uint64_t seed,
-		      const char *config_hash);
+		       long phase, const char *config_hash, const char *init);
+/* Where phase 0 comes from: the seeded initialisation, or a dense checkpoint's tensors. */
+struct module_init {
+	uint64_t seed;    /* gpt2_init_params' seed, when from is NULL */
+	const char *from; /* a dpc checkpoint of the run's model shape (kind path), or NULL */
+};
+/* The "init" metadata of a phase-0 module ("seed 1", "checkpoint 1a2b3c4d": the
+ * checkpoint's ckpt_digest) into out[MODULE_INIT_MAX], after checking that src->from is a
+ * model's checkpoint (kind path) of shape `want`: CORE_ECONFIG naming it otherwise. */
+#define MODULE_INIT_MAX 48
+int module_init_label(const struct module_init *src, const struct model_config *want,
+		      char out[MODULE_INIT_MAX]);
+/* Write module m's phase-0 checkpoint with momentum zero and metadata init = label: from
+ * src->from, its tensors of the same names (each finite; the shape of the run's model is
+ * the caller's check), else gpt2_init_params' values (bit for bit those of a whole model
+ * initialised with src->seed). */
+int module_write_init(const char *path, const struct topology *t, int m,
+		      const struct module_init *src, const char *label, const char *config_hash);
+/* A phase-0 module that exists: CORE_ECONFIG unless it was written from the source label
+ * names (a module without the key, from an older build, was the seeded initialisation). */
+int module_check_init(const struct st_file *f, const char *label);
 /* Open a module checkpoint and check it is module m of `phase` for this config
  * (verify: whole-file crc too). One clear error naming the file otherwise. */
 int module_open(struct st_file *f, const char *path, const struct topology *t, int m,

@@ -463,7 +463,7 @@ static int fold_by_path(struct fold *F, double scale, double *read_s)
 	*read_s = now_seconds() - t0 - F->d->wait_seconds;
 	/* The output is created only now: a step waiting for its paths holds no file. */
 	if (!rc)
-		rc = module_writer_open(&F->w, j->out_path, t, j->module, j->phase, j->config_hash);
+		rc = module_writer_open(&F->w, j->out_path, t, j->module, j->phase, j->config_hash, NULL);
 	base = 0;
 	for (int i = 0; i < t->layout.n && !rc; i++) {
 		if (!topo_owns(t, j->module, i))
@@ -534,7 +534,7 @@ int outer_step_module(const struct outer_job *j, struct outer_diag *d)
 			F.nopen++;
 	}
 	if (!rc && by_piece) {
-		rc = module_writer_open(&F.w, j->out_path, t, j->module, j->phase, j->config_hash);
+		rc = module_writer_open(&F.w, j->out_path, t, j->module, j->phase, j->config_hash, NULL);
 		if (!rc)
 			rc = fold_by_piece(&F, scale, j->threads > 0 ? j->threads : omp_get_max_threads());
 		read_s = now_seconds() - t0;

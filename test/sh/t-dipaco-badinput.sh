@@ -3,7 +3,8 @@
 # and 1) against a damaged or foreign path-001 or phase-0 module; dpc-train-path --run against
 # bad options, missing or damaged inputs and an existing output that does not verify; and
 # dpc-outer init against a config whose levels do not cover the model or a run directory
-# holding another config.
+# holding another config, and init --from against a checkpoint of another shape or kind and a
+# run directory initialised from another source.
 set -eu
 . "$TESTDIR/lib.sh"
 . "$TESTDIR/corpus.sh"
@@ -194,6 +195,43 @@ expect_fail 2 "^dpc-outer: 'R/config\.yaml': .*another config" "$O" init \
 snapshot R >R.after
 cmp -s R.before R.after || { diff R.before R.after; die "init with another config changed R"; }
 echo "dpc-outer init: levels not covering the model, a directory of another config: refused"
+
+# ---- dpc-outer init --from -----------------------------------------------------------------
+# shellcheck disable=SC2086
+expect_ok "$T" -q -c "$cfgdir/dense.yaml" $small -s train.steps=8 -s train.eval_every=0 \
+	-d d/train.tok -o base.st
+# another width, another vocabulary, a module file: one line each, exit 2, nothing made
+# shellcheck disable=SC2086
+expect_fail 2 "^dpc-outer: 'base\.st': is a model of L=4 C=32 NH=2 T=32 V=256, the run's config says L=4 C=64 NH=2 T=32 V=256$" \
+	"$O" init -c "$cfgdir/dipaco-2x2.yaml" $small -s model.n_embd=64 --from base.st F
+# shellcheck disable=SC2086
+expect_fail 2 "^dpc-outer: 'base\.st': is a model of .* V=256, the run's config says .* V=300$" \
+	"$O" init -c "$cfgdir/dipaco-2x2.yaml" $small -s model.vocab_size=300 --from base.st F
+# shellcheck disable=SC2086
+expect_fail 2 "^dpc-outer: '$mods/lower\.0\.safetensors': is a module checkpoint, not a model's" \
+	"$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --from "$mods/lower.0.safetensors" F
+[ ! -e F ] || die "a refused init --from made F"
+# shellcheck disable=SC2086
+expect_ok "$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --from base.st F
+grep -q '"init":"checkpoint [0-9a-f]\{8\}"' out.stdout || die "init --from: $(cat out.stdout)"
+grep -q '"modules_written":4' out.stdout || die "init --from: $(cat out.stdout)"
+# the same run directory from the seed, or from another checkpoint: refused, no byte changed
+snapshot F >F.before
+# shellcheck disable=SC2086
+expect_fail 2 "^dpc-outer: 'F/phase-0000/modules/[a-z0-9.]*\.safetensors': was initialised from checkpoint [0-9a-f]{8}, not from seed 1 " \
+	"$O" init -c "$cfgdir/dipaco-2x2.yaml" $small F
+# shellcheck disable=SC2086
+expect_ok "$T" -q -c "$cfgdir/dense.yaml" $small -s train.steps=8 -s train.seed=2 -s train.eval_every=0 \
+	-d d/train.tok -o base2.st
+# shellcheck disable=SC2086
+expect_fail 2 "^dpc-outer: 'F/phase-0000/modules/[a-z0-9.]*\.safetensors': was initialised from checkpoint [0-9a-f]{8}, not from checkpoint [0-9a-f]{8} " \
+	"$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --from base2.st F
+snapshot F >F.after
+cmp -s F.before F.after || { diff F.before F.after; die "a refused init changed F"; }
+# shellcheck disable=SC2086
+expect_ok "$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --from base.st F
+grep -q '"modules_written":0' out.stdout || die "init --from again: $(cat out.stdout)"
+echo "dpc-outer init --from: another shape, vocabulary or kind refused; another source refused on a rerun"
 
 # ---- a value that is not finite in a module of phase t-1 (checksums right: stedit.py) ------
 # A path checkpoint with a NaN is refused (case 8); the same NaN in the module the step starts

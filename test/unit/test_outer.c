@@ -258,9 +258,10 @@ static void write_path(struct fx *f, int p, long phase, float *vals)
 static void write_init_modules(struct fx *f)
 {
 	char path[512];
+	const struct module_init src = {.seed = INIT_SEED};
 	for (int m = 0; m < f->t.nmodules; m++) {
 		module_file(path, sizeof path, f, m, 0);
-		int rc = module_write_init(path, &f->t, m, INIT_SEED, f->hash);
+		int rc = module_write_init(path, &f->t, m, &src, "seed 1234", f->hash);
 		cr_assert_eq(rc, 0, "module_write_init '%s': %s", path, err_detail());
 	}
 }
@@ -726,6 +727,91 @@ Test(outer, init_module_is_the_model_init)
 		free(got);
 		free(mom);
 	}
+	fx_free(&f);
+}
+
+/* dpc-outer init --from: each phase-0 module holds the checkpoint's tensors of its views,
+ * found by the checkpoint's layout (not by the topology's), and zero momentum. */
+Test(outer, init_module_from_a_checkpoint_holds_its_tensors)
+{
+	struct fx f;
+	char path[512], ck[512], label[MODULE_INIT_MAX];
+
+	fx_init(&f, cfg_mixed4);
+	/* the trained model: values no initialisation draws, distinct per parameter */
+	for (size_t k = 0; k < f.g.nparams; k++)
+		f.g.params[k] = 0.001f * (float)k - 0.5f * rng_normal(NOISE_SEED, RNG_STREAM_TEST, k);
+	float *trained = malloc(sizeof *trained * f.g.nparams);
+	cr_assert(trained);
+	memcpy(trained, f.g.params, sizeof *trained * f.g.nparams);
+	snprintf(ck, sizeof ck, "%s/trained.safetensors", dir);
+	cr_assert_eq(ckpt_save(ck, &f.g, &f.c, 300, 1, NULL, 0), 0, "%s", err_detail());
+	const struct module_init src = {.seed = INIT_SEED, .from = ck};
+	cr_assert_eq(module_init_label(&src, &f.c.model, label), 0, "%s", err_detail());
+	cr_assert(!strncmp(label, "checkpoint ", 11) && strlen(label) == 11 + 8, "%s", label);
+	for (int m = 0; m < f.t.nmodules; m++) {
+		module_file(path, sizeof path, &f, m, 0);
+		cr_assert_eq(module_write_init(path, &f.t, m, &src, label, f.hash), 0, "%s",
+			     err_detail());
+		/* the expectation, by name: the model's view of each name, in layout order */
+		size_t n = f.t.modules[m].nparams, off = 0;
+		float *want = malloc(sizeof *want * n), *got = malloc(sizeof *got * n);
+		double *mom = malloc(sizeof *mom * n);
+		cr_assert(want && got && mom);
+		for (int i = 0; i < f.t.layout.n; i++) {
+			if (!topo_owns(&f.t, m, i))
+				continue;
+			const size_t vn = (size_t)tensor_numel(&f.g.views[i]);
+			memcpy(want + off, trained + ((const float *)f.g.views[i].data - f.g.params),
+			       sizeof *want * vn);
+			off += vn;
+		}
+		read_module_values(&f, path, m, "", got, NULL);
+		read_module_values(&f, path, m, MODULE_MOMENTUM_PREFIX, NULL, mom);
+		cr_expect(!memcmp(want, got, sizeof *got * n), "module %s: the checkpoint's values",
+			  f.t.modules[m].name);
+		for (size_t k = 0; k < n; k++)
+			cr_expect_eq(mom[k], 0.0, "module %s: momentum %zu", f.t.modules[m].name, k);
+		struct st_file mf;
+		cr_assert_eq(module_open(&mf, path, &f.t, m, 0, f.hash, 1), 0, "%s", err_detail());
+		cr_expect_str_eq(st_meta(&mf, "init"), label);
+		cr_expect_eq(module_check_init(&mf, label), 0);
+		cr_expect_eq(module_check_init(&mf, "seed 1234"), CORE_ECONFIG,
+			     "a module from a checkpoint is not the seeded initialisation");
+		st_close(&mf);
+		free(want);
+		free(got);
+		free(mom);
+	}
+	free(trained);
+	fx_free(&f);
+}
+
+/* A checkpoint of another shape, or a module file, is refused by name before anything is
+ * written. */
+Test(outer, init_from_refuses_another_shape_and_a_module_file)
+{
+	struct fx f, wide;
+	char ck[512], mod[512], label[MODULE_INIT_MAX];
+
+	fx_init(&f, cfg_mixed4);
+	fx_init(&wide, cfg_mixed4);
+	snprintf(ck, sizeof ck, "%s/other-vocab.safetensors", dir);
+	struct run_config other = f.c;
+	other.model.vocab_size = f.c.model.vocab_size + 1;
+	gpt2_free(&wide.g);
+	cr_assert_eq(gpt2_create(&wide.g, &other.model, 1, other.model.seq_len, wide.be), 0);
+	cr_assert_eq(ckpt_save(ck, &wide.g, &other, 10, 0, NULL, 0), 0, "%s", err_detail());
+	const struct module_init src = {.from = ck};
+	cr_expect_eq(module_init_label(&src, &f.c.model, label), CORE_ECONFIG);
+	cr_expect(strstr(err_detail(), "V=17") && strstr(err_detail(), "V=16"), "%s",
+		  err_detail());
+	write_init_modules(&f);
+	module_file(mod, sizeof mod, &f, 0, 0);
+	const struct module_init src2 = {.from = mod};
+	cr_expect_eq(module_init_label(&src2, &f.c.model, label), CORE_ECONFIG);
+	cr_expect(strstr(err_detail(), "module checkpoint"), "%s", err_detail());
+	fx_free(&wide);
 	fx_free(&f);
 }
 
