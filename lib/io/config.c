@@ -93,6 +93,8 @@ static const struct cfg_key run_keys[] = {
 	  "steps of linear warmup from 0 to lr" },
 	{ "train", "min_lr_frac", CFG_DOUBLE, T(min_lr_frac), 0, CFG_RANGE, 0, 1, "0.1", NULL,
 	  "cosine decay ends at lr * min_lr_frac after steps" },
+	{ "train", "restart_step", CFG_LONG, T(restart_step), 0, CFG_LO, 0, 0, "0", NULL,
+	  "the schedule restarts at this step (warmup and cosine again over the rest); 0: none" },
 	{ "train", "weight_decay", CFG_DOUBLE, T(weight_decay), 0, CFG_RANGE, 0, 10, "0.1", NULL,
 	  "AdamW decoupled weight decay, on matrices only" },
 	{ "train", "beta1", CFG_DOUBLE, T(beta1), 0, CFG_RANGE | CFG_HI_OPEN, 0, 1, "0.9", NULL,
@@ -1549,6 +1551,9 @@ static int dipaco_check(const struct run_config *c, const struct where *w)
 	if (d->inner_steps == 0 && d->phases > 1 && c->train.steps < d->phases)
 		return fail(w, "train.steps (%ld) must be at least dipaco.phases (%ld) when "
 			    "dipaco.inner_steps is 0", c->train.steps, d->phases);
+	if (c->train.restart_step > 0 && c->train.restart_step >= c->train.steps)
+		return fail(w, "train.restart_step (%ld) must be before train.steps (%ld)",
+			    c->train.restart_step, c->train.steps);
 	if (d->early_stop_every > 0 && !(d->holdout_frac > 0))
 		return fail(w, "dipaco.early_stop_every (%ld) needs dipaco.holdout_frac > 0",
 			    d->early_stop_every);

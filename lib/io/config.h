@@ -26,6 +26,7 @@ struct train_config {
 	double lr;               /* peak learning rate */
 	long warmup_steps;       /* linear warmup from 0 */
 	double min_lr_frac;      /* cosine decays to lr * min_lr_frac at `steps` */
+	long restart_step;       /* > 0: steps [0, R) and [R, steps) each get the schedule */
 	double weight_decay;     /* AdamW decoupled, on matrices only */
 	double beta1, beta2, eps;
 	double grad_clip;        /* global-norm clip; 0 disables */

@@ -16,9 +16,15 @@
 
 double train_lr(const struct train_config *t, long s)
 {
+	long end = t->steps;
+	/* a restart splits the steps into two segments, each warmed up and decayed in full */
+	if (t->restart_step > 0 && s >= t->restart_step)
+		s -= t->restart_step, end -= t->restart_step;
+	else if (t->restart_step > 0)
+		end = t->restart_step;
 	if (s < t->warmup_steps)
 		return t->lr * (double)(s + 1) / (double)t->warmup_steps;
-	long span = t->steps - t->warmup_steps;
+	long span = end - t->warmup_steps;
 	double p = (double)(s - t->warmup_steps) / (double)(span > 1 ? span : 1);
 	if (p > 1.0)
 		p = 1.0;
@@ -186,6 +192,7 @@ static int resume_check(const char *path, const struct run_config *now)
 		{"lr", a->lr, b->lr},
 		{"warmup_steps", (double)a->warmup_steps, (double)b->warmup_steps},
 		{"min_lr_frac", a->min_lr_frac, b->min_lr_frac},
+		{"restart_step", (double)a->restart_step, (double)b->restart_step},
 		{"weight_decay", a->weight_decay, b->weight_decay},
 		{"beta1", a->beta1, b->beta1},
 		{"beta2", a->beta2, b->beta2},

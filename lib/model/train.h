@@ -42,7 +42,9 @@ struct train_result {
 	double matmul_frac;  /* share of step time in matrix products, NaN if not measured */
 };
 
-/* Learning rate of step index s (0-based): linear warmup, then cosine to lr*min_lr_frac. */
+/* Learning rate of step index s (0-based): linear warmup over warmup_steps, then cosine to
+ * lr*min_lr_frac at steps; with restart_step R > 0, steps [0, R) and [R, steps) each have
+ * that schedule in full (the second's step index counted from R). */
 double train_lr(const struct train_config *t, long s);
 /* Fill inputs/targets [B*T] for step index s from stream (RNG_STREAM_BATCH for training). */
 void train_sample_batch(const struct tokfile *tf, uint64_t seed, uint64_t stream, long s, int B,
