@@ -986,7 +986,8 @@ static void eval_usage(FILE *fp)
 		"usage: %s eval (--run RUNDIR [--phase T] | --path CKPT...) -m BASE\n"
 		"                --router ROUTER [--window-router WROUTER...] [options] IN.tok\n"
 		"Perplexity of the paths on IN.tok over every token from position PREFIX on\n"
-		"(the router's prefix), routing once per document with ROUTER, then for each\n"
+		"(the router's prefix, or --score-from's), routing once per document with ROUTER,\n"
+		"then for each\n"
 		"window router re-routing every W tokens: window m >= 1 goes to the path the\n"
 		"window router predicts from the text before it. A switch recomputes the\n"
 		"context on the new path: that path runs the current context window from its\n"
@@ -997,6 +998,10 @@ static void eval_usage(FILE *fp)
 		"      --router FILE     the document router (kmeans or logreg; required unless\n"
 		"                        there is one path)\n"
 		"      --window-router FILE  a window router (repeatable, up to %d)\n"
+		"      --score-from N    score tokens from position N of each document on (not\n"
+		"                        before the router's prefix; default: the prefix, %d for\n"
+		"                        one path without a router): the same N scores every\n"
+		"                        model on the same tokens\n"
 		"      --json FILE       also write the table as JSON to FILE\n"
 		"  -B, --batch N         context windows per forward (default %d)\n"
 		"  -t, --threads N       OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
@@ -1004,7 +1009,7 @@ static void eval_usage(FILE *fp)
 		"  -q, --quiet           no progress line on stderr\n"
 		"  -h, --help            show this help and exit\n"
 		"  -V, --version         show the version and exit\n",
-		prog, MAX_WINDOWS, DEFAULT_BATCH);
+		prog, MAX_WINDOWS, DEFAULT_PREFIX, DEFAULT_BATCH);
 }
 
 static json_t *mode_json(const struct route_eval_mode *m, const struct route_eval_mode *doc,
@@ -1028,12 +1033,12 @@ static int cmd_eval(int argc, char **argv)
 		{ "router", required_argument, NULL, 'r' },
 		{ "window-router", required_argument, NULL, 'w' },
 		{ "json", required_argument, NULL, 'J' }, { "batch", required_argument, NULL, 'B' },
-		COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
+		{ "score-from", required_argument, NULL, 'S' }, COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
 	};
 	struct common co = {0};
 	struct pathset ps = {.phase = -1};
 	const char *model = NULL, *router_path = NULL, *json_path = NULL, *wpaths[MAX_WINDOWS];
-	long batch = DEFAULT_BATCH;
+	long batch = DEFAULT_BATCH, score_from = 0;
 	int nw = 0, c, rc;
 
 	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "m:B:", longopts, NULL)) != -1) {
@@ -1052,6 +1057,7 @@ static int cmd_eval(int argc, char **argv)
 			break;
 		case 'J': json_path = optarg; break;
 		case 'B': rc = cli_parse_long("--batch", optarg, 1, 4096, &batch); break;
+		case 'S': rc = cli_parse_long("--score-from", optarg, 1, INT_MAX, &score_from); break;
 		case 'h': eval_usage(stdout); return 0;
 		case 'V': return version();
 		default: return bad_option("eval", longopts, argv, c);
@@ -1103,14 +1109,24 @@ static int cmd_eval(int argc, char **argv)
 	if (!rc)
 		rc = setup_routers(&doc, &have_doc, router_path, win, wpaths, nw, &base, model,
 				   ps.n, "eval");
+	/* one path without a router: nothing is read before the first token scored */
+	if (!rc && !router_path && !nw && score_from && score_from < doc.r.prefix)
+		doc.r.prefix = (int)score_from;
 	if (rc < 0) {
 		rc = cli_report(prog, rc);
 		goto out;
 	}
 	if (rc)
 		goto out;
+	if (score_from && score_from < doc.r.prefix) {
+		rc = cli_usage_error(prog, "eval: --score-from %ld is before the router's prefix "
+				     "%d: the tokens the router reads are not scored", score_from,
+				     doc.r.prefix);
+		goto out;
+	}
 	start_progress(&co, "eval", (int64_t)tf.ndocs * (nw + 1));
-	rc = route_evaluate(ps.lm, ps.n, &base, &doc, wp, nw, &tf, modes, show_progress, &co);
+	rc = route_evaluate(ps.lm, ps.n, &base, &doc, wp, nw, &tf, (int)score_from, modes,
+			    show_progress, &co);
 	progress_done(&co.bar);
 	if (rc < 0) {
 		rc = cli_report(prog, rc);
@@ -1138,9 +1154,11 @@ static int cmd_eval(int argc, char **argv)
 	       " against routing once per document, base-model features included)\n");
 	fflush(stdout);
 	char *src = pathset_source(&ps);
-	json_t *j = json_pack("{s:s,s:s,s:I,s:i,s:i,s:s,s:o}", "corpus", tf.path, "source",
-			      src ? src : "", "docs", (json_int_t)tf.ndocs, "paths", ps.n,
-			      "prefix", doc.r.prefix, "router", router_path ? router_path : "",
+	json_t *j = json_pack("{s:s,s:s,s:I,s:i,s:i,s:i,s:I,s:s,s:o}", "corpus", tf.path,
+			      "source", src ? src : "", "docs", (json_int_t)tf.ndocs, "paths", ps.n,
+			      "prefix", doc.r.prefix, "score_from",
+			      score_from ? (int)score_from : doc.r.prefix, "tokens",
+			      (json_int_t)modes[0].tokens, "router", router_path ? router_path : "",
 			      "modes", rows);
 	free(src);
 	if (json_path) {

@@ -104,6 +104,21 @@ def mode(ev, window):
     return None
 
 
+def check_scored(evals, what):
+    """Every row compared on a page must be scored on the same tokens: refuse otherwise."""
+    counts = {}
+    for name, ev in evals:
+        for m in ev["modes"]:
+            counts.setdefault(m["tokens"], []).append(
+                "%s (%s)" % (name, "every %d" % m["window"] if m["window"] else "once per doc"))
+    if len(counts) > 1:
+        parts = ["%d tokens: %s" % (n, ", ".join(v[:3]) + (" ..." if len(v) > 3 else ""))
+                 for n, v in sorted(counts.items())]
+        die("the rows on %s are scored on different numbers of tokens, so they cannot be "
+            "compared (%s); evaluate them all with the same dpc-route eval --score-from" % (
+                what, "; ".join(parts)))
+
+
 def fmt_count(x):
     for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if x >= div:
@@ -151,6 +166,10 @@ def main():
             workers="%s x %s" % (wall[1], wall[2]), final=final, curve=curve,
             doc=mode(final, 0), win=mode(final, 64))
     kmdisc = load_json(os.path.join(run, "eval", "dipaco-km-disc-final.json"))
+    check_scored([(n + "-final", r["final"]) for n, r in runs.items()] +
+                 [("dipaco-km-disc-final", kmdisc)], "the validation split")
+    check_scored([("%s-curve-%d" % (n, t), load_json(os.path.join(run, "eval", "%s-curve-%d.json" % (n, t))))
+                  for n, r in runs.items() for t in range(1, r["T"] + 1)], "the quarter split")
 
     L = {n: r["doc"]["loss"] for n, r in runs.items()}
     # the noise floor: twice the standard deviation of dense S's loss over its 4 seeds

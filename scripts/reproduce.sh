@@ -236,7 +236,7 @@ evaluate() {
 	shift 4
 	set -- ${1:+--router "$1"} ${2:+--window-router "$2"}
 	"$bin/dpc-route" eval -q --run "$run/$c" --phase "$p" -m "$base" "$@" \
-		--json "$run/eval/$o.json" "$in" >/dev/null
+		--score-from $prefix --json "$run/eval/$o.json" "$in" >/dev/null
 }
 # The document router each run is evaluated with: its own shards' router (the one-path and
 # one-module runs need none: DiLoCo's 4 paths are one model after each outer step).

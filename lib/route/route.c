@@ -348,7 +348,7 @@ out:
 
 struct eval_ctx {
 	struct lm *paths, *base;
-	int npaths, prefix, layer, S, C;
+	int npaths, prefix, from, layer, S, C; /* from: the first position scored, >= prefix */
 	const struct tokfile *tf;
 	float **lp;           /* [npaths][maxlen] */
 	unsigned char **need; /* [npaths][windows] */
@@ -356,8 +356,9 @@ struct eval_ctx {
 	float *hidden, *wfeat, *dfeat;
 };
 
-/* Score document d with window_path[m] the path of window m (windows of W tokens from
- * prefix; W = 0: one window): each path runs only the lm windows holding its positions. */
+/* Score document d from position e->from on with window_path[m] the path of window m
+ * (windows of W tokens from prefix; W = 0: one window): each path runs only the lm windows
+ * holding its positions. */
 static int score_doc(struct eval_ctx *e, uint64_t d, int W, int nwin, struct route_eval_mode *r)
 {
 	const uint64_t len = e->tf->offsets[d + 1] - e->tf->offsets[d];
@@ -365,7 +366,7 @@ static int score_doc(struct eval_ctx *e, uint64_t d, int W, int nwin, struct rou
 	for (int p = 0; p < e->npaths; p++)
 		memset(e->need[p], 0, nlm);
 	/* target j is predicted by lm window (j - 1) / S */
-	for (uint64_t j = (uint64_t)e->prefix; j < len; j++) {
+	for (uint64_t j = (uint64_t)e->from; j < len; j++) {
 		const uint64_t m = W ? (j - (uint64_t)e->prefix) / (uint64_t)W : 0;
 		e->need[e->win_path[m < (uint64_t)nwin ? m : (uint64_t)nwin - 1]][(j - 1) / S] = 1;
 	}
@@ -377,7 +378,7 @@ static int score_doc(struct eval_ctx *e, uint64_t d, int W, int nwin, struct rou
 			ERR_FORWARD(lm_doc_logprobs(&e->paths[p], e->tf, d, e->need[p], e->lp[p],
 						    &r->forwarded));
 	}
-	for (uint64_t j = (uint64_t)e->prefix; j < len; j++) {
+	for (uint64_t j = (uint64_t)e->from; j < len; j++) {
 		const uint64_t m = W ? (j - (uint64_t)e->prefix) / (uint64_t)W : 0;
 		r->nll -= e->lp[e->win_path[m < (uint64_t)nwin ? m : (uint64_t)nwin - 1]][j];
 		r->tokens++;
@@ -397,7 +398,7 @@ static int eval_mode(struct eval_ctx *e, const struct router *doc, const struct 
 
 	for (uint64_t d = 0; d < tf->ndocs; d++) {
 		const uint64_t len = tf->offsets[d + 1] - tf->offsets[d];
-		if (len > (uint64_t)e->prefix) {
+		if (len > (uint64_t)e->from) {
 			ERR_FORWARD(lm_prefix_features(e->base, tf, d, 1, e->prefix, e->layer,
 						       e->dfeat, NULL, NULL));
 			r->base_tokens += (uint64_t)e->prefix;
@@ -425,18 +426,22 @@ static int eval_mode(struct eval_ctx *e, const struct router *doc, const struct 
 
 int route_evaluate(struct lm *paths, int npaths, struct lm *base, const struct router *doc,
 		   const struct router *const *windows, int nwindows, const struct tokfile *tf,
-		   struct route_eval_mode *modes, void (*progress)(void *ctx, uint64_t done),
-		   void *ctx)
+		   int score_from, struct route_eval_mode *modes,
+		   void (*progress)(void *ctx, uint64_t done), void *ctx)
 {
 	const uint64_t maxlen = max_doc_len(tf);
 	struct eval_ctx e = {
 		.paths = paths, .base = base, .npaths = npaths, .prefix = doc->r.prefix,
+		.from = score_from ? score_from : doc->r.prefix,
 		.layer = doc->r.layer, .S = paths[0].g.cfg.seq_len, .C = base->g.cfg.n_embd,
 		.tf = tf,
 	};
 	uint64_t done = 0;
 	int rc = 0, minW = 0;
 
+	if (e.from < e.prefix)
+		return err_set(CORE_EUSAGE, tf->path, "scoring from token %d would score the %d "
+			       "tokens the router reads", e.from, e.prefix);
 	for (int i = 0; i < nwindows; i++)
 		if (!minW || windows[i]->window < minW)
 			minW = windows[i]->window;

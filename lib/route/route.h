@@ -65,8 +65,10 @@ struct route_fit_opts {
 int route_fit_logreg(const float *x, const uint32_t *y, uint64_t n, int dim, int paths,
 		     const struct route_fit_opts *o, struct logreg *out, char **report);
 
-/* Evaluation: perplexity over every token from position prefix on of each document of tf,
- * routing once per document (doc router) and every W tokens (window routers). */
+/* Evaluation: perplexity over every token from position score_from on (0: the document
+ * router's prefix; never before it, CORE_EUSAGE) of each document of tf, routing once per
+ * document (doc router) and every W tokens (window routers, whose windows still start at
+ * the prefix). A document of score_from tokens or fewer is not scored. */
 struct route_eval_mode {
 	int window;       /* 0 for once per document */
 	double nll;       /* summed over the tokens scored, nats */
@@ -78,7 +80,7 @@ struct route_eval_mode {
 };
 int route_evaluate(struct lm *paths, int npaths, struct lm *base, const struct router *doc,
 		   const struct router *const *windows, int nwindows, const struct tokfile *tf,
-		   struct route_eval_mode *modes, void (*progress)(void *ctx, uint64_t done),
-		   void *ctx);
+		   int score_from, struct route_eval_mode *modes,
+		   void (*progress)(void *ctx, uint64_t done), void *ctx);
 
 #endif

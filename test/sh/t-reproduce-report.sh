@@ -3,7 +3,8 @@
 # ordering's verdict against the rule (held / held, within noise / not held / not held, within
 # noise), with a noise floor of 2 x 0.0081650 from dense S's four seeds at 2.50, 2.51, 2.49 and
 # 2.50, and when dense 4S is not below dense S; reasons for exactly the orderings that fail;
-# three PNGs; a missing file is one line and exit 1. Then reproduce.sh's own bad input, refused
+# three PNGs; rows scored on different numbers of tokens are refused, and a missing file is
+# one line and exit 1. Then reproduce.sh's own bad input, refused
 # in one line before anything is written. Skips (77) without gnuplot.
 set -eu
 . "$TESTDIR/lib.sh"
@@ -133,6 +134,24 @@ for f in loss-steps loss-flops outer; do
 	[ "$(od -An -tx1 -N8 page/brown-$f.png | tr -d ' \n')" = 89504e470d0a1a0a ] || die "brown-$f.png"
 	[ "$(wc -c <page/brown-$f.png)" -gt 10000 ] || die "brown-$f.png: nothing drawn?"
 done
+
+# rows scored on different tokens (a one-path row at the default prefix of 32 against the
+# routed rows' 128) cannot be compared: refused, naming the counts, and no page
+$PY - <<'EOF3'
+import json
+e = json.load(open("run/eval/dense-s-seed3-final.json"))
+e["modes"][0]["tokens"] = 5400
+json.dump(e, open("run/eval/dense-s-seed3-final.json", "w"))
+EOF3
+expect_fail 1 "^reproduce-report.py: the rows on the validation split are scored on different numbers of tokens, so they cannot be compared \(5000 tokens: dense-s-final \(once per doc\), .*; 5400 tokens: dense-s-seed3-final \(once per doc\)\); evaluate them all with the same dpc-route eval --score-from$" \
+	$R --run run --command x --commit y -o page4/brown.md
+[ ! -e page4/brown.md ] || die "a page written from rows scored on different tokens"
+$PY - <<'EOF4'
+import json
+e = json.load(open("run/eval/dense-s-seed3-final.json"))
+e["modes"][0]["tokens"] = 5000
+json.dump(e, open("run/eval/dense-s-seed3-final.json", "w"))
+EOF4
 
 rm run/eval/dipaco-head-curve-2.json
 expect_fail 1 "^reproduce-report.py: run/eval/dipaco-head-curve-2.json: \[Errno 2\] No such file or directory" \

@@ -20,7 +20,8 @@
 #      the shards differ, and the Makefile's phase-2 rules name phase-0001/shards;
 #   5. dpc-route eval with a window router of W = 16 and one of W = 200 (longer than every
 #      validation document): one table row per mode, equal token counts (= the tokens past the
-#      prefix, counted here), and W = 200 gives exactly the once-per-document loss.
+#      prefix, counted here), and W = 200 gives exactly the once-per-document loss; then
+#      --score-from on documents of 5, 40 and 70 tokens against counts made by hand.
 # (The numbers of features, score and eval are checked against PyTorch in t-route-torch.sh.)
 # Checks that fail because of a known bug in the programs are collected and reported at the
 # end, after every other check has run.
@@ -272,8 +273,13 @@ def check_eval(ejson, table, val, prefix, bigw):
     print("eval: %d tokens in every mode; W = %d gives the once-per-document loss %r"
           % (want, bigw, doc["loss"]))
 
+def check_lengths(path, *want):
+    n = sorted(ntok(d) for d in tok(path))
+    if n != sorted(int(w) for w in want):
+        fail("%s holds documents of %s tokens, expected %s" % (path, n, list(want)))
+
 {"split": check_split, "ckpt-shards": check_ckpt_shards, "differ": check_differ,
- "eval": check_eval}[sys.argv[1]](*sys.argv[2:])
+ "eval": check_eval, "lengths": check_lengths}[sys.argv[1]](*sys.argv[2:])
 EOF
 rt() { "$PY" rt.py "$@" || die "the check '$1' failed (above)"; }
 
@@ -410,6 +416,32 @@ expect_ok "$BIN/dpc-route" eval -q --run R -m base.safetensors --router LR.st \
 cp out.stdout E.txt
 sed 's/^/    /' E.txt
 rt eval E.json E.txt d/val.tok 8 200
+
+# ---- 5b. the scored positions, counted by hand ------------------------------------------
+# Three documents of 5, 40 and 70 bytes. The base model alone (one path, no router) scores
+# from its default prefix 32: 8 + 38 = 46 tokens; with --score-from 10: 30 + 60 = 90, as
+# many as the routed run (prefix 8) scores with the same --score-from; --score-from 1: 4 +
+# 39 + 69 = 112. Scoring before a router's prefix is refused.
+"$PY" -c '
+import json
+for n, c in ((5, "a"), (40, "b"), (70, "c")):
+    print(json.dumps({"text": c * n}))' >tiny.jsonl
+expect_ok "$BIN/dpc-shard" prepare --val-frac 0 --router-frac 0 tiny.jsonl tiny
+rt lengths tiny/train.tok 5 40 70
+scored() {
+	want=$1
+	shift
+	expect_ok "$BIN/dpc-route" eval -q -m base.safetensors --json T.json "$@" tiny/train.tok
+	got=$("$PY" -c 'import json; e = json.load(open("T.json")); print(" ".join(str(m["tokens"]) for m in e["modes"]), e["tokens"], e["score_from"])')
+	[ "$got" = "$want" ] || die "eval $*: scored (per mode, in all, from) '$got', expected '$want'"
+}
+scored "46 46 32" --path base.safetensors
+scored "90 90 10" --path base.safetensors --score-from 10
+scored "112 112 1" --path base.safetensors --score-from 1
+scored "90 90 10" --run R --router LR.st --score-from 10
+expect_fail 2 "^dpc-route: eval: --score-from 4 is before the router's prefix 8: the tokens the router reads are not scored$" \
+	"$BIN/dpc-route" eval -q --run R -m base.safetensors --router LR.st --score-from 4 tiny/train.tok
+echo "eval scores 46, 90 and 112 tokens of 5 + 40 + 70 from positions 32, 10 and 1, as counted by hand"
 
 # ---- 6. sampling from the routed run ----------------------------------------------------
 # With the key/value cache (a switch feeds the context to the new path) the text is the
