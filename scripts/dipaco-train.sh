@@ -13,6 +13,7 @@
 #     --mpi N      N worker ranks under mpirun instead of make; MPIRUN_ARGS adds mpirun
 #                  options (a hostfile, say); RUNDIR must be on a filesystem every host sees
 #     --seed N     seed of the random shards (default 0)
+#     --from CKPT  every module starts from this trained model (dpc-outer init --from)
 #     --until T    stop after phase T (to re-shard the run with a router fitted on phase
 #                  T's paths, dpc-route(1); the same command without --until goes on)
 #     --bin DIR    the programs (default: build/bin of this checkout)
@@ -25,8 +26,8 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$here/../build/bin
-jobs=2 threads=1 mpi=0 seed=0 until=0 quiet=0 sets="" device=cpu precision=fp32
-usage() { sed -n '6,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+jobs=2 threads=1 mpi=0 seed=0 until=0 quiet=0 sets="" device=cpu precision=fp32 from=""
+usage() { sed -n '6,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	-s) sets="$sets -s $2"; shift 2 ;;
@@ -36,10 +37,11 @@ while [ $# -gt 0 ]; do
 	--precision) precision=$2; shift 2 ;;
 	--mpi) mpi=$2; shift 2 ;;
 	--seed) seed=$2; shift 2 ;;
+	--from) from=$2; shift 2 ;;
 	--until) until=$2; shift 2 ;;
 	-q|--quiet) quiet=1; shift ;;
 	--bin) bin=$2; shift 2 ;;
-	-h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	-*) echo "dipaco-train.sh: unknown option '$1'" >&2; usage ;;
 	*) break ;;
 	esac
@@ -52,7 +54,7 @@ for p in dpc-outer dpc-shard dpc-train-path; do
 done
 
 # shellcheck disable=SC2086
-init=$("$bin/dpc-outer" init -c "$config" $sets --bin "$bin" "$run")
+init=$("$bin/dpc-outer" init -c "$config" $sets ${from:+--from "$from"} --bin "$bin" "$run")
 paths=$(echo "$init" | sed 's/.*"paths":\([0-9]*\).*/\1/')
 if [ ! -e "$run/shards/shards.json" ]; then
 	"$bin/dpc-shard" split -q --random "$paths" --seed "$seed" "$train" "$run/shards" >/dev/null

@@ -1,41 +1,58 @@
 #!/bin/sh
-# reproduce.sh - the DiPaCo paper's comparisons on Brown, from a bare Debian 12 to a results
-# page with tables and plots.
+# reproduce.sh - the DiPaCo paper's comparisons on Brown, run as the paper runs them, from a
+# bare Debian 12 to a results page with tables and plots.
 #
 #   sh scripts/reproduce.sh [options] [RUNDIR]          (default RUNDIR: runs/reproduce)
-#     --inner-steps N   inner steps per phase (default 50)
-#     --phases T        phases, even (default 4); the re-sharded run is re-sharded after T/2
-#     --quick           a small model (4 blocks of width 64), by default 2 phases of 10
-#                       steps: a few minutes, to check the script, not the claims; the page
-#                       goes to RUNDIR/brown.md unless -o says otherwise
+#     --phases T        phases of every forked run (default 16), a multiple of 4: the sweep
+#                       runs T/4 of them, the re-sharded runs are re-sharded after T/2
+#     --inner-steps N   inner steps per phase (default 32)
+#     --quick           a small model (width 32), by default 4 phases of 16 steps and a
+#                       smaller sweep: a few minutes, to check the script, not the claims;
+#                       the page goes to RUNDIR/brown.md unless -o says otherwise
 #     -o PAGE           the results page (default results/brown.md); its PNG plots are
 #                       written beside it as PAGE's name without .md, then -loss-steps.png,
 #                       -loss-flops.png and -outer.png
 #     --no-setup        skip apt-get and make (the programs are built, the tools there)
 #
-# Every configuration trains on the same Brown data (the quickstart's: documents cut into
-# 1024-token pieces; train, router 3% and validation 5% of the source documents) for the same
-# number of inner steps per path, T phases of N steps, batch 8 x 256 tokens:
-#   dense S       one path of gpt-tiny (3.36M parameters); also the base model the routers'
-#                 features come from; and again with 3 other seeds, for the noise floor
-#   dense 4S      one path of 3.9 times the parameters (width 512 instead of 256), at the
-#                 shared learning rate and again at half of it (Adam's rate scaled as 1/width):
-#                 the better of the two is the one the orderings are judged against
-#   DiLoCo        4 workers on random shards, one module: averaged deltas, outer Nesterov
+# The protocol (DiPaCo, arXiv 2403.10616, Algorithm 1 and section 4; DiLoCo, 2311.08105):
+#   base          dense S (4 blocks of width 128, 0.87M parameters) trained on all the
+#                 training data for B = 3T/8 phases' worth of steps of a schedule that spans
+#                 B + T phases: the paper forks from a 150M model at 24k of 88k steps. The
+#                 routers' features come from it, and every row below but dense 4S starts
+#                 from it (dpc-outer init --from): the same fork for every row.
+#   sweep         on a short budget (T/4 phases), forked from the base: the outer optimizer
+#                 (outer lr 0.3 0.5 0.7 1.0 x momentum 0 0.5 0.9 x sqrt(P) rescaling on/off)
+#                 for DiLoCo and for DiPaCo 2x2 alike; then the fork's learning rate (re-warm
+#                 to the peak, to half the peak, or continue at the base's rate) for dense S,
+#                 DiLoCo and DiPaCo at their best outer settings. The best of each is carried
+#                 into the full runs; plain averaging (lr 1, momentum 0, no rescaling) is in
+#                 the grid, and also run in full for DiPaCo.
+#   dense S       the base continued for T phases as one path, 4 seeds (the batches' order):
+#                 the noise floor of one path
+#   dense 4S      width 256 (3.36M parameters, 3.9x), from scratch for B + T phases, at the
+#                 base's learning rate and at half of it: the capacity precondition (dense 4S
+#                 must beat dense S beyond the floor, or capacity claims are not testable here)
+#   DiLoCo        4 workers on random shards, one module
 #   flat MoE      4 paths that share nothing, on the k-means shards
-#   DiPaCo 2x2    4 paths sharing 2 + 2 modules, on the k-means shards (k = 4, features of
-#                 the dense S model); the same on top-2 overlapping shards; the same re-sharded
-#                 after phase T/2 by a discriminative router fitted on that phase's paths; and
-#                 a 2x2 with a path-specific level (the last block and the head)
-# Each is evaluated on the validation split once per document and re-routing every 64 tokens
-# (a window router fitted on the router split), after the last phase; and once per document
-# on a quarter of the validation documents after every phase, for the curves. Then
-# scripts/reproduce-report.py writes the page from the runs' files.
+#   DiPaCo 2x2    4 paths sharing 2 + 2 modules on the k-means shards (k = 4, features of the
+#                 base), 4 seeds (the noise floor of DiPaCo); on top-2 overlapping shards;
+#                 re-sharded after phase T/2 by a discriminative router fitted on that phase's
+#                 paths, the schedule restarting there (train.restart_step, the paper's
+#                 figure 10); the paper's recipe, all three (k-means, top-2, one
+#                 discriminative re-sharding); a path-specific level (the last block and the
+#                 head); and plain averaging as the outer step
+# Each is evaluated after the last phase on the validation split, every row scored from byte
+# 128 of each piece (dpc-route eval --score-from 128; the report refuses rows scored on other
+# counts), once per document and re-routing every 64 tokens (a window router fitted on the
+# router split); after every phase on a quarter of the validation documents, for the curves;
+# and on a text the project never trained or tuned on (the licence texts every Debian has in
+# /usr/share/common-licenses). Then scripts/reproduce-report.py writes the page.
 #
-# Resumable: every stage is skipped when its output is there, and a DiPaCo run redoes only its
+# Resumable: every stage is skipped when its output is there, and a run redoes only its
 # missing tasks (scripts/dipaco-train.sh), so the same command after a kill goes on where it
 # stopped and writes the same page (the wall times aside). One progress line per stage on
-# stderr. About 45 minutes on 2 idle cores with the defaults; --quick, a few.
+# stderr. About 1 to 2 hours on 2 idle cores with the defaults (the CPU decides); --quick, a
+# few minutes.
 set -eu
 cd "$(dirname "$0")/.."
 top=$(pwd)
@@ -59,31 +76,51 @@ done
 [ $# -le 1 ] || { echo "reproduce.sh: one RUNDIR at most, not $# arguments (see --help)" >&2; exit 2; }
 run=${1:-runs/reproduce}
 if [ "$quick" = 1 ]; then
-	: "${tau:=10}" "${phases:=2}"
+	: "${tau:=16}" "${phases:=4}"
 fi
-: "${tau:=50}" "${phases:=4}"
-[ $((phases % 2)) = 0 ] || { echo "reproduce.sh: --phases must be even (the re-sharding is after T/2), not $phases" >&2; exit 2; }
-half=$((phases / 2))
+: "${tau:=32}" "${phases:=16}"
+[ $((phases % 4)) = 0 ] || { echo "reproduce.sh: --phases must be a multiple of 4 (the sweep runs T/4, the re-sharding is after T/2), not $phases" >&2; exit 2; }
 d_page=results/brown.md
 [ "$quick" = 1 ] && d_page=$run/brown.md
 : "${page:=$d_page}"
 chunked=data/brown-1k prefix=128 window=64
-steps=$((phases * tau))
+half=$((phases / 2)) quarter=$((phases / 4))
+bphases=$(((3 * phases + 4) / 8))       # the base's share: 3/8 of the forks' phases
+fsteps=$((phases * tau)) bsteps=$((bphases * tau)) total=$(((bphases + phases) * tau))
 warmup=20
-[ "$warmup" -le $((steps / 4)) ] || warmup=$((steps / 4 > 0 ? steps / 4 : 1))
-# The model and the schedule, the same for every configuration (dense 4S widens the model).
-sets="-s dipaco.phases=$phases -s dipaco.inner_steps=$tau -s train.steps=$steps -s train.warmup_steps=$warmup"
-width=256 heads=4
+[ "$warmup" -le $((tau / 2)) ] || warmup=$((tau / 2 > 0 ? tau / 2 : 1))
+width=128 heads=2
+[ "$quick" = 1 ] && width=32 heads=2
+lr=$(sed -n 's/^ *lr: *//p' configs/dense.yaml)
+minfrac=$(sed -n 's/^ *min_lr_frac: *//p' configs/dense.yaml)
+# The model of every row but dense 4S, and the forks' schedule: T phases of tau steps.
+model="-s model.n_embd=$width -s model.n_head=$heads"
+fork="-s dipaco.phases=$phases -s dipaco.inner_steps=$tau -s train.steps=$fsteps"
+# The fork's learning rate, three ways: re-warm to the peak, to half of it, or go on from the
+# base's rate at step B of its schedule (warmup 0, the cosine from there to the same floor).
+base_rate=$(awk "BEGIN { p = ($bsteps - $warmup) / ($total - $warmup);
+	print $lr * ($minfrac + (1 - $minfrac) * 0.5 * (1 + cos(3.141592653589793 * p))) }")
+forkrate() {
+	case $1 in
+	peak) echo "-s train.lr=$lr -s train.warmup_steps=$warmup" ;;
+	half) echo "-s train.lr=$(awk "BEGIN { print $lr / 2 }") -s train.warmup_steps=$warmup" ;;
+	base) echo "-s train.lr=$base_rate -s train.warmup_steps=0 -s train.min_lr_frac=$(awk "BEGIN { print $lr * $minfrac / $base_rate }")" ;;
+	esac
+}
+outer() { # outer LR MU RESCALE
+	echo "-s dipaco.outer_lr=$1 -s dipaco.outer_momentum=$2 -s dipaco.rescale=$3"
+}
 if [ "$quick" = 1 ]; then
-	width=64 heads=2
-	sets="$sets -s model.n_embd=$width -s model.n_head=$heads"
+	sweep_lr="0.7 1.0" sweep_mu="0 0.9" sweep_rs="true false"
+else
+	sweep_lr="0.3 0.5 0.7 1.0" sweep_mu="0 0.5 0.9" sweep_rs="true false"
 fi
 
 t0=$(date +%s)
 n=0
 stage() {
 	n=$((n + 1))
-	echo "reproduce [$n/20, $(($(date +%s) - t0)) s] $*" >&2
+	echo "reproduce [$n/28, $(($(date +%s) - t0)) s] $*" >&2
 }
 
 stage "setup: packages and build"
@@ -98,58 +135,75 @@ for t in python3 gnuplot; do
 	command -v $t >/dev/null || die "$t not found (sh scripts/setup-debian.sh --reproduce)"
 done
 
-stage "data: Brown, cut into 1024-token pieces ($chunked)"
+stage "data: Brown, cut into 1024-token pieces ($chunked); the licence texts as unseen text"
 sh scripts/brown-1k.sh "$bin"
 train=$chunked/train.tok val=$chunked/val.tok router=$chunked/router.tok
-mkdir -p "$run/routing" "$run/eval"
+mkdir -p "$run/routing" "$run/eval" "$run/sweep"
 # What produced this run, for the page; a run made with other settings is not mixed in.
-want="inner_steps=$tau phases=$phases quick=$quick"
+want="inner_steps=$tau phases=$phases quick=$quick protocol=2"
 if [ -e "$run/settings" ]; then
 	[ "$(cat "$run/settings")" = "$want" ] ||
 		die "$run was made with '$(cat "$run/settings")', not '$want' (use another RUNDIR)"
 else
 	echo "$want" >"$run/settings"
 fi
+# Unseen text: the licences of /usr/share/common-licenses (base-files), one document each,
+# cut into 1024-byte pieces as Brown is.
+unseen=$run/unseen/train.tok
+if [ ! -s "$unseen" ]; then
+	python3 - "$run/unseen.jsonl" <<'EOF'
+import glob, json, os, sys
+with open(sys.argv[1] + ".tmp", "w") as f:
+    for p in sorted(glob.glob("/usr/share/common-licenses/*")):
+        if os.path.isfile(p) and not os.path.islink(p):
+            f.write(json.dumps({"id": os.path.basename(p), "text": open(p, errors="replace").read()}) + "\n")
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+EOF
+	"$bin/dpc-shard" prepare --force --chunk 1024 --val-frac 0 --router-frac 0 \
+		"$run/unseen.jsonl" "$run/unseen" >/dev/null
+fi
 
-# train NAME CONFIG JOBS THREADS [SETS...]: one configuration under scripts/dipaco-train.sh,
-# its shards already in $run/NAME/shards or drawn there at random; its wall time is kept in
-# $run/NAME/wall (the invocation that finished it) with its parameter counts.
+# train NAME CONFIG JOBS THREADS [ARGS...]: one configuration under scripts/dipaco-train.sh
+# (ARGS: its -s overrides, --from, --until), its shards already in $run/NAME/shards or drawn
+# there at random; its wall time is kept in $run/NAME/wall (the invocation that finished it).
+# A run stopped with --until is finished by the same call without it.
 train() {
 	name=$1 cfg=$2 j=$3 th=$4
 	shift 4
 	dir=$run/$name
 	[ -s "$dir/wall" ] && return 0
-	s=$(date +%s)
+	s=$(date +%s) before=0
 	resumed=no
 	[ -e "$dir/started" ] && resumed=yes
+	[ -s "$dir/wall.part" ] && before=$(cut -d' ' -f1 "$dir/wall.part")
 	mkdir -p "$dir" && : >"$dir/started"
-	# shellcheck disable=SC2086
-	sh scripts/dipaco-train.sh -q -j "$j" -t "$th" $sets "$@" "configs/$cfg" "$dir" "$train" \
+	sh scripts/dipaco-train.sh -q -j "$j" -t "$th" "$@" "configs/$cfg" "$dir" "$train" \
 		"$val" >"$dir.table.tmp"
+	case " $* " in *" --until "*)
+		# the first part of a run to be re-sharded: its time is added to the rest's
+		rm -f "$dir.table.tmp" "$dir/started"
+		[ -s "$dir/wall.part" ] || echo "$(($(date +%s) - s)) $resumed" >"$dir/wall.part"
+		return 0 ;;
+	esac
 	mv "$dir.table.tmp" "$dir/table"
-	# shellcheck disable=SC2086
 	"$bin/dpc-outer" topology --json -c "$dir/config.yaml" >"$dir/topology.json"
-	echo "$(($(date +%s) - s)) $j $th $resumed" >"$dir/wall.tmp" && mv "$dir/wall.tmp" "$dir/wall"
+	echo "$(($(date +%s) - s + before)) $j $th $resumed" >"$dir/wall.tmp" && mv "$dir/wall.tmp" "$dir/wall"
 }
-last=$(printf 'phase-%04d' "$phases")
-
-stage "dense S: gpt-tiny, one path, $phases x $tau steps (also the routers' base model)"
-train dense-s dense.yaml 1 2
-base=$run/dense-s/$last/paths/path-000.safetensors
-[ -s "$base" ] || die "$base is missing after training dense S"
-for seed in 2 3 4; do
-	stage "dense S again with seed $seed (the noise floor)"
-	train dense-s-seed$seed dense.yaml 1 2 -s train.seed=$seed
-done
-stage "dense 4S: width $((2 * width)), 3.9x the parameters of a path"
-train dense-4s dense.yaml 1 2 -s model.n_embd=$((2 * width)) -s model.n_head=$((2 * heads))
-stage "dense 4S at half the learning rate"
-lr=$(sed -n 's/^ *lr: *//p' configs/dense.yaml)
-train dense-4s-halflr dense.yaml 1 2 -s model.n_embd=$((2 * width)) -s model.n_head=$((2 * heads)) \
-	-s train.lr="$(awk "BEGIN { print $lr / 2 }")"
-
-stage "routing: features of the base model, k-means to 4 paths, top-1 and top-2 shards"
 r=$run/routing
+base=$run/base/base.safetensors
+
+stage "base: dense S, $bsteps of a $total-step schedule (the fork of every row)"
+if [ ! -s "$base" ]; then
+	mkdir -p "$run/base"
+	s=$(date +%s)
+	# shellcheck disable=SC2086
+	"$bin/dpc-train-path" -q -c configs/dense.yaml $model -s dipaco.phases=1 \
+		-s dipaco.inner_steps=0 -s train.steps=$total -s train.warmup_steps=$warmup \
+		-s train.eval_every=0 -u $bsteps -t 2 -d "$train" -o "$base" --force >/dev/null
+	echo "$(($(date +%s) - s)) 1 2 no" >"$run/base/wall"
+fi
+
+stage "routing: features of the base, k-means to 4 paths, top-1 and top-2 shards"
 for s in train router val; do
 	[ -s "$r/features-$s.safetensors" ] ||
 		"$bin/dpc-route" features -q --prefix $prefix -m "$base" \
@@ -164,62 +218,175 @@ shards() {
 	"$bin/dpc-shard" split --top "$2" --router "$3" --features "$4" "$5" "$run/$1/shards" \
 		>/dev/null 2>"$run/$1/routing.txt" || { cat "$run/$1/routing.txt" >&2; exit 1; }
 }
-for c in flat-moe dipaco-km dipaco-head; do
-	shards $c 1 "$r/kmeans.safetensors" "$r/features-train.safetensors" "$train"
-done
-shards dipaco-top2 2 "$r/kmeans.safetensors" "$r/features-train.safetensors" "$train"
 # The curves' validation set: a quarter of the validation documents, drawn once.
 [ -s "$r/val-quarter/shards.json" ] ||
 	"$bin/dpc-shard" split -q --random 4 --seed 1 "$val" "$r/val-quarter" >/dev/null
 valq=$r/val-quarter/shard-000.tok
 
-stage "DiLoCo: 4 workers on random shards"
-train diloco diloco.yaml 2 1
-stage "flat MoE: 4 paths sharing nothing, k-means shards"
-train flat-moe flat-moe.yaml 2 1
-stage "DiPaCo 2x2 on k-means shards"
-train dipaco-km dipaco-2x2.yaml 2 1
-stage "DiPaCo 2x2 on top-2 overlapping k-means shards"
-train dipaco-top2 dipaco-2x2.yaml 2 1
-stage "DiPaCo 2x2 with a path-specific level (last block and head)"
-train dipaco-head dipaco-2x2-head.yaml 2 1
+# evaluate OUT RUNDIR PHASE IN.tok [ROUTER [WINDOW-ROUTER]]: dpc-route eval's JSON into
+# $run/eval/OUT.json, every row scored from byte $prefix on
+evaluate() {
+	[ -s "$run/eval/$1.json" ] && return 0
+	o=$1 rd=$2 p=$3 in=$4
+	shift 4
+	set -- ${1:+--router "$1"} ${2:+--window-router "$2"}
+	"$bin/dpc-route" eval -q --run "$rd" --phase "$p" -m "$base" "$@" \
+		--score-from $prefix --json "$run/eval/$o.json" "$in" >/dev/null
+}
 
-stage "DiPaCo 2x2 re-sharded after phase $half by a discriminative router"
-hp=$(printf 'phase-%04d' "$half")
-[ -s "$r/scores-km-$hp.safetensors" ] ||
-	"$bin/dpc-route" score -q --run "$run/dipaco-km" --phase "$half" --prefix $prefix \
-		-o "$r/scores-km-$hp.safetensors" "$router" >/dev/null
-[ -s "$r/disc-km-$hp.safetensors" ] ||
-	"$bin/dpc-route" fit -q --scores "$r/scores-km-$hp.safetensors" \
-		--features "$r/features-router.safetensors" -o "$r/disc-km-$hp.safetensors" \
-		"$router" >"$r/disc-km-$hp.json"
-d=$run/dipaco-disc
-if [ ! -d "$d" ]; then
-	# Its first T/2 phases are dipaco-km's, copied: the same config, shards and seed.
-	rm -rf "$d.tmp"
-	mkdir "$d.tmp"
-	cp -r "$run/dipaco-km/config.yaml" "$run/dipaco-km/shards" "$run/dipaco-km/val.tok" "$d.tmp/"
-	t=0
-	while [ $t -le "$half" ]; do
-		cp -r "$run/dipaco-km/$(printf 'phase-%04d' $t)" "$d.tmp/"
-		t=$((t + 1))
+# ---- the sweep: short runs forked from the base -------------------------------------------
+stage "sweep: the outer optimizer of DiLoCo and DiPaCo 2x2 on $quarter phases"
+shards sweep/km 1 "$r/kmeans.safetensors" "$r/features-train.safetensors" "$train"
+short="-s dipaco.phases=$quarter -s dipaco.inner_steps=$tau -s train.steps=$((quarter * tau))"
+# sweep_run NAME CONFIG ROUTER SETS...: one short run and its loss on the quarter split
+sweep_run() {
+	sn=$1 cfg=$2 rt=$3
+	shift 3
+	[ -s "$run/eval/sweep-$sn.json" ] && return 0
+	d=$run/sweep/$sn
+	if [ ! -e "$d/shards/shards.json" ] && [ "$cfg" != diloco.yaml ] && [ "$cfg" != dense.yaml ]; then
+		mkdir -p "$d" && cp -r "$run/sweep/km/shards" "$d/"
+	fi
+	# shellcheck disable=SC2086
+	sh scripts/dipaco-train.sh -q -j 2 -t 1 --from "$base" $model $short "$@" "configs/$cfg" \
+		"$d" "$train" >/dev/null
+	evaluate "sweep-$sn" "$d" "$quarter" "$valq" "$rt"
+	rm -rf "$d"/phase-*/paths # the modules are enough; the paths are most of the bytes
+}
+for m in diloco dipaco; do
+	cfg=diloco.yaml rt=$r/kmeans.safetensors
+	[ $m = dipaco ] && cfg=dipaco-2x2.yaml
+	for olr in $sweep_lr; do
+		for mu in $sweep_mu; do
+			for rs in $sweep_rs; do
+				# shellcheck disable=SC2046
+				sweep_run "$m-lr$olr-mu$mu-rs$rs-peak" $cfg "$rt" $(outer $olr $mu $rs) $(forkrate peak)
+			done
+		done
 	done
-	mv "$d.tmp" "$d"
-fi
-[ -s "$d/$hp/shards/shards.json" ] ||
-	"$bin/dpc-shard" split --router "$r/disc-km-$hp.safetensors" \
-		--features "$r/features-train.safetensors" "$train" "$d/$hp/shards" \
-		>/dev/null 2>"$d/routing.txt" || { cat "$d/routing.txt" >&2; exit 1; }
-train dipaco-disc dipaco-2x2.yaml 2 1
+done
+# best METHOD-: the sweep run of METHOD with the lowest loss ("NAME LOSS")
+best() {
+	python3 - "$run/eval" "$1" <<'EOF'
+import glob, json, os, sys
+rows = []
+for p in glob.glob(os.path.join(sys.argv[1], "sweep-%s*.json" % sys.argv[2])):
+    e = json.load(open(p))
+    rows.append((e["modes"][0]["loss"], os.path.basename(p)[6:-5]))
+print("%s %.6f" % min(rows)[::-1])
+EOF
+}
+# the outer settings of a sweep name: NAME = METHOD-lrX-muY-rsZ-FORK
+outer_of() { echo "$1" | sed 's/^[a-z]*-lr\([^-]*\)-mu\([^-]*\)-rs\([a-z]*\)-.*/\1 \2 \3/'; }
+stage "sweep: the fork's learning rate (peak, half, the base's rate) at each one's best"
+for m in diloco dipaco; do
+	cfg=diloco.yaml rt=$r/kmeans.safetensors
+	[ $m = dipaco ] && cfg=dipaco-2x2.yaml
+	# shellcheck disable=SC2046
+	set -- $(outer_of "$(best "$m-" | cut -d' ' -f1)")
+	for fr in half base; do
+		# shellcheck disable=SC2046
+		sweep_run "$m-lr$1-mu$2-rs$3-$fr" $cfg "$rt" $(outer $1 $2 $3) $(forkrate $fr)
+	done
+done
+for fr in peak half base; do
+	# shellcheck disable=SC2046
+	sweep_run "dense-lr1.0-mu0-rsfalse-$fr" dense.yaml "" $(forkrate $fr)
+done
+# The carried settings: outer step and fork rate of the best of each method.
+carry() {
+	b=$(best "$1-" | cut -d' ' -f1)
+	# shellcheck disable=SC2046
+	set -- $(outer_of "$b") "${b##*-}"
+	echo "$(outer $1 $2 $3) $(forkrate $4)"
+}
+dense_sets=$(forkrate "$(best dense- | cut -d' ' -f1 | sed 's/.*-//')")
+diloco_sets=$(carry diloco)
+dipaco_sets=$(carry dipaco)
+avg_sets="$(outer 1.0 0 false) $(forkrate "$(best dipaco- | cut -d' ' -f1 | sed 's/.*-//')")"
+echo "dense $dense_sets
+diloco $diloco_sets
+dipaco $dipaco_sets" >"$run/sweep/carried"
 
+# ---- the full runs ----------------------------------------------------------------------
+for seed in 1 2 3 4; do
+	nm=dense-s
+	[ $seed = 1 ] || nm=dense-s-seed$seed
+	stage "dense S continued from the base, seed $seed"
+	# shellcheck disable=SC2086
+	train $nm dense.yaml 1 2 --from "$base" $model $fork $dense_sets -s train.seed=$seed
+done
+all4=$((bphases + phases))
+for h in full half; do
+	nm=dense-4s l=$lr
+	[ $h = half ] && nm=dense-4s-halflr l=$(awk "BEGIN { print $lr / 2 }")
+	stage "dense 4S from scratch: width $((2 * width)), $total steps, learning rate $l"
+	train $nm dense.yaml 1 2 -s model.n_embd=$((2 * width)) -s model.n_head=$((2 * heads)) \
+		-s dipaco.phases=$all4 -s dipaco.inner_steps=$tau -s train.steps=$total \
+		-s train.warmup_steps=$warmup -s train.lr="$l"
+done
+for c in flat-moe dipaco-km dipaco-km-seed2 dipaco-km-seed3 dipaco-km-seed4 dipaco-head dipaco-avg dipaco-disc; do
+	shards $c 1 "$r/kmeans.safetensors" "$r/features-train.safetensors" "$train"
+done
+for c in dipaco-top2 dipaco-paper; do
+	shards $c 2 "$r/kmeans.safetensors" "$r/features-train.safetensors" "$train"
+done
+# shellcheck disable=SC2086
+{
+	stage "DiLoCo: 4 workers on random shards"
+	train diloco diloco.yaml 2 1 --from "$base" $model $fork $diloco_sets
+	stage "flat MoE: 4 paths sharing nothing, k-means shards"
+	train flat-moe flat-moe.yaml 2 1 --from "$base" $model $fork $dipaco_sets
+	for seed in 1 2 3 4; do
+		nm=dipaco-km
+		[ $seed = 1 ] || nm=dipaco-km-seed$seed
+		stage "DiPaCo 2x2 on k-means shards, seed $seed"
+		train $nm dipaco-2x2.yaml 2 1 --from "$base" $model $fork $dipaco_sets -s train.seed=$seed
+	done
+	stage "DiPaCo 2x2 on top-2 overlapping k-means shards"
+	train dipaco-top2 dipaco-2x2.yaml 2 1 --from "$base" $model $fork $dipaco_sets
+	stage "DiPaCo 2x2 with a path-specific level (last block and head)"
+	train dipaco-head dipaco-2x2-head.yaml 2 1 --from "$base" $model $fork $dipaco_sets
+	stage "DiPaCo 2x2 with plain averaging as the outer step"
+	train dipaco-avg dipaco-2x2.yaml 2 1 --from "$base" $model $fork $avg_sets
+}
+
+# resharded NAME TOP: a run re-sharded after phase T/2 by a discriminative router fitted on
+# that phase's paths, its schedule restarting there
+hp=$(printf 'phase-%04d' "$half")
+resharded() {
+	nm=$1 top=$2 d=$run/$1
+	restart="-s train.restart_step=$((half * tau))"
+	# shellcheck disable=SC2086
+	train $nm dipaco-2x2.yaml 2 1 --from "$base" $model $fork $dipaco_sets $restart --until $half
+	[ -s "$r/scores-$nm-$hp.safetensors" ] ||
+		"$bin/dpc-route" score -q --run "$d" --phase "$half" --prefix $prefix \
+			-o "$r/scores-$nm-$hp.safetensors" "$router" >/dev/null
+	[ -s "$r/disc-$nm-$hp.safetensors" ] ||
+		"$bin/dpc-route" fit -q --scores "$r/scores-$nm-$hp.safetensors" \
+			--features "$r/features-router.safetensors" -o "$r/disc-$nm-$hp.safetensors" \
+			"$router" >"$r/disc-$nm-$hp.json"
+	[ -s "$d/$hp/shards/shards.json" ] ||
+		"$bin/dpc-shard" split --top "$top" --router "$r/disc-$nm-$hp.safetensors" \
+			--features "$r/features-train.safetensors" "$train" "$d/$hp/shards" \
+			>/dev/null 2>"$d/routing-$hp.txt" || { cat "$d/routing-$hp.txt" >&2; exit 1; }
+	# shellcheck disable=SC2086
+	train $nm dipaco-2x2.yaml 2 1 --from "$base" $model $fork $dipaco_sets $restart
+}
+stage "DiPaCo 2x2 re-sharded after phase $half by a discriminative router"
+resharded dipaco-disc 1
+stage "DiPaCo 2x2 as the paper's recipe: k-means, top-2 shards, one discriminative re-sharding"
+resharded dipaco-paper 2
+
+routed="flat-moe dipaco-km dipaco-km-seed2 dipaco-km-seed3 dipaco-km-seed4 dipaco-top2 dipaco-head dipaco-avg dipaco-disc dipaco-paper"
 stage "scoring the router split with every routed run's final paths"
-for c in flat-moe dipaco-km dipaco-top2 dipaco-head dipaco-disc; do
+for c in $routed; do
 	[ -s "$r/scores-$c.safetensors" ] ||
 		"$bin/dpc-route" score -q --run "$run/$c" --prefix $prefix \
 			-o "$r/scores-$c.safetensors" "$router" >/dev/null
 done
 stage "fitting window routers (every $window tokens) and a discriminative router for k-means"
-for c in flat-moe dipaco-km dipaco-top2 dipaco-head dipaco-disc; do
+for c in $routed; do
 	[ -s "$r/window-$c.safetensors" ] ||
 		"$bin/dpc-route" fit -q --scores "$r/scores-$c.safetensors" --window $window -m "$base" \
 			-o "$r/window-$c.safetensors" "$router" >"$r/window-$c.json"
@@ -229,48 +396,51 @@ done
 		--features "$r/features-router.safetensors" -o "$r/disc-dipaco-km.safetensors" \
 		"$router" >"$r/disc-dipaco-km.json"
 
-# evaluate OUT RUN PHASE IN.tok [ROUTER [WINDOW-ROUTER]]
-evaluate() {
-	[ -s "$run/eval/$1.json" ] && return 0
-	o=$1 c=$2 p=$3 in=$4
-	shift 4
-	set -- ${1:+--router "$1"} ${2:+--window-router "$2"}
-	"$bin/dpc-route" eval -q --run "$run/$c" --phase "$p" -m "$base" "$@" \
-		--score-from $prefix --json "$run/eval/$o.json" "$in" >/dev/null
-}
-# The document router each run is evaluated with: its own shards' router (the one-path and
-# one-module runs need none: DiLoCo's 4 paths are one model after each outer step).
+# The document router each run is evaluated with at phase t: its own shards' router (the
+# one-path runs need none; DiLoCo's 4 paths are one model after each outer step, so the
+# router it gets does not matter).
 router_of() {
 	case $1 in
 	dense-*) echo "" ;;
-	dipaco-disc) [ "$2" -gt "$half" ] && echo "$r/disc-km-$hp.safetensors" || echo "$r/kmeans.safetensors" ;;
+	dipaco-disc | dipaco-paper) [ "$2" -gt "$half" ] && echo "$r/disc-$1-$hp.safetensors" || echo "$r/kmeans.safetensors" ;;
 	*) echo "$r/kmeans.safetensors" ;;
 	esac
 }
-all="dense-s dense-s-seed2 dense-s-seed3 dense-s-seed4 dense-4s dense-4s-halflr diloco flat-moe dipaco-km dipaco-top2 dipaco-head dipaco-disc"
+all="dense-s dense-s-seed2 dense-s-seed3 dense-s-seed4 dense-4s dense-4s-halflr diloco $routed"
 stage "evaluating every phase once per document on a quarter of the validation split"
 for c in $all; do
+	last=$phases
+	case $c in dense-4s*) last=$all4 ;; esac
 	t=1
-	while [ $t -le "$phases" ]; do
-		evaluate "$c-curve-$t" "$c" $t "$valq" "$(router_of "$c" $t)"
+	while [ $t -le "$last" ]; do
+		evaluate "$c-curve-$t" "$run/$c" $t "$valq" "$(router_of "$c" $t)"
 		t=$((t + 1))
 	done
 done
-stage "evaluating the last phase on the validation split: once per document, every $window tokens"
+stage "evaluating the last phase: the validation split once per document and every $window tokens, and the unseen text"
 for c in $all; do
-	w=""
-	case $c in flat-moe | dipaco-*) w=$r/window-$c.safetensors ;; esac
-	evaluate "$c-final" "$c" "$phases" "$val" "$(router_of "$c" "$phases")" "$w"
+	w="" last=$phases
+	case $c in flat-moe | dipaco-*) w=$r/window-$c.safetensors ;; dense-4s*) last=$all4 ;; esac
+	evaluate "$c-final" "$run/$c" "$last" "$val" "$(router_of "$c" "$last")" "$w"
+	evaluate "$c-unseen" "$run/$c" "$last" "$unseen" "$(router_of "$c" "$last")"
 done
-evaluate dipaco-km-disc-final dipaco-km "$phases" "$val" "$r/disc-dipaco-km.safetensors" \
+evaluate dipaco-km-disc-final "$run/dipaco-km" "$phases" "$val" "$r/disc-dipaco-km.safetensors" \
 	"$r/window-dipaco-km.safetensors"
+# the base itself, as a run of one phase for dpc-route eval: on the validation and unseen text
+for s in final unseen; do
+	in=$val
+	[ $s = unseen ] && in=$unseen
+	[ -s "$run/eval/base-$s.json" ] ||
+		"$bin/dpc-route" eval -q --path "$base" -m "$base" --score-from $prefix \
+			--json "$run/eval/base-$s.json" "$in" >/dev/null
+done
 
 stage "writing $page and its plots"
 mkdir -p "$(dirname "$page")"
 cmd="sh scripts/reproduce.sh"
 [ "$quick" = 1 ] && cmd="$cmd --quick"
-d_tau=50 d_phases=4
-[ "$quick" = 1 ] && d_tau=10 d_phases=2
+d_tau=32 d_phases=16
+[ "$quick" = 1 ] && d_tau=16 d_phases=4
 [ "$tau" = $d_tau ] || cmd="$cmd --inner-steps $tau"
 [ "$phases" = $d_phases ] || cmd="$cmd --phases $phases"
 [ "$page" = "$d_page" ] || cmd="$cmd -o $page"
