@@ -206,18 +206,21 @@ def main():
         die("%s: dense 4S trains %d steps and dense S %d: the base's share must be whole phases"
             % (run, runs["dense-4s"]["cv"]["steps"], s_run["cv"]["steps"]))
     B = bsteps // tau
+    CURVE = list(range(T // 4, T + 1, T // 4))  # the forks' phases with a curve point
+    curve_text = ", ".join(str(t) for t in CURVE[:-1]) + " and %d" % CURVE[-1]
     base_tokens = bsteps * s_run["cv"]["batch_size"] * s_run["cv"]["seq_len"]
     base_flops = base_tokens * s_run["per_token"]
     for name, r in runs.items():
         if r["forked"]:
             r["tokens"] += base_tokens
             r["flops"] += base_flops
-        # after each phase: (phase of the whole lineage, steps of one path, loss, FLOPs so far)
-        off = B if r["forked"] else 0
-        f0 = base_flops if r["forked"] else 0
-        r["curve"] = [(t + off, (t + off) * tau, mode(load_json(os.path.join(
-            run, "eval", "%s-curve-%d.json" % (name, t))), 0)["loss"],
-            f0 + (r["flops"] - f0) * t / r["T"]) for t in range(1, r["T"] + 1)]
+        # after every T/4-th phase of the forks: (phase of the whole lineage, steps of one
+        # path, loss, FLOPs so far); the file is named by the run's own phase
+        own = 0 if r["forked"] else B
+        r["curve_files"] = ["%s-curve-%d.json" % (name, t + own) for t in CURVE]
+        r["curve"] = [(B + t, (B + t) * tau, mode(load_json(os.path.join(run, "eval", fn)), 0)["loss"],
+                       base_flops + (r["flops"] - base_flops) * t / r["T"] if r["forked"]
+                       else r["flops"] * (B + t) / r["T"]) for t, fn in zip(CURVE, r["curve_files"])]
         r["final"] = load_json(os.path.join(run, "eval", name + "-final.json"))
         r["unseen"] = load_json(os.path.join(run, "eval", name + "-unseen.json"))
         r["doc"], r["win"] = mode(r["final"], 0), mode(r["final"], 64)
@@ -227,8 +230,8 @@ def main():
     sweep = read_sweep(run)
     check_scored([(n + "-final", r["final"]) for n, r in runs.items()] +
                  [("dipaco-km-disc-final", kmdisc), ("base-final", base_final)], "the validation split")
-    check_scored([("%s-curve-%d" % (n, t), load_json(os.path.join(run, "eval", "%s-curve-%d.json" % (n, t))))
-                  for n, r in runs.items() for t in range(1, r["T"] + 1)], "the quarter split")
+    check_scored([(fn[:-5], load_json(os.path.join(run, "eval", fn)))
+                  for r in runs.values() for fn in r["curve_files"]], "the quarter split")
     check_scored([(n + "-unseen", r["unseen"]) for n, r in runs.items()] +
                  [("base-unseen", base_unseen)], "the unseen text")
     if sweep and len(set(x[6] for x in sweep)) > 1:
@@ -490,13 +493,13 @@ def main():
     km_cv = runs["dipaco-km"]["cv"]
     first = km_cv["outer_lr"] * (1 + km_cv["outer_momentum"]) * (2 ** 0.5 if km_cv["rescale"] else 1)
     why = {
-        "below-dense": "The curves show where DiPaCo loses: after its first phase it is at %.4f "
+        "below-dense": "The curves show where DiPaCo loses: after phase %d it is at %.4f "
                        "against dense S's %.4f, and at the end %.4f against %.4f. Its first outer "
                        "step moves each shared module by %.2f times its paths' mean delta (outer "
                        "learning rate %g, momentum %g, rescaling %s), and each path sees a quarter "
                        "of the data for as many steps as dense S sees all of it; the sweep above "
                        "shows how each outer setting fared on the short budget." % (
-                           runs["dipaco-km"]["curve"][0][2], s_run["curve"][0][2], L["dipaco-km"],
+                           CURVE[0], runs["dipaco-km"]["curve"][0][2], s_run["curve"][0][2], L["dipaco-km"],
                            mean_s, first, km_cv["outer_lr"], km_cv["outer_momentum"],
                            "on" if km_cv["rescale"] else "off"),
         "approach-4s": "Dense 4S uses its %.1fx parameters on every batch; DiPaCo's 2x capacity "
@@ -613,8 +616,8 @@ def main():
 
     out("## Plots")
     out("")
-    out("Validation loss after every phase, once per document, on a quarter of the validation "
-        "documents (drawn once; the table's figures are on all of them):")
+    out("Validation loss after phases %s of the forks, once per document, on a quarter of the "
+        "validation documents (drawn once; the table's figures are on all of them):" % curve_text)
     out("")
     out("![loss against inner steps](%s)" % name_steps)
     out("")
@@ -629,14 +632,13 @@ def main():
     out("")
     out("## Per phase")
     out("")
-    out("Validation loss once per document on the quarter split, after each phase of the forks "
-        "(the steps count the base's %d; dense 4S at the same steps of its own run):" % bsteps)
+    out("Validation loss once per document on the quarter split, after phases %s of the forks "
+        "(the steps count the base's %d; dense 4S at the same steps of its own run):" % (curve_text, bsteps))
     out("")
-    out("| configuration | " + " | ".join("step %d" % ((B + t) * tau) for t in range(1, T + 1)) + " |")
-    out("|---|" + "--:|" * T)
+    out("| configuration | " + " | ".join("step %d" % ((B + t) * tau) for t in CURVE) + " |")
+    out("|---|" + "--:|" * len(CURVE))
     for name, label, _ in CONFIGS:
-        c = [l for ph, _, l, _ in runs[name]["curve"] if ph > B]
-        out("| %s | %s |" % (label, " | ".join("%.4f" % l for l in c)))
+        out("| %s | %s |" % (label, " | ".join("%.4f" % c[2] for c in runs[name]["curve"])))
     out("")
     out("Routing of the training shards (dpc-shard's report: shard sizes, and the agreement of "
         "shards with Brown's 15 categories, against random shards of the same sizes):")

@@ -407,14 +407,16 @@ router_of() {
 	esac
 }
 all="dense-s dense-s-seed2 dense-s-seed3 dense-s-seed4 dense-4s dense-4s-halflr diloco $routed"
-stage "evaluating every phase once per document on a quarter of the validation split"
+# The curves: after every T/4-th phase of the forks (dense 4S at the same steps of its run).
+cstep=$((phases / 4))
+stage "evaluating phases $cstep, $((2 * cstep)), $((3 * cstep)) and $phases once per document on a quarter of the validation split"
 for c in $all; do
-	last=$phases
-	case $c in dense-4s*) last=$all4 ;; esac
-	t=1
-	while [ $t -le "$last" ]; do
-		evaluate "$c-curve-$t" "$run/$c" $t "$valq" "$(router_of "$c" $t)"
-		t=$((t + 1))
+	off=0
+	case $c in dense-4s*) off=$bphases ;; esac
+	t=$cstep
+	while [ $t -le "$phases" ]; do
+		evaluate "$c-curve-$((t + off))" "$run/$c" $((t + off)) "$valq" "$(router_of "$c" $t)"
+		t=$((t + cstep))
 	done
 done
 stage "evaluating the last phase: the validation split once per document and every $window tokens, and the unseen text"
