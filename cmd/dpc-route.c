@@ -21,6 +21,7 @@
 #include "common/err.h"
 #include "common/progress.h"
 #include "common/rng.h"
+#include "dipaco/pathtrain.h"
 #include "dipaco/rundir.h"
 #include "io/atomicio.h"
 #include "io/tokfile.h"
@@ -418,6 +419,9 @@ static int cmd_kmeans(int argc, char **argv)
 struct pathset {
 	const char *run;
 	long phase;
+	int early;   /* --early-stop: each path at its own best phase up to `phase` */
+	int quiet;   /* no early-stopping report on stderr */
+	long *best;  /* with early: each path's phase */
 	const char *files[MAX_PATHS_OPT];
 	int nfiles;
 	struct rundir r;
@@ -475,8 +479,36 @@ static void pathset_close(struct pathset *ps)
 	for (int i = 0; ps->lm && i < ps->n; i++)
 		lm_close(&ps->lm[i]);
 	free(ps->lm);
+	free(ps->best);
 	if (ps->have_run)
 		rundir_close(&ps->r);
+}
+
+/* --early-stop: each path's phase of lowest loss on its shard's held-out tail, reported on
+ * stderr as it is found. */
+static int pathset_early(struct pathset *ps, struct backend *be, int quiet)
+{
+	const long T = ps->phase;
+	double *loss = malloc(sizeof *loss * (size_t)T);
+	int rc = 0;
+
+	ps->best = calloc((size_t)ps->r.topo.npaths, sizeof *ps->best);
+	if (!loss || !ps->best) {
+		free(loss);
+		return cli_report(prog, CORE_ENOMEM);
+	}
+	for (int p = 0; p < ps->r.topo.npaths && !rc; p++) {
+		rc = pathtrain_best_phase(&ps->r, T, p, be, loss, &ps->best[p]);
+		if (!rc && !quiet) {
+			fprintf(stderr, "dpc-route: early stopping: path %d at phase %ld (held-out loss",
+				p, ps->best[p]);
+			for (long t = 0; t < T; t++)
+				fprintf(stderr, " %.4f", loss[t]);
+			fprintf(stderr, " after phases 1..%ld)\n", T);
+		}
+	}
+	free(loss);
+	return rc < 0 ? cli_report(prog, rc) : 0;
 }
 
 /* Open every path; an error has been reported (the exit status is returned). */
@@ -504,11 +536,17 @@ static int pathset_open(struct pathset *ps, struct backend *be, int B, const cha
 	} else {
 		n = ps->nfiles;
 	}
+	if (ps->early && !ps->run)
+		return cli_usage_error(prog, "%s: --early-stop picks phases of a run: it goes with "
+				       "--run, not with --path", cmd);
+	if (ps->early && (rc = pathset_early(ps, be, ps->quiet)))
+		return rc;
 	ps->lm = calloc((size_t)n, sizeof *ps->lm);
 	if (!ps->lm)
 		return cli_report(prog, CORE_ENOMEM);
 	for (int p = 0; p < n; p++) {
-		rc = ps->run ? lm_open_run(&ps->lm[p], &ps->r, ps->phase, p, be, B)
+		rc = ps->run ? lm_open_run(&ps->lm[p], &ps->r, ps->best ? ps->best[p] : ps->phase, p,
+					   be, B)
 			     : lm_open(&ps->lm[p], ps->files[p], be, B);
 		if (rc < 0)
 			return cli_report(prog, rc);
@@ -536,12 +574,19 @@ static char *pathset_digests(const struct pathset *ps)
 /* "run RUNDIR phase T", or "paths CKPT CKPT ...". */
 static char *pathset_source(const struct pathset *ps)
 {
-	size_t n = 64 + (ps->run ? strlen(ps->run) : 0), off;
+	size_t n = 64 + (ps->run ? strlen(ps->run) : 0) + (ps->best ? 24 * (size_t)ps->n : 0), off;
 	for (int p = 0; p < ps->nfiles; p++)
 		n += strlen(ps->files[p]) + 1;
 	char *s = malloc(n);
 	if (!s)
 		return NULL;
+	if (ps->run && ps->best) {
+		off = (size_t)snprintf(s, n, "run %s early-stopped by phase %ld at phases", ps->run,
+				       ps->phase);
+		for (int p = 0; p < ps->n; p++)
+			off += (size_t)snprintf(s + off, n - off, "%s%ld", p ? "," : " ", ps->best[p]);
+		return s;
+	}
 	if (ps->run) {
 		snprintf(s, n, "run %s phase %ld", ps->run, ps->phase);
 		return s;
@@ -1002,6 +1047,9 @@ static void eval_usage(FILE *fp)
 		"                        before the router's prefix; default: the prefix, %d for\n"
 		"                        one path without a router): the same N scores every\n"
 		"                        model on the same tokens\n"
+		"      --early-stop      with --run: each path at the phase (1..T) of its lowest\n"
+		"                        loss on its shard's held-out tail (the paper's early\n"
+		"                        stopping; the run needs dipaco.early_stop_every > 0)\n"
 		"      --json FILE       also write the table as JSON to FILE\n"
 		"  -B, --batch N         context windows per forward (default %d)\n"
 		"  -t, --threads N       OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
@@ -1033,7 +1081,8 @@ static int cmd_eval(int argc, char **argv)
 		{ "router", required_argument, NULL, 'r' },
 		{ "window-router", required_argument, NULL, 'w' },
 		{ "json", required_argument, NULL, 'J' }, { "batch", required_argument, NULL, 'B' },
-		{ "score-from", required_argument, NULL, 'S' }, COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
+		{ "score-from", required_argument, NULL, 'S' },
+		{ "early-stop", no_argument, NULL, 'E' }, COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
 	};
 	struct common co = {0};
 	struct pathset ps = {.phase = -1};
@@ -1058,6 +1107,7 @@ static int cmd_eval(int argc, char **argv)
 		case 'J': json_path = optarg; break;
 		case 'B': rc = cli_parse_long("--batch", optarg, 1, 4096, &batch); break;
 		case 'S': rc = cli_parse_long("--score-from", optarg, 1, INT_MAX, &score_from); break;
+		case 'E': ps.early = 1; break;
 		case 'h': eval_usage(stdout); return 0;
 		case 'V': return version();
 		default: return bad_option("eval", longopts, argv, c);
@@ -1102,6 +1152,7 @@ static int cmd_eval(int argc, char **argv)
 	}
 	if ((rc = open_backend(&co)))
 		goto out;
+	ps.quiet = co.quiet;
 	if ((rc = pathset_open(&ps, co.be, (int)batch, "eval")))
 		goto out;
 	if ((rc = lm_open(&base, model, co.be, (int)batch)) == 0)

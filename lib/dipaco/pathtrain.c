@@ -321,3 +321,46 @@ out:
 		unlink(part);
 	return rc;
 }
+
+int pathtrain_best_phase(const struct rundir *r, long last, int p, struct backend *be,
+			 double *losses, long *best)
+{
+	const struct run_config *c = &r->cfg;
+	const struct dipaco_config *dc = &c->dipaco;
+	const int B = c->train.batch_size, T = c->model.seq_len;
+	char shard[RUNDIR_PATH_MAX];
+	struct tokfile tf;
+	struct gpt2 g;
+	double low = INFINITY;
+	int rc;
+
+	if (dc->early_stop_every <= 0)
+		return err_set(CORE_EUSAGE, r->dir, "holds no validation set out of its shards "
+			       "(dipaco.early_stop_every is 0): there is nothing to stop early on");
+	if (last < 1 || last > dc->phases)
+		return err_set(CORE_EUSAGE, r->dir, "phase %ld is outside 1..%ld", last, dc->phases);
+	ERR_FORWARD(rundir_shard(r, last, p, shard, sizeof shard));
+	ERR_FORWARD(tokfile_open(&tf, shard));
+	/* the same split as pathtrain_run's */
+	const uint64_t nheld = (uint64_t)((double)tf.ntokens * dc->holdout_frac);
+	const struct tokfile held = token_slice(&tf, tf.ntokens - nheld, nheld);
+	rc = gpt2_create_forward(&g, &c->model, B, T, be);
+	if (rc) {
+		tokfile_close(&tf);
+		return rc;
+	}
+	*best = 0;
+	for (long t = 1; t <= last && !rc; t++) {
+		rc = pathtrain_assemble(r, t, p, &g);
+		if (!rc)
+			rc = train_evaluate(&g, &held, c->train.eval_batches * (long)B * T,
+					    &losses[t - 1], NULL);
+		if (!rc && losses[t - 1] < low) {
+			low = losses[t - 1];
+			*best = t;
+		}
+	}
+	gpt2_free(&g);
+	tokfile_close(&tf);
+	return rc;
+}

@@ -39,4 +39,13 @@ int pathtrain_assemble(const struct rundir *r, long phase, int p, struct gpt2 *g
 int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be, int progress,
 		  struct path_task_result *res);
 
+/* Early stopping as the paper does it (section 2.7): path p's loss after each phase t =
+ * 1..last (its modules after phase t's outer step) on the path's own validation set, the
+ * held-out tail of the shard it trained on in phase `last` (the last dipaco.holdout_frac of
+ * its tokens, which training never read: the run must have dipaco.early_stop_every > 0, else
+ * CORE_EUSAGE), over at most train.eval_batches batches; losses[t - 1] gets each, *best the
+ * phase of the lowest (the earliest of equals). */
+int pathtrain_best_phase(const struct rundir *r, long last, int p, struct backend *be,
+			 double *losses, long *best);
+
 #endif

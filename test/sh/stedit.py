@@ -4,6 +4,7 @@ safetensors file with one tensor changed, keeping the integrity metadata consist
 file passes checksum verification and only the intended defect remains.
 usage: stedit.py IN OUT nan NAME          (first element of tensor NAME becomes NaN)
        stedit.py IN OUT reshape NAME R C  (tensor NAME declared and stored as [R, C] zeros)
+       stedit.py IN OUT scale NAME K      (every element of float32 tensor NAME times K)
 """
 import json, struct, sys, zlib
 
@@ -16,6 +17,10 @@ meta = hdr.pop("__metadata__", {})
 blobs = {k: bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in hdr.items()}
 if op == "nan":
     blobs[name][0:4] = struct.pack("<f", float("nan"))
+elif op == "scale":
+    k = float(sys.argv[5])
+    v = struct.unpack("<%df" % (len(blobs[name]) // 4), blobs[name])
+    blobs[name] = bytearray(struct.pack("<%df" % len(v), *(x * k for x in v)))
 elif op == "reshape":
     r, c = int(sys.argv[5]), int(sys.argv[6])
     hdr[name]["shape"] = [r, c]
