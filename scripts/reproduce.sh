@@ -21,7 +21,8 @@
 #                 routers' features come from it, and every row below but dense 4S starts
 #                 from it (dpc-outer init --from): the same fork for every row.
 #   sweep         on a short budget (T/4 phases), forked from the base: the outer optimizer
-#                 (outer lr 0.3 0.5 0.7 1.0 x momentum 0 0.5 0.9 x sqrt(P) rescaling on/off)
+#                 (outer lr 0.3 0.5 0.7 1.0 x momentum 0 0.5 0.9, and sqrt(P) rescaling on
+#                 with momentum 0.9)
 #                 for DiLoCo and for DiPaCo 2x2 alike; then the fork's learning rate (re-warm
 #                 to the peak, to half the peak, or continue at the base's rate) for dense S,
 #                 DiLoCo and DiPaCo at their best outer settings. The best of each is carried
@@ -259,6 +260,9 @@ for m in diloco dipaco; do
 	for olr in $sweep_lr; do
 		for mu in $sweep_mu; do
 			for rs in $sweep_rs; do
+				# sqrt(P) rescaling is swept with Nesterov's momentum 0.9, the setting it
+				# comes with in DiLoCo (without momentum it only multiplies the outer lr)
+				[ "$rs" = false ] || [ "$mu" = 0.9 ] || continue
 				# shellcheck disable=SC2046
 				sweep_run "$m-lr$olr-mu$mu-rs$rs-peak" $cfg "$rt" $(outer $olr $mu $rs) $(forkrate peak)
 			done
