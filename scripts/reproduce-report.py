@@ -24,7 +24,7 @@ CONFIGS = [
     ("dense-s-seed2", "dense S, seed 2", "the same, another order of batches: the noise floor"),
     ("dense-s-seed3", "dense S, seed 3", "the same, another order of batches"),
     ("dense-s-seed4", "dense S, seed 4", "the same, another order of batches"),
-    ("dense-4s", "dense 4S", "one path, width doubled: 3.9x the parameters, from scratch for the "
+    ("dense-4s", "dense 4S", "one path, width doubled: RATIOx the parameters, from scratch for the "
      "base's steps and the forks' (another shape cannot fork from the base)"),
     ("dense-4s-halflr", "dense 4S, half the learning rate",
      "the same at half the learning rate (Adam's rate scaled as 1/width)"),
@@ -313,7 +313,8 @@ def main():
         if runs[name]["P"] > 1:
             extra = ", outer lr %g, momentum %g, rescaling %s" % (
                 c["outer_lr"], c["outer_momentum"], "on" if c["rescale"] else "off")
-        out("- **%s**: %s (learning rate %g%s)." % (label, what, c["lr"], extra))
+        ratio = "%.1f" % (runs["dense-4s"]["topo"]["params_per_path"] / s_run["topo"]["params_per_path"])
+        out("- **%s**: %s (learning rate %g%s)." % (label, what.replace("RATIO", ratio), c["lr"], extra))
     out("- **DiPaCo 2x2, discriminative router at evaluation**: the k-means run's paths, routed "
         "by a discriminative router fitted on their scores of the router split.")
     out("")
@@ -332,11 +333,11 @@ def main():
     if sweep:
         out("## The sweep: the outer optimizer and the fork's learning rate")
         out("")
-        out("On a short budget (%d phase(s) of %d steps, forked from the base), scored on a quarter "
+        out("On a short budget (%s of %d steps, forked from the base), scored on a quarter "
             "of the validation split. The outer optimizer was swept for DiLoCo and DiPaCo 2x2 "
             "alike with the fork re-warming to the peak; then the fork's learning rate at each "
             "one's best, and for dense S. The best of each (**bold**) is what the full runs use." % (
-                T // 4, tau))
+                "1 phase" if T // 4 == 1 else "%d phases" % (T // 4), tau))
         out("")
         for meth in ("diloco", "dipaco", "dense"):
             rows = sorted([x for x in sweep if x[0] == meth], key=lambda x: x[5])
@@ -532,7 +533,7 @@ def main():
                   "fork, and the router picks from features the base computes on text it never "
                   "saw.",
         "avg": "On this budget the averaging control does at least as well as the tuned outer "
-               "step: the sweep chose on %d phase(s), the full runs have %d." % (T // 4, T),
+               "step: the sweep chose on %d of the full runs' %d phases." % (T // 4, T),
         "paper-below-dense": "See below-dense: the recipe adds top-2 shards and a re-sharding to "
                              "the same outer step.",
     }
