@@ -32,10 +32,12 @@
 
 /* Debian's OpenMP build of OpenBLAS (the Makefile passes its folder): BLAS and our loops then
  * share libgomp's one thread pool. Without it, the loader's libopenblas.so.0. */
-#ifndef CORE_OPENBLAS_DIR
-#define CORE_OPENBLAS_DIR NULL
-#endif
 #define OPENBLAS_SONAME "libopenblas.so.0"
+#ifdef CORE_OPENBLAS_DIR
+static const char *const openblas_omp_path = CORE_OPENBLAS_DIR "/" OPENBLAS_SONAME;
+#else
+static const char *const openblas_omp_path = NULL;
+#endif
 #define DNNL_SONAME "libdnnl.so.2"
 
 /* ---- cpuid ---------------------------------------------------------------------------- */
@@ -182,8 +184,8 @@ static void *openblas_open(char *(**corename)(void), char *why, size_t why_len)
 		{"openblas_set_num_threads", (void **)&set_threads},
 	};
 	void *lib = NULL;
-	if (CORE_OPENBLAS_DIR) /* the OpenMP build first, by its path */
-		lib = dl_load(CORE_OPENBLAS_DIR "/" OPENBLAS_SONAME, NULL, sym, 4, why, why_len);
+	if (openblas_omp_path) /* the OpenMP build first, by its path */
+		lib = dl_load(openblas_omp_path, NULL, sym, 4, why, why_len);
 	if (!lib)
 		lib = dl_load(OPENBLAS_SONAME, NULL, sym, 4, why, why_len);
 	if (lib) {
