@@ -486,7 +486,7 @@ static void pathset_close(struct pathset *ps)
 
 /* --early-stop: each path's phase of lowest loss on its shard's held-out tail, reported on
  * stderr as it is found. */
-static int pathset_early(struct pathset *ps, struct backend *be, int quiet)
+static int pathset_early(struct pathset *ps, struct backend *be)
 {
 	const long T = ps->phase;
 	double *loss = malloc(sizeof *loss * (size_t)T);
@@ -499,7 +499,7 @@ static int pathset_early(struct pathset *ps, struct backend *be, int quiet)
 	}
 	for (int p = 0; p < ps->r.topo.npaths && !rc; p++) {
 		rc = pathtrain_best_phase(&ps->r, T, p, be, loss, &ps->best[p]);
-		if (!rc && !quiet) {
+		if (!rc && !ps->quiet) {
 			fprintf(stderr, "dpc-route: early stopping: path %d at phase %ld (held-out loss",
 				p, ps->best[p]);
 			for (long t = 0; t < T; t++)
@@ -539,7 +539,7 @@ static int pathset_open(struct pathset *ps, struct backend *be, int B, const cha
 	if (ps->early && !ps->run)
 		return cli_usage_error(prog, "%s: --early-stop picks phases of a run: it goes with "
 				       "--run, not with --path", cmd);
-	if (ps->early && (rc = pathset_early(ps, be, ps->quiet)))
+	if (ps->early && (rc = pathset_early(ps, be)))
 		return rc;
 	ps->lm = calloc((size_t)n, sizeof *ps->lm);
 	if (!ps->lm)

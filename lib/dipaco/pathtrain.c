@@ -88,6 +88,27 @@ static struct tokfile token_slice(const struct tokfile *tf, uint64_t from, uint6
 	return s;
 }
 
+/* A shard's training part and its held-out tail (the last dipaco.holdout_frac of its
+ * tokens; none without early stopping), both at least T + 1 tokens: the one split of
+ * training and of early stopping at evaluation. */
+static int split_heldout(const struct rundir *r, const struct tokfile *tf, const char *path,
+			 struct tokfile *train, struct tokfile *held)
+{
+	const struct dipaco_config *dc = &r->cfg.dipaco;
+	const uint64_t T = (uint64_t)r->cfg.model.seq_len;
+	const uint64_t nheld = dc->early_stop_every > 0 ?
+		(uint64_t)((double)tf->ntokens * dc->holdout_frac) : 0;
+	const uint64_t ntrain = tf->ntokens - nheld;
+
+	if (dc->early_stop_every > 0 && (nheld < T + 1 || ntrain < T + 1))
+		return err_set(CORE_EFORMAT, path, "%llu tokens cannot be split %.3g held out with "
+			       "both parts at least %llu tokens", (unsigned long long)tf->ntokens,
+			       dc->holdout_frac, (unsigned long long)T + 1);
+	*train = token_slice(tf, 0, ntrain);
+	*held = token_slice(tf, ntrain, nheld);
+	return 0;
+}
+
 /* What one task holds open. */
 struct task {
 	struct tokfile shard, val;
@@ -178,17 +199,11 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 	rc = train_check_data(&k.shard, &c->model);
 	if (rc)
 		goto out;
-	uint64_t nheld = dc->early_stop_every > 0 ?
-		(uint64_t)((double)k.shard.ntokens * dc->holdout_frac) : 0;
-	uint64_t ntrain = k.shard.ntokens - nheld;
-	if (dc->early_stop_every > 0 && (nheld < (uint64_t)T + 1 || ntrain < (uint64_t)T + 1)) {
-		rc = err_set(CORE_EFORMAT, shard, "%llu tokens cannot be split %.3g held out with "
-			     "both parts at least %d tokens", (unsigned long long)k.shard.ntokens,
-			     dc->holdout_frac, T + 1);
+	struct tokfile trainset, heldout;
+	rc = split_heldout(r, &k.shard, shard, &trainset, &heldout);
+	if (rc)
 		goto out;
-	}
-	struct tokfile trainset = token_slice(&k.shard, 0, ntrain);
-	struct tokfile heldout = token_slice(&k.shard, ntrain, nheld);
+	const uint64_t ntrain = trainset.ntokens;
 	rc = rundir_file(r, "val.tok", val, sizeof val);
 	if (!rc && access(val, F_OK) == 0) {
 		rc = tokfile_open(&k.val, val);
@@ -341,10 +356,10 @@ int pathtrain_best_phase(const struct rundir *r, long last, int p, struct backen
 		return err_set(CORE_EUSAGE, r->dir, "phase %ld is outside 1..%ld", last, dc->phases);
 	ERR_FORWARD(rundir_shard(r, last, p, shard, sizeof shard));
 	ERR_FORWARD(tokfile_open(&tf, shard));
-	/* the same split as pathtrain_run's */
-	const uint64_t nheld = (uint64_t)((double)tf.ntokens * dc->holdout_frac);
-	const struct tokfile held = token_slice(&tf, tf.ntokens - nheld, nheld);
-	rc = gpt2_create_forward(&g, &c->model, B, T, be);
+	struct tokfile trained, held;
+	rc = split_heldout(r, &tf, shard, &trained, &held);
+	if (!rc)
+		rc = gpt2_create_forward(&g, &c->model, B, T, be);
 	if (rc) {
 		tokfile_close(&tf);
 		return rc;
