@@ -3,6 +3,11 @@
 
 die() { echo "FAILED: $*"; exit 1; }
 skip() { echo "$*"; exit 77; }
+# need_torch: skip (77) unless $PY (the caller's /usr/bin/python3) imports torch and numpy
+need_torch() {
+	[ -x "$PY" ] && "$PY" -c 'import torch, numpy' 2>/dev/null ||
+		skip "skipped: $PY cannot import torch and numpy (reference tests need python3-torch)"
+}
 
 # expect_fail CODE PATTERN CMD...: CMD exits with CODE and writes exactly one stderr line
 # that matches the extended regex PATTERN.

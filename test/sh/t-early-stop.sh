@@ -18,8 +18,7 @@ set -eu
 PY=/usr/bin/python3
 ROOT=$(cd "$TESTDIR/../.." && pwd)
 REF="$ROOT/test/ref/gpt2_torch.py"
-[ -x "$PY" ] && "$PY" -c 'import torch, numpy' 2>/dev/null ||
-	skip "skipped: $PY cannot import torch and numpy (reference tests need python3-torch)"
+need_torch
 for p in dpc-route dpc-shard dpc-train-path dpc-outer; do
 	[ -x "$BIN/$p" ] || skip "skipped: $BIN/$p not built yet"
 done

@@ -12,8 +12,7 @@ set -eu
 PY=/usr/bin/python3
 ROOT=$(cd "$TESTDIR/../.." && pwd)
 T=$BIN/dpc-train-path
-[ -x "$PY" ] && "$PY" -c 'import torch, numpy' 2>/dev/null ||
-	skip "skipped: $PY cannot import torch and numpy (reference tests need python3-torch)"
+need_torch
 for p in dpc-train-path dpc-shard; do
 	[ -x "$BIN/$p" ] || skip "skipped: $BIN/$p not built yet"
 done

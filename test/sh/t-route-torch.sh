@@ -23,9 +23,7 @@ set -eu
 PY=/usr/bin/python3
 ROOT=$(cd "$TESTDIR/../.." && pwd)
 REF="$ROOT/test/ref/route_torch.py"
-if ! { [ -x "$PY" ] && "$PY" -c 'import torch, numpy' 2>/dev/null; }; then
-	skip "skipped: $PY cannot import torch and numpy (reference tests need python3-torch)"
-fi
+need_torch
 "$PY" "$REF" selftest >selftest.out 2>&1 || { cat selftest.out; die "route_torch.py selftest"; }
 tail -n 1 selftest.out
 for p in dpc-route dpc-train-path dpc-shard; do

@@ -25,8 +25,7 @@ set -eu
 PY=/usr/bin/python3
 ROOT=$(cd "$TESTDIR/../.." && pwd)
 REF="$ROOT/test/ref/gpt2_torch.py"
-[ -x "$PY" ] && "$PY" -c 'import torch, numpy' 2>/dev/null ||
-	skip "skipped: $PY cannot import torch and numpy (reference tests need python3-torch)"
+need_torch
 # The reference's own checks (Philox known answers, LR schedule, forward against a loop
 # forward, safetensors round trip).
 "$PY" "$REF" selftest >selftest.out 2>&1 || { cat selftest.out; die "gpt2_torch.py selftest"; }

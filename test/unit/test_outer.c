@@ -701,37 +701,43 @@ Test(outer, topologies_have_the_modules_the_tests_assume)
 	fx_free(&f);
 }
 
+/* Module m's phase-0 file holds module m's part of the model-layout values `model`, bit for
+ * bit, and zero momentum. */
+static void expect_init_module(struct fx *f, int m, const float *model, const char *what)
+{
+	char path[512];
+	size_t n = f->t.modules[m].nparams;
+	double *want = malloc(sizeof *want * n), *got = malloc(sizeof *got * n),
+	       *mom = malloc(sizeof *mom * n);
+	cr_assert(want && got && mom);
+	module_file(path, sizeof path, f, m, 0);
+	gather(f, m, model, want);
+	read_module_values(f, path, m, "", NULL, got);
+	read_module_values(f, path, m, MODULE_MOMENTUM_PREFIX, NULL, mom);
+	cr_expect(!memcmp(want, got, sizeof *got * n), "module %s: %s", f->t.modules[m].name,
+		  what);
+	for (size_t k = 0; k < n; k++)
+		cr_expect_eq(mom[k], 0.0, "module %s: momentum %zu", f->t.modules[m].name, k);
+	free(want);
+	free(got);
+	free(mom);
+}
+
 /* The phase-0 module holds what a whole model initialised with the same seed holds. */
 Test(outer, init_module_is_the_model_init)
 {
 	struct fx f;
-	char path[512];
 
 	fx_init(&f, cfg_mixed4);
 	write_init_modules(&f);
 	cr_assert_eq(gpt2_init_params(&f.g, INIT_SEED), 0);
-	for (int m = 0; m < f.t.nmodules; m++) {
-		size_t n = f.t.modules[m].nparams;
-		double *want = malloc(sizeof *want * n), *got = malloc(sizeof *got * n),
-		       *mom = malloc(sizeof *mom * n);
-		cr_assert(want && got && mom);
-		module_file(path, sizeof path, &f, m, 0);
-		gather(&f, m, f.g.params, want);
-		read_module_values(&f, path, m, "", NULL, got);
-		read_module_values(&f, path, m, MODULE_MOMENTUM_PREFIX, NULL, mom);
-		cr_expect(!memcmp(want, got, sizeof *got * n), "module %s: initial values",
-			  f.t.modules[m].name);
-		for (size_t k = 0; k < n; k++)
-			cr_expect_eq(mom[k], 0.0, "module %s: momentum %zu", f.t.modules[m].name, k);
-		free(want);
-		free(got);
-		free(mom);
-	}
+	for (int m = 0; m < f.t.nmodules; m++)
+		expect_init_module(&f, m, f.g.params, "initial values");
 	fx_free(&f);
 }
 
-/* dpc-outer init --from: each phase-0 module holds the checkpoint's tensors of its views,
- * found by the checkpoint's layout (not by the topology's), and zero momentum. */
+/* dpc-outer init --from: each phase-0 module holds the checkpoint's tensors of its views
+ * (read by name from the checkpoint) and zero momentum. */
 Test(outer, init_module_from_a_checkpoint_holds_its_tensors)
 {
 	struct fx f;
@@ -753,25 +759,7 @@ Test(outer, init_module_from_a_checkpoint_holds_its_tensors)
 		module_file(path, sizeof path, &f, m, 0);
 		cr_assert_eq(module_write_init(path, &f.t, m, &src, label, f.hash), 0, "%s",
 			     err_detail());
-		/* the expectation, by name: the model's view of each name, in layout order */
-		size_t n = f.t.modules[m].nparams, off = 0;
-		float *want = malloc(sizeof *want * n), *got = malloc(sizeof *got * n);
-		double *mom = malloc(sizeof *mom * n);
-		cr_assert(want && got && mom);
-		for (int i = 0; i < f.t.layout.n; i++) {
-			if (!topo_owns(&f.t, m, i))
-				continue;
-			const size_t vn = (size_t)tensor_numel(&f.g.views[i]);
-			memcpy(want + off, trained + ((const float *)f.g.views[i].data - f.g.params),
-			       sizeof *want * vn);
-			off += vn;
-		}
-		read_module_values(&f, path, m, "", got, NULL);
-		read_module_values(&f, path, m, MODULE_MOMENTUM_PREFIX, NULL, mom);
-		cr_expect(!memcmp(want, got, sizeof *got * n), "module %s: the checkpoint's values",
-			  f.t.modules[m].name);
-		for (size_t k = 0; k < n; k++)
-			cr_expect_eq(mom[k], 0.0, "module %s: momentum %zu", f.t.modules[m].name, k);
+		expect_init_module(&f, m, trained, "the checkpoint's values");
 		struct st_file mf;
 		cr_assert_eq(module_open(&mf, path, &f.t, m, 0, f.hash, 1), 0, "%s", err_detail());
 		cr_expect_str_eq(st_meta(&mf, "init"), label);
@@ -779,9 +767,6 @@ Test(outer, init_module_from_a_checkpoint_holds_its_tensors)
 		cr_expect_eq(module_check_init(&mf, "seed 1234"), CORE_ECONFIG,
 			     "a module from a checkpoint is not the seeded initialisation");
 		st_close(&mf);
-		free(want);
-		free(got);
-		free(mom);
 	}
 	free(trained);
 	fx_free(&f);
