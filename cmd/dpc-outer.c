@@ -256,7 +256,8 @@ static int write_init_modules(const struct rundir *r, const struct module_init *
 static void init_usage(FILE *fp)
 {
 	fprintf(fp,
-		"usage: %s init -c CONFIG [-s SECTION.KEY=V]... [--from CKPT] RUNDIR\n"
+		"usage: %s init -c CONFIG [-s SECTION.KEY=V]... [--from CKPT [--moments]] "
+		"RUNDIR\n"
 		"Create the run directory RUNDIR: config.yaml, phase-0000/modules (the seeded\n"
 		"initialisation, or --from's model, identical for every path) and the Makefile of\n"
 		"the task graph. Running it again on the same config and source keeps what\n"
@@ -269,6 +270,9 @@ static void init_usage(FILE *fp)
 		"                           dpc-train-path checkpoint of the config's shape: the\n"
 		"                           paper's pretrained start), outer momentum zero; the\n"
 		"                           paths' AdamW state and step start afresh\n"
+		"      --moments            with --from: the paths of phase 1 also start from its\n"
+		"                           AdamW moments (bias correction counting on from its\n"
+		"                           step); the learning rate still follows the run's schedule\n"
 		"      --bin DIR            where the Makefile finds the programs (default: the\n"
 		"                           folder of this dpc-outer)\n"
 		"  -h, --help               show this help and exit\n", prog);
@@ -279,11 +283,12 @@ static int cmd_init(int argc, char **argv)
 	static const struct option longopts[] = {
 		{"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
 		{"bin", required_argument, NULL, 'b'},    {"from", required_argument, NULL, 'F'},
-		{"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+		{"moments", no_argument, NULL, 'M'},      {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
 	};
 	const char *config = NULL, *from = NULL, **sets = calloc((size_t)argc + 1, sizeof *sets);
 	char bin[RUNDIR_PATH_MAX];
-	int nsets = 0, c, rc, written = 0;
+	int nsets = 0, c, rc, written = 0, moments = 0;
 	struct run_config cfg;
 	struct rundir r;
 
@@ -296,6 +301,7 @@ static int cmd_init(int argc, char **argv)
 		case 's': sets[nsets++] = optarg; break;
 		case 'b': snprintf(bin, sizeof bin, "%s", optarg); break;
 		case 'F': from = optarg; break;
+		case 'M': moments = 1; break;
 		case 'h': init_usage(stdout); free(sets); return 0;
 		default: free(sets); return bad_option("init", longopts, argv, c);
 		}
@@ -305,13 +311,18 @@ static int cmd_init(int argc, char **argv)
 		return cli_usage_error(prog, "init: expected -c CONFIG and one RUNDIR (see %s init "
 				       "--help)", prog);
 	}
+	if (moments && !from) {
+		free(sets);
+		return cli_usage_error(prog, "init: --moments takes the AdamW moments of --from's "
+				       "checkpoint: give --from CKPT");
+	}
 	const char *dir = argv[optind];
 	rc = load_config(&cfg, config, sets, nsets);
 	free(sets);
 	if (!rc && config_inner_steps(&cfg) < 1)
 		rc = err_set(CORE_ECONFIG, config, "the config gives 0 inner steps per phase "
 			     "(dipaco.inner_steps, or train.steps / dipaco.phases)");
-	struct module_init src = {.seed = cfg.train.seed, .from = from};
+	struct module_init src = {.seed = cfg.train.seed, .from = from, .moments = moments};
 	char label[MODULE_INIT_MAX];
 	if (!rc)
 		rc = module_init_label(&src, &cfg.model, label);
@@ -322,6 +333,11 @@ static int cmd_init(int argc, char **argv)
 	if (rc)
 		return cli_report(prog, rc);
 	rc = write_init_modules(&r, &src, label, &written);
+	char mpath[RUNDIR_PATH_MAX];
+	if (!rc)
+		rc = rundir_file(&r, RUNDIR_FORK_MOMENTS, mpath, sizeof mpath);
+	if (!rc)
+		rc = module_write_fork_moments(mpath, &src, label);
 	if (!rc)
 		rc = write_makefile(&r, bin);
 	if (!rc)

@@ -14,6 +14,7 @@
 #                  options (a hostfile, say); RUNDIR must be on a filesystem every host sees
 #     --seed N     seed of the random shards (default 0)
 #     --from CKPT  every module starts from this trained model (dpc-outer init --from)
+#     --moments    with --from: the paths start from its AdamW moments too (init --moments)
 #     --until T    stop after phase T (to re-shard the run with a router fitted on phase
 #                  T's paths, dpc-route(1); the same command without --until goes on)
 #     --bin DIR    the programs (default: build/bin of this checkout)
@@ -27,7 +28,8 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$here/../build/bin
 jobs=2 threads=1 mpi=0 seed=0 until=0 quiet=0 sets="" device=cpu precision=fp32 from=""
-usage() { sed -n '6,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+moments=""
+usage() { sed -n '6,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	-s) sets="$sets -s $2"; shift 2 ;;
@@ -38,10 +40,11 @@ while [ $# -gt 0 ]; do
 	--mpi) mpi=$2; shift 2 ;;
 	--seed) seed=$2; shift 2 ;;
 	--from) from=$2; shift 2 ;;
+	--moments) moments=--moments; shift ;;
 	--until) until=$2; shift 2 ;;
 	-q|--quiet) quiet=1; shift ;;
 	--bin) bin=$2; shift 2 ;;
-	-h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	-*) echo "dipaco-train.sh: unknown option '$1'" >&2; usage ;;
 	*) break ;;
 	esac
@@ -54,7 +57,8 @@ for p in dpc-outer dpc-shard dpc-train-path; do
 done
 
 # shellcheck disable=SC2086
-init=$("$bin/dpc-outer" init -c "$config" $sets ${from:+--from "$from"} --bin "$bin" "$run")
+init=$("$bin/dpc-outer" init -c "$config" $sets ${from:+--from "$from"} $moments --bin "$bin" \
+	"$run")
 paths=$(echo "$init" | sed 's/.*"paths":\([0-9]*\).*/\1/')
 if [ ! -e "$run/shards/shards.json" ]; then
 	"$bin/dpc-shard" split -q --random "$paths" --seed "$seed" "$train" "$run/shards" >/dev/null

@@ -8,9 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "common/err.h"
+#include "io/atomicio.h"
 #include "model/checkpoint.h"
 #include "common/banned.h"
 
@@ -102,6 +104,9 @@ int module_init_label(const struct module_init *src, const struct model_config *
 	if (!rc)
 		rc = ckpt_info(src->from, &in);
 	const struct model_config *a = &in.model;
+	if (!rc && src->moments && !in.has_optim)
+		rc = err_set(CORE_ECONFIG, src->from, "holds no AdamW moments to start the paths "
+			     "from (a checkpoint written with them, or no --moments)");
 	if (!rc && !config_model_equal(a, want))
 		rc = err_set(CORE_ECONFIG, src->from, "is a model of L=%d C=%d NH=%d T=%d V=%d, "
 			     "the run's config says L=%d C=%d NH=%d T=%d V=%d", a->n_layer,
@@ -110,8 +115,57 @@ int module_init_label(const struct module_init *src, const struct model_config *
 	if (rc)
 		return rc;
 	ERR_FORWARD(ckpt_digest(src->from, d));
-	snprintf(out, MODULE_INIT_MAX, "checkpoint %s", d);
+	if (src->moments)
+		snprintf(out, MODULE_INIT_MAX, "checkpoint %s moments of step %ld", d, in.step);
+	else
+		snprintf(out, MODULE_INIT_MAX, "checkpoint %s", d);
 	return 0;
+}
+
+/* The label module_init_label gives the checkpoint at path when it is a fork's moments. */
+static int moments_label(const char *path, char out[MODULE_INIT_MAX])
+{
+	char d[CKPT_DIGEST_CHARS + 1];
+	struct ckpt_info in;
+
+	ERR_FORWARD(ckpt_info(path, &in));
+	if (!in.has_optim)
+		return err_set(CORE_EFORMAT, path, "holds no AdamW moments");
+	ERR_FORWARD(ckpt_digest(path, d));
+	snprintf(out, MODULE_INIT_MAX, "checkpoint %s moments of step %ld", d, in.step);
+	return 0;
+}
+
+int module_write_fork_moments(const char *path, const struct module_init *src,
+			      const char *label)
+{
+	char have[MODULE_INIT_MAX], *buf = NULL;
+	struct st_file f;
+	size_t n = 0;
+
+	if (access(path, F_OK) == 0) {
+		if (!src->moments)
+			return err_set(CORE_ECONFIG, path, "exists: this run was made with --moments "
+				       "(another run directory, or --moments)");
+		ERR_FORWARD(moments_label(path, have));
+		if (strcmp(have, label))
+			return err_set(CORE_ECONFIG, path, "is %s, not %s (another run directory, "
+				       "or remove this one)", have, label);
+		return 0;
+	}
+	if (!src->moments)
+		return 0;
+	ERR_FORWARD(st_open(&f, src->from, 1)); /* the whole file's crc before it is copied */
+	st_close(&f);
+	int rc = file_read_regular(src->from, 0, &buf, &n);
+	if (!rc)
+		rc = file_write_atomic(path, buf, n);
+	free(buf);
+	if (!rc)
+		rc = moments_label(path, have);
+	if (!rc && strcmp(have, label))
+		rc = err_set(CORE_EIO, src->from, "changed while it was copied to %s", path);
+	return rc;
 }
 
 int module_check_init(const struct st_file *f, const char *label)

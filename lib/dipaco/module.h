@@ -23,11 +23,14 @@ int module_writer_open(struct st_writer **w, const char *path, const struct topo
 struct module_init {
 	uint64_t seed;    /* gpt2_init_params' seed, when from is NULL */
 	const char *from; /* a dpc checkpoint of the run's model shape (kind path), or NULL */
+	int moments;      /* with from: the paths of phase 1 also take its AdamW moments */
 };
 /* The "init" metadata of a phase-0 module ("seed 1", "checkpoint 1a2b3c4d": the
- * checkpoint's ckpt_digest) into out[MODULE_INIT_MAX], after checking that src->from is a
- * model's checkpoint (kind path) of shape `want`: CORE_ECONFIG naming it otherwise. */
-#define MODULE_INIT_MAX 48
+ * checkpoint's ckpt_digest, "checkpoint 1a2b3c4d moments of step 192" with src->moments)
+ * into out[MODULE_INIT_MAX], after checking that src->from is a model's checkpoint (kind
+ * path) of shape `want`, holding moments when they are asked for: CORE_ECONFIG naming it
+ * otherwise. */
+#define MODULE_INIT_MAX 64
 int module_init_label(const struct module_init *src, const struct model_config *want,
 		      char out[MODULE_INIT_MAX]);
 /* Write module m's phase-0 checkpoint with momentum zero and metadata init = label: from
@@ -36,6 +39,12 @@ int module_init_label(const struct module_init *src, const struct model_config *
  * initialised with src->seed). */
 int module_write_init(const char *path, const struct topology *t, int m,
 		      const struct module_init *src, const char *label, const char *config_hash);
+/* With src->moments: put a copy of src->from at path (RUNDIR_FORK_MOMENTS), verified first;
+ * a copy that exists is kept when it has the digest and step label names, else
+ * CORE_ECONFIG. Without: nothing (a copy there is CORE_ECONFIG: the run forked with the
+ * moments). */
+int module_write_fork_moments(const char *path, const struct module_init *src,
+			      const char *label);
 /* A phase-0 module that exists: CORE_ECONFIG unless it was written from the source label
  * names (a module without the key, from an older build, was the seeded initialisation). */
 int module_check_init(const struct st_file *f, const char *label);

@@ -78,6 +78,28 @@ static int load_moments(const struct rundir *r, long phase, int p, struct gpt2 *
 	return ckpt_load(path, g, CKPT_MOMENTS, NULL);
 }
 
+/* The run's fork moments (RUNDIR_FORK_MOMENTS), when init took them: their file into path
+ * (else path[0] = 0) and their step into *t0 (else 0), the AdamW step every phase's bias
+ * correction counts on from. */
+static int fork_moments(const struct rundir *r, char *path, size_t n, long *t0)
+{
+	struct ckpt_info in;
+
+	*t0 = 0;
+	ERR_FORWARD(rundir_file(r, RUNDIR_FORK_MOMENTS, path, n));
+	if (access(path, F_OK) != 0) {
+		path[0] = '\0';
+		return 0;
+	}
+	ERR_FORWARD(ckpt_info(path, &in));
+	if (!in.has_optim)
+		return err_set(CORE_EFORMAT, path, "holds no AdamW moments");
+	if (!config_model_equal(&in.model, &r->cfg.model))
+		return err_set(CORE_EFORMAT, path, "is a model of another shape than the run's");
+	*t0 = in.step;
+	return 0;
+}
+
 /* A view of tokens [from, from + n) of tf, sharing its memory. */
 static struct tokfile token_slice(const struct tokfile *tf, uint64_t from, uint64_t n)
 {
@@ -220,8 +242,14 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 		goto out;
 	k.have_model = 1;
 	rc = pathtrain_assemble(r, phase - 1, p, &k.g);
+	char fork[RUNDIR_PATH_MAX];
+	long adam_t0 = 0;
+	if (!rc)
+		rc = fork_moments(r, fork, sizeof fork, &adam_t0);
 	if (!rc && phase > 1)
 		rc = load_moments(r, phase, p, &k.g);
+	else if (!rc && fork[0])
+		rc = ckpt_load(fork, &k.g, CKPT_MOMENTS, NULL);
 	if (rc)
 		goto out;
 	if (dc->early_stop_every > 0) {
@@ -254,7 +282,7 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 	for (long st = first; st < last; st++) {
 		double ts = now_seconds(), lr;
 		float loss, norm;
-		rc = train_step_on(&k.g, tc, &trainset, st, k.in, k.tg, &loss, &norm, &lr);
+		rc = train_step_on(&k.g, tc, &trainset, st, adam_t0, k.in, k.tg, &loss, &norm, &lr);
 		if (rc)
 			goto out;
 		double dt = now_seconds() - ts;

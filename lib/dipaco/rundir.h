@@ -10,6 +10,8 @@
  *   RUNDIR/phase-TTTT/modules/NAME.safetensors  module checkpoints after phase t's outer
  *                                           step (phase 0: the initialisation)
  *   RUNDIR/phase-TTTT/modules/NAME.json     that step's diagnostics (one JSON line)
+ *   RUNDIR/phase-0000/moments.safetensors   init --from --moments: the source checkpoint,
+ *                                           whose AdamW moments phase 1's paths start from
  *   RUNDIR/phase-TTTT/paths/path-PPP.safetensors  path p trained in phase t (t >= 1)
  *   RUNDIR/phase-TTTT/paths/path-PPP.jsonl  that training's metrics
  *   RUNDIR/Makefile                         the task graph (dpc-outer makefile)
@@ -34,6 +36,10 @@ struct rundir {
 	int have_shards;    /* a shard manifest read (rundir_read_shards) */
 	double *shard_tokens; /* [npaths], from that manifest */
 };
+
+/* The copy of the fork's checkpoint whose moments phase 1 starts from (dpc-outer init
+ * --from CKPT --moments), relative to RUNDIR. */
+#define RUNDIR_FORK_MOMENTS "phase-0000/moments.safetensors"
 
 /* Load dir/config.yaml (validated) and build its topology; the shard manifest too when it
  * exists (need_shards: it must). */

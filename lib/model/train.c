@@ -249,7 +249,8 @@ static int run_open(struct run *s, const struct train_opts *o, long until, long 
 }
 
 int train_step_on(struct gpt2 *g, const struct train_config *tc, const struct tokfile *data,
-		  long st, int32_t *in, int32_t *tg, float *loss, float *norm, double *lr)
+		  long st, long t0, int32_t *in, int32_t *tg, float *loss, float *norm,
+		  double *lr)
 {
 	const int B = tc->batch_size, T = g->cfg.seq_len;
 	const struct adamw_config opt = {tc->beta1, tc->beta2, tc->eps, tc->weight_decay};
@@ -270,14 +271,15 @@ int train_step_on(struct gpt2 *g, const struct train_config *tc, const struct to
 			       st + 1);
 	float scale = (tc->grad_clip > 0 && *norm > tc->grad_clip) ?
 		(float)(tc->grad_clip / *norm) : 1.0f;
-	return gpt2_adamw_step(g, &opt, *lr, st + 1, scale);
+	return gpt2_adamw_step(g, &opt, *lr, t0 + st + 1, scale);
 }
 
 /* Step index st of the run. */
 static int train_step(struct run *s, const struct train_opts *o, long st, float *loss,
 		      float *norm, double *lr)
 {
-	return train_step_on(&s->g, &o->cfg->train, &s->data, st, s->in, s->tg, loss, norm, lr);
+	return train_step_on(&s->g, &o->cfg->train, &s->data, st, 0, s->in, s->tg, loss, norm,
+			     lr);
 }
 
 int train_path_run(const struct train_opts *o, struct train_result *r)

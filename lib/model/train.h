@@ -56,10 +56,13 @@ int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, do
 /* The tokens of tf fit the model: vocabulary within V, at least seq_len + 1 tokens. */
 int train_check_data(const struct tokfile *tf, const struct model_config *m);
 /* Training step index st (0-based, global) on data: batch (seed, st), forward, backward,
- * clipping by global norm, AdamW with bias correction for step st + 1 and the learning rate
- * of train_lr(tc, st). in and tg hold B x T tokens. */
+ * clipping by global norm, AdamW with bias correction for step t0 + st + 1 and the learning
+ * rate of train_lr(tc, st). t0: the steps the moments had taken before step index 0 (0 for
+ * moments that start at zero; a fork's source step when they came with it). in and tg hold
+ * B x T tokens. */
 int train_step_on(struct gpt2 *g, const struct train_config *tc, const struct tokfile *data,
-		  long st, int32_t *in, int32_t *tg, float *loss, float *norm, double *lr);
+		  long st, long t0, int32_t *in, int32_t *tg, float *loss, float *norm,
+		  double *lr);
 /* Train as the options say: from a fresh init or o->init_path, to step `until`, writing
  * checkpoints and metrics. */
 int train_path_run(const struct train_opts *o, struct train_result *r);

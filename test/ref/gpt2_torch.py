@@ -15,6 +15,8 @@ Subcommands (run with /usr/bin/python3, which has torch 1.13 and numpy):
   step CKPT TOKENS -c CONFIG [-s K=V]... OUT one training step from CKPT as dpc-train-path(1)
                                              says;
                                              OUT holds the parameters and moments, step + 1.
+                                             --at N: the batch and learning rate of step
+                                             index N (a fork that kept the moments)
                                              Train keys: the checkpoint's config dump, then
                                              CONFIG, then -s; model sizes from the checkpoint
   compare A B [--base CKPT] [--all] [--rtol R] [--atol A]
@@ -447,16 +449,20 @@ def to_torch(arrs, dtype):
     return {k: torch.tensor(np.asarray(v), dtype=dtype) for k, v in arrs.items()}
 
 
-def train_step(P, M, V, step, toks, cfg, m, dtype, mutate=None):
+def train_step(P, M, V, step, toks, cfg, m, dtype, mutate=None, at=None):
     """One step of dpc-train-path(1) from parameters P, moments M, V (numpy, by name) after `step`
-    steps. Returns (new params, new exp_avg, new exp_avg_sq, info)."""
+    steps. at: the step index whose batch and learning rate are used, when it is not `step`
+    (a DiPaCo fork that took the moments restarts its schedule at 0 while AdamW's bias
+    correction counts on from `step`). Returns (new params, new exp_avg, new exp_avg_sq,
+    info)."""
+    sched = step if at is None else at
     import torch
     T = m["seq_len"]
     params = to_torch(P, dtype)
     names = [n for n, _ in param_shapes(m)]
     for n in names:
         params[n].requires_grad_(True)
-    starts = batch_starts(cfg, len(toks), T, step)
+    starts = batch_starts(cfg, len(toks), T, sched)
     x, y = get_batch(toks, starts, T)
     loss, _ = forward(params, x, y, m, mutate)
     loss.backward()
@@ -473,7 +479,7 @@ def train_step(P, M, V, step, toks, cfg, m, dtype, mutate=None):
     if scale != 1.0:
         for g in grads:
             g.mul_(scale)
-    lr = lr_at(cfg, step, mutate)
+    lr = lr_at(cfg, sched, mutate)
     decay = [params[n] for n in names if params[n].dim() == 2 or mutate == "decay_all"]
     nodecay = [params[n] for n in names if not (params[n].dim() == 2 or mutate == "decay_all")]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
@@ -490,7 +496,7 @@ def train_step(P, M, V, step, toks, cfg, m, dtype, mutate=None):
     newP = {n: params[n].detach().to(torch.float32).numpy() for n in names}
     newM = {n: opt.state[params[n]]["exp_avg"].to(torch.float32).numpy() for n in names}
     newV = {n: opt.state[params[n]]["exp_avg_sq"].to(torch.float32).numpy() for n in names}
-    info = {"step": step, "loss": float(loss), "grad_norm": norm, "clip_scale": scale, "lr": lr,
+    info = {"step": sched, "loss": float(loss), "grad_norm": norm, "clip_scale": scale, "lr": lr,
             "batch_starts": starts}
     return newP, newM, newV, info
 
@@ -561,7 +567,7 @@ def cmd_step(a):
             die(f"'{a.config}': model.{k} = {v} but the checkpoint has {m[k]}", 2)
     toks = read_tokens(a.tokens)
     dtype = torch.float64 if a.fp64 else torch.float32
-    nP, nM, nV, info = train_step(P, M, V, step, toks, cfg, m, dtype, a.mutate)
+    nP, nM, nV, info = train_step(P, M, V, step, toks, cfg, m, dtype, a.mutate, a.at)
     write_ckpt(a.out, nP, nM, nV, step + 1, m)
     info["out"] = a.out
     print(json.dumps(info))
@@ -897,6 +903,8 @@ def main():
     p.add_argument("-s", "--set", action="append")
     p.add_argument("--fp64", action="store_true")
     p.add_argument("--mutate", choices=MUTANTS)
+    p.add_argument("--at", type=int, help="step index of the batch and the learning rate "
+                   "(default: the checkpoint's step)")
 
     p = sub.add_parser("compare")
     p.add_argument("a")

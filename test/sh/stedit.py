@@ -5,6 +5,8 @@ file passes checksum verification and only the intended defect remains.
 usage: stedit.py IN OUT nan NAME          (first element of tensor NAME becomes NaN)
        stedit.py IN OUT reshape NAME R C  (tensor NAME declared and stored as [R, C] zeros)
        stedit.py IN OUT scale NAME K      (every element of float32 tensor NAME times K)
+       stedit.py IN OUT params-only -     (the optim.* tensors and the optimizer key dropped:
+                                           a checkpoint written without AdamW state)
 """
 import json, struct, sys, zlib
 
@@ -25,6 +27,11 @@ elif op == "reshape":
     r, c = int(sys.argv[5]), int(sys.argv[6])
     hdr[name]["shape"] = [r, c]
     blobs[name] = bytearray(4 * r * c)
+elif op == "params-only":
+    for k in [k for k in hdr if k.startswith("optim.")]:
+        del hdr[k], blobs[k]
+        meta.pop("crc32." + k, None)
+    meta.pop("optimizer", None)
 else:
     sys.exit("unknown op " + op)
 out, off = bytearray(), 0

@@ -231,7 +231,35 @@ cmp -s F.before F.after || { diff F.before F.after; die "a refused init changed 
 # shellcheck disable=SC2086
 expect_ok "$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --from base.st F
 grep -q '"modules_written":0' out.stdout || die "init --from again: $(cat out.stdout)"
-echo "dpc-outer init --from: another shape, vocabulary or kind refused; another source refused on a rerun"
+# --moments: without --from a usage error; a checkpoint without AdamW state refused; the same
+# checkpoint with and without the moments are two sources (a rerun of either is refused)
+# shellcheck disable=SC2086
+expect_fail 2 "^dpc-outer: init: --moments takes the AdamW moments of --from's checkpoint" \
+	"$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --moments G
+python3 "$TESTDIR/stedit.py" base.st noopt.st params-only - || die "stedit.py params-only failed"
+# shellcheck disable=SC2086
+expect_fail 2 "^dpc-outer: 'noopt\.st': holds no AdamW moments to start the paths from" \
+	"$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --from noopt.st --moments G
+[ ! -e G ] || die "a refused init --moments made G"
+# shellcheck disable=SC2086
+expect_fail 2 "^dpc-outer: 'F/phase-0000/modules/[a-z0-9.]*\.safetensors': was initialised from checkpoint [0-9a-f]{8}, not from checkpoint [0-9a-f]{8} moments of step 8 " \
+	"$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --from base.st --moments F
+[ ! -e F/phase-0000/moments.safetensors ] || die "a refused init --moments wrote the moments"
+# shellcheck disable=SC2086
+expect_ok "$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --from base.st --moments G
+grep -q '"init":"checkpoint [0-9a-f]\{8\} moments of step 8"' out.stdout ||
+	die "init --moments: $(cat out.stdout)"
+same_file base.st G/phase-0000/moments.safetensors
+# shellcheck disable=SC2086
+expect_fail 2 "^dpc-outer: 'G/phase-0000/modules/[a-z0-9.]*\.safetensors': was initialised from checkpoint [0-9a-f]{8} moments of step 8, not from checkpoint [0-9a-f]{8} " \
+	"$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --from base.st G
+# a copy that was damaged after init: the rerun says so instead of keeping it
+python3 "$TESTDIR/stedit.py" base2.st G/phase-0000/moments.safetensors scale ln_f.weight 1 ||
+	die "stedit.py failed"
+# shellcheck disable=SC2086
+expect_fail 2 "^dpc-outer: 'G/phase-0000/moments\.safetensors': is checkpoint [0-9a-f]{8} moments of step 8, not checkpoint [0-9a-f]{8} moments of step 8 " \
+	"$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --from base.st --moments G
+echo "dpc-outer init --from: another shape, vocabulary or kind refused; another source refused on a rerun; --moments checked"
 
 # ---- a value that is not finite in a module of phase t-1 (checksums right: stedit.py) ------
 # A path checkpoint with a NaN is refused (case 8); the same NaN in the module the step starts

@@ -1,7 +1,8 @@
 # t-torch-reference.sh - dpc-train-path against the independent PyTorch reference
 # (test/ref/gpt2_torch.py): (a) the --eval loss of a checkpoint, (b) one training step from a
 # checkpoint with non-trivial AdamW moments (3 steps of dpc-train-path): the step's loss, grad
-# norm and lr, then every parameter, every parameter update and every AdamW moment.
+# norm and lr, then every parameter, every parameter update and every AdamW moment; (c) the
+# first step of a DiPaCo fork that kept that checkpoint's moments (dpc-outer init --moments).
 #
 # Tolerances (see gpt2_torch.py compare_files and the selfcheck printed at the end):
 #   loss: |ours - ref| / |ref| <= 1e-5 (float32 rounding gives ~1e-8; --eval prints 6
@@ -163,6 +164,43 @@ echo "(b) ours against the float64 reference (information, not gated):"
 echo "(b) ours against the float32 reference (gated):"
 "$PY" "$REF" compare ours4.safetensors ref4.safetensors --base ck3.safetensors --all ||
 	die "(b) parameters after one step differ from the reference (see above)"
+
+# (c) A DiPaCo fork that keeps the checkpoint's AdamW state (dpc-outer init --from ck3
+# --moments): phase 1's first step of a one-path run is the reference's step from ck3's
+# parameters and moments with bias correction at step 4, but the batch and learning rate of
+# step index 0 (the run's own schedule and data). Without --moments the same step (fresh
+# moments) must fail the same comparison: the comparison can tell the two apart.
+[ -x "$BIN/dpc-outer" ] || skip "skipped: $BIN/dpc-outer not built yet"
+fork_sets="-s train.steps=4 -s train.warmup_steps=2 -s train.lr=1e-2 -s train.grad_clip=0.5
+-s dipaco.paths=1 -s dipaco.phases=2 -s dipaco.inner_steps=1 -s dipaco.outer_lr=1
+-s dipaco.outer_momentum=0"
+fork() { # fork DIR [--moments]
+	dir=$1
+	shift
+	# shellcheck disable=SC2086
+	expect_ok "$BIN/dpc-outer" init -c "$CFG" $fork_sets --from ck3.safetensors "$@" "$dir"
+	cp out.stdout "$dir.init.json"
+	expect_ok "$BIN/dpc-shard" split --random 1 "$TOK" "$dir/shards"
+	expect_ok "$BIN/dpc-train-path" --run "$dir" --phase 1 --path 0 -t 1 -q
+}
+fork forkm --moments
+grep -q '"init": *"checkpoint [0-9a-f]\{8\} moments of step 3"' forkm.init.json ||
+	die "(c) init --moments printed no 'moments of step 3' source: $(cat forkm.init.json)"
+cmp -s ck3.safetensors forkm/phase-0000/moments.safetensors ||
+	die "(c) phase-0000/moments.safetensors is not a copy of ck3.safetensors"
+ref step ck3.safetensors forkm/shards/shard-000.tok ref-fork.safetensors --at 0 \
+	>step-fork.json || die "gpt2_torch.py step --at 0 failed"
+echo "(c) fork with moments against the float32 reference (gated):"
+"$PY" "$REF" compare forkm/phase-0001/paths/path-000.safetensors ref-fork.safetensors \
+	--base ck3.safetensors --all ||
+	die "(c) the fork's first step with ck3's moments differs from the reference (see above)"
+fork forkz
+if "$PY" "$REF" compare forkz/phase-0001/paths/path-000.safetensors ref-fork.safetensors \
+	--base ck3.safetensors --all >forkz.out 2>&1; then
+	cat forkz.out
+	die "(c) a fork with fresh moments passed the comparison meant for ck3's moments"
+fi
+echo "(c) the same fork with fresh moments fails that comparison: $(tail -n 1 forkz.out)"
 
 # The comparison can fail: on this very checkpoint, wrong variants of the step exceed the
 # tolerances that float32 rounding stays far inside.
