@@ -118,11 +118,11 @@ static int split_heldout(const struct rundir *r, const struct tokfile *tf, const
 {
 	const struct dipaco_config *dc = &r->cfg.dipaco;
 	const uint64_t T = (uint64_t)r->cfg.model.seq_len;
-	const uint64_t nheld = dc->early_stop_every > 0 ?
-		(uint64_t)((double)tf->ntokens * dc->holdout_frac) : 0;
+	const int holds = config_holds_out(&r->cfg);
+	const uint64_t nheld = holds ? (uint64_t)((double)tf->ntokens * dc->holdout_frac) : 0;
 	const uint64_t ntrain = tf->ntokens - nheld;
 
-	if (dc->early_stop_every > 0 && (nheld < T + 1 || ntrain < T + 1))
+	if (holds && (nheld < T + 1 || ntrain < T + 1))
 		return err_set(CORE_EFORMAT, path, "%llu tokens cannot be split %.3g held out with "
 			       "both parts at least %llu tokens", (unsigned long long)tf->ntokens,
 			       dc->holdout_frac, (unsigned long long)T + 1);
@@ -329,6 +329,12 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 			rc = be->op->copy(be, k.g.params, k.best, sizeof(float) * k.g.nparams);
 		if (rc)
 			goto out;
+	} else if (dc->holdout) { /* the validation set's loss of what is published */
+		double te = now_seconds();
+		rc = train_evaluate(&k.g, &heldout, eval_tokens, &res->heldout_loss, NULL);
+		res->eval_seconds += now_seconds() - te;
+		if (rc)
+			goto out;
 	}
 	if (k.have_val) {
 		double te = now_seconds();
@@ -377,9 +383,10 @@ int pathtrain_best_phase(const struct rundir *r, long last, int p, struct backen
 	double low = INFINITY;
 	int rc;
 
-	if (dc->early_stop_every <= 0)
+	if (!config_holds_out(c))
 		return err_set(CORE_EUSAGE, r->dir, "holds no validation set out of its shards "
-			       "(dipaco.early_stop_every is 0): there is nothing to stop early on");
+			       "(dipaco.holdout is false and dipaco.early_stop_every 0): there is "
+			       "nothing to stop early on");
 	if (last < 1 || last > dc->phases)
 		return err_set(CORE_EUSAGE, r->dir, "phase %ld is outside 1..%ld", last, dc->phases);
 	ERR_FORWARD(rundir_shard(r, last, p, shard, sizeof shard));

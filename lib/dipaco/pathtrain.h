@@ -7,9 +7,11 @@
  * phase-t/paths/path-p.safetensors: a complete GPT-2 checkpoint with its moments and step
  * t*tau, plus metadata phase, path, shard_tokens.
  *
- * Early stopping (dipaco.early_stop_every > 0): the last holdout_frac of the shard's tokens
- * are not trained on; every early_stop_every steps and at the end the path is evaluated on
- * them, and the parameters of the best evaluation are the ones written. The moments and the
+ * The path's validation set (config_holds_out: dipaco.holdout, or early_stop_every > 0):
+ * the last holdout_frac of the shard's tokens are not trained on; the parameters written are
+ * evaluated on them (heldout_loss). Within-phase early stopping (dipaco.early_stop_every >
+ * 0): every early_stop_every steps and at the end the path is evaluated on them, and the
+ * parameters of the best evaluation are the ones written. The moments and the
  * step written are those of the last step (the optimizer ran to the end; only the published
  * parameters go back), so the next phase continues the same AdamW trajectory.
  */
@@ -24,7 +26,7 @@ struct path_task_result {
 	long first_step, last_step; /* global steps trained: first_step+1 .. last_step */
 	long best_step;       /* the step whose parameters were written */
 	double train_loss;    /* of the last step */
-	double heldout_loss;  /* of the written parameters; NaN without early stopping */
+	double heldout_loss;  /* of the written parameters; NaN without a validation set */
 	double val_loss;      /* on RUNDIR/val.tok when it exists; else NaN */
 	double tokens_per_s;
 	double seconds;       /* the whole task, assembly and I/O included */
@@ -42,7 +44,7 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 /* Early stopping as the paper does it (section 2.7): path p's loss after each phase t =
  * 1..last (its modules after phase t's outer step) on the path's own validation set, the
  * held-out tail of the shard it trained on in phase `last` (the last dipaco.holdout_frac of
- * its tokens, which training never read: the run must have dipaco.early_stop_every > 0, else
+ * its tokens, which training never read: the run must hold it out, config_holds_out, else
  * CORE_EUSAGE), over at most train.eval_batches batches; losses[t - 1] gets each, *best the
  * phase of the lowest (the earliest of equals). */
 int pathtrain_best_phase(const struct rundir *r, long last, int p, struct backend *be,

@@ -129,10 +129,14 @@ static const struct cfg_key run_keys[] = {
 	  "multiply the averaged delta by sqrt(P_le)" },
 	{ "dipaco", "reweight", CFG_BOOL, D(reweight), 0, 0, 0, 0, "true", NULL,
 	  "weight paths by shard tokens, else uniformly" },
+	{ "dipaco", "holdout", CFG_BOOL, D(holdout), 0, 0, 0, 0, "false", NULL,
+	  "hold out the last holdout_frac of each shard's tokens, never trained on: the path's "
+	  "validation set, for early stopping at evaluation (dpc-route eval --early-stop)" },
 	{ "dipaco", "early_stop_every", CFG_LONG, D(early_stop_every), 0, CFG_LO, 0, 0, "0", NULL,
-	  "evaluate the held-out slice every this many inner steps; 0 disables" },
+	  "within a phase, evaluate the held-out slice every this many inner steps and publish "
+	  "the best parameters to the outer step (implies holdout); 0 disables" },
 	{ "dipaco", "holdout_frac", CFG_DOUBLE, D(holdout_frac), 0, CFG_RANGE, 0, 0.5, "0.05",
-	  NULL, "share of each shard's tokens held out for early stopping" },
+	  NULL, "share of each shard's tokens held out (holdout, early_stop_every)" },
 };
 
 #undef M
@@ -1438,6 +1442,11 @@ int config_levels(const struct run_config *c, struct level_config *out)
 	return 1;
 }
 
+int config_holds_out(const struct run_config *c)
+{
+	return c->dipaco.holdout || c->dipaco.early_stop_every > 0;
+}
+
 long config_inner_steps(const struct run_config *c)
 {
 	if (c->dipaco.inner_steps > 0)
@@ -1557,6 +1566,8 @@ static int dipaco_check(const struct run_config *c, const struct where *w)
 	if (d->early_stop_every > 0 && !(d->holdout_frac > 0))
 		return fail(w, "dipaco.early_stop_every (%ld) needs dipaco.holdout_frac > 0",
 			    d->early_stop_every);
+	if (d->holdout && !(d->holdout_frac > 0))
+		return fail(w, "dipaco.holdout needs dipaco.holdout_frac > 0");
 	return 0;
 }
 

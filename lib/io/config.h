@@ -63,8 +63,10 @@ struct dipaco_config {
 	int nesterov;         /* 1: Nesterov update; 0: heavy ball (theta -= lr * buf) */
 	int rescale;          /* multiply the averaged delta by sqrt(P_le) */
 	int reweight;         /* weight paths by shard tokens (else uniformly) */
-	long early_stop_every;/* evaluate the held-out slice every this many inner steps; 0 off */
-	double holdout_frac;  /* share of a shard's tokens held out for early stopping */
+	int holdout;          /* hold out holdout_frac of each shard: the path's validation set */
+	long early_stop_every;/* evaluate the held-out slice every this many inner steps and
+			       * publish the best (implies holdout); 0 off */
+	double holdout_frac;  /* share of a shard's tokens held out */
 	int nlevels;          /* 0 in the struct after config_defaults; see config_levels */
 	struct level_config levels[CONFIG_MAX_LEVELS];
 };
@@ -81,6 +83,9 @@ struct run_config {
 int config_levels(const struct run_config *c, struct level_config *out);
 /* tau in effect: dipaco.inner_steps, or train.steps / dipaco.phases when that is 0. */
 long config_inner_steps(const struct run_config *c);
+/* Whether every shard keeps its last holdout_frac out of training: dipaco.holdout, or
+ * dipaco.early_stop_every > 0. */
+int config_holds_out(const struct run_config *c);
 /* Loadable YAML text of every key and the levels (config_load of it gives back c exactly).
  * Returns bytes needed (like snprintf). */
 size_t config_yaml(const struct run_config *c, char *buf, size_t n);

@@ -4,12 +4,14 @@
 # PyTorch reference (test/ref/gpt2_torch.py loss).
 #
 # The run: two paths that share nothing (a level of 2 modules), 3 phases of 6 steps, a high
-# learning rate, holding out the last 20% of each shard (dipaco.early_stop_every 3). With an
+# learning rate, holding out the last 20% of each shard (dipaco.holdout, without the
+# within-phase variant, so that every checkpoint holds its phase's last step). With an
 # outer step of lr 1, momentum 0 and no rescaling, a module of one path after phase t is that
 # path's checkpoint of phase t bit for bit (test_outer), so the reference scores the path
 # checkpoints: the tail tokens of each shard cut here in numpy, the loss of every phase's
 # checkpoint over the same windows; the phases chosen must be the reference's argmins and the
-# losses within 1e-4 relative (the report prints 4 decimals). Path 1's phase-3 parameters are
+# losses within 1e-4 relative (the report prints 4 decimals), and each training task's own
+# heldout_loss (its metrics) within 1e-5 of the reference's. Path 1's phase-3 parameters are
 # made worse (module and checkpoint alike), so its choice is an earlier phase. Then the refusals: without held-out data, and with --path.
 # Skips (77) without PyTorch in /usr/bin/python3 or without the programs.
 set -eu
@@ -34,7 +36,7 @@ dipaco:
   outer_lr: 1.0
   outer_momentum: 0.0
   rescale: false
-  early_stop_every: 3
+  holdout: true
   holdout_frac: 0.2
 levels:
   - name: all
@@ -91,6 +93,16 @@ for p in (0, 1):
         if out.returncode:
             print("FAILED: " + out.stderr); sys.exit(1)
         want.append(json.loads(out.stdout)["loss"])
+        tm = [json.loads(l) for l in open("R/phase-%04d/paths/path-%03d.jsonl" % (ph, p))
+              if '"event":"path"' in l.replace(" ", "")]
+        if not tm or tm[-1]["best_step"] != tm[-1]["step"]:
+            print("FAILED: phase %d path %d: no path event, or parameters of step %s, not of "
+                  "the last step" % (ph, p, tm[-1].get("best_step") if tm else None))
+            sys.exit(1)
+        if ph < 3 and abs(tm[-1]["heldout_loss"] - want[-1]) > 1e-5 * want[-1]:
+            print("FAILED: phase %d path %d: training's heldout_loss %r, the reference's %r"
+                  % (ph, p, tm[-1]["heldout_loss"], want[-1]))
+            sys.exit(1)
     best = 1 + min(range(3), key=lambda i: want[i])
     phase, losses = got[p]
     rel = max(abs(a - b) / b for a, b in zip(losses, want))
@@ -108,8 +120,8 @@ EOF
 
 # no held-out data: refused in one line; --early-stop with --path: a usage error
 # shellcheck disable=SC2086
-expect_ok sh "$ROOT/scripts/dipaco-train.sh" -q -j 2 $sets -s dipaco.early_stop_every=0 es.yaml N d/train.tok
-expect_fail 2 "^dpc-route: 'N': holds no validation set out of its shards \(dipaco\.early_stop_every is 0\): there is nothing to stop early on$" \
+expect_ok sh "$ROOT/scripts/dipaco-train.sh" -q -j 2 $sets -s dipaco.holdout=false es.yaml N d/train.tok
+expect_fail 2 "^dpc-route: 'N': holds no validation set out of its shards \(dipaco\.holdout is false and dipaco\.early_stop_every 0\): there is nothing to stop early on$" \
 	"$BIN/dpc-route" eval -q --early-stop --run N -m base.st --router K.st d/val.tok
 expect_fail 2 "^dpc-route: eval: --early-stop picks phases of a run: it goes with --run, not with --path$" \
 	"$BIN/dpc-route" eval -q --early-stop --path base.st -m base.st d/val.tok

@@ -726,6 +726,7 @@ static void check_short_run(const struct run_config *c, const char *what)
 	cr_expect_eq(c->dipaco.inner_steps, 100, "%s: inner_steps", what);
 	cr_expect_eq(c->dipaco.nesterov, 1, "%s: nesterov", what);
 	cr_expect_eq(c->dipaco.reweight, 1, "%s: reweight", what);
+	cr_expect_eq(c->dipaco.holdout, 0, "%s: holdout", what);
 	cr_expect_eq(c->dipaco.early_stop_every, 0, "%s: early_stop_every", what);
 	cr_expect_eq(c->dipaco.holdout_frac, 0.05, "%s: holdout_frac", what);
 }
@@ -903,6 +904,8 @@ static const struct bad_case bad_validate[] = {
 	  "train.steps (0) must be at least dipaco.phases (3) when dipaco.inner_steps is 0" },
 	{ "dipaco:\n  early_stop_every: 10\n  holdout_frac: 0\n",
 	  "dipaco.early_stop_every (10) needs dipaco.holdout_frac > 0" },
+	{ "dipaco:\n  holdout: true\n  holdout_frac: 0\n",
+	  "dipaco.holdout needs dipaco.holdout_frac > 0" },
 };
 
 /* Their neighbours on the right side of each rule. */
@@ -1092,6 +1095,7 @@ static const char head_dump_tail[] =
 	"dipaco.nesterov: true\n"
 	"dipaco.rescale: true\n"
 	"dipaco.reweight: true\n"
+	"dipaco.holdout: false\n"
 	"dipaco.early_stop_every: 0\n"
 	"dipaco.holdout_frac: 0.050000000000000003\n"
 	"levels.0: name=lower modules=2 owns=embed h.0-1\n"
@@ -1173,6 +1177,7 @@ static const char yaml_2x2[] =
 	"  nesterov: true\n"
 	"  rescale: true\n"
 	"  reweight: true\n"
+	"  holdout: false\n"
 	"  early_stop_every: 0\n"
 	"  holdout_frac: 0.050000000000000003\n"
 	"levels:\n"
@@ -1250,7 +1255,8 @@ Test(config, yaml_round_trip)
 		"train.lr=0.000123456789", "train.eps=5e-324", "train.seed=18446744073709551615",
 		"dipaco.outer_lr=0.1", "dipaco.outer_momentum=0.99999999999999989",
 		"dipaco.nesterov=false", "dipaco.rescale=false", "dipaco.reweight=false",
-		"dipaco.paths=9", "dipaco.early_stop_every=25", "dipaco.holdout_frac=0.5",
+		"dipaco.paths=9", "dipaco.holdout=true", "dipaco.early_stop_every=25",
+		"dipaco.holdout_frac=0.5",
 		"dipaco.phases=3", "dipaco.inner_steps=7",
 	};
 	config_defaults(&c);
@@ -1297,6 +1303,7 @@ static const char tiny_dump[] =
 	"dipaco.nesterov: true\n"
 	"dipaco.rescale: true\n"
 	"dipaco.reweight: true\n"
+	"dipaco.holdout: false\n"
 	"dipaco.early_stop_every: 0\n"
 	"dipaco.holdout_frac: 0.050000000000000003\n";
 
