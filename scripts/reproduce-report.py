@@ -42,16 +42,23 @@ CONFIGS = [
     ("dipaco-head", "DiPaCo 2x2 + path-specific level", "last block and head: one module per path"),
     ("dipaco-avg", "DiPaCo 2x2, plain averaging", "the outer step is the average of the paths' "
      "weights (outer lr 1, momentum 0, no rescaling): the averaging control"),
+    ("dipaco-es", "DiPaCo 2x2, the paper's early stopping", "k-means shards, the last HOLDOUT of "
+     "each shard held out as the path's validation set (`dipaco.holdout`); at evaluation each path "
+     "at the phase of its lowest loss there (`dpc-route eval --early-stop`, the paper's section "
+     "2.7)"),
+    ("dipaco-moments", "DiPaCo 2x2, the base's AdamW state", "k-means shards; the paths start "
+     "from the base's AdamW moments (`dpc-outer init --moments`) instead of zero ones, the bias "
+     "correction counting on from the base's step"),
 ]
 DENSE_SEEDS = ("dense-s", "dense-s-seed2", "dense-s-seed3", "dense-s-seed4")
 DIPACO_SEEDS = ("dipaco-km", "dipaco-km-seed2", "dipaco-km-seed3", "dipaco-km-seed4")
 ROUTED = ("flat-moe", "dipaco-km", "dipaco-top2", "dipaco-disc", "dipaco-paper", "dipaco-head",
-          "dipaco-avg")
+          "dipaco-avg", "dipaco-es", "dipaco-moments")
 
 # one colour per configuration, the same in every plot
 COLOURS = ["#1f77b4", "#7f7f7f", "#a0a0a0", "#c0c0c0", "#000000", "#505050", "#ff7f0e",
            "#8c564b", "#d62728", "#e377c2", "#f4a6a6", "#fbd0d0", "#2ca02c", "#9467bd",
-           "#bcbd22", "#17becf", "#8c8c00"]
+           "#bcbd22", "#17becf", "#8c8c00", "#006d6d", "#b15928"]
 # a dash and point type per level of the outer-step plot
 LEVEL_STYLE = {"all": (1, 7), "lower": (1, 7), "upper": (2, 5), "head": (3, 9)}
 
@@ -225,11 +232,13 @@ def main():
         r["unseen"] = load_json(os.path.join(run, "eval", name + "-unseen.json"))
         r["doc"], r["win"] = mode(r["final"], 0), mode(r["final"], 64)
     kmdisc = load_json(os.path.join(run, "eval", "dipaco-km-disc-final.json"))
+    es_last = load_json(os.path.join(run, "eval", "dipaco-es-last.json"))
     base_final = load_json(os.path.join(run, "eval", "base-final.json"))
     base_unseen = load_json(os.path.join(run, "eval", "base-unseen.json"))
     sweep = read_sweep(run)
     check_scored([(n + "-final", r["final"]) for n, r in runs.items()] +
-                 [("dipaco-km-disc-final", kmdisc), ("base-final", base_final)], "the validation split")
+                 [("dipaco-km-disc-final", kmdisc), ("dipaco-es-last", es_last),
+                  ("base-final", base_final)], "the validation split")
     check_scored([(fn[:-5], load_json(os.path.join(run, "eval", fn)))
                   for r in runs.values() for fn in r["curve_files"]], "the quarter split")
     check_scored([(n + "-unseen", r["unseen"]) for n, r in runs.items()] +
@@ -302,6 +311,8 @@ def main():
         row(label, r, r["doc"], r["win"], U[name])
     r = runs["dipaco-km"]
     row("DiPaCo 2x2, discriminative router at evaluation", r, mode(kmdisc, 0), mode(kmdisc, 64), None)
+    row("DiPaCo 2x2, validation sets held out, every path at the last phase", runs["dipaco-es"],
+        mode(es_last, 0), mode(es_last, 64), None)
     out("")
     out("What each is:")
     out("")
@@ -314,9 +325,14 @@ def main():
             extra = ", outer lr %g, momentum %g, rescaling %s" % (
                 c["outer_lr"], c["outer_momentum"], "on" if c["rescale"] else "off")
         ratio = "%.1f" % (runs["dense-4s"]["topo"]["params_per_path"] / s_run["topo"]["params_per_path"])
-        out("- **%s**: %s (learning rate %g%s)." % (label, what.replace("RATIO", ratio), c["lr"], extra))
+        what = what.replace("RATIO", ratio).replace(
+            "HOLDOUT", "%g%%" % (100 * c.get("holdout_frac", 0.05)))
+        out("- **%s**: %s (learning rate %g%s)." % (label, what, c["lr"], extra))
     out("- **DiPaCo 2x2, discriminative router at evaluation**: the k-means run's paths, routed "
         "by a discriminative router fitted on their scores of the router split.")
+    out("- **DiPaCo 2x2, validation sets held out, every path at the last phase**: the "
+        "early-stopping run's paths without early stopping: what the choice of phases alone "
+        "changed.")
     out("")
     out("Training FLOPs: 6 N + 12 L C T per token (N parameters of a path, L blocks, width C, "
         "context T), times the tokens seen by all paths, the base's included for the rows forked "
@@ -449,6 +465,18 @@ def main():
           "DiLoCo %s, dense S %.4f" % (lv("diloco"), mean_s), noise - (L["diloco"] - mean_s))
     claim("avg", "the tuned outer step beating plain averaging (DiPaCo 2x2)",
           "tuned %s, averaging %s" % (lv("dipaco-km"), lv("dipaco-avg")), L["dipaco-avg"] - L["dipaco-km"])
+    es_src = runs["dipaco-es"]["final"].get("source", "")
+    es_at = re.search(r"at phases ([0-9,]+)", es_src)
+    Les = mode(es_last, 0)["loss"]
+    claim("early-stop", "the paper's early stopping helping (DiPaCo 2x2, the same paths)",
+          "early-stopped %s (paths at phases %s), the same paths at the last phase %.4f" % (
+              lv("dipaco-es"), es_at.group(1) if es_at else "?", Les), Les - L["dipaco-es"])
+    claim("holdout", "holding out the validation sets costing no more than the floor",
+          "held out, at the last phase %.4f; DiPaCo 2x2 without %.4f (mean of 4 seeds)" % (
+              Les, mean_d), noise - (Les - mean_d))
+    claim("moments", "starting the paths from the base's AdamW state helping (DiPaCo 2x2)",
+          "with the base's moments %s, fresh ones %.4f (mean of 4 seeds)" % (
+              lv("dipaco-moments"), mean_d), mean_d - L["dipaco-moments"])
     out("")
     out("The DiLoCo margin is the floor minus DiLoCo's excess over dense S, and the unseen-text "
         "margin the floor minus DiPaCo's excess over its base, so each is positive when the first "
@@ -536,6 +564,20 @@ def main():
                "step: the sweep chose on %d of the full runs' %d phases." % (T // 4, T),
         "paper-below-dense": "See below-dense: the recipe adds top-2 shards and a re-sharding to "
                              "the same outer step.",
+        "early-stop": "Each path's held-out loss was lowest at the last phase for %s of the 4 "
+                      "paths, so early stopping could change little: the paths were still "
+                      "improving when the run ended." % (
+                          (es_at.group(1).split(",").count(str(T)) if es_at else "?")),
+        "holdout": "The held-out run trains each path on %g%% fewer tokens of its shard, and "
+                   "is one seed against a mean of four." % (
+                       100 * runs["dipaco-es"]["cv"].get("holdout_frac", 0.05)),
+        "moments": "After phase %d the run with the base's moments is at %.4f against %.4f "
+                   "with fresh ones (seed 1), at the end %.4f against %.4f: the fork re-warms "
+                   "the learning rate over %d steps either way, and AdamW's bias correction "
+                   "makes fresh moments the size of the first gradients within a few steps." % (
+                       CURVE[0], runs["dipaco-moments"]["curve"][0][2],
+                       runs["dipaco-km"]["curve"][0][2], L["dipaco-moments"], L["dipaco-km"],
+                       runs["dipaco-moments"]["cv"].get("warmup_steps", 0)),
     }
     failed = [k for k, v in verdicts.items() if v.startswith("not held")]
     if failed:

@@ -41,7 +41,10 @@
 #                 paths, the schedule restarting there (train.restart_step, the paper's
 #                 figure 10); the paper's recipe, all three (k-means, top-2, one
 #                 discriminative re-sharding); a path-specific level (the last block and the
-#                 head); and plain averaging as the outer step
+#                 head); plain averaging as the outer step; the paper's early stopping (each
+#                 shard's last 5% held out, dipaco.holdout; each path evaluated at the phase
+#                 of its lowest loss there, dpc-route eval --early-stop); and the paths
+#                 starting from the base's AdamW moments (dpc-outer init --moments)
 # Each is evaluated after the last phase on the validation split, every row scored from byte
 # 128 of each piece (dpc-route eval --score-from 128; the report refuses rows scored on other
 # counts), once per document and re-routing every 64 tokens (a window router fitted on the
@@ -121,7 +124,7 @@ t0=$(date +%s)
 n=0
 stage() {
 	n=$((n + 1))
-	echo "reproduce [$n/28, $(($(date +%s) - t0)) s] $*" >&2
+	echo "reproduce [$n/30, $(($(date +%s) - t0)) s] $*" >&2
 }
 
 stage "setup: packages and build"
@@ -141,7 +144,7 @@ sh scripts/brown-1k.sh "$bin"
 train=$chunked/train.tok val=$chunked/val.tok router=$chunked/router.tok
 mkdir -p "$run/routing" "$run/eval" "$run/sweep"
 # What produced this run, for the page; a run made with other settings is not mixed in.
-want="inner_steps=$tau phases=$phases quick=$quick protocol=2"
+want="inner_steps=$tau phases=$phases quick=$quick protocol=3"
 if [ -e "$run/settings" ]; then
 	[ "$(cat "$run/settings")" = "$want" ] ||
 		die "$run was made with '$(cat "$run/settings")', not '$want' (use another RUNDIR)"
@@ -225,13 +228,14 @@ shards() {
 valq=$r/val-quarter/shard-000.tok
 
 # evaluate OUT RUNDIR PHASE IN.tok [ROUTER [WINDOW-ROUTER]]: dpc-route eval's JSON into
-# $run/eval/OUT.json, every row scored from byte $prefix on
+# $run/eval/OUT.json, every row scored from byte $prefix on; $evx: more options of eval
+evx=""
 evaluate() {
 	[ -s "$run/eval/$1.json" ] && return 0
 	o=$1 rd=$2 p=$3 in=$4
 	shift 4
 	set -- ${1:+--router "$1"} ${2:+--window-router "$2"}
-	"$bin/dpc-route" eval -q --run "$rd" --phase "$p" -m "$base" "$@" \
+	"$bin/dpc-route" eval -q --run "$rd" --phase "$p" -m "$base" "$@" $evx \
 		--score-from $prefix --json "$run/eval/$o.json" "$in" >/dev/null
 }
 
@@ -329,7 +333,7 @@ for h in full half; do
 		-s dipaco.phases=$all4 -s dipaco.inner_steps=$tau -s train.steps=$total \
 		-s train.warmup_steps=$warmup -s train.lr="$l"
 done
-for c in flat-moe dipaco-km dipaco-km-seed2 dipaco-km-seed3 dipaco-km-seed4 dipaco-head dipaco-avg dipaco-disc; do
+for c in flat-moe dipaco-km dipaco-km-seed2 dipaco-km-seed3 dipaco-km-seed4 dipaco-head dipaco-avg dipaco-disc dipaco-es dipaco-moments; do
 	shards $c 1 "$r/kmeans.safetensors" "$r/features-train.safetensors" "$train"
 done
 for c in dipaco-top2 dipaco-paper; do
@@ -353,6 +357,10 @@ done
 	train dipaco-head dipaco-2x2-head.yaml 2 1 --from "$base" $model $fork $dipaco_sets
 	stage "DiPaCo 2x2 with plain averaging as the outer step"
 	train dipaco-avg dipaco-2x2.yaml 2 1 --from "$base" $model $fork $avg_sets
+	stage "DiPaCo 2x2 holding out each shard's validation set (the paper's early stopping)"
+	train dipaco-es dipaco-2x2.yaml 2 1 --from "$base" $model $fork $dipaco_sets -s dipaco.holdout=true
+	stage "DiPaCo 2x2 starting from the base's AdamW moments"
+	train dipaco-moments dipaco-2x2.yaml 2 1 --from "$base" --moments $model $fork $dipaco_sets
 }
 
 # resharded NAME TOP: a run re-sharded after phase T/2 by a discriminative router fitted on
@@ -382,7 +390,7 @@ resharded dipaco-disc 1
 stage "DiPaCo 2x2 as the paper's recipe: k-means, top-2 shards, one discriminative re-sharding"
 resharded dipaco-paper 2
 
-routed="flat-moe dipaco-km dipaco-km-seed2 dipaco-km-seed3 dipaco-km-seed4 dipaco-top2 dipaco-head dipaco-avg dipaco-disc dipaco-paper"
+routed="flat-moe dipaco-km dipaco-km-seed2 dipaco-km-seed3 dipaco-km-seed4 dipaco-top2 dipaco-head dipaco-avg dipaco-disc dipaco-paper dipaco-es dipaco-moments"
 stage "scoring the router split with every routed run's final paths"
 for c in $routed; do
 	[ -s "$r/scores-$c.safetensors" ] ||
@@ -427,11 +435,18 @@ stage "evaluating the last phase: the validation split once per document and eve
 for c in $all; do
 	w="" last=$phases
 	case $c in flat-moe | dipaco-*) w=$r/window-$c.safetensors ;; dense-4s*) last=$all4 ;; esac
+	# the paper's early stopping: each path at the phase of its lowest held-out loss
+	evx=""
+	[ "$c" = dipaco-es ] && evx=--early-stop
 	evaluate "$c-final" "$run/$c" "$last" "$val" "$(router_of "$c" "$last")" "$w"
 	evaluate "$c-unseen" "$run/$c" "$last" "$unseen" "$(router_of "$c" "$last")"
 done
+evx=""
 evaluate dipaco-km-disc-final "$run/dipaco-km" "$phases" "$val" "$r/disc-dipaco-km.safetensors" \
 	"$r/window-dipaco-km.safetensors"
+# the early-stopped run's own paths at the last phase: what early stopping changed, alone
+evaluate dipaco-es-last "$run/dipaco-es" "$phases" "$val" "$(router_of dipaco-es "$phases")" \
+	"$r/window-dipaco-es.safetensors"
 # the base itself, as a run of one phase for dpc-route eval: on the validation and unseen text
 for s in final unseen; do
 	in=$val

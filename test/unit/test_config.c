@@ -735,16 +735,16 @@ static const struct {
 	const char *path;
 	int paths;
 	double outer_lr, outer_momentum;
-	int rescale; /* DiLoCo as published averages without DiPaCo's sqrt(P) */
+	int rescale; /* off in all: results/brown.md's sweep (DiLoCo as published has none) */
 	int nlevels;
 	struct want_level levels[3];
 } shipped[] = {
 	{ "configs/dense.yaml", 1, 1.0, 0.0, 1, 0, { { NULL } } },
-	{ "configs/diloco.yaml", 4, 0.7, 0.9, 0, 1, { { "all", 1, 1, 1, 1, { 0 }, { 3 } } } },
-	{ "configs/flat-moe.yaml", 0, 0.7, 0.9, 1, 1, { { "all", 4, 1, 1, 1, { 0 }, { 3 } } } },
-	{ "configs/dipaco-2x2.yaml", 0, 0.7, 0.9, 1, 2,
+	{ "configs/diloco.yaml", 4, 1.0, 0.5, 0, 1, { { "all", 1, 1, 1, 1, { 0 }, { 3 } } } },
+	{ "configs/flat-moe.yaml", 0, 0.7, 0.5, 0, 1, { { "all", 4, 1, 1, 1, { 0 }, { 3 } } } },
+	{ "configs/dipaco-2x2.yaml", 0, 0.7, 0.5, 0, 2,
 	  { { "lower", 2, 1, 0, 1, { 0 }, { 1 } }, { "upper", 2, 0, 1, 1, { 2 }, { 3 } } } },
-	{ "configs/dipaco-2x2-head.yaml", 0, 0.7, 0.9, 1, 3,
+	{ "configs/dipaco-2x2-head.yaml", 0, 0.7, 0.5, 0, 3,
 	  { { "lower", 2, 1, 0, 1, { 0 }, { 1 } }, { "upper", 2, 0, 0, 1, { 2 }, { 2 } },
 	    { "head", LEVEL_PER_PATH, 0, 1, 1, { 3 }, { 3 } } } },
 };
@@ -1091,9 +1091,9 @@ static const char head_dump_tail[] =
 	"dipaco.inner_steps: 100\n"
 	"dipaco.paths: 0\n"
 	"dipaco.outer_lr: 0.69999999999999996\n"
-	"dipaco.outer_momentum: 0.90000000000000002\n"
+	"dipaco.outer_momentum: 0.5\n"
 	"dipaco.nesterov: true\n"
-	"dipaco.rescale: true\n"
+	"dipaco.rescale: false\n"
 	"dipaco.reweight: true\n"
 	"dipaco.holdout: false\n"
 	"dipaco.early_stop_every: 0\n"
@@ -1173,9 +1173,9 @@ static const char yaml_2x2[] =
 	"  inner_steps: 100\n"
 	"  paths: 0\n"
 	"  outer_lr: 0.69999999999999996\n"
-	"  outer_momentum: 0.90000000000000002\n"
+	"  outer_momentum: 0.5\n"
 	"  nesterov: true\n"
-	"  rescale: true\n"
+	"  rescale: false\n"
 	"  reweight: true\n"
 	"  holdout: false\n"
 	"  early_stop_every: 0\n"
