@@ -1,6 +1,8 @@
 /* backend.c - the registry of backends built into this binary; see backend.h. */
 #include "backend/backend.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,21 +12,43 @@
 
 #define PREC(p) (1u << (p))
 
+/* The one list of backends: every name, precision list and test loop derives from it. */
 static const struct {
 	const char *name;
 	int (*init)(struct backend *be, const struct backend_params *params);
 	unsigned precisions; /* PREC(p) for each enum backend_precision p it has */
-	const char *precision_names;
 } registry[] = {
 	/* bf16 where oneDNN and the CPU have it; elsewhere backend_open says why not */
-	{"cpu", backend_cpu_init, PREC(BACKEND_FP32) | PREC(BACKEND_BF16), "fp32, bf16"},
-	{"ref", backend_ref_init, PREC(BACKEND_FP32), "fp32"},
+	{"cpu", backend_cpu_init, PREC(BACKEND_FP32) | PREC(BACKEND_BF16)},
+	{"ref", backend_ref_init, PREC(BACKEND_FP32)},
 #ifdef CORE_HAVE_CUDA
-	{"cuda", backend_cuda_init, PREC(BACKEND_FP32) | PREC(BACKEND_TF32) | PREC(BACKEND_BF16),
-	 "fp32, tf32, bf16"},
+	{"cuda", backend_cuda_init, PREC(BACKEND_FP32) | PREC(BACKEND_TF32) | PREC(BACKEND_BF16)},
 #endif
 };
 #define NREG (sizeof registry / sizeof registry[0])
+#define NPREC (sizeof precision_names / sizeof precision_names[0])
+
+static const char *const precision_names[] = {"fp32", "tf32", "bf16"};
+
+/* The registry's names and each entry's precisions as comma-separated text, made once. */
+static char names_text[NREG * 16 + 1], prec_text[NREG][NPREC * 6 + 1];
+static pthread_once_t text_once = PTHREAD_ONCE_INIT;
+
+static void join(char *buf, size_t n, const char *word)
+{
+	size_t k = strlen(buf);
+	snprintf(buf + k, n - k, "%s%s", k ? ", " : "", word);
+}
+
+static void make_text(void)
+{
+	for (size_t i = 0; i < NREG; i++) {
+		join(names_text, sizeof names_text, registry[i].name);
+		for (size_t p = 0; p < NPREC; p++)
+			if (registry[i].precisions & PREC(p))
+				join(prec_text[i], sizeof prec_text[i], precision_names[p]);
+	}
+}
 
 /* Backends the project knows but this build left out, and why. */
 static const struct {
@@ -38,24 +62,18 @@ static const struct {
 
 const char *backend_names(void)
 {
-#ifdef CORE_HAVE_CUDA
-	return "cpu, ref, cuda";
-#else
-	return "cpu, ref";
-#endif
+	pthread_once(&text_once, make_text);
+	return names_text;
 }
-
-static const char *const precision_names[] = {"fp32", "tf32", "bf16"};
 
 const char *backend_precision_name(enum backend_precision p)
 {
-	return (unsigned)p < sizeof precision_names / sizeof precision_names[0]
-		       ? precision_names[p] : "unknown";
+	return (unsigned)p < NPREC ? precision_names[p] : "unknown";
 }
 
 int backend_precision_from_name(const char *name)
 {
-	for (size_t i = 0; i < sizeof precision_names / sizeof precision_names[0]; i++)
+	for (size_t i = 0; i < NPREC; i++)
 		if (strcmp(name, precision_names[i]) == 0)
 			return (int)i;
 	return -1;
@@ -63,9 +81,10 @@ int backend_precision_from_name(const char *name)
 
 const char *backend_precisions(const char *name)
 {
+	pthread_once(&text_once, make_text);
 	for (size_t i = 0; i < NREG; i++)
 		if (strcmp(name, registry[i].name) == 0)
-			return registry[i].precision_names;
+			return prec_text[i];
 	return NULL;
 }
 
@@ -84,7 +103,7 @@ int backend_open(struct backend **out, const char *name, const struct backend_pa
 			return err_set(CORE_EUSAGE, NULL, "device '%s' has no %s matrix products "
 				       "(it has: %s)", name,
 				       backend_precision_name(params->precision),
-				       registry[i].precision_names);
+				       backend_precisions(name));
 		struct backend *be = calloc(1, sizeof *be);
 		if (!be)
 			return err_set(CORE_ENOMEM, NULL, "cannot allocate the '%s' backend", name);

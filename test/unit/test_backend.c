@@ -2347,6 +2347,27 @@ static void attention_case(struct backend *be, struct backend *be32, struct back
 	free(qkv);
 }
 
+/* The names and precision lists are made from the registry (backend.c), written out here by
+ * hand: a backend or precision added to the table shows up in both, and in every test that
+ * loops over backend_names(). */
+Test(backend, registry_text)
+{
+	/* libcore decides whether cuda is in (nvcc found at build time), not this file */
+	if (backend_precisions("cuda")) {
+		cr_expect_str_eq(backend_names(), "cpu, ref, cuda");
+		cr_expect_str_eq(backend_precisions("cuda"), "fp32, tf32, bf16");
+	} else {
+		cr_expect_str_eq(backend_names(), "cpu, ref");
+	}
+	cr_expect_str_eq(backend_precisions("cpu"), "fp32, bf16");
+	cr_expect_str_eq(backend_precisions("ref"), "fp32");
+	cr_expect_null(backend_precisions("gpu"));
+	struct backend *be = NULL;
+	cr_expect_eq(backend_open(&be, "ref", &(struct backend_params){.precision = BACKEND_TF32}),
+		     CORE_EUSAGE);
+	cr_expect_str_eq(err_detail(), "device 'ref' has no tf32 matrix products (it has: fp32)");
+}
+
 Test(backend, reduced_precision_products, .timeout = 120)
 {
 	static const struct {
