@@ -17,6 +17,7 @@
 #include "io/corpus.h"
 #include "common/err.h"
 #include "common/progress.h"
+#include "dipaco/rundir.h"
 #include "io/shardsplit.h"
 #include "io/tokfile.h"
 #include "route/routesplit.h"
@@ -375,6 +376,7 @@ static void split_usage(FILE *fp)
 	fprintf(fp,
 		"usage: %s split --random P [options] IN.tok OUTDIR\n"
 		"       %s split --router ROUTER (-m BASE | --features F) [options] IN.tok OUTDIR\n"
+		"       %s split --run RUNDIR [--after-phase T] [--router ROUTER ...] [options] IN.tok\n"
 		"Divide the token file IN.tok into one shard per path, each document whole:\n"
 		"OUTDIR/shard-000.tok ... and OUTDIR/shards.json, which is also printed on\n"
 		"stdout as one line of JSON. --random draws each document's shard; --router\n"
@@ -382,11 +384,17 @@ static void split_usage(FILE *fp)
 		"its prefix features, or to its two best paths with --top 2, and prints a\n"
 		"routing report on stderr (shard sizes, overlap, and the label-by-shard table\n"
 		"with purity and NMI against random shards of the same sizes); the manifest on\n"
-		"stdout then carries the report as \"report\".\n\n"
+		"stdout then carries the report as \"report\". With --run, the shard count and\n"
+		"OUTDIR come from the run directory (dpc-rundir(5)): a random split unless\n"
+		"--router is given.\n\n"
 		"options:\n"
 		"      --random P        P shards, each document to one drawn at random,\n"
 		"                        P in [1, %d]\n"
 		"      --seed N          seed of the draw (default 0)\n"
+		"      --run RUNDIR      split for this DiPaCo run: as many shards as it has\n"
+		"                        paths, into RUNDIR/shards (no OUTDIR argument)\n"
+		"      --after-phase T   with --run: the shards of the phases after T, into\n"
+		"                        RUNDIR/phase-TTTT/shards (a re-sharding; phase T done)\n"
 		"      --router FILE     route with this document router (dpc-route(5))\n"
 		"  -m, --model FILE      the base checkpoint the router's features come from\n"
 		"      --features FILE   IN.tok's features (dpc-route features), instead of -m\n"
@@ -399,7 +407,7 @@ static void split_usage(FILE *fp)
 		"  -q, --quiet           no progress line on stderr\n"
 		"  -h, --help            show this help and exit\n"
 		"  -V, --version         show the version and exit\n",
-		prog, prog, SHARD_MAX_PATHS);
+		prog, prog, prog, SHARD_MAX_PATHS);
 }
 
 /* The routing report as text, on stderr. */
@@ -453,6 +461,31 @@ static void print_report(const json_t *r)
 		json_real_value(json_object_get(lab, "ari")));
 }
 
+/* --run: the run's path count as --random's P (or the router's, checked), and its folder
+ * for the shards of the phases after `after`. 0, or the exit status after the report. */
+static int split_into_run(const char *run, long after, struct shard_split_opts *o,
+			  struct route_split_opts *ro, char *outdir, size_t n)
+{
+	struct rundir r;
+	int rc = rundir_open(&r, run, 0);
+
+	if (rc)
+		return cli_report(prog, rc);
+	const int P = r.topo.npaths;
+	rc = rundir_split_dir(&r, after, outdir, n);
+	rundir_close(&r);
+	if (rc)
+		return cli_report(prog, rc);
+	if (o->paths && o->paths != (uint32_t)P)
+		return cli_usage_error(prog, "split: --random %u, but run '%s' has %d paths (with "
+				       "--run, leave --random out)", o->paths, run, P);
+	if (ro->router)
+		ro->want_paths = P;
+	else
+		o->paths = (uint32_t)P;
+	return 0;
+}
+
 static int cmd_split(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -465,6 +498,8 @@ static int cmd_split(int argc, char **argv)
 		{ "label", required_argument, NULL, 'L' },
 		{ "batch", required_argument, NULL, 'B' },
 		{ "threads", required_argument, NULL, 't' },
+		{ "run", required_argument, NULL, 'u' },
+		{ "after-phase", required_argument, NULL, 'a' },
 		{ "force", no_argument, NULL, 'f' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
@@ -472,6 +507,9 @@ static int cmd_split(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	struct shard_split_opts o = { 0 };
+	const char *run = NULL;
+	char outdir[RUNDIR_PATH_MAX];
+	long after = -1;
 	struct route_split_opts ro = { .batch = 64 };
 	struct shard_split_result res;
 	struct progress bar;
@@ -520,6 +558,13 @@ static int cmd_split(int argc, char **argv)
 			o.seed = (uint64_t)v;
 			seeded = 1;
 			break;
+		case 'u':
+			run = optarg;
+			break;
+		case 'a':
+			if ((rc = cli_parse_long("--after-phase", optarg, 0, LONG_MAX, &after)) < 0)
+				return cli_report(prog, rc);
+			break;
 		case 'f':
 			o.force = 1;
 			break;
@@ -535,11 +580,17 @@ static int cmd_split(int argc, char **argv)
 			return bad_option("split", longopts, argv, c);
 		}
 	}
-	if (argc - optind != 2)
-		return cli_usage_error(prog,
+	if (after >= 0 && !run)
+		return cli_usage_error(prog, "split: --after-phase goes with --run");
+	if (argc - optind != (run ? 1 : 2))
+		return cli_usage_error(prog, run ? "split: with --run, expected IN.tok alone (the "
+				       "run names OUTDIR), got %d argument%s (see %s split --help)" :
 				       "split: expected IN.tok and OUTDIR, got %d argument%s "
 				       "(see %s split --help)", argc - optind,
 				       argc - optind == 1 ? "" : "s", prog);
+	if (run && (rc = split_into_run(run, after < 0 ? 0 : after, &o, &ro, outdir,
+					sizeof outdir)) != 0)
+		return rc;
 	if (!o.paths == !ro.router)
 		return cli_usage_error(prog, "split: give --random P or --router FILE (one of them; "
 				       "see %s split --help)", prog);
@@ -555,7 +606,7 @@ static int cmd_split(int argc, char **argv)
 	if (ro.router && !ro.model == !ro.features)
 		return cli_usage_error(prog, "split: --router needs the base checkpoint (--model) "
 				       "or IN.tok's features (--features), one of them");
-	o.outdir = argv[optind + 1];
+	o.outdir = run ? outdir : argv[optind + 1];
 
 	progress_init(&bar, "split", 0);
 	if (!quiet) {

@@ -13,6 +13,9 @@
 #     --mpi N      N worker ranks under mpirun instead of make; MPIRUN_ARGS adds mpirun
 #                  options (a hostfile, say); RUNDIR must be on a filesystem every host sees
 #     --seed N     seed of the random shards (default 0)
+#     --router R   the first shards routed by the document router R (dpc-route kmeans or
+#                  fit) instead of drawn at random; with --features F, the training tokens'
+#                  features, and --top K (1 or 2); its report goes to RUNDIR/routing.txt
 #     --from CKPT  every module starts from this trained model (dpc-outer init --from)
 #     --moments    with --from: the paths start from its AdamW moments too (init --moments)
 #     --until T    stop after phase T (to re-shard the run with a router fitted on phase
@@ -28,8 +31,8 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$here/../build/bin
 jobs=2 threads=1 mpi=0 seed=0 until=0 quiet=0 sets="" device=cpu precision=fp32 from=""
-moments=""
-usage() { sed -n '6,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+moments="" router="" features="" top=1
+usage() { sed -n '6,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	-s) sets="$sets -s $2"; shift 2 ;;
@@ -39,17 +42,24 @@ while [ $# -gt 0 ]; do
 	--precision) precision=$2; shift 2 ;;
 	--mpi) mpi=$2; shift 2 ;;
 	--seed) seed=$2; shift 2 ;;
+	--router) router=$2; shift 2 ;;
+	--features) features=$2; shift 2 ;;
+	--top) top=$2; shift 2 ;;
 	--from) from=$2; shift 2 ;;
 	--moments) moments=--moments; shift ;;
 	--until) until=$2; shift 2 ;;
 	-q|--quiet) quiet=1; shift ;;
 	--bin) bin=$2; shift 2 ;;
-	-h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	-*) echo "dipaco-train.sh: unknown option '$1'" >&2; usage ;;
 	*) break ;;
 	esac
 done
 [ $# -ge 3 ] && [ $# -le 4 ] || usage
+if [ -n "$router" ] && [ -z "$features" ]; then
+	echo "dipaco-train.sh: --router needs --features F (the training tokens' features)" >&2
+	exit 2
+fi
 config=$1 run=$2 train=$3 val=${4:-}
 bin=$(cd "$bin" && pwd)
 for p in dpc-outer dpc-shard dpc-train-path; do
@@ -60,8 +70,16 @@ done
 init=$("$bin/dpc-outer" init -c "$config" $sets ${from:+--from "$from"} $moments --bin "$bin" \
 	"$run")
 paths=$(echo "$init" | sed 's/.*"paths":\([0-9]*\).*/\1/')
-if [ ! -e "$run/shards/shards.json" ]; then
-	"$bin/dpc-shard" split -q --random "$paths" --seed "$seed" "$train" "$run/shards" >/dev/null
+# the first phases' shards, unless the run has them: as many as paths, where the run keeps them
+if [ "$(echo "$init" | sed 's/.*"shards":\([0-9]*\).*/\1/')" = 0 ]; then
+	if [ -n "$router" ]; then
+		"$bin/dpc-shard" split --run "$run" --router "$router" --features "$features" \
+			--top "$top" "$train" >/dev/null 2>"$run/routing.txt" ||
+			{ cat "$run/routing.txt" >&2; exit 1; }
+		[ "$quiet" = 1 ] || cat "$run/routing.txt" >&2
+	else
+		"$bin/dpc-shard" split -q --run "$run" --seed "$seed" "$train" >/dev/null
+	fi
 fi
 if [ -n "$val" ] && [ ! -e "$run/val.tok" ]; then
 	cp "$val" "$run/val.tok.tmp.$$" && mv "$run/val.tok.tmp.$$" "$run/val.tok"

@@ -44,7 +44,7 @@ $bin/dpc-train-path --config configs/gpt-tiny.yaml --set train.steps=300 \
 	--set train.checkpoint_every=100 --set train.eval_every=0 --data "$chunked/train.tok" \
 	--out "$run/base.safetensors" --resume --quiet >"$run/base.json"
 
-stage "routing: features, k-means to 4 paths, shards"
+stage "routing: features, k-means to 4 paths"
 for s in train router val; do
 	[ -s "$run/features-$s.safetensors" ] ||
 		$bin/dpc-route features -q --prefix $prefix -m "$run/base.safetensors" \
@@ -53,17 +53,10 @@ done
 [ -s "$run/kmeans.safetensors" ] ||
 	$bin/dpc-route kmeans -k 4 -o "$run/kmeans.safetensors" \
 		"$run/features-train.safetensors" >/dev/null
-if [ ! -s "$run/dipaco/shards/shards.json" ]; then
-	mkdir -p "$run/dipaco"
-	$bin/dpc-shard split --router "$run/kmeans.safetensors" \
-		--features "$run/features-train.safetensors" "$chunked/train.tok" \
-		"$run/dipaco/shards" >"$run/shards.json" 2>"$run/routing.txt" ||
-		{ cat "$run/routing.txt" >&2; exit 1; }
-fi
-cat "$run/routing.txt"
 
-stage "training DiPaCo 2x2 forked from the base: 4 phases x 75 steps of 4 paths"
-sh scripts/dipaco-train.sh --from "$run/base.safetensors" -s dipaco.inner_steps=75 \
+stage "training DiPaCo 2x2 forked from the base on k-means shards: 4 phases x 75 steps"
+sh scripts/dipaco-train.sh --from "$run/base.safetensors" --router "$run/kmeans.safetensors" \
+	--features "$run/features-train.safetensors" -s dipaco.inner_steps=75 \
 	-s train.steps=300 -s train.warmup_steps=15 configs/dipaco-2x2.yaml "$run/dipaco" \
 	"$chunked/train.tok" "$chunked/val.tok" >"$run/dipaco.table"
 

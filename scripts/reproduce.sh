@@ -168,8 +168,8 @@ EOF
 fi
 
 # train NAME CONFIG JOBS THREADS [ARGS...]: one configuration under scripts/dipaco-train.sh
-# (ARGS: its -s overrides, --from, --until), its shards already in $run/NAME/shards or drawn
-# there at random; its wall time is kept in $run/NAME/wall (the invocation that finished it).
+# (ARGS: its -s overrides, --from, --until, and the router of its shards, else they are
+# drawn at random); its wall time is kept in $run/NAME/wall (the invocation that finished it).
 # A run stopped with --until is finished by the same call without it.
 train() {
 	name=$1 cfg=$2 j=$3 th=$4
@@ -207,7 +207,7 @@ if [ ! -s "$base" ]; then
 	echo "$(($(date +%s) - s)) 1 2 no" >"$run/base/wall"
 fi
 
-stage "routing: features of the base, k-means to 4 paths, top-1 and top-2 shards"
+stage "routing: features of the base, k-means to 4 paths"
 for s in train router val; do
 	[ -s "$r/features-$s.safetensors" ] ||
 		"$bin/dpc-route" features -q --prefix $prefix -m "$base" \
@@ -215,13 +215,10 @@ for s in train router val; do
 done
 [ -s "$r/kmeans.safetensors" ] ||
 	"$bin/dpc-route" kmeans -k 4 -o "$r/kmeans.safetensors" "$r/features-train.safetensors" >/dev/null
-# shards NAME TOP ROUTER FEATURES IN.tok: a routed split into $run/NAME/shards, its report kept
-shards() {
-	[ -s "$run/$1/shards/shards.json" ] && return 0
-	mkdir -p "$run/$1"
-	"$bin/dpc-shard" split --top "$2" --router "$3" --features "$4" "$5" "$run/$1/shards" \
-		>/dev/null 2>"$run/$1/routing.txt" || { cat "$run/$1/routing.txt" >&2; exit 1; }
-}
+# The k-means shards of a run, top-1 and top-2 (scripts/dipaco-train.sh splits the training
+# tokens into the run's shards, its report in RUNDIR/routing.txt)
+km1="--router $r/kmeans.safetensors --features $r/features-train.safetensors --top 1"
+km2="--router $r/kmeans.safetensors --features $r/features-train.safetensors --top 2"
 # The curves' validation set: a quarter of the validation documents, drawn once.
 [ -s "$r/val-quarter/shards.json" ] ||
 	"$bin/dpc-shard" split -q --random 4 --seed 1 "$val" "$r/val-quarter" >/dev/null
@@ -241,20 +238,17 @@ evaluate() {
 
 # ---- the sweep: short runs forked from the base -------------------------------------------
 stage "sweep: the outer optimizer of DiLoCo and DiPaCo 2x2 on $quarter phases"
-shards sweep/km 1 "$r/kmeans.safetensors" "$r/features-train.safetensors" "$train"
 short="-s dipaco.phases=$quarter -s dipaco.inner_steps=$tau -s train.steps=$((quarter * tau))"
 # sweep_run NAME CONFIG ROUTER SETS...: one short run and its loss on the quarter split
 sweep_run() {
 	sn=$1 cfg=$2 rt=$3
 	shift 3
 	[ -s "$run/eval/sweep-$sn.json" ] && return 0
-	d=$run/sweep/$sn
-	if [ ! -e "$d/shards/shards.json" ] && [ "$cfg" != diloco.yaml ] && [ "$cfg" != dense.yaml ]; then
-		mkdir -p "$d" && cp -r "$run/sweep/km/shards" "$d/"
-	fi
+	d=$run/sweep/$sn km=""
+	[ "$cfg" = diloco.yaml ] || [ "$cfg" = dense.yaml ] || km=$km1
 	# shellcheck disable=SC2086
-	sh scripts/dipaco-train.sh -q -j 2 -t 1 --from "$base" $model $short "$@" "configs/$cfg" \
-		"$d" "$train" >/dev/null
+	sh scripts/dipaco-train.sh -q -j 2 -t 1 --from "$base" $km $model $short "$@" \
+		"configs/$cfg" "$d" "$train" >/dev/null
 	evaluate "sweep-$sn" "$d" "$quarter" "$valq" "$rt"
 	rm -rf "$d"/phase-*/paths # the modules are enough; the paths are most of the bytes
 }
@@ -333,44 +327,39 @@ for h in full half; do
 		-s dipaco.phases=$all4 -s dipaco.inner_steps=$tau -s train.steps=$total \
 		-s train.warmup_steps=$warmup -s train.lr="$l"
 done
-for c in flat-moe dipaco-km dipaco-km-seed2 dipaco-km-seed3 dipaco-km-seed4 dipaco-head dipaco-avg dipaco-disc dipaco-es dipaco-moments; do
-	shards $c 1 "$r/kmeans.safetensors" "$r/features-train.safetensors" "$train"
-done
-for c in dipaco-top2 dipaco-paper; do
-	shards $c 2 "$r/kmeans.safetensors" "$r/features-train.safetensors" "$train"
-done
 # shellcheck disable=SC2086
 {
 	stage "DiLoCo: 4 workers on random shards"
 	train diloco diloco.yaml 2 1 --from "$base" $model $fork $diloco_sets
 	stage "flat MoE: 4 paths sharing nothing, k-means shards"
-	train flat-moe flat-moe.yaml 2 1 --from "$base" $model $fork $dipaco_sets
+	train flat-moe flat-moe.yaml 2 1 --from "$base" $km1 $model $fork $dipaco_sets
 	for seed in 1 2 3 4; do
 		nm=dipaco-km
 		[ $seed = 1 ] || nm=dipaco-km-seed$seed
 		stage "DiPaCo 2x2 on k-means shards, seed $seed"
-		train $nm dipaco-2x2.yaml 2 1 --from "$base" $model $fork $dipaco_sets -s train.seed=$seed
+		train $nm dipaco-2x2.yaml 2 1 --from "$base" $km1 $model $fork $dipaco_sets -s train.seed=$seed
 	done
 	stage "DiPaCo 2x2 on top-2 overlapping k-means shards"
-	train dipaco-top2 dipaco-2x2.yaml 2 1 --from "$base" $model $fork $dipaco_sets
+	train dipaco-top2 dipaco-2x2.yaml 2 1 --from "$base" $km2 $model $fork $dipaco_sets
 	stage "DiPaCo 2x2 with a path-specific level (last block and head)"
-	train dipaco-head dipaco-2x2-head.yaml 2 1 --from "$base" $model $fork $dipaco_sets
+	train dipaco-head dipaco-2x2-head.yaml 2 1 --from "$base" $km1 $model $fork $dipaco_sets
 	stage "DiPaCo 2x2 with plain averaging as the outer step"
-	train dipaco-avg dipaco-2x2.yaml 2 1 --from "$base" $model $fork $avg_sets
+	train dipaco-avg dipaco-2x2.yaml 2 1 --from "$base" $km1 $model $fork $avg_sets
 	stage "DiPaCo 2x2 holding out each shard's validation set (the paper's early stopping)"
-	train dipaco-es dipaco-2x2.yaml 2 1 --from "$base" $model $fork $dipaco_sets -s dipaco.holdout=true
+	train dipaco-es dipaco-2x2.yaml 2 1 --from "$base" $km1 $model $fork $dipaco_sets -s dipaco.holdout=true
 	stage "DiPaCo 2x2 starting from the base's AdamW moments"
-	train dipaco-moments dipaco-2x2.yaml 2 1 --from "$base" --moments $model $fork $dipaco_sets
+	train dipaco-moments dipaco-2x2.yaml 2 1 --from "$base" --moments $km1 $model $fork $dipaco_sets
 }
 
 # resharded NAME TOP: a run re-sharded after phase T/2 by a discriminative router fitted on
 # that phase's paths, its schedule restarting there
 hp=$(printf 'phase-%04d' "$half")
 resharded() {
-	nm=$1 top=$2 d=$run/$1
+	nm=$1 top=$2 d=$run/$1 km=$km1
+	[ "$top" = 2 ] && km=$km2
 	restart="-s train.restart_step=$((half * tau))"
 	# shellcheck disable=SC2086
-	train $nm dipaco-2x2.yaml 2 1 --from "$base" $model $fork $dipaco_sets $restart --until $half
+	train $nm dipaco-2x2.yaml 2 1 --from "$base" $km $model $fork $dipaco_sets $restart --until $half
 	[ -s "$r/scores-$nm-$hp.safetensors" ] ||
 		"$bin/dpc-route" score -q --run "$d" --phase "$half" --prefix $prefix \
 			-o "$r/scores-$nm-$hp.safetensors" "$router" >/dev/null
@@ -379,11 +368,11 @@ resharded() {
 			--features "$r/features-router.safetensors" -o "$r/disc-$nm-$hp.safetensors" \
 			"$router" >"$r/disc-$nm-$hp.json"
 	[ -s "$d/$hp/shards/shards.json" ] ||
-		"$bin/dpc-shard" split --top "$top" --router "$r/disc-$nm-$hp.safetensors" \
-			--features "$r/features-train.safetensors" "$train" "$d/$hp/shards" \
-			>/dev/null 2>"$d/routing-$hp.txt" || { cat "$d/routing-$hp.txt" >&2; exit 1; }
+		"$bin/dpc-shard" split --run "$d" --after-phase "$half" --top "$top" \
+			--router "$r/disc-$nm-$hp.safetensors" --features "$r/features-train.safetensors" \
+			"$train" >/dev/null 2>"$d/routing-$hp.txt" || { cat "$d/routing-$hp.txt" >&2; exit 1; }
 	# shellcheck disable=SC2086
-	train $nm dipaco-2x2.yaml 2 1 --from "$base" $model $fork $dipaco_sets $restart
+	train $nm dipaco-2x2.yaml 2 1 --from "$base" $km $model $fork $dipaco_sets $restart
 }
 stage "DiPaCo 2x2 re-sharded after phase $half by a discriminative router"
 resharded dipaco-disc 1

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <dirent.h>
-#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +12,7 @@
 
 #include "common/err.h"
 #include "io/atomicio.h"
+#include "io/shardsplit.h"
 #include "common/banned.h"
 
 __attribute__((format(printf, 3, 4)))
@@ -45,9 +45,35 @@ int rundir_shard_dir(const struct rundir *r, long phase, char *buf, size_t n)
 
 int rundir_shard(const struct rundir *r, long phase, int p, char *buf, size_t n)
 {
-	char dir[RUNDIR_PATH_MAX];
+	char dir[RUNDIR_PATH_MAX], name[64];
 	ERR_FORWARD(rundir_shard_dir(r, phase, dir, sizeof dir));
-	return name_into(buf, n, "%s/shard-%0*d.tok", dir, topo_path_digits(&r->topo), p);
+	ERR_FORWARD(shard_file_name(name, sizeof name, (uint32_t)p, (uint32_t)r->topo.npaths));
+	return name_into(buf, n, "%s/%s", dir, name);
+}
+
+int rundir_split_dir(const struct rundir *r, long after, char *buf, size_t n)
+{
+	char path[RUNDIR_PATH_MAX];
+
+	if (after < 0 || after >= r->cfg.dipaco.phases)
+		return err_set(CORE_EUSAGE, r->dir, "has phases 1..%ld: a re-sharding goes after "
+			       "phase 1 to %ld, not %ld", r->cfg.dipaco.phases,
+			       r->cfg.dipaco.phases - 1, after);
+	for (int m = 0; after > 0 && m < r->topo.nmodules; m++) {
+		ERR_FORWARD(rundir_module(r, after, m, ".safetensors", path, sizeof path));
+		if (access(path, F_OK) != 0)
+			return err_set(CORE_EUSAGE, path, "does not exist: phase %ld has not finished, "
+				       "so there is nothing to re-shard after yet", after);
+	}
+	for (int p = 0; p < r->topo.npaths; p++) {
+		ERR_FORWARD(rundir_path_ckpt(r, after + 1, p, ".safetensors", path, sizeof path));
+		if (access(path, F_OK) == 0)
+			return err_set(CORE_EUSAGE, path, "exists: phase %ld has trained on the "
+				       "shards it had; new shards for it would not match", after + 1);
+	}
+	if (after == 0)
+		return name_into(buf, n, "%s/shards", r->dir);
+	return name_into(buf, n, "%s/phase-%04ld/shards", r->dir, after);
 }
 
 int rundir_path_ckpt(const struct rundir *r, long phase, int p, const char *ext, char *buf,
@@ -109,51 +135,31 @@ int rundir_make_phase(const struct rundir *r, long phase)
 	return make_dir(buf);
 }
 
-/* SHARDS/shards.json: {"paths": P, "shards": [{"file", "docs", "tokens"}, ...]}. */
+/* The shards' manifest (shard_manifest_read, its one reader). */
 int rundir_read_shards(struct rundir *r, long phase, int need)
 {
-	char path[RUNDIR_PATH_MAX];
-	json_error_t je;
+	char dir[RUNDIR_PATH_MAX], path[RUNDIR_PATH_MAX];
+	uint64_t *tokens = NULL;
+	uint32_t P = 0;
 
 	free(r->shard_tokens);
 	r->shard_tokens = NULL;
 	r->have_shards = 0;
-	char dir[RUNDIR_PATH_MAX];
 	ERR_FORWARD(rundir_shard_dir(r, phase, dir, sizeof dir));
-	ERR_FORWARD(name_into(path, sizeof path, "%s/shards.json", dir));
-	json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-	if (!root) {
-		if (!need && access(path, F_OK) != 0)
-			return 0;
-		if (access(path, F_OK) != 0)
-			return err_set(CORE_ENOTFOUND, path, "no shard manifest (make the shards "
-				       "with dpc-shard split)");
-		return err_set(CORE_EFORMAT, path, "line %d: %.200s", je.line, je.text);
-	}
-	json_t *sh = json_object_get(root, "shards");
-	json_t *np = json_object_get(root, "paths");
+	ERR_FORWARD(name_into(path, sizeof path, "%s/%s", dir, SHARD_MANIFEST));
+	if (!need && access(path, F_OK) != 0)
+		return 0;
+	ERR_FORWARD(shard_manifest_read(dir, &P, &tokens));
 	int rc = 0;
-	if (!json_is_array(sh) || !json_is_integer(np) ||
-	    json_array_size(sh) != (size_t)json_integer_value(np)) {
-		rc = err_set(CORE_EFORMAT, path, "not a shard manifest (no 'paths' and 'shards' of "
-			     "that length)");
-	} else if (json_array_size(sh) != (size_t)r->topo.npaths) {
-		rc = err_set(CORE_ECONFIG, path, "holds %zu shards, the config has %d paths",
-			     json_array_size(sh), r->topo.npaths);
-	} else {
-		r->shard_tokens = calloc((size_t)r->topo.npaths, sizeof *r->shard_tokens);
-		if (!r->shard_tokens)
-			rc = err_set(CORE_ENOMEM, path, "out of memory");
-		for (int p = 0; !rc && p < r->topo.npaths; p++) {
-			json_t *tk = json_object_get(json_array_get(sh, (size_t)p), "tokens");
-			if (!json_is_integer(tk) || json_integer_value(tk) < 2)
-				rc = err_set(CORE_EFORMAT, path, "shard %d has no valid 'tokens'", p);
-			else
-				r->shard_tokens[p] = (double)json_integer_value(tk);
-		}
-		r->have_shards = !rc;
-	}
-	json_decref(root);
+	if (P != (uint32_t)r->topo.npaths)
+		rc = err_set(CORE_ECONFIG, path, "holds %u shards, the config has %d paths", P,
+			     r->topo.npaths);
+	else if (!(r->shard_tokens = calloc((size_t)P, sizeof *r->shard_tokens)))
+		rc = err_set(CORE_ENOMEM, path, "out of memory");
+	for (uint32_t p = 0; !rc && p < P; p++)
+		r->shard_tokens[p] = (double)tokens[p];
+	r->have_shards = !rc;
+	free(tokens);
 	return rc;
 }
 

@@ -57,6 +57,12 @@ int rundir_create(const char *dir, const struct run_config *c);
  * phase T's paths), else RUNDIR/shards. */
 int rundir_shard_dir(const struct rundir *r, long phase, char *buf, size_t n);
 int rundir_shard(const struct rundir *r, long phase, int p, char *buf, size_t n);
+/* Where a split of the run's training tokens goes (dpc-shard split --run): RUNDIR/shards
+ * for the first phases (after = 0), else RUNDIR/phase-TTTT/shards, the shards of the phases
+ * after T (a re-sharding after phase T: 1 <= T < dipaco.phases, and phase T's modules all
+ * written). Either way no path of the first phase to train on them may exist yet (it
+ * trained on other shards): CORE_EUSAGE naming what is wrong. */
+int rundir_split_dir(const struct rundir *r, long after, char *buf, size_t n);
 /* Read the manifest of the shards phase t trains on into shard_tokens (rundir_open reads
  * phase 1's); with need = 0 a missing manifest leaves have_shards 0. */
 int rundir_read_shards(struct rundir *r, long phase, int need);

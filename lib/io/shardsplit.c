@@ -388,6 +388,55 @@ int shard_split_random(const char *input, const struct shard_split_opts *o,
 	return rc;
 }
 
+int shard_manifest_read(const char *dir, uint32_t *paths, uint64_t **tokens)
+{
+	char path[4096], name[64];
+	json_error_t je;
+	int rc = 0;
+
+	*paths = 0;
+	*tokens = NULL;
+	ERR_FORWARD(join(path, sizeof path, dir, SHARD_MANIFEST));
+	if (access(path, F_OK) != 0)
+		return err_set(CORE_ENOTFOUND, path, "no shard manifest (make the shards with "
+			       "dpc-shard split)");
+	json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+	if (!root)
+		return err_set(CORE_EFORMAT, path, "line %d: %.200s", je.line, je.text);
+	json_t *sh = json_object_get(root, "shards"), *np = json_object_get(root, "paths");
+	if (!json_is_array(sh) || !json_is_integer(np) || json_integer_value(np) < 1 ||
+	    json_integer_value(np) > SHARD_MAX_PATHS ||
+	    json_array_size(sh) != (size_t)json_integer_value(np)) {
+		json_decref(root);
+		return err_set(CORE_EFORMAT, path, "not a shard manifest (no 'paths' and 'shards' "
+			       "of that length)");
+	}
+	const uint32_t P = (uint32_t)json_integer_value(np);
+	uint64_t *tk = calloc(P, sizeof *tk);
+	if (!tk)
+		rc = err_set(CORE_ENOMEM, path, "out of memory");
+	for (uint32_t s = 0; !rc && s < P; s++) {
+		json_t *e = json_array_get(sh, s), *t = json_object_get(e, "tokens");
+		const char *f = json_string_value(json_object_get(e, "file"));
+		rc = shard_file_name(name, sizeof name, s, P);
+		if (!rc && (!json_is_integer(t) || json_integer_value(t) < SHARD_MIN_TOKENS))
+			rc = err_set(CORE_EFORMAT, path, "shard %u has no valid 'tokens'", s);
+		else if (!rc && (!f || strcmp(f, name) != 0))
+			rc = err_set(CORE_EFORMAT, path, "shard %u is '%.64s', not '%s'", s,
+				     f ? f : "(no file)", name);
+		else if (!rc)
+			tk[s] = (uint64_t)json_integer_value(t);
+	}
+	json_decref(root);
+	if (rc) {
+		free(tk);
+		return rc;
+	}
+	*paths = P;
+	*tokens = tk;
+	return 0;
+}
+
 json_t *shard_manifest_json(const struct shard_split_result *r)
 {
 	json_t *shards = json_array();

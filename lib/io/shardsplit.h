@@ -94,6 +94,12 @@ int shard_split_write(const struct tokfile *in, const uint32_t *assign, const ch
 int shard_split_random(const char *input, const struct shard_split_opts *o,
 		       struct shard_split_result *r);
 
+/* Read DIR/shards.json as shard_split_write wrote it: the shard count into *paths and each
+ * shard's token count into (*tokens)[paths] (malloc'd; the caller frees it), every entry
+ * naming the file shard_file_name gives. CORE_ENOTFOUND when there is no manifest,
+ * CORE_EFORMAT naming the file when it is not one. The one reader of the manifest. */
+int shard_manifest_read(const char *dir, uint32_t *paths, uint64_t **tokens);
+
 /* The manifest object of r (a new reference; NULL when out of memory). */
 struct json_t *shard_manifest_json(const struct shard_split_result *r);
 

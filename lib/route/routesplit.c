@@ -162,6 +162,9 @@ int route_split(const char *input, const struct route_split_opts *o,
 	if (r.kind == ROUTER_WINDOW)
 		rc = err_set(CORE_EFORMAT, o->router, "is a window router (for evaluation); "
 			     "shards take a document router (kmeans or logreg)");
+	else if (o->want_paths > 0 && r.paths != o->want_paths)
+		rc = err_set(CORE_EUSAGE, o->router, "routes to %d path%s, the run has %d", r.paths,
+			     r.paths == 1 ? "" : "s", o->want_paths);
 	else if (top > r.paths)
 		rc = err_set(CORE_EUSAGE, o->router, "routes to %d path%s: no top %d", r.paths,
 			     r.paths == 1 ? "" : "s", top);

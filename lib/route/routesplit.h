@@ -31,6 +31,7 @@ struct route_split_opts {
 	int batch;            /* documents per forward when computing features */
 	const char *label;    /* metadata key of the label, or NULL (see above) */
 	struct shard_split_opts split; /* outdir, force, top, progress; paths from the router */
+	int want_paths;       /* > 0: the router must route to this many paths (a run's) */
 };
 
 /* Route input and write its shards; *report gets the report (a new reference). */

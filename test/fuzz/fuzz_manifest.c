@@ -1,6 +1,6 @@
 /* fuzz_manifest.c - the shard manifest of a DiPaCo run directory (RUNDIR/shards/shards.json,
- * dpc-rundir(5)), read by rundir_open (lib/dipaco/rundir.c; its reader read_manifest is
- * static, so it is reached through rundir_open with a fixed, valid config.yaml of 4 paths).
+ * dpc-rundir(5)), read by shard_manifest_read (lib/io/shardsplit.c, its one reader) through
+ * rundir_open with a fixed, valid config.yaml of 4 paths, which also checks the count.
  *
  * A failure must keep the error contract naming the manifest. An accepted manifest gives
  * one token count of at least 2 per path. Seeds: corpus/manifest. */

@@ -117,6 +117,9 @@ def main():
     out("manifest", "four.json", manifest([100, 2, 3000, 7]))
     out("manifest", "two.json", manifest([100, 200]))
     out("manifest", "few-tokens.json", manifest([100, 1, 5, 5]))
+    wrong = json.loads(manifest([100, 2, 3000, 7]))
+    wrong["shards"][2]["file"] = "shard-2.tok"
+    out("manifest", "wrong-name.json", json.dumps(wrong, indent=2) + "\n")
 
     moedict()
 

@@ -261,6 +261,26 @@ expect_fail 2 "^dpc-outer: 'G/phase-0000/moments\.safetensors': is checkpoint [0
 	"$O" init -c "$cfgdir/dipaco-2x2.yaml" $small --from base.st --moments G
 echo "dpc-outer init --from: another shape, vocabulary or kind refused; another source refused on a rerun; --moments checked"
 
+# ---- dpc-shard split --run: the run's path count and shard folder -----------------------
+# shellcheck disable=SC2086
+expect_ok "$O" init -c "$cfgdir/dipaco-2x2.yaml" $small H
+expect_ok "$BIN/dpc-shard" split -q --run H d/train.tok
+expect_ok "$BIN/dpc-shard" split -q --random 4 d/train.tok Href
+for f in shards.json shard-000.tok shard-001.tok shard-002.tok shard-003.tok; do
+	same_file H/shards/$f Href/$f
+done
+expect_fail 2 "^dpc-shard: 'H/phase-0001/modules/lower\.0\.safetensors': does not exist: phase 1 has not finished, so there is nothing to re-shard after yet$" \
+	"$BIN/dpc-shard" split -q --run H --after-phase 1 d/train.tok
+expect_fail 2 "^dpc-shard: 'H': has phases 1\.\.2: a re-sharding goes after phase 1 to 1, not 2$" \
+	"$BIN/dpc-shard" split -q --run H --after-phase 2 d/train.tok
+expect_fail 2 "^dpc-shard: split: --random 3, but run 'H' has 4 paths \(with --run, leave --random out\)$" \
+	"$BIN/dpc-shard" split -q --run H --random 3 d/train.tok
+expect_fail 2 "^dpc-shard: split: with --run, expected IN\.tok alone \(the run names OUTDIR\), got 2 arguments" \
+	"$BIN/dpc-shard" split -q --run H d/train.tok H/shards
+expect_fail 2 "^dpc-shard: split: --after-phase goes with --run$" \
+	"$BIN/dpc-shard" split -q --after-phase 1 --random 4 d/train.tok Hx
+echo "dpc-shard split --run: the same shards as --random P into RUNDIR/shards; bad phases and counts refused"
+
 # ---- a value that is not finite in a module of phase t-1 (checksums right: stedit.py) ------
 # A path checkpoint with a NaN is refused (case 8); the same NaN in the module the step starts
 # from, or in one a training task assembles, must be refused too, naming that module. Last,

@@ -566,3 +566,63 @@ Test(shardsplit, failed_write_leaves_old_split)
 	free_corpus(&c);
 	free_corpus(&big);
 }
+
+/* ---- the manifest's one reader ------------------------------------------------------------ */
+
+/* shard_manifest_read against the corpus itself: each shard's token count is the sum of the
+ * lengths of the documents the generator sends there (counted here from the same draw), and
+ * a manifest that names another file, lacks tokens or is missing is refused naming it. */
+Test(shardsplit, manifest_read)
+{
+	struct shard_split_opts o = { .paths = 3, .seed = 7 };
+	struct shard_split_result r;
+	struct corpus c;
+	char out[256], p[512];
+	uint64_t want[3] = { 0 }, *tokens = NULL;
+	uint32_t P = 0;
+
+	make_corpus(&c, "in.tok", 40, 256, len_plus_two);
+	for (int d = 0; d < 40; d++)
+		want[rng_below(7, RNG_STREAM_SHARD, (uint64_t)d, 3)] += c.len[d];
+	snprintf(out, sizeof out, "%s/m", dir);
+	o.outdir = out;
+	cr_assert_eq(shard_split_random(c.path, &o, &r), 0, "%s", err_detail());
+	shard_split_result_free(&r);
+	cr_assert_eq(shard_manifest_read(out, &P, &tokens), 0, "%s", err_detail());
+	cr_assert_eq(P, 3);
+	for (int s = 0; s < 3; s++)
+		cr_expect_eq(tokens[s], want[s], "shard %d: %llu tokens, %llu drawn", s,
+			     (unsigned long long)tokens[s], (unsigned long long)want[s]);
+	free(tokens);
+
+	static const struct {
+		const char *text, *detail;
+	} bad[] = {
+		{ "{\"paths\": 2, \"shards\": [{\"file\": \"shard-000.tok\", \"tokens\": 5}, "
+		  "{\"file\": \"shard-01.tok\", \"tokens\": 5}]}",
+		  "shard 1 is 'shard-01.tok', not 'shard-001.tok'" },
+		{ "{\"paths\": 2, \"shards\": [{\"file\": \"shard-000.tok\", \"tokens\": 5}, "
+		  "{\"file\": \"shard-001.tok\", \"tokens\": 1}]}",
+		  "shard 1 has no valid 'tokens'" },
+		{ "{\"paths\": 3, \"shards\": [{\"file\": \"shard-000.tok\", \"tokens\": 5}]}",
+		  "not a shard manifest (no 'paths' and 'shards' of that length)" },
+		{ "{\"paths\": 0, \"shards\": []}",
+		  "not a shard manifest (no 'paths' and 'shards' of that length)" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		snprintf(p, sizeof p, "%s/shards.json", out);
+		FILE *f = fopen(p, "w");
+		cr_assert(f);
+		fputs(bad[i].text, f);
+		fclose(f);
+		P = 9;
+		tokens = (uint64_t *)1;
+		cr_expect_eq(shard_manifest_read(out, &P, &tokens), CORE_EFORMAT, "case %zu", i);
+		cr_expect_str_eq(err_detail(), bad[i].detail, "case %zu", i);
+		cr_expect(strstr(err_file(), "shards.json"), "case %zu: %s", i, err_file());
+		cr_expect(P == 0 && tokens == NULL, "case %zu: outputs not cleared", i);
+	}
+	snprintf(out, sizeof out, "%s/none", dir);
+	cr_expect_eq(shard_manifest_read(out, &P, &tokens), CORE_ENOTFOUND);
+	free_corpus(&c);
+}
