@@ -19,6 +19,8 @@
 #include "dipaco/outer.h"
 #include "dipaco/plan.h"
 #include "dipaco/rundir.h"
+#include "dist/dist.h"
+#include "common/jsonfmt.h"
 #include "io/atomicio.h"
 #include "io/config.h"
 #include "io/safetensors.h"
@@ -49,7 +51,7 @@ static const struct subcommand commands[] = {
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
-#define JSON_LINE (JSON_COMPACT | JSON_REAL_PRECISION(9))
+#define JSON_LINE (JSON_COMPACT | CORE_JSON_REAL)
 
 static void usage(FILE *fp)
 {
@@ -625,20 +627,6 @@ static void step_usage(FILE *fp)
 		"  -h, --help           show this help and exit\n", prog);
 }
 
-/* Rank and size under mpirun (Open MPI, MPICH and Slurm set these), without linking MPI. */
-static int mpi_slice(long *i, long *n)
-{
-	static const char *const pairs[][2] = {
-		{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"},
-	};
-	for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
-		const char *r = getenv(pairs[k][0]), *s = getenv(pairs[k][1]);
-		if (r && s && cli_parse_long(pairs[k][0], r, 0, INT_MAX, i) == 0 &&
-		    cli_parse_long(pairs[k][1], s, 1, INT_MAX, n) == 0 && *i < *n)
-			return 1;
-	}
-	return 0;
-}
 
 static int parse_slice(const char *s, long *i, long *n)
 {
@@ -839,7 +827,7 @@ static int cmd_step(int argc, char **argv)
 		return cli_usage_error(prog, "step: --module and --slice exclude each other");
 	}
 	if (!nnames && !have_slice)
-		mpi_slice(&si, &sn); /* every module, or this rank's share under mpirun */
+		dist_launcher(&si, &sn); /* every module, or this rank's share under mpirun */
 	rc = rundir_open(&r, argv[optind], 0);
 	if (rc) {
 		free(names);

@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "cli/cli.h"
 #include "common/err.h"
+#include "common/jsonfmt.h"
 #include "common/progress.h"
 #include "common/rng.h"
 #include "dipaco/pathtrain.h"
@@ -100,7 +101,7 @@ static int print_json(json_t *j)
 {
 	if (j && gemm_kernel)
 		json_object_set_new(j, "gemm_kernel", json_string(gemm_kernel));
-	int rc = cli_print_json(j, JSON_INDENT(2) | JSON_REAL_PRECISION(8));
+	int rc = cli_print_json(j, JSON_INDENT(2));
 
 	return rc < 0 ? cli_report(prog, rc) : 0;
 }
@@ -1214,7 +1215,7 @@ static int cmd_eval(int argc, char **argv)
 			      "modes", rows);
 	free(src);
 	if (json_path) {
-		char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(8)) : NULL;
+		char *text = j ? json_dumps(j, JSON_INDENT(2) | CORE_JSON_REAL) : NULL;
 		rc = text ? file_write_atomic(json_path, text, strlen(text)) : CORE_ENOMEM;
 		free(text);
 		if (rc < 0)

@@ -71,7 +71,7 @@ static int bad_option(const char *cmd, const struct option *longopts, char **arg
 /* The JSON result on stdout; takes the reference. 0, or the exit status after the report. */
 static int print_json_flags(json_t *j, size_t flags)
 {
-	int rc = cli_print_json(j, flags | JSON_REAL_PRECISION(10));
+	int rc = cli_print_json(j, flags);
 
 	return rc < 0 ? cli_report(prog, rc) : 0;
 }

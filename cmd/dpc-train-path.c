@@ -82,7 +82,7 @@ static int is_regular(const char *path)
 }
 
 /* The results: one JSON object on a line of stdout (cli_print_json). */
-static const size_t json_flags = JSON_COMPACT | JSON_REAL_PRECISION(9);
+static const size_t json_flags = JSON_COMPACT;
 
 static int run_eval(struct backend *be, const char *ckpt, const char *data, long max_tokens)
 {
@@ -203,7 +203,7 @@ static int run_info(const char *ckpt)
 					"seq_len", info.model.seq_len, "vocab_size",
 					info.model.vocab_size), "config", config, "tensors", tensors);
 	st_close(&f);
-	rc = cli_print_json(j, JSON_INDENT(1) | JSON_REAL_PRECISION(9));
+	rc = cli_print_json(j, JSON_INDENT(1));
 	return rc ? cli_report(prog, rc) : 0;
 }
 

@@ -263,7 +263,7 @@ static void print_table(const char *impl, const struct moe_bench_result *r, doub
 /* One JSON object per run on a line of stdout; takes the reference. */
 static int print_json(json_t *j)
 {
-	return cli_print_json(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+	return cli_print_json(j, JSON_COMPACT);
 }
 
 static int report_layer(const struct moe_bench_opts *o, const char *trace,
@@ -427,7 +427,8 @@ static int run(const struct moe_bench_opts *o, const char *trace, int only_encde
 /* Started by a launcher (mpirun, srun with PMIx): run distributed even with no option. */
 static int launched(void)
 {
-	return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_SIZE");
+	long rank, size;
+	return dist_launcher(&rank, &size);
 }
 
 static void plan_str(char *buf, size_t n, const struct moe_plan *p)

@@ -282,7 +282,7 @@ static void sim_table(const char *what, const struct dist_net *net, int maxw, in
 				      "crossover_W", cross ? json_integer(cross) : json_null(),
 				      "points", pts);
 		if (q == 0)
-			cli_print_json(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+			cli_print_json(j, JSON_COMPACT);
 		else
 			json_decref(j);
 	}

@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "common/editdist.h"
 #include "common/err.h"
+#include "common/jsonfmt.h"
 #include "common/banned.h"
 
 /* strtol and strtod skip leading white space, which no other malformed number gets past:
@@ -145,7 +146,7 @@ int cli_print_json(json_t *j, size_t flags)
 	if (!j)
 		return err_set(CORE_ENOMEM, NULL, "cannot build the JSON result");
 	errno = 0;
-	rc = json_dumpf(j, stdout, flags);
+	rc = json_dumpf(j, stdout, (flags & ~(size_t)JSON_REAL_PRECISION(31)) | CORE_JSON_REAL);
 	json_decref(j);
 	if (rc == 0)
 		putchar('\n');

@@ -24,9 +24,10 @@ int cli_report(const char *prog, int code);
  * table given to getopt_long; help names what to run for help ("dpc-shard prepare"). */
 int cli_bad_option(const char *prog, const char *help, const struct option *longopts,
 		   char **argv, int c);
-/* Print j on stdout as json_dumpf() flags say, then a newline, and flush; takes the
- * reference (j may be NULL: a failed json_pack, CORE_ENOMEM). CORE_EIO naming "<stdout>"
- * when the write or the flush fails. */
+/* Print j on stdout as json_dumpf() flags say, numbers always in the one format of
+ * common/jsonfmt.h (any precision in flags is replaced), then a newline, and flush; takes
+ * the reference (j may be NULL: a failed json_pack, CORE_ENOMEM). CORE_EIO naming
+ * "<stdout>" when the write or the flush fails. */
 int cli_print_json(struct json_t *j, size_t flags);
 /* Print "prog: <printf message>" on stderr, its control characters escaped as err_escape
  * does (one line whatever it quotes), and return 2 (usage error). */

@@ -38,6 +38,12 @@ struct dist; /* opaque */
 
 /* 1 when built with MPI, 0 otherwise. */
 int dist_have_mpi(void);
+/* Whether a launcher started this process, from its environment alone (no MPI needed): the
+ * first of Open MPI's (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE), MPICH Hydra's and Slurm
+ * PMI2's (PMI_RANK, PMI_SIZE) and PMIx under srun (PMIX_RANK, SLURM_NTASKS) that holds a
+ * rank below a size >= 1: 1 with them in *rank and *size, else 0 with 0 and 1. The one
+ * "under mpirun?" test of every program (lib/dist/launcher.c). */
+int dist_launcher(long *rank, long *size);
 
 /* Join the world (MPI_Init_thread unless MPI is initialised already; MPI_Finalize in
  * dist_close then belongs to whoever initialised it). local_size: 0 = the host layout

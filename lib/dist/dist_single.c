@@ -4,12 +4,10 @@
  *
  * A build without MPI started by mpirun with several processes would otherwise run W
  * copies of the same one-rank job, each believing it is the whole world; the launchers'
- * environment gives that away (Open MPI's OMPI_COMM_WORLD_SIZE, the PMI_SIZE of MPICH's
- * Hydra and of Slurm's PMI2), and dist_open refuses it.
+ * environment gives that away (dist_launcher), and dist_open refuses it.
  */
 #include "dist/dist.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,28 +26,14 @@ struct dist {
 
 int dist_have_mpi(void) { return 0; }
 
-/* The number of processes a launcher says it started (an environment variable), or 1. */
-static long launched(const char *var)
-{
-	const char *s = getenv(var);
-	char *end;
-
-	if (!s || !*s)
-		return 1;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	return errno || *end ? 1 : v;
-}
-
 int dist_open(struct dist **out, int local_size)
 {
-	static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+	long rank, size;
 
 	*out = NULL;
-	for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-		if (launched(vars[i]) > 1)
-			return err_set(CORE_EUNSUPPORTED, NULL, "this build has no MPI (install "
-				       "libopenmpi-dev and rebuild)");
+	if (dist_launcher(&rank, &size) && size > 1)
+		return err_set(CORE_EUNSUPPORTED, NULL, "this build has no MPI (install "
+			       "libopenmpi-dev and rebuild)");
 	if (local_size < 0)
 		return err_set(CORE_EUSAGE, NULL, "local size %d is negative", local_size);
 	if (local_size > 1)

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/jsonfmt.h"
 #include "common/banned.h"
 
 int metrics_open(struct metrics *m, const char *path)
@@ -139,7 +140,7 @@ int metrics_event(struct metrics *m, const char *event, ...)
 	}
 	va_end(ap);
 
-	char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+	char *s = json_dumps(o, JSON_COMPACT | CORE_JSON_REAL);
 	json_decref(o);
 	if (!s)
 		return err_set(CORE_ENOMEM, m->path, "cannot format event");
