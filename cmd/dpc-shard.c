@@ -1,8 +1,8 @@
-/* dpc-shard - turn raw documents into token files, and split them into per-path shards.
+/* dpc-shard - turn raw documents into token files, and split them into per-path shards (at
+ * random, or by a router's choice of paths).
  *
- * Thin by design: options are parsed here, the work is corpus_prepare(), tokfile_open() and
- * shard_split_random() in libcore. Subcommands live in one table so that new ones (a
- * router-based split) slot in as new rows.
+ * Options are parsed here; the work is corpus_prepare(), tokfile_open() and the shard
+ * splits in libcore. Subcommands live in one table.
  */
 #include <errno.h>
 #include <getopt.h>

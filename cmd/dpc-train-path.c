@@ -1,5 +1,7 @@
-/* dpc-train-path - train one path (or a dense GPT-2) on a token file, evaluate a checkpoint,
- * or export one for Hugging Face transformers. Thin: options here, the loop in lib/train.c. See dpc-train-path(1). */
+/* dpc-train-path - train one path (or a dense GPT-2) on a token file, train phase t of path
+ * p of a DiPaCo run, evaluate a checkpoint, or export one for Hugging Face transformers.
+ * Options here; the loops in lib/model/train.c and lib/dipaco/pathtrain.c. See
+ * dpc-train-path(1). */
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>

@@ -2,8 +2,8 @@
  * a registry, that owns its memory and runs every operation the model and the MoE layer need.
  *
  * The model (lib/model) and the MoE layer (lib/moe) are written against this table only, so a
- * device backend (CUDA: a later issue) is added by filling the same table with its own kernels
- * and registering it; nothing above this layer changes. Built in:
+ * device backend is added by filling the same table with its own kernels and one row of the
+ * registry (backend.c); nothing above this layer changes. Built in:
  *   cpu   OpenMP loops and OpenBLAS sgemm: what every program runs by default;
  *   ref   plain C loops accumulating in double, no BLAS, no threads: the oracle every other
  *         backend is tested against, op by op (test/unit/test_backend.c), as ggml's

@@ -100,12 +100,3 @@ int tensor_is_contiguous(const struct tensor *t)
 	return 1;
 }
 
-int tensor_same_shape(const struct tensor *a, const struct tensor *b)
-{
-	if (a->type != b->type || a->ndim != b->ndim)
-		return 0;
-	for (int i = 0; i < a->ndim; i++)
-		if (a->ne[i] != b->ne[i])
-			return 0;
-	return 1;
-}

@@ -2,6 +2,8 @@
  *
  * A tensor is a typed, strided view of memory it may or may not own. Sizes are given
  * innermost-last as in PyTorch (ne[0] is the outermost dimension), strides in bytes. The
+ * names ne/nb are ggml's, the order is not: ggml's ne[0] is the innermost (contiguous)
+ * dimension, ours is the outermost, so ggml's ne[0] is our ne[ndim - 1]. The
  * backend pointer says where the data lives; device details stay behind it (backend.h).
  */
 #ifndef CORE_TENSOR_H
@@ -43,7 +45,5 @@ void tensor_free(struct tensor *t);
 int64_t tensor_numel(const struct tensor *t);
 size_t tensor_nbytes(const struct tensor *t);
 int tensor_is_contiguous(const struct tensor *t);
-/* 1 when both have the same dtype and shape. */
-int tensor_same_shape(const struct tensor *a, const struct tensor *b);
 
 #endif

@@ -739,13 +739,6 @@ int gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, l
 				       grad_scale);
 }
 
-size_t gpt2_activation_bytes(const struct gpt2 *g)
-{
-	const struct gpt2_acts *a = g->acts;
-	return a->nfloats * sizeof(float) + g->be->op->workspace_bytes(g->be) +
-	       2 * sizeof(int32_t) * (size_t)g->B * g->T;
-}
-
 struct tensor *gpt2_find(struct gpt2 *g, const char *name)
 {
 	for (int i = 0; i < g->nviews; i++)

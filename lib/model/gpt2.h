@@ -118,10 +118,6 @@ int gpt2_grad_norm(struct gpt2 *g, float *norm);
  * by grad_scale first (global-norm clipping passes clip/norm or 1). */
 int gpt2_adamw_step(struct gpt2 *g, const struct adamw_config *opt, double lr, long t,
 		    float grad_scale);
-/* Bytes of activation memory held: what the backward keeps from the forward, the backward's
- * scratch buffers and the backend's workspace (params, grads and moments are 16 * nparams
- * bytes on top). For memory accounting. */
-size_t gpt2_activation_bytes(const struct gpt2 *g);
 /* Time the matrix products from now on (enable = 1; clears the total) or stop timing. */
 void gpt2_profile(struct gpt2 *g, int enable);
 /* Wall-clock seconds spent in matrix products since gpt2_profile(g, 1). */

@@ -325,7 +325,6 @@ void moe_layer_free(struct moe_layer *l)
 const struct moe_routing *moe_layer_routing(const struct moe_layer *l) { return &l->r; }
 const struct backend_moe_route *moe_layer_route(const struct moe_layer *l) { return &l->route; }
 const struct moe_times *moe_layer_times(const struct moe_layer *l) { return &l->times; }
-size_t moe_layer_bytes(const struct moe_layer *l) { return l->bytes; }
 size_t moe_layer_peak_bytes(const struct moe_layer *l) { return l->peak; }
 
 /* Stage boundaries: a backend that queues work (a GPU) finishes it first, so that each

@@ -182,10 +182,9 @@ const struct moe_routing *moe_layer_routing(const struct moe_layer *l);
 const struct backend_moe_route *moe_layer_route(const struct moe_layer *l);
 /* Stage times of the last forward / backward. */
 const struct moe_times *moe_layer_times(const struct moe_layer *l);
-/* Bytes the layer holds now (workspace, saved activations, routing), and its high-water;
- * each buffer counted at its size rounded up to 64 bytes. The backend's own workspace
+/* The high-water of the bytes the layer holds (workspace, saved activations, routing), each
+ * buffer counted at its size rounded up to 64 bytes. The backend's own workspace
  * (be->op->workspace_bytes) comes on top. */
-size_t moe_layer_bytes(const struct moe_layer *l);
 size_t moe_layer_peak_bytes(const struct moe_layer *l);
 
 /* Bytes moe_forward (+ moe_backward when backward) allocates for T tokens, top-k and

@@ -22,36 +22,14 @@
 #include "io/atomicio.c"
 #include "common/err.h"
 #include "common/rng.h"
+#include "testutil.h"
 #include "common/banned.h"
 
-static char dir[64];
+static char dir[256];
 
-static void rm_tree(const char *d)
-{
-	DIR *dd = opendir(d);
-	struct dirent *e;
-	char p[512];
+static void setup(void) { tu_mkdtemp(dir, sizeof dir, "atomicio"); }
 
-	if (!dd)
-		return;
-	while ((e = readdir(dd))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(p, sizeof p, "%s/%s", d, e->d_name);
-		if (unlink(p) != 0)
-			rm_tree(p);
-	}
-	closedir(dd);
-	rmdir(d);
-}
-
-static void setup(void)
-{
-	snprintf(dir, sizeof dir, "/tmp/test_atomicio.XXXXXX");
-	cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-}
-
-static void teardown(void) { rm_tree(dir); }
+static void teardown(void) { tu_rm_tree(dir); }
 
 TestSuite(atomicio, .init = setup, .fini = teardown, .timeout = 20);
 
@@ -76,15 +54,13 @@ static void put(const char *path, const char *s)
 	cr_assert(fclose(fp) == 0);
 }
 
-/* Read back with stdio, independently of file_read_all. */
+/* Read back with stdio, independently of file_read_all. The text lasts until the next call,
+ * which frees it (the callers free nothing). */
 static char *get(const char *path, size_t *n)
 {
-	static char buf[1 << 16];
-	FILE *fp = fopen(path, "rb");
-	cr_assert(fp, "cannot open '%s'", path);
-	*n = fread(buf, 1, sizeof buf - 1, fp);
-	buf[*n] = '\0';
-	fclose(fp);
+	static char *buf;
+	free(buf);
+	buf = tu_slurp(path, n);
 	return buf;
 }
 
@@ -100,7 +76,7 @@ Test(atomicio, commit_replaces_without_o_tmpfile)
 
 static void commit_replaces(void)
 {
-	char path[128];
+	char path[320];
 	struct afile a;
 	size_t n;
 
@@ -130,7 +106,7 @@ static void commit_replaces(void)
 
 Test(atomicio, commit_creates_with_umask_mode)
 {
-	char path[128];
+	char path[320];
 	struct stat st;
 
 	umask(027);
@@ -143,7 +119,7 @@ Test(atomicio, commit_creates_with_umask_mode)
 
 Test(atomicio, abort_keeps_old_content)
 {
-	char path[128];
+	char path[320];
 	struct afile a;
 	size_t n;
 
@@ -159,7 +135,7 @@ Test(atomicio, abort_keeps_old_content)
 
 Test(atomicio, pieces_arrive_whole)
 {
-	char path[128];
+	char path[320];
 	struct afile a;
 	static unsigned char bytes[100000];
 
@@ -199,7 +175,7 @@ Test(atomicio, failed_rename_removes_temporary_without_o_tmpfile)
 
 static void failed_rename_removes_temporary(void)
 {
-	char path[128];
+	char path[320];
 	struct afile a;
 
 	/* A directory in the way of the target: rename(2) fails after everything was written. */
@@ -216,7 +192,7 @@ static void failed_rename_removes_temporary(void)
 
 Test(atomicio, errors_name_the_path)
 {
-	char path[160], *buf = (char *)1;
+	char path[320], *buf = (char *)1;
 	struct afile a;
 	size_t n = 99;
 
@@ -234,7 +210,7 @@ Test(atomicio, errors_name_the_path)
 
 Test(atomicio, read_all_of_empty_and_special_files)
 {
-	char path[128], *buf;
+	char path[320], *buf;
 	size_t n;
 
 	snprintf(path, sizeof path, "%s/empty", dir);
@@ -289,7 +265,7 @@ static void kill_writer(const char *path, int prepared)
 
 Test(atomicio, kill_during_write_leaves_nothing)
 {
-	char path[128];
+	char path[320];
 	size_t n;
 
 	snprintf(path, sizeof path, "%s/out.safetensors", dir);
@@ -323,7 +299,7 @@ static void expect_type(const char *path, mode_t type, const char *what)
 
 Test(atomicio, device_is_written_not_replaced)
 {
-	char path[128];
+	char path[320];
 	struct afile a;
 
 	snprintf(path, sizeof path, "%s/null", dir);
@@ -341,7 +317,7 @@ Test(atomicio, device_is_written_not_replaced)
 	afile_abort(&a);
 	expect_type(path, S_IFCHR, "afile_abort");
 	/* and through a link to it: the link stays, and so does the device */
-	char link[160];
+	char link[320];
 	snprintf(link, sizeof link, "%s/null-link", dir);
 	cr_assert(symlink("null", link) == 0);
 	cr_assert(file_write_atomic(link, "x", 1) == 0, "%s", err_detail());
@@ -352,7 +328,7 @@ Test(atomicio, device_is_written_not_replaced)
 
 Test(atomicio, full_device_fails_and_stays)
 {
-	char path[128];
+	char path[320];
 	static char big[1 << 16];
 
 	snprintf(path, sizeof path, "%s/full", dir);
@@ -396,7 +372,7 @@ static void reap(pid_t pid)
 
 Test(atomicio, fifo_with_a_reader_gets_the_bytes)
 {
-	char fifo[128], copy[128];
+	char fifo[320], copy[320];
 	struct afile a;
 	size_t n;
 
@@ -422,7 +398,7 @@ Test(atomicio, fifo_with_a_reader_gets_the_bytes)
 
 Test(atomicio, link_to_a_file_is_followed)
 {
-	char path[128], link[128];
+	char path[320], link[320];
 	size_t n;
 
 	snprintf(path, sizeof path, "%s/target.txt", dir);
@@ -439,7 +415,7 @@ Test(atomicio, link_to_a_file_is_followed)
 
 Test(atomicio, regular_inputs_refuse_a_fifo_at_once)
 {
-	char path[128], *buf = NULL;
+	char path[320], *buf = NULL;
 	int fd = -1;
 	size_t n;
 
@@ -474,7 +450,7 @@ Test(atomicio, regular_inputs_refuse_a_fifo_at_once)
 
 Test(atomicio, read_all_reads_a_fifo_as_a_stream)
 {
-	char path[128], *buf;
+	char path[320], *buf;
 	size_t n;
 
 	snprintf(path, sizeof path, "%s/stream.fifo", dir);

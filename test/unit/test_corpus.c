@@ -18,50 +18,29 @@
 #include "common/err.h"
 #include "common/rng.h"
 #include "io/tokfile.h"
+#include "testutil.h"
 #include "common/banned.h"
 
-static char dir[64];
-
-static void rm_tree(const char *p)
-{
-	DIR *d = opendir(p);
-	struct dirent *e;
-	char q[512];
-	struct stat st;
-
-	while (d && (e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(q, sizeof q, "%s/%s", p, e->d_name);
-		if (lstat(q, &st) == 0 && S_ISDIR(st.st_mode))
-			rm_tree(q);
-		else
-			unlink(q);
-	}
-	if (d)
-		closedir(d);
-	rmdir(p);
-}
+static char dir[256];
 
 static void setup(void)
 {
-	snprintf(dir, sizeof dir, "/tmp/test_corpus.XXXXXX");
-	cr_assert(mkdtemp(dir) != NULL);
+	tu_mkdtemp(dir, sizeof dir, "corpus");
 }
 
 static void teardown(void)
 {
-	rm_tree(dir);
+	tu_rm_tree(dir);
 }
 
 TestSuite(corpus, .init = setup, .fini = teardown, .timeout = 10);
 
 static const char *put(const char *name, const char *content, size_t n)
 {
-	static char p[8][256];
+	static char p[8][320];
 	static int k;
 	char *q = p[k++ % 8];
-	snprintf(q, 256, "%s/%s", dir, name);
+	snprintf(q, 320, "%s/%s", dir, name);
 	FILE *f = fopen(q, "wb");
 	cr_assert(f);
 	cr_assert(fwrite(content, 1, n, f) == n);
@@ -178,7 +157,7 @@ Test(corpus, jsonl_bad_lines)
 Test(corpus, missing_input)
 {
 	struct corpus_reader *r;
-	char p[128];
+	char p[320];
 
 	snprintf(p, sizeof p, "%s/none.jsonl", dir);
 	cr_assert_eq(corpus_open(&r, p), CORE_EIO);
@@ -189,7 +168,7 @@ Test(corpus, missing_input)
 
 Test(corpus, directory_sorted_by_name_with_metadata)
 {
-	char sub[128], p[160];
+	char sub[320], p[384];
 	struct corpus_reader *r;
 	struct corpus_doc d;
 
@@ -318,7 +297,7 @@ Test(corpus, prepare_end_to_end)
 	static const char *const texts[] = { "alpha", "", "gamma\xc3\xa9", "d", "epsilon zeta",
 					     "eta", "theta", "iota" };
 	enum { N = 8 };
-	char buf[2048], out[160], p[200];
+	char buf[2048], out[320], p[384];
 	size_t k = 0;
 
 	for (int i = 0; i < N; i++)
@@ -366,7 +345,7 @@ Test(corpus, prepare_end_to_end)
 
 Test(corpus, prepare_failure_leaves_nothing)
 {
-	char out[160];
+	char out[320];
 	const char *in = PUTS("bad.jsonl", "{\"text\":\"a\"}\n{\"text\":\"b\"}\n{oops}\n");
 
 	snprintf(out, sizeof out, "%s/out", dir);
@@ -393,17 +372,6 @@ Test(corpus, prepare_failure_leaves_nothing)
 	cr_assert_eq(st.st_size, 3);
 }
 
-static char *slurp(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	cr_assert(f, "%s", path);
-	char *b = malloc(1 << 16);
-	*n = fread(b, 1, 1 << 16, f);
-	cr_assert(feof(f), "%s is larger than expected", path);
-	fclose(f);
-	return b;
-}
-
 Test(corpus, prepare_write_failure_keeps_every_old_output)
 {
 	/* A token file's tail (offsets, metadata, header) is written after the whole input.
@@ -412,7 +380,7 @@ Test(corpus, prepare_write_failure_keeps_every_old_output)
 	 * router, and no temporary file may be left. */
 	enum { N = 40, SEED = 9 };
 	const double vf = 0.25, rf = 0.1;
-	char out[160], p[200], *buf = malloc(1 << 17);
+	char out[320], p[384], *buf = malloc(1 << 17);
 	size_t k = 0;
 	int nval = 0, nrouter = 0;
 
@@ -431,7 +399,7 @@ Test(corpus, prepare_write_failure_keeps_every_old_output)
 	size_t oldn[CORPUS_NSPLITS];
 	for (int s = 0; s < CORPUS_NSPLITS; s++) {
 		cr_assert_eq(corpus_split_path(p, sizeof p, out, (enum corpus_split)s), 0);
-		old[s] = slurp(p, &oldn[s]);
+		old[s] = tu_slurp(p, &oldn[s]);
 	}
 
 	/* The new corpus: small train documents, val documents with big metadata. */
@@ -459,7 +427,7 @@ Test(corpus, prepare_write_failure_keeps_every_old_output)
 	for (int s = 0; s < CORPUS_NSPLITS; s++) {
 		size_t n;
 		cr_assert_eq(corpus_split_path(p, sizeof p, out, (enum corpus_split)s), 0);
-		char *now = slurp(p, &n);
+		char *now = tu_slurp(p, &n);
 		cr_assert(n == oldn[s] && !memcmp(now, old[s], n), "%s was replaced", p);
 		free(now);
 		free(old[s]);
@@ -479,7 +447,7 @@ Test(corpus, prepare_write_failure_keeps_every_old_output)
 /* An input without a single document is an error naming it, and makes no dataset. */
 Test(corpus, prepare_of_nothing_is_an_error)
 {
-	char empty[128], out[160];
+	char empty[320], out[320];
 	const char *inputs[5];
 	struct corpus_prepare_result res;
 	struct stat st;
@@ -490,7 +458,7 @@ Test(corpus, prepare_of_nothing_is_an_error)
 	inputs[1] = "/dev/null";
 	inputs[2] = PUTS("empty.jsonl", "");
 	inputs[3] = PUTS("blank.jsonl", "\n  \r\n\t\n");
-	char sub[160];
+	char sub[320];
 	snprintf(sub, sizeof sub, "%s/emptydir/nested", dir); /* only a subdirectory inside */
 	inputs[4] = empty;
 	snprintf(out, sizeof out, "%s/out", dir);
@@ -510,7 +478,7 @@ Test(corpus, prepare_of_nothing_is_an_error)
 /* JSON Lines from a FIFO are read as a stream. */
 Test(corpus, jsonl_from_a_fifo)
 {
-	char fifo[128];
+	char fifo[320];
 	struct corpus_reader *r;
 	struct corpus_doc d;
 
@@ -541,7 +509,7 @@ Test(corpus, jsonl_from_a_fifo)
 /* In a directory of documents a FIFO is passed over, never opened (it has no writer). */
 Test(corpus, directory_passes_over_a_fifo)
 {
-	char sub[128], p[160];
+	char sub[320], p[384];
 	struct corpus_reader *r;
 	struct corpus_doc d;
 
@@ -564,7 +532,7 @@ Test(corpus, directory_passes_over_a_fifo)
 
 Test(corpus, txt_file_is_one_document)
 {
-	char sub[128], p[160];
+	char sub[320], p[384];
 	struct corpus_reader *r;
 	struct corpus_doc d;
 	uint64_t done, total;
@@ -591,7 +559,7 @@ Test(corpus, txt_file_is_one_document)
 	corpus_close(r);
 
 	/* a FIFO named *.txt is read as JSON Lines, as a stream (here: one line) */
-	char fifo[160];
+	char fifo[320];
 	snprintf(fifo, sizeof fifo, "%s/pipe.txt", dir);
 	cr_assert_eq(mkfifo(fifo, 0600), 0);
 	pid_t pid = fork();
@@ -741,7 +709,7 @@ struct split_file {
 
 static void open_split(struct split_file *f, const char *outdir, int s)
 {
-	char p[256];
+	char p[384];
 	cr_assert_eq(corpus_split_path(p, sizeof p, outdir, (enum corpus_split)s), 0);
 	cr_assert_eq(tokfile_open(&f->tf, p), 0, "%s: %s", p, err_detail());
 	f->next = 0;
@@ -755,7 +723,7 @@ Test(corpus, prepare_chunked_against_unchunked)
 {
 	enum { N = 60, SEED = 11, CHUNK = 8 };
 	const double vf = 0.2, rf = 0.2;
-	char *buf = malloc(1 << 16), whole[160], cut[160];
+	char *buf = malloc(1 << 16), whole[320], cut[320];
 	size_t k = 0;
 	uint64_t len[64];
 
@@ -862,7 +830,7 @@ static int entries_in(const char *path)
 
 Test(corpus, prepare_empty_split_refused)
 {
-	char out[160], p[200];
+	char out[320], p[384];
 	struct corpus_prepare_result res;
 	struct stat st;
 	const char *in = PUTS("one.jsonl", "{\"text\":\"" ONE_TEXT "\",\"id\":1}\n");
@@ -939,7 +907,7 @@ Test(corpus, prepare_empty_split_refused)
 /* With chunking, a source field named like one that the pieces get is refused. */
 Test(corpus, prepare_chunk_field_clash)
 {
-	char out[160];
+	char out[320];
 	struct corpus_prepare_result res;
 	struct stat st;
 	const char *in = PUTS("clash.jsonl",

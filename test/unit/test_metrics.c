@@ -13,21 +13,20 @@
 
 #include "common/err.h"
 #include "io/metrics.h"
+#include "testutil.h"
 #include "common/banned.h"
 
-static char dir[64], path[128];
+static char dir[256], path[320];
 
 static void setup(void)
 {
-	snprintf(dir, sizeof dir, "/tmp/test_metrics.XXXXXX");
-	cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+	tu_mkdtemp(dir, sizeof dir, "metrics");
 	snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
 }
 
 static void teardown(void)
 {
-	unlink(path);
-	rmdir(dir);
+	tu_rm_tree(dir);
 }
 
 TestSuite(metrics, .init = setup, .fini = teardown, .timeout = 20);
@@ -153,7 +152,7 @@ Test(metrics, flushed_after_each_line)
 Test(metrics, disabled_and_errors)
 {
 	struct metrics m;
-	char bad[160];
+	char bad[320];
 
 	cr_assert(metrics_open(&m, NULL) == 0);
 	cr_assert(metrics_event(&m, "x", "a", 'i', 1LL, NULL) == 0);

@@ -6,7 +6,6 @@
  * what a reader would not give back equal, and a write that fails leaves the old file. */
 #include <criterion/criterion.h>
 #include <dirent.h>
-#include <errno.h>
 #include <float.h>
 #include <locale.h>
 #include <math.h>
@@ -20,40 +19,26 @@
 
 #include "common/err.h"
 #include "moe/moe_dict.h"
+#include "testutil.h"
 #include "common/banned.h"
 
-static char dir[64];
-
-static void rm_dir(void)
-{
-	DIR *dd = opendir(dir);
-	struct dirent *e;
-	char p[512];
-
-	if (!dd)
-		return;
-	while ((e = readdir(dd)))
-		if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-			snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-			unlink(p);
-		}
-	closedir(dd);
-	rmdir(dir);
-}
+static char dir[256];
 
 static void setup(void)
 {
-	const char *t = getenv("TMPDIR");
-
-	snprintf(dir, sizeof dir, "%.40s/test_moe_dict.XXXXXX", t && *t ? t : "/tmp");
-	cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+	tu_mkdtemp(dir, sizeof dir, "moe_dict");
 }
 
-TestSuite(moe_dict, .init = setup, .fini = rm_dir, .timeout = 20);
+static void teardown(void)
+{
+	tu_rm_tree(dir);
+}
+
+TestSuite(moe_dict, .init = setup, .fini = teardown, .timeout = 20);
 
 static const char *in_dir(const char *name)
 {
-	static char p[128];
+	static char p[320];
 	snprintf(p, sizeof p, "%s/%s", dir, name);
 	return p;
 }
@@ -68,17 +53,6 @@ static int count_files(void)
 		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
 	closedir(dd);
 	return n;
-}
-
-static char *slurp(const char *path, size_t *n)
-{
-	FILE *fp = fopen(path, "rb");
-	cr_assert(fp, "cannot open %s", path);
-	char *buf = malloc(1 << 20);
-	*n = fread(buf, 1, 1 << 20, fp);
-	fclose(fp);
-	buf[*n] = '\0';
-	return buf;
 }
 
 /* A dictionary of n buckets with keys 3i + 2 (caller frees e). */
@@ -138,7 +112,7 @@ Test(moe_dict, write_then_read_gives_it_back)
 	cr_assert_eq(moe_dict_write(in_dir("d.txt"), &d), 0, "%s", err_detail());
 	cr_assert_eq(moe_dict_read(in_dir("d.txt"), &back), 0, "%s", err_detail());
 	assert_equal(&d, &back);
-	char *text = slurp(in_dir("d.txt"), &len);
+	char *text = tu_slurp(in_dir("d.txt"), &len);
 	cr_assert(!strncmp(text, "moe-dict 1\n#", 12), "first lines: %.40s", text);
 	cr_assert(strstr(text, "\nbucket 0 0 1 linear 0.10000000000000001\n"), "%s", text);
 	free(text);
@@ -189,7 +163,7 @@ Test(moe_dict, numbers_ignore_the_locale)
 		cr_skip_test("no locale with a decimal comma is installed");
 	make_dict(&d, 3);
 	cr_assert_eq(moe_dict_write(in_dir("d.txt"), &d), 0, "%s", err_detail());
-	char *text = slurp(in_dir("d.txt"), &len);
+	char *text = tu_slurp(in_dir("d.txt"), &len);
 	cr_assert(strstr(text, " 0.33333333333333331\n"), "%s", text);
 	cr_assert_eq(moe_dict_read(in_dir("d.txt"), &back), 0, "%s", err_detail());
 	assert_equal(&d, &back);
@@ -540,7 +514,7 @@ Test(moe_dict, write_refuses_what_would_not_read_back)
 Test(moe_dict, write_into_a_missing_directory_fails_naming_the_file)
 {
 	struct moe_dict d;
-	char path[160];
+	char path[320];
 
 	make_dict(&d, 2);
 	snprintf(path, sizeof path, "%s/no/such/dir/d.txt", dir);
@@ -560,7 +534,7 @@ Test(moe_dict, a_failed_write_leaves_the_old_file)
 
 	make_dict(&d, 2);
 	cr_assert_eq(moe_dict_write(in_dir("d.txt"), &d), 0, "%s", err_detail());
-	char *before = slurp(in_dir("d.txt"), &n0);
+	char *before = tu_slurp(in_dir("d.txt"), &n0);
 	free(d.e);
 	make_dict(&d, 5000);
 	signal(SIGXFSZ, SIG_IGN); /* a write past the limit fails with EFBIG instead */
@@ -569,7 +543,7 @@ Test(moe_dict, a_failed_write_leaves_the_old_file)
 	int rc = moe_dict_write(in_dir("d.txt"), &d);
 	cr_assert_eq(rc, CORE_EIO, "rc %d: %s", rc, err_detail());
 	cr_assert_str_eq(err_file(), in_dir("d.txt"));
-	char *after = slurp(in_dir("d.txt"), &n1);
+	char *after = tu_slurp(in_dir("d.txt"), &n1);
 	cr_assert(n0 == n1 && !memcmp(before, after, n0), "the old file was changed");
 	cr_assert_eq(count_files(), 1, "a temporary file was left");
 	free(before);

@@ -10,7 +10,6 @@
  * Bad input must give one error naming the file and leave no output file behind. */
 #include <criterion/criterion.h>
 #include <dirent.h>
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -31,6 +30,7 @@
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "model/gpt2.h"
+#include "testutil.h"
 #include "common/banned.h"
 
 #define INIT_SEED 1234u  /* the model initialisation (phase-0 modules) */
@@ -43,28 +43,12 @@ static char dir[256];
 
 static void setup(void)
 {
-	const char *tmp = getenv("TMPDIR");
-	snprintf(dir, sizeof dir, "%s/test_outer.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-	cr_assert(mkdtemp(dir), "mkdtemp '%s': %s", dir, strerror(errno));
+	tu_mkdtemp(dir, sizeof dir, "outer");
 }
 
-/* Every file the tests write lies directly in dir. */
 static void teardown(void)
 {
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char p[512];
-
-	if (!d)
-		return;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-		unlink(p);
-	}
-	closedir(d);
-	rmdir(dir);
+	tu_rm_tree(dir);
 }
 
 TestSuite(outer, .init = setup, .fini = teardown, .timeout = 120);
@@ -81,20 +65,6 @@ static int count_files(void)
 			n++;
 	closedir(d);
 	return n;
-}
-
-static unsigned char *slurp(const char *path, size_t *len)
-{
-	FILE *fp = fopen(path, "rb");
-	cr_assert(fp, "cannot open '%s'", path);
-	fseek(fp, 0, SEEK_END);
-	long n = ftell(fp);
-	fseek(fp, 0, SEEK_SET);
-	unsigned char *b = malloc((size_t)n + 1);
-	cr_assert(b && fread(b, 1, (size_t)n, fp) == (size_t)n);
-	fclose(fp);
-	*len = (size_t)n;
-	return b;
 }
 
 static void sleep_seconds(double s)
@@ -1136,7 +1106,7 @@ Test(outer, waits_for_a_path_checkpoint)
 	outer_diag_free(&w.d);
 
 	size_t n1, n2;
-	unsigned char *b1 = slurp(direct, &n1), *b2 = slurp(b.out, &n2);
+	unsigned char *b1 = tu_slurp(direct, &n1), *b2 = tu_slurp(b.out, &n2);
 	cr_expect(n1 == n2 && !memcmp(b1, b2, n1), "the output after waiting differs from the "
 		  "output with every file present (%zu vs %zu bytes)", n2, n1);
 	free(b1);

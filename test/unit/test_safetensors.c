@@ -6,7 +6,6 @@
  * hard-coded (computed with Python's zlib), and hand-made files are laid out in this file. */
 #include <criterion/criterion.h>
 #include <dirent.h>
-#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,34 +20,21 @@
 #include "common/rng.h"
 #include "io/safetensors.h"
 #include "common/tensor.h"
+#include "testutil.h"
 #include "common/banned.h"
 
 /* ---- scratch directory -------------------------------------------------------------------- */
 
-static char dir[64];
+static char dir[256];
 
 static void setup(void)
 {
-	snprintf(dir, sizeof dir, "/tmp/test_safetensors.XXXXXX");
-	cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+	tu_mkdtemp(dir, sizeof dir, "safetensors");
 }
 
 static void teardown(void)
 {
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char p[512];
-
-	if (!d)
-		return;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-		unlink(p);
-	}
-	closedir(d);
-	rmdir(dir);
+	tu_rm_tree(dir);
 }
 
 TestSuite(safetensors, .init = setup, .fini = teardown, .timeout = 20);
@@ -68,20 +54,6 @@ static int count_files(const char *d)
 			n++;
 	closedir(dd);
 	return n;
-}
-
-static unsigned char *slurp(const char *path, size_t *len)
-{
-	FILE *fp = fopen(path, "rb");
-	cr_assert(fp, "cannot open '%s'", path);
-	fseek(fp, 0, SEEK_END);
-	long n = ftell(fp);
-	fseek(fp, 0, SEEK_SET);
-	unsigned char *b = malloc((size_t)n + 1);
-	cr_assert(fread(b, 1, (size_t)n, fp) == (size_t)n);
-	fclose(fp);
-	*len = (size_t)n;
-	return b;
 }
 
 static void spit(const char *path, const void *b, size_t n)
@@ -173,7 +145,7 @@ Test(safetensors, round_trip_element_by_element)
 {
 	struct tensor ts[NT], back;
 	struct st_file f;
-	char path[128];
+	char path[320];
 
 	path_in(path, sizeof path, "rt.safetensors");
 	make_set(ts);
@@ -229,13 +201,13 @@ Test(safetensors, round_trip_element_by_element)
 Test(safetensors, written_bytes_follow_the_format)
 {
 	struct tensor ts[NT];
-	char path[128];
+	char path[320];
 	size_t len;
 
 	path_in(path, sizeof path, "fmt.safetensors");
 	make_set(ts);
 	write_set(path, ts);
-	unsigned char *b = slurp(path, &len);
+	unsigned char *b = tu_slurp(path, &len);
 	uint64_t h = 0;
 	for (int i = 0; i < 8; i++)
 		h |= (uint64_t)b[i] << (8 * i);
@@ -311,7 +283,7 @@ Test(safetensors, reads_a_file_written_by_hand)
 	unsigned char file[8 + 144 + 11] = {144, 0, 0, 0, 0, 0, 0, 0};
 	memcpy(file + 8, header, 144);
 	memcpy(file + 152, hand_data, 11);
-	char path[128];
+	char path[320];
 	path_in(path, sizeof path, "hand.safetensors");
 	spit(path, file, sizeof file);
 
@@ -344,7 +316,7 @@ Test(safetensors, hand_written_crc_keys_are_checked)
 	const char *good = "{\"__metadata__\":{\"crc32\":\"531d447c\",\"crc32.a\":\"%s\"},"
 			   "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
 			   "\"b\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[8,11]}}";
-	char header[512], path[128];
+	char header[512], path[320];
 	char hexa[9];
 	struct st_file f;
 
@@ -392,7 +364,7 @@ static unsigned char *small_file(const char *path, size_t *len, uint64_t *hlen)
 	cr_assert(st_write(path, p, 3, NULL, 0) == 0, "%s", err_detail());
 	for (int i = 0; i < 3; i++)
 		tensor_free(&t[i]);
-	unsigned char *b = slurp(path, len);
+	unsigned char *b = tu_slurp(path, len);
 	*hlen = 0;
 	for (int i = 0; i < 8; i++)
 		*hlen |= (uint64_t)b[i] << (8 * i);
@@ -416,7 +388,7 @@ static void expect_open(const char *path, int verify, int code, const char *need
 
 Test(safetensors, truncated_at_several_lengths)
 {
-	char path[128], cut[128];
+	char path[320], cut[320];
 	size_t len;
 	uint64_t h;
 
@@ -444,7 +416,7 @@ Test(safetensors, truncated_at_several_lengths)
 
 Test(safetensors, header_length_larger_than_file)
 {
-	char path[128];
+	char path[320];
 	size_t len;
 	uint64_t h;
 
@@ -466,7 +438,7 @@ Test(safetensors, header_length_larger_than_file)
 
 Test(safetensors, bad_json)
 {
-	char path[128];
+	char path[320];
 	size_t len;
 	uint64_t h;
 
@@ -499,7 +471,7 @@ Test(safetensors, bad_json)
 
 Test(safetensors, unknown_dtype_and_inconsistent_shape)
 {
-	char path[128];
+	char path[320];
 
 	path_in(path, sizeof path, "d.safetensors");
 	write_raw(path, "{\"a\":{\"dtype\":\"F13\",\"shape\":[2],\"data_offsets\":[0,8]}}",
@@ -530,7 +502,7 @@ Test(safetensors, unknown_dtype_and_inconsistent_shape)
 
 Test(safetensors, overlapping_gapped_and_outside_offsets)
 {
-	char path[128];
+	char path[320];
 	unsigned char data[16] = {0};
 
 	path_in(path, sizeof path, "o.safetensors");
@@ -556,7 +528,7 @@ Test(safetensors, overlapping_gapped_and_outside_offsets)
 
 Test(safetensors, wrong_shape_or_dtype_for_st_read)
 {
-	char path[128];
+	char path[320];
 	struct tensor w, dst;
 	struct st_file f;
 
@@ -589,7 +561,7 @@ Test(safetensors, wrong_shape_or_dtype_for_st_read)
 
 Test(safetensors, one_bit_flipped_in_data)
 {
-	char path[128];
+	char path[320];
 	size_t len;
 	uint64_t h;
 	struct st_file f;
@@ -627,7 +599,7 @@ Test(safetensors, one_bit_flipped_in_data)
 
 Test(safetensors, failed_write_into_missing_directory)
 {
-	char path[160], old[128];
+	char path[320], old[320];
 	size_t len, len2;
 	uint64_t h;
 
@@ -641,7 +613,7 @@ Test(safetensors, failed_write_into_missing_directory)
 	cr_assert_eq(rc, CORE_EIO, "st_write into a missing directory returned %d", rc);
 	cr_assert_str_eq(err_file(), path);
 	cr_assert_eq(count_files(dir), 1, "something was created next to the old file");
-	unsigned char *after = slurp(old, &len2);
+	unsigned char *after = tu_slurp(old, &len2);
 	cr_assert(len == len2 && memcmp(before, after, len) == 0, "old file changed");
 	tensor_free(&t);
 	free(before);
@@ -652,7 +624,7 @@ Test(safetensors, failed_write_into_missing_directory)
  * must leave the existing target as it was and no temporary file behind. */
 Test(safetensors, failed_write_midway_keeps_the_old_file)
 {
-	char path[128];
+	char path[320];
 	size_t len, len2;
 	uint64_t h;
 
@@ -670,7 +642,7 @@ Test(safetensors, failed_write_midway_keeps_the_old_file)
 		     err_detail());
 	cr_assert_str_eq(err_file(), path);
 	cr_assert_eq(count_files(dir), 1, "temporary file left behind");
-	unsigned char *after = slurp(path, &len2);
+	unsigned char *after = tu_slurp(path, &len2);
 	cr_assert(len == len2 && memcmp(before, after, len) == 0, "old file changed");
 	struct st_file f;
 	cr_assert_eq(st_open(&f, path, 1), 0, "old file no longer verifies: %s", err_detail());
@@ -682,7 +654,7 @@ Test(safetensors, failed_write_midway_keeps_the_old_file)
 
 Test(safetensors, write_refuses_bad_arguments)
 {
-	char path[128];
+	char path[320];
 	struct tensor a, b;
 
 	path_in(path, sizeof path, "bad.safetensors");
@@ -699,7 +671,7 @@ Test(safetensors, write_refuses_bad_arguments)
 
 Test(safetensors, empty_file_and_missing_file)
 {
-	char path[128];
+	char path[320];
 	struct st_file f;
 
 	path_in(path, sizeof path, "empty.safetensors");
@@ -717,7 +689,7 @@ Test(safetensors, empty_file_and_missing_file)
  * open would wait here forever), and so is a directory or a device. */
 Test(safetensors, fifo_and_other_non_files_are_refused_at_once)
 {
-	char path[128];
+	char path[320];
 
 	path_in(path, sizeof path, "in.fifo");
 	cr_assert_eq(mkfifo(path, 0600), 0);
@@ -766,7 +738,7 @@ Test(safetensors, streamed_in_pieces_equals_whole)
 	make_set(ts);
 	path_in(whole, sizeof whole, "whole.safetensors");
 	write_set(whole, ts);
-	unsigned char *ref = slurp(whole, &lw), *data = concat_set(ts, &n);
+	unsigned char *ref = tu_slurp(whole, &lw), *data = concat_set(ts, &n);
 	static const size_t pieces[] = {1, 3, 7, 64};
 	for (size_t k = 0; k < sizeof pieces / sizeof pieces[0]; k++) {
 		struct st_writer *w;
@@ -777,7 +749,7 @@ Test(safetensors, streamed_in_pieces_equals_whole)
 			cr_assert(st_writer_put(w, data + off, m) == 0, "%s", err_detail());
 		}
 		cr_assert(st_writer_commit(w) == 0, "%s", err_detail());
-		unsigned char *got = slurp(streamed, &ls);
+		unsigned char *got = tu_slurp(streamed, &ls);
 		cr_expect_eq(ls, lw, "piece %zu: length %zu, want %zu", pieces[k], ls, lw);
 		cr_expect(ls == lw && memcmp(got, ref, lw) == 0, "piece %zu: bytes differ",
 			  pieces[k]);
@@ -827,7 +799,7 @@ Test(safetensors, written_out_of_order_equals_whole)
 	make_set(ts);
 	path_in(whole, sizeof whole, "whole.safetensors");
 	write_set(whole, ts);
-	unsigned char *ref = slurp(whole, &lw);
+	unsigned char *ref = tu_slurp(whole, &lw);
 	path_in(path, sizeof path, "pieces.safetensors");
 	cr_assert(open_writer(&w, path, ts) == 0, "%s", err_detail());
 	for (int i = NT - 1; i >= 0; i--) {
@@ -842,7 +814,7 @@ Test(safetensors, written_out_of_order_equals_whole)
 		st_writer_set_crc(w, i, zcrc(ts[i].data, nb));
 	}
 	cr_assert(st_writer_commit(w) == 0, "%s", err_detail());
-	unsigned char *got = slurp(path, &ls);
+	unsigned char *got = tu_slurp(path, &ls);
 	cr_expect(ls == lw && memcmp(got, ref, lw) == 0, "out-of-order file differs (%zu vs %zu "
 		  "bytes)", ls, lw);
 	free(got);

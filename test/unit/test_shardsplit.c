@@ -19,40 +19,19 @@
 #include "common/rng.h"
 #include "io/shardsplit.h"
 #include "io/tokfile.h"
+#include "testutil.h"
 #include "common/banned.h"
 
-static char dir[64];
-
-static void rm_tree(const char *p)
-{
-	DIR *d = opendir(p);
-	struct dirent *e;
-	char q[512];
-	struct stat st;
-
-	while (d && (e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(q, sizeof q, "%s/%s", p, e->d_name);
-		if (lstat(q, &st) == 0 && S_ISDIR(st.st_mode))
-			rm_tree(q);
-		else
-			unlink(q);
-	}
-	if (d)
-		closedir(d);
-	rmdir(p);
-}
+static char dir[256];
 
 static void setup(void)
 {
-	snprintf(dir, sizeof dir, "/tmp/test_shardsplit.XXXXXX");
-	cr_assert(mkdtemp(dir) != NULL);
+	tu_mkdtemp(dir, sizeof dir, "shardsplit");
 }
 
 static void teardown(void)
 {
-	rm_tree(dir);
+	tu_rm_tree(dir);
 }
 
 TestSuite(shardsplit, .init = setup, .fini = teardown, .timeout = 20);
@@ -67,7 +46,7 @@ struct corpus {
 	uint32_t *tok[MAXDOCS];
 	uint64_t len[MAXDOCS];
 	char meta[MAXDOCS][64];
-	char path[256];
+	char path[320];
 };
 
 /* Document d: length len_of(d) (all distinct), tokens a function of (d, j), metadata naming
@@ -122,19 +101,6 @@ static void count_progress(void *ctx, uint64_t done, uint64_t total)
 		      (unsigned long long)last[0], (unsigned long long)done);
 	last[0] = done;
 	last[1] = total;
-}
-
-static unsigned char *slurp(const char *p, size_t *n)
-{
-	FILE *f = fopen(p, "rb");
-	cr_assert(f, "cannot open %s", p);
-	fseek(f, 0, SEEK_END);
-	*n = (size_t)ftell(f);
-	fseek(f, 0, SEEK_SET);
-	unsigned char *b = malloc(*n + 1);
-	cr_assert(fread(b, 1, *n, f) == *n);
-	fclose(f);
-	return b;
 }
 
 /* Names in directory p other than "." and "..", sorted, joined by spaces. */
@@ -266,7 +232,7 @@ static void check_split(const struct corpus *c, uint32_t P, uint64_t seed, const
 Test(shardsplit, random_1_3_7_shards_u16)
 {
 	struct corpus c;
-	char out[256];
+	char out[320];
 	const uint32_t Ps[] = { 1, 3, 7 };
 
 	make_corpus(&c, "in.tok", 60, 300, len_plus_two);
@@ -280,7 +246,7 @@ Test(shardsplit, random_1_3_7_shards_u16)
 Test(shardsplit, random_shards_u32_tokens)
 {
 	struct corpus c;
-	char out[256];
+	char out[320];
 
 	make_corpus(&c, "wide.tok", 40, 70000, len_plus_two);
 	snprintf(out, sizeof out, "%s/wide", dir);
@@ -293,7 +259,7 @@ Test(shardsplit, one_shard_is_a_copy)
 	struct corpus c;
 	struct shard_split_opts o = { .paths = 1, .seed = 99 };
 	struct shard_split_result r;
-	char out[256], p[512];
+	char out[320], p[512];
 	size_t n1, n2;
 
 	make_corpus(&c, "in.tok", 9, 256, len_plus_two);
@@ -302,7 +268,7 @@ Test(shardsplit, one_shard_is_a_copy)
 	cr_assert_eq(shard_split_random(c.path, &o, &r), 0, "%s", err_detail());
 	shard_split_result_free(&r);
 	snprintf(p, sizeof p, "%s/shard-000.tok", out);
-	unsigned char *a = slurp(c.path, &n1), *b = slurp(p, &n2);
+	unsigned char *a = tu_slurp(c.path, &n1), *b = tu_slurp(p, &n2);
 	cr_assert(n1 == n2 && !memcmp(a, b, n1), "shard-000.tok is not a copy of the input");
 	free(a);
 	free(b);
@@ -317,7 +283,7 @@ Test(shardsplit, write_given_assignment)
 	struct shard_split_opts o = { .paths = 4, .seed = 3 };
 	struct shard_split_result r;
 	uint32_t assign[12];
-	char out[256], p[512];
+	char out[320], p[512];
 
 	make_corpus(&c, "in.tok", 12, 256, len_plus_two);
 	snprintf(out, sizeof out, "%s/given", dir);
@@ -388,7 +354,7 @@ Test(shardsplit, refuses_empty_and_tiny_shards)
 	struct corpus c;
 	struct shard_split_opts o = { .paths = 8 };
 	struct shard_split_result r;
-	char out[256];
+	char out[320];
 
 	snprintf(out, sizeof out, "%s/out", dir);
 	o.outdir = out;
@@ -459,7 +425,7 @@ Test(shardsplit, existing_split_needs_force)
 	struct corpus c;
 	struct shard_split_opts o = { .paths = 3, .seed = 1 };
 	struct shard_split_result r;
-	char out[256], p[512], names[1024];
+	char out[320], p[512], names[1024];
 	unsigned char *old[4];
 	size_t oldn[4];
 	const char *files[4] = { "shard-000.tok", "shard-001.tok", "shard-002.tok", "shards.json" };
@@ -471,7 +437,7 @@ Test(shardsplit, existing_split_needs_force)
 	shard_split_result_free(&r);
 	for (int i = 0; i < 4; i++) {
 		snprintf(p, sizeof p, "%s/%s", out, files[i]);
-		old[i] = slurp(p, &oldn[i]);
+		old[i] = tu_slurp(p, &oldn[i]);
 	}
 
 	o.seed = 2;
@@ -485,7 +451,7 @@ Test(shardsplit, existing_split_needs_force)
 	for (int i = 0; i < 4; i++) {
 		size_t n;
 		snprintf(p, sizeof p, "%s/%s", out, files[i]);
-		unsigned char *now = slurp(p, &n);
+		unsigned char *now = tu_slurp(p, &n);
 		cr_assert(n == oldn[i] && !memcmp(now, old[i], n), "%s changed", files[i]);
 		free(now);
 	}
@@ -493,7 +459,7 @@ Test(shardsplit, existing_split_needs_force)
 	cr_assert_str_eq(names, "shard-000.tok shard-001.tok shard-002.tok shards.json");
 
 	/* A manifest alone, or a shard file of any width, is a split too. */
-	char lone[256];
+	char lone[320];
 	snprintf(lone, sizeof lone, "%s/lone", dir);
 	mkdir(lone, 0777);
 	snprintf(p, sizeof p, "%s/shard-0017.tok", lone);
@@ -519,7 +485,7 @@ Test(shardsplit, failed_write_leaves_old_split)
 	struct corpus c, big;
 	struct shard_split_opts o = { .paths = 3, .seed = 4 };
 	struct shard_split_result r;
-	char out[256], p[512], names[1024], before[1024];
+	char out[320], p[512], names[1024], before[1024];
 	unsigned char *old[4];
 	size_t oldn[4];
 	const char *files[4] = { "shard-000.tok", "shard-001.tok", "shard-002.tok", "shards.json" };
@@ -531,7 +497,7 @@ Test(shardsplit, failed_write_leaves_old_split)
 	shard_split_result_free(&r);
 	for (int i = 0; i < 4; i++) {
 		snprintf(p, sizeof p, "%s/%s", out, files[i]);
-		old[i] = slurp(p, &oldn[i]);
+		old[i] = tu_slurp(p, &oldn[i]);
 	}
 	listing(out, before, sizeof before);
 
@@ -556,7 +522,7 @@ Test(shardsplit, failed_write_leaves_old_split)
 	for (int i = 0; i < 4; i++) {
 		size_t n;
 		snprintf(p, sizeof p, "%s/%s", out, files[i]);
-		unsigned char *now = slurp(p, &n);
+		unsigned char *now = tu_slurp(p, &n);
 		cr_assert(n == oldn[i] && !memcmp(now, old[i], n), "%s was replaced", files[i]);
 		free(now);
 		free(old[i]);

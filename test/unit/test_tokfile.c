@@ -11,51 +11,26 @@
 
 #include "common/err.h"
 #include "io/tokfile.h"
+#include "testutil.h"
 #include "common/banned.h"
 
-static char dir[64];
-static char path[128];
+static char dir[256];
+static char path[320];
 
 static void setup(void)
 {
-	snprintf(dir, sizeof dir, "/tmp/test_tokfile.XXXXXX");
-	cr_assert(mkdtemp(dir) != NULL);
+	tu_mkdtemp(dir, sizeof dir, "tokfile");
 	snprintf(path, sizeof path, "%s/t.tok", dir);
 }
 
 static void teardown(void)
 {
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char p[512];
-
-	while (d && (e = readdir(d))) {
-		if (e->d_name[0] == '.' && (!e->d_name[1] || e->d_name[1] == '.'))
-			continue;
-		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-		unlink(p);
-	}
-	if (d)
-		closedir(d);
-	rmdir(dir);
+	tu_rm_tree(dir);
 }
 
 TestSuite(tokfile, .init = setup, .fini = teardown, .timeout = 10);
 
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-static unsigned char *slurp(const char *p, size_t *n)
-{
-	FILE *f = fopen(p, "rb");
-	cr_assert(f, "cannot open %s", p);
-	fseek(f, 0, SEEK_END);
-	*n = (size_t)ftell(f);
-	fseek(f, 0, SEEK_SET);
-	unsigned char *b = malloc(*n + 1);
-	cr_assert(fread(b, 1, *n, f) == *n);
-	fclose(f);
-	return b;
-}
 
 static void spill(const char *p, const unsigned char *b, size_t n)
 {
@@ -192,7 +167,7 @@ Test(tokfile, layout_by_hand)
 	size_t n;
 
 	write_sample(path, 256);
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = tu_slurp(path, &n);
 	size_t meta_bytes = strlen(meta[0]) + strlen(meta[2]);
 	size_t want = 64 + 16 /* 7 u16 = 14, padded to 16 */ + 2 * 8 * 4 + meta_bytes;
 	cr_assert_eq(n, want, "file is %zu bytes, expected %zu", n, want);
@@ -231,7 +206,7 @@ Test(tokfile, empty_corpus_is_allowed)
 
 	cr_assert_eq(tokw_open(&w, path, 256), 0);
 	cr_assert_eq(tokw_commit(w), 0);
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = tu_slurp(path, &n);
 	cr_assert_eq(n, 64 + 16, "empty corpus file is %zu bytes", n);
 	free(b);
 	cr_assert_eq(tokfile_open(&tf, path), 0, "%s", err_detail());
@@ -286,10 +261,10 @@ Test(tokfile, abort_keeps_old_file)
 Test(tokfile, truncation_at_every_kind_of_length)
 {
 	size_t n;
-	char p[160];
+	char p[320];
 
 	write_sample(path, 256);
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = tu_slurp(path, &n);
 	size_t lens[] = { 0, 5, 8, 40, 63, 64, 70, 79, 80, 100, n - 8, n - 1 };
 	for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
 		snprintf(p, sizeof p, "%s/trunc%zu.tok", dir, lens[i]);
@@ -307,7 +282,7 @@ Test(tokfile, bit_flips_are_checksum_errors)
 	size_t n;
 
 	write_sample(path, 256);
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = tu_slurp(path, &n);
 	/* every byte after the header, one bit each */
 	for (size_t at = 64; at < n; at++) {
 		b[at] ^= (unsigned char)(1u << (at % 8));
@@ -334,7 +309,7 @@ Test(tokfile, bad_magic)
 	size_t n;
 
 	write_sample(path, 256);
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = tu_slurp(path, &n);
 	b[0] = 'X';
 	spill(path, b, n);
 	expect_open_fails(path, CORE_EFORMAT, "not a token file", "bad magic");
@@ -348,7 +323,7 @@ Test(tokfile, bad_version)
 	size_t n;
 
 	write_sample(path, 256);
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = tu_slurp(path, &n);
 	wr32(b + 8, 7);
 	spill(path, b, n);
 	expect_open_fails(path, CORE_EVERSION, "version 7 not supported (this build reads 1)",
@@ -361,7 +336,7 @@ Test(tokfile, token_outside_vocab)
 	size_t n;
 
 	write_sample(path, 256);
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = tu_slurp(path, &n);
 	b[64 + 2 * 5 + 1] = 1; /* token 5: 7 -> 263 */
 	reseal(b, n);
 	spill(path, b, n);
@@ -381,7 +356,7 @@ Test(tokfile, offsets_must_be_monotone_and_end_at_ntokens)
 	size_t n;
 
 	write_sample(path, 256);
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = tu_slurp(path, &n);
 	b[80 + 8 * 2] = 3; /* offsets 0 4 3 7 */
 	reseal(b, n);
 	spill(path, b, n);
@@ -399,7 +374,7 @@ Test(tokfile, trailing_bytes_and_width)
 	size_t n;
 
 	write_sample(path, 256);
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = tu_slurp(path, &n);
 	unsigned char *c = calloc(n + 8, 1);
 	memcpy(c, b, n);
 	reseal(c, n + 8);
@@ -415,7 +390,7 @@ Test(tokfile, trailing_bytes_and_width)
 
 Test(tokfile, missing_file_is_io_error)
 {
-	char p[160];
+	char p[320];
 
 	snprintf(p, sizeof p, "%s/none.tok", dir);
 	expect_open_fails(p, CORE_EIO, "cannot open", "missing file");
@@ -441,7 +416,7 @@ Test(tokfile, metadata_must_be_json_objects)
 	size_t n;
 
 	write_sample(path, 256);
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = tu_slurp(path, &n);
 	size_t at = n - strlen(meta[2]);
 	cr_assert_eq(strlen(meta[2]), 20);
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -484,7 +459,7 @@ Test(tokfile, writer_refuses_bad_metadata)
 /* A token file must be a regular file: a FIFO is refused at once, not read (nor waited on). */
 Test(tokfile, fifo_is_refused_at_once)
 {
-	char p[160];
+	char p[320];
 
 	snprintf(p, sizeof p, "%s/in.fifo", dir);
 	cr_assert_eq(mkfifo(p, 0600), 0);
