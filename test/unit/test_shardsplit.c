@@ -543,7 +543,7 @@ Test(shardsplit, manifest_read)
 	struct shard_split_opts o = { .paths = 3, .seed = 7 };
 	struct shard_split_result r;
 	struct corpus c;
-	char out[256], p[512];
+	char out[320], p[512];
 	uint64_t want[3] = { 0 }, *tokens = NULL;
 	uint32_t P = 0;
 
