@@ -83,10 +83,32 @@ out:
 	return rc;
 }
 
+/* "checkpoint D", or with moments "checkpoint D moments of step S": the one format. */
+static int checkpoint_label(const char *path, int moments, char out[MODULE_INIT_MAX])
+{
+	char d[CKPT_DIGEST_CHARS + 1];
+	struct ckpt_info in;
+
+	ERR_FORWARD(ckpt_info(path, &in));
+	if (moments && !in.has_optim)
+		return err_set(CORE_EFORMAT, path, "holds no AdamW moments");
+	ERR_FORWARD(ckpt_digest(path, d));
+	if (moments)
+		snprintf(out, MODULE_INIT_MAX, "checkpoint %s moments of step %ld", d, in.step);
+	else
+		snprintf(out, MODULE_INIT_MAX, "checkpoint %s", d);
+	return 0;
+}
+
+/* The label of a fork's copied moments file. */
+static int moments_label(const char *path, char out[MODULE_INIT_MAX])
+{
+	return checkpoint_label(path, 1, out);
+}
+
 int module_init_label(const struct module_init *src, const struct model_config *want,
 		      char out[MODULE_INIT_MAX])
 {
-	char d[CKPT_DIGEST_CHARS + 1];
 	struct ckpt_info in;
 	struct st_file f;
 
@@ -114,26 +136,7 @@ int module_init_label(const struct module_init *src, const struct model_config *
 			     want->n_embd, want->n_head, want->seq_len, want->vocab_size);
 	if (rc)
 		return rc;
-	ERR_FORWARD(ckpt_digest(src->from, d));
-	if (src->moments)
-		snprintf(out, MODULE_INIT_MAX, "checkpoint %s moments of step %ld", d, in.step);
-	else
-		snprintf(out, MODULE_INIT_MAX, "checkpoint %s", d);
-	return 0;
-}
-
-/* The label module_init_label gives the checkpoint at path when it is a fork's moments. */
-static int moments_label(const char *path, char out[MODULE_INIT_MAX])
-{
-	char d[CKPT_DIGEST_CHARS + 1];
-	struct ckpt_info in;
-
-	ERR_FORWARD(ckpt_info(path, &in));
-	if (!in.has_optim)
-		return err_set(CORE_EFORMAT, path, "holds no AdamW moments");
-	ERR_FORWARD(ckpt_digest(path, d));
-	snprintf(out, MODULE_INIT_MAX, "checkpoint %s moments of step %ld", d, in.step);
-	return 0;
+	return checkpoint_label(src->from, src->moments, out);
 }
 
 int module_write_fork_moments(const char *path, const struct module_init *src,
