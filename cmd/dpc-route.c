@@ -27,6 +27,7 @@
 #include "io/atomicio.h"
 #include "io/tokfile.h"
 #include "route/kmeans.h"
+#include "route/generate.h"
 #include "route/lm.h"
 #include "route/logreg.h"
 #include "route/route.h"
@@ -1308,24 +1309,31 @@ static int read_prompt(const char *arg, char **out, size_t *len)
 }
 
 /* Routing while sampling from a DiPaCo: the routers, the base model they read, and the
- * switches made. */
+ * log of the paths chosen. */
 struct sample_route {
 	struct lm base;
 	struct router doc, win;
 	int have_base, have_doc, have_win;
-	uint32_t *text; /* the tokens so far, for the base model */
-	long switches;
-	char log[512];  /* "2@0 0@128 ..." : path @ position, as switched */
+	char log[512];  /* "2@0 0@128 ...": path @ position, as chosen */
 	size_t loglen;
 };
 
-/* Whether the path is decided again before drawing the token at position n: at the start,
- * when the prefix is complete, and at every window boundary prefix + m W. */
-static int route_due(const struct sample_route *sr, uint64_t n, uint64_t n0)
+static int emit_byte(void *ctx, int32_t tok)
 {
-	const uint64_t prefix = (uint64_t)sr->doc.r.prefix;
-	const uint64_t W = sr->have_win ? (uint64_t)sr->win.window : 0;
-	return n == n0 || n == prefix || (W && n >= prefix + W && (n - prefix) % W == 0);
+	(void)ctx;
+	unsigned char ch = (unsigned char)tok;
+	if (fwrite(&ch, 1, 1, stdout) != 1 || fflush(stdout) != 0)
+		return err_errno(CORE_EIO, "<stdout>", "cannot write the text", errno);
+	return 0;
+}
+
+static void log_path(void *ctx, int path, uint64_t at)
+{
+	struct sample_route *sr = ctx;
+	if (sr->loglen < sizeof sr->log - 32)
+		sr->loglen += (size_t)snprintf(sr->log + sr->loglen, sizeof sr->log - sr->loglen,
+					       "%s%d@%llu", sr->loglen ? " " : "", path,
+					       (unsigned long long)at);
 }
 
 static int cmd_sample(int argc, char **argv)
@@ -1411,11 +1419,6 @@ static int cmd_sample(int argc, char **argv)
 	struct lm m;
 	struct lm *models = &m; /* the models drawn from: one checkpoint, or the paths */
 	int nmodels = 1, opened = 0;
-	struct gpt2_decoder *dec = NULL;
-	const struct sample_opts so = {.temperature = temp, .top_k = (int)topk, .top_p = topp};
-	int32_t *hist = NULL;
-	float *logits = NULL, *all = NULL;
-	int *work = NULL;
 	if (dipaco) {
 		if ((rc = pathset_open(&ps, co.be, 1, "sample")) != 0)
 			goto out;
@@ -1446,100 +1449,38 @@ static int cmd_sample(int argc, char **argv)
 		rc = lm_open(&m, model, co.be, 1);
 		opened = rc == 0;
 	}
-	const int T = rc == 0 ? models[0].g.cfg.seq_len : 0;
-	const int V = rc == 0 ? models[0].g.cfg.vocab_size : 0;
-	if (rc == 0 && V != 256)
+	if (rc == 0 && models[0].g.cfg.vocab_size != 256)
 		rc = err_set(CORE_EUSAGE, models[0].path, "vocabulary of %d: text in and out needs "
-			     "the byte tokenizer's 256", V);
-	const size_t cap = plen + (size_t)ntok + 1;
-	if (rc == 0) {
-		hist = malloc(sizeof *hist * cap);
-		logits = malloc(sizeof *logits * (size_t)V);
-		all = nocache ? malloc(sizeof *all * (size_t)T * V) : NULL;
-		work = malloc(sizeof *work * (size_t)V);
-		dec = calloc((size_t)nmodels, sizeof *dec);
-		sr.text = dipaco ? malloc(sizeof *sr.text * cap) : NULL;
-		if (!hist || !logits || !work || !dec || (nocache && !all) || (dipaco && !sr.text))
-			rc = err_set(CORE_ENOMEM, NULL, "out of memory");
-	}
-	for (int p = 0; rc == 0 && !nocache && p < nmodels; p++)
-		rc = gpt2_decoder_open(&dec[p], &models[p].g);
-	size_t n = 0;
-	for (size_t i = 0; i < plen; i++)
-		if (hist)
-			hist[n++] = (unsigned char)prompt[i];
-	double t0 = now_seconds(), tfirst = t0;
-	size_t fed = 0; /* history tokens in the current decoder's cache, from hist[base] */
-	size_t base = 0;
-	int cur = 0;    /* the path drawn from */
-	for (long i = 0; rc == 0 && i <= ntok; i++) {
-		if (dipaco && i < ntok && route_due(&sr, n, plen)) {
-			uint32_t path;
-			uint64_t at;
-			for (size_t j = 0; j < n; j++)
-				sr.text[j] = (uint32_t)hist[j];
-			if ((rc = route_text_path(&sr.base, &sr.doc, sr.have_win ? &sr.win : NULL,
-						  sr.text, n, &path, &at)) < 0)
-				break;
-			if (n == plen || (int)path != cur) {
-				/* another path: its cache starts empty, the context is fed again */
-				sr.switches += n != plen;
-				cur = (int)path;
-				fed = 0;
-				if (!nocache)
-					gpt2_decoder_reset(&dec[cur]);
-				if (sr.loglen < sizeof sr.log - 32)
-					sr.loglen += (size_t)snprintf(sr.log + sr.loglen,
-								      sizeof sr.log - sr.loglen,
-								      "%s%d@%zu", sr.loglen ? " " : "",
-								      cur, n);
-			}
-		}
-		/* the context: the last T tokens; past it, the oldest half is dropped */
-		if (n - base > (size_t)T || (!nocache && fed == (size_t)T)) {
-			base = n - (size_t)T / 2;
-			fed = 0;
-			if (!nocache)
-				gpt2_decoder_reset(&dec[cur]);
-		}
-		if (nocache) {
-			int w = (int)(n - base);
-			rc = gpt2_forward_logits(&models[cur].g, hist + base, 1, w, all);
-			if (rc == 0)
-				memcpy(logits, all + (size_t)(w - 1) * V, sizeof *logits * (size_t)V);
-		} else {
-			while (rc == 0 && base + fed < n) {
-				rc = gpt2_decoder_step(&dec[cur], hist[base + fed],
-						       base + fed + 1 == n ? logits : NULL);
-				fed++;
-			}
-		}
-		if (rc || i == ntok)
-			break;
-		if (i == 0)
-			tfirst = now_seconds();
-		int tok = sample_token(logits, V, &so, rng_uniform((uint64_t)seed, RNG_STREAM_SAMPLE,
-								     (uint64_t)i), work);
-		hist[n++] = tok;
-		unsigned char ch = (unsigned char)tok;
-		if (fwrite(&ch, 1, 1, stdout) != 1 || fflush(stdout) != 0)
-			rc = err_errno(CORE_EIO, "<stdout>", "cannot write the text", errno);
-	}
-	double t1 = now_seconds();
+			     "the byte tokenizer's 256", models[0].g.cfg.vocab_size);
+	int32_t *ptok = rc == 0 ? malloc(sizeof *ptok * plen) : NULL;
+	if (rc == 0 && !ptok)
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
+	for (size_t i = 0; ptok && i < plen; i++)
+		ptok[i] = (unsigned char)prompt[i];
+	const struct gen_route rt = {.base = &sr.base, .doc = &sr.doc,
+				     .win = sr.have_win ? &sr.win : NULL};
+	const struct gen_opts go = {
+		.so = {.temperature = temp, .top_k = (int)topk, .top_p = topp},
+		.seed = (uint64_t)seed, .tokens = ntok, .nocache = nocache};
+	const struct gen_sink sink = {.emit = emit_byte, .path = log_path, .ctx = &sr};
+	struct gen_stats st = {0};
+	if (rc == 0)
+		rc = route_generate(models, nmodels, dipaco ? &rt : NULL, ptok, plen, &go, &sink,
+				    &st);
+	free(ptok);
 	if (rc == 0 && !co.quiet) {
+		const double gen = st.t_total - st.t_prompt;
 		fprintf(stderr, "\n%s sample: %ld tokens in %.2f s: %.1f tokens/s after a %zu-token "
-			"prompt (%.3f s), %s; seed %ld\n", prog, ntok, t1 - t0,
-			ntok > 0 && t1 > tfirst ? (double)ntok / (t1 - tfirst) : 0.0, plen,
-			tfirst - t0, nocache ? "no cache" : "key/value cache", seed);
+			"prompt (%.3f s), %s; seed %ld\n", prog, ntok, st.t_total,
+			ntok > 0 && gen > 0 ? (double)ntok / gen : 0.0, plen, st.t_prompt,
+			nocache ? "no cache" : "key/value cache", seed);
 		if (dipaco)
 			fprintf(stderr, "%s sample: %d paths, routed %s; path@position: %s%s (%ld "
 				"switches)\n", prog, nmodels, sr.have_win ? "every window" :
 				"once per document", sr.log, sr.loglen >= sizeof sr.log - 32 ?
-				" ..." : "", sr.switches);
+				" ..." : "", st.switches);
 	}
 out:
-	for (int p = 0; dec && !nocache && p < nmodels; p++)
-		gpt2_decoder_close(&dec[p]);
 	if (opened)
 		lm_close(&m);
 	pathset_close(&ps);
@@ -1549,12 +1490,6 @@ out:
 		router_free(&sr.doc);
 	if (sr.have_win)
 		router_free(&sr.win);
-	free(sr.text);
-	free(dec);
-	free(hist);
-	free(logits);
-	free(all);
-	free(work);
 	free(prompt);
 	backend_close(co.be);
 	return rc < 0 ? cli_report(prog, rc) : rc;
