@@ -22,14 +22,13 @@
 #include "common/jsonfmt.h"
 #include "common/progress.h"
 #include "common/rng.h"
-#include "dipaco/pathtrain.h"
-#include "dipaco/rundir.h"
 #include "io/atomicio.h"
 #include "io/tokfile.h"
 #include "route/kmeans.h"
 #include "route/generate.h"
 #include "route/lm.h"
 #include "route/logreg.h"
+#include "route/pathset.h"
 #include "route/route.h"
 #include "route/routefile.h"
 #include "model/sample.h"
@@ -40,7 +39,6 @@ static const char prog[] = "dpc-route";
 
 #define DEFAULT_PREFIX 32
 #define DEFAULT_BATCH 16
-#define MAX_PATHS_OPT 4096
 #define MAX_WINDOWS 16
 
 struct subcommand {
@@ -418,20 +416,6 @@ static int cmd_kmeans(int argc, char **argv)
 
 /* ---- paths: a run's phase, or checkpoints ------------------------------------------------- */
 
-struct pathset {
-	const char *run;
-	long phase;
-	int early;   /* --early-stop: each path at its own best phase up to `phase` */
-	int quiet;   /* no early-stopping report on stderr */
-	long *best;  /* with early: each path's phase */
-	const char *files[MAX_PATHS_OPT];
-	int nfiles;
-	struct rundir r;
-	int have_run;
-	struct lm *lm;
-	int n;
-};
-
 #define PATHSET_LONGOPTS                                                                           \
 	{ "run", required_argument, NULL, 'R' }, { "phase", required_argument, NULL, 'T' },        \
 	{ "path", required_argument, NULL, 'P' }
@@ -447,8 +431,8 @@ static int pathset_opt(struct pathset *ps, int c, const char *arg)
 	switch (c) {
 	case 'R': ps->run = arg; return 1;
 	case 'P':
-		if (ps->nfiles == MAX_PATHS_OPT)
-			return -cli_usage_error(prog, "--path: at most %d", MAX_PATHS_OPT);
+		if (ps->nfiles == PATHSET_MAX_FILES)
+			return -cli_usage_error(prog, "--path: at most %d", PATHSET_MAX_FILES);
 		ps->files[ps->nfiles++] = arg;
 		return 1;
 	case 'T':
@@ -459,144 +443,23 @@ static int pathset_opt(struct pathset *ps, int c, const char *arg)
 	return 0;
 }
 
-/* The last phase whose every module checkpoint exists. */
-static long last_phase(const struct rundir *r)
+/* --early-stop's report on stderr, a line per path as its phase is found. */
+static void report_best(void *ctx, int p, long best, const double *loss, long T)
 {
-	char f[RUNDIR_PATH_MAX];
-	for (long t = r->cfg.dipaco.phases; t > 0; t--) {
-		int all = 1;
-		for (int m = 0; m < r->topo.nmodules && all; m++) {
-			struct stat st;
-			all = rundir_module(r, t, m, ".safetensors", f, sizeof f) == 0 &&
-			      stat(f, &st) == 0;
-		}
-		if (all)
-			return t;
-	}
-	return 0;
+	(void)ctx;
+	fprintf(stderr, "dpc-route: early stopping: path %d at phase %ld (held-out loss", p, best);
+	for (long t = 0; t < T; t++)
+		fprintf(stderr, " %.4f", loss[t]);
+	fprintf(stderr, " after phases 1..%ld)\n", T);
 }
 
-static void pathset_close(struct pathset *ps)
+/* Open the paths; an error is reported (the exit status is returned). */
+static int open_paths(struct pathset *ps, const struct common *co, int B, const char *cmd)
 {
-	for (int i = 0; ps->lm && i < ps->n; i++)
-		lm_close(&ps->lm[i]);
-	free(ps->lm);
-	free(ps->best);
-	if (ps->have_run)
-		rundir_close(&ps->r);
-}
-
-/* --early-stop: each path's phase of lowest loss on its shard's held-out tail, reported on
- * stderr as it is found. */
-static int pathset_early(struct pathset *ps, struct backend *be)
-{
-	const long T = ps->phase;
-	double *loss = malloc(sizeof *loss * (size_t)T);
-	int rc = 0;
-
-	ps->best = calloc((size_t)ps->r.topo.npaths, sizeof *ps->best);
-	if (!loss || !ps->best) {
-		free(loss);
-		return cli_report(prog, CORE_ENOMEM);
-	}
-	for (int p = 0; p < ps->r.topo.npaths && !rc; p++) {
-		rc = pathtrain_best_phase(&ps->r, T, p, be, loss, &ps->best[p]);
-		if (!rc && !ps->quiet) {
-			fprintf(stderr, "dpc-route: early stopping: path %d at phase %ld (held-out loss",
-				p, ps->best[p]);
-			for (long t = 0; t < T; t++)
-				fprintf(stderr, " %.4f", loss[t]);
-			fprintf(stderr, " after phases 1..%ld)\n", T);
-		}
-	}
-	free(loss);
+	if (ps->early && !co->quiet)
+		ps->on_best = report_best;
+	int rc = pathset_open(ps, co->be, B, cmd);
 	return rc < 0 ? cli_report(prog, rc) : 0;
-}
-
-/* Open every path; an error has been reported (the exit status is returned). */
-static int pathset_open(struct pathset *ps, struct backend *be, int B, const char *cmd)
-{
-	int rc, n;
-	if (!!ps->run == !!ps->nfiles)
-		return cli_usage_error(prog, "%s: give the paths with --run RUNDIR or with --path "
-				       "CKPT (one of them)", cmd);
-	if (ps->nfiles && ps->phase >= 0)
-		return cli_usage_error(prog, "%s: --phase goes with --run, not with --path", cmd);
-	if (ps->run) {
-		if ((rc = rundir_open(&ps->r, ps->run, 0)) < 0)
-			return cli_report(prog, rc);
-		ps->have_run = 1;
-		if (ps->phase == 0 || ps->phase > ps->r.cfg.dipaco.phases)
-			return cli_usage_error(prog, "%s: --phase %ld is outside the run's phases "
-					       "1..%ld", cmd, ps->phase, ps->r.cfg.dipaco.phases);
-		if (ps->phase < 0)
-			ps->phase = last_phase(&ps->r);
-		if (ps->phase == 0)
-			return cli_report(prog, err_set(CORE_ENOTFOUND, ps->run, "no phase has "
-							"all its modules yet (nothing trained)"));
-		n = ps->r.topo.npaths;
-	} else {
-		n = ps->nfiles;
-	}
-	if (ps->early && !ps->run)
-		return cli_usage_error(prog, "%s: --early-stop picks phases of a run: it goes with "
-				       "--run, not with --path", cmd);
-	if (ps->early && (rc = pathset_early(ps, be)))
-		return rc;
-	ps->lm = calloc((size_t)n, sizeof *ps->lm);
-	if (!ps->lm)
-		return cli_report(prog, CORE_ENOMEM);
-	for (int p = 0; p < n; p++) {
-		rc = ps->run ? lm_open_run(&ps->lm[p], &ps->r, ps->best ? ps->best[p] : ps->phase, p,
-					   be, B)
-			     : lm_open(&ps->lm[p], ps->files[p], be, B);
-		if (rc < 0)
-			return cli_report(prog, rc);
-		ps->n = p + 1;
-		if (p && !config_model_equal(&ps->lm[p].g.cfg, &ps->lm[0].g.cfg))
-			return cli_report(prog, err_set(CORE_ESHAPE, ps->lm[p].path, "has another "
-							"model shape than '%s'", ps->lm[0].path));
-	}
-	return 0;
-}
-
-static char *pathset_digests(const struct pathset *ps)
-{
-	const size_t n = (size_t)ps->n * (LM_DIGEST_CHARS + 1) + 1;
-	char *s = malloc(n);
-	size_t off = 0;
-	if (!s)
-		return NULL;
-	s[0] = 0;
-	for (int p = 0; p < ps->n; p++)
-		off += (size_t)snprintf(s + off, n - off, "%s%s", p ? "," : "", ps->lm[p].digest);
-	return s;
-}
-
-/* "run RUNDIR phase T", or "paths CKPT CKPT ...". */
-static char *pathset_source(const struct pathset *ps)
-{
-	size_t n = 64 + (ps->run ? strlen(ps->run) : 0) + (ps->best ? 24 * (size_t)ps->n : 0), off;
-	for (int p = 0; p < ps->nfiles; p++)
-		n += strlen(ps->files[p]) + 1;
-	char *s = malloc(n);
-	if (!s)
-		return NULL;
-	if (ps->run && ps->best) {
-		off = (size_t)snprintf(s, n, "run %s early-stopped by phase %ld at phases", ps->run,
-				       ps->phase);
-		for (int p = 0; p < ps->n; p++)
-			off += (size_t)snprintf(s + off, n - off, "%s%ld", p ? "," : " ", ps->best[p]);
-		return s;
-	}
-	if (ps->run) {
-		snprintf(s, n, "run %s phase %ld", ps->run, ps->phase);
-		return s;
-	}
-	off = (size_t)snprintf(s, n, "paths");
-	for (int p = 0; p < ps->nfiles; p++)
-		off += (size_t)snprintf(s + off, n - off, " %s", ps->files[p]);
-	return s;
 }
 
 /* ---- score -------------------------------------------------------------------------------- */
@@ -655,7 +518,7 @@ static int cmd_score(int argc, char **argv)
 		return cli_report(prog, rc);
 	if ((rc = open_backend(&co)))
 		goto close_tf;
-	if ((rc = pathset_open(&ps, co.be, (int)batch, "score")))
+	if ((rc = open_paths(&ps, &co, (int)batch, "score")))
 		goto close;
 	start_progress(&co, "score", (int64_t)tf.ndocs * ps.n);
 	const double t0 = now_seconds();
@@ -1155,8 +1018,7 @@ static int cmd_eval(int argc, char **argv)
 	}
 	if ((rc = open_backend(&co)))
 		goto out;
-	ps.quiet = co.quiet;
-	if ((rc = pathset_open(&ps, co.be, (int)batch, "eval")))
+	if ((rc = open_paths(&ps, &co, (int)batch, "eval")))
 		goto out;
 	if ((rc = lm_open(&base, model, co.be, (int)batch)) == 0)
 		have_base = 1;
@@ -1420,7 +1282,7 @@ static int cmd_sample(int argc, char **argv)
 	struct lm *models = &m; /* the models drawn from: one checkpoint, or the paths */
 	int nmodels = 1, opened = 0;
 	if (dipaco) {
-		if ((rc = pathset_open(&ps, co.be, 1, "sample")) != 0)
+		if ((rc = open_paths(&ps, &co, 1, "sample")) != 0)
 			goto out;
 		models = ps.lm;
 		nmodels = ps.n;
