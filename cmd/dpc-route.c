@@ -609,86 +609,6 @@ static void fit_usage(FILE *fp)
 		prog, prog);
 }
 
-/* Labels of a document router: each document's best path, for documents with a token past
- * the prefix; rows copied into x / y. */
-static int doc_rows(const struct scores *s, const struct features *f, const struct tokfile *tf,
-		    float **x, uint32_t **y, uint64_t *n)
-{
-	*x = malloc(f->docs * (size_t)f->dim * sizeof **x + 1);
-	*y = malloc(f->docs * sizeof **y + 1);
-	*n = 0;
-	if (!*x || !*y)
-		return err_set(CORE_ENOMEM, NULL, "out of memory");
-	for (uint64_t d = 0; d < f->docs; d++) {
-		if (tf->offsets[d + 1] - tf->offsets[d] <= (uint64_t)s->prefix)
-			continue;
-		const float *sc = s->doc + d * (uint64_t)s->paths;
-		uint32_t b = 0;
-		for (int p = 1; p < s->paths; p++)
-			if (sc[p] > sc[b])
-				b = (uint32_t)p;
-		memcpy(*x + *n * (uint64_t)f->dim, f->x + d * (uint64_t)f->dim,
-		       sizeof **x * (size_t)f->dim);
-		(*y)[(*n)++] = b;
-	}
-	return 0;
-}
-
-/* Rows of a window router: every boundary of every document, labelled with the path of the
- * highest log-likelihood over the next W tokens. */
-static int window_rows(const struct scores *s, struct lm *base, const struct tokfile *tf,
-		       int layer, int context, int W, float **x, uint32_t **y, uint64_t *n,
-		       struct common *co)
-{
-	const size_t C = (size_t)base->g.cfg.n_embd, P = (size_t)s->paths;
-	uint64_t rows = 0, maxlen = 1;
-	for (uint64_t d = 0; d < tf->ndocs; d++) {
-		uint64_t len = tf->offsets[d + 1] - tf->offsets[d];
-		maxlen = len > maxlen ? len : maxlen;
-		if (len > (uint64_t)s->prefix + (uint64_t)W)
-			rows += (len - (uint64_t)s->prefix - 1) / (uint64_t)W;
-	}
-	*n = 0;
-	*x = malloc(rows * 2 * C * sizeof **x + 1);
-	*y = malloc(rows * sizeof **y + 1);
-	float *hidden = malloc(maxlen * C * sizeof *hidden);
-	if (!*x || !*y || !hidden) {
-		free(hidden);
-		return err_set(CORE_ENOMEM, NULL, "cannot allocate %llu rows of %zu",
-			       (unsigned long long)rows, 2 * C);
-	}
-	start_progress(co, "window features", (int64_t)tf->ndocs);
-	for (uint64_t d = 0; d < tf->ndocs; d++) {
-		int nb;
-		int rc = route_window_features(base, tf, d, layer, s->prefix, context, W, hidden,
-					       *x + *n * 2 * C, &nb);
-		if (rc < 0) {
-			free(hidden);
-			return rc;
-		}
-		const uint64_t s0 = tf->offsets[d], len = tf->offsets[d + 1] - s0;
-		for (int m = 0; m < nb; m++) {
-			const uint64_t b = (uint64_t)s->prefix + (uint64_t)(m + 1) * (uint64_t)W;
-			const uint64_t e = b + (uint64_t)W < len ? b + (uint64_t)W : len;
-			uint32_t best = 0;
-			double bv = -INFINITY;
-			for (size_t p = 0; p < P; p++) {
-				double v = 0;
-				for (uint64_t j = b; j < e; j++)
-					v += s->logprob[(s0 + j) * P + p];
-				if (v > bv)
-					bv = v, best = (uint32_t)p;
-			}
-			(*y)[*n + (uint64_t)m] = best;
-		}
-		*n += (uint64_t)nb;
-		progress_update(&co->bar, (int64_t)d + 1, NULL);
-	}
-	progress_done(&co->bar);
-	free(hidden);
-	return 0;
-}
-
 static int cmd_fit(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -775,7 +695,7 @@ static int cmd_fit(int argc, char **argv)
 			rc = err_set(CORE_EFORMAT, feat_path, "features of %d-token prefixes, but "
 				     "the scores count from token %d", f.r.prefix, s.prefix);
 		if (!rc)
-			rc = doc_rows(&s, &f, &tf, &x, &y, &n);
+			rc = route_doc_rows(&s, &f, &tf, &x, &y, &n);
 		r.kind = ROUTER_LOGREG;
 		r.dim = f.dim;
 		r.r = f.r;
@@ -791,8 +711,10 @@ static int cmd_fit(int argc, char **argv)
 				layer = base.g.cfg.n_layer - 1;
 			if (!context)
 				context = s.prefix ? s.prefix : DEFAULT_PREFIX;
-			rc = window_rows(&s, &base, &tf, (int)layer, (int)context, (int)window, &x,
-					 &y, &n, &co);
+			start_progress(&co, "window features", (int64_t)tf.ndocs);
+			rc = route_window_rows(&s, &base, &tf, (int)layer, (int)context,
+					       (int)window, &x, &y, &n, show_progress, &co);
+			progress_done(&co.bar);
 		}
 		r.kind = ROUTER_WINDOW;
 		r.dim = 2 * base.g.cfg.n_embd;
@@ -837,58 +759,6 @@ out:
 }
 
 /* ---- eval --------------------------------------------------------------------------------- */
-
-/* The routers of eval and sample against the base model and the paths: a document router
- * (for one path, without one, a router that sends everything to it, with the default
- * prefix), and window routers of the same prefix, all fitted on this base's features. */
-static int setup_routers(struct router *doc, int *have_doc, const char *router_path,
-			 const struct router *win, const char *const *wpaths, int nw,
-			 const struct lm *base, const char *model, int npaths, const char *cmd)
-{
-	int rc = 0;
-	if (!*have_doc && npaths > 1)
-		rc = err_set(CORE_EUSAGE, NULL, "%s: %d paths need a --router", cmd, npaths);
-	if (!rc && !*have_doc) {
-		/* one path: a router that sends everything to it, with the default prefix */
-		doc->kind = ROUTER_KMEANS;
-		doc->paths = 1;
-		doc->dim = base->g.cfg.n_embd;
-		memcpy(doc->r.digest, base->digest, sizeof doc->r.digest);
-		doc->r.layer = base->g.cfg.n_layer - 1;
-		doc->r.prefix = DEFAULT_PREFIX;
-		doc->centroids = calloc((size_t)doc->dim, sizeof(float));
-		*have_doc = 1;
-		if (!doc->centroids)
-			rc = CORE_ENOMEM;
-	}
-	if (!rc && doc->paths != npaths)
-		rc = err_set(CORE_ESHAPE, router_path, "routes to %d paths, the model has %d",
-			     doc->paths, npaths);
-	/* the routers' features come from the base given */
-	if (!rc && strcmp(doc->r.digest, base->digest))
-		rc = err_set(CORE_EFORMAT, router_path, "was fitted on features of checkpoint %s, "
-			     "but --model '%s' is %s", doc->r.digest, model, base->digest);
-	if (!rc && doc->dim != base->g.cfg.n_embd)
-		rc = err_set(CORE_ESHAPE, router_path, "has %d features, the base model %d",
-			     doc->dim, base->g.cfg.n_embd);
-	for (int i = 0; !rc && i < nw; i++) {
-		if (win[i].paths != npaths)
-			rc = err_set(CORE_ESHAPE, wpaths[i], "routes to %d paths, the model has %d",
-				     win[i].paths, npaths);
-		else if (strcmp(win[i].r.digest, base->digest) ||
-			 win[i].dim != 2 * base->g.cfg.n_embd)
-			rc = err_set(CORE_EFORMAT, wpaths[i], "was fitted on features of checkpoint "
-				     "%s (%d values), but --model '%s' is %s (%d)", win[i].r.digest,
-				     win[i].dim, model, base->digest, 2 * base->g.cfg.n_embd);
-		else if (win[i].r.prefix != doc->r.prefix)
-			rc = err_set(CORE_EFORMAT, wpaths[i], "has windows from token %d, the "
-				     "document router's prefix is %d", win[i].r.prefix, doc->r.prefix);
-	}
-	if (!rc && doc->r.prefix > base->g.cfg.seq_len)
-		rc = err_set(CORE_EFORMAT, router_path, "prefix %d is longer than the context %d",
-			     doc->r.prefix, base->g.cfg.seq_len);
-	return rc;
-}
 
 static void eval_usage(FILE *fp)
 {
@@ -1023,8 +893,8 @@ static int cmd_eval(int argc, char **argv)
 	if ((rc = lm_open(&base, model, co.be, (int)batch)) == 0)
 		have_base = 1;
 	if (!rc)
-		rc = setup_routers(&doc, &have_doc, router_path, win, wpaths, nw, &base, model,
-				   ps.n, "eval");
+		rc = route_check_routers(&doc, &have_doc, router_path, win, wpaths, nw, &base,
+					 model, ps.n, DEFAULT_PREFIX, "eval");
 	/* one path without a router: nothing is read before the first token scored */
 	if (!rc && !router_path && !nw && score_from && score_from < doc.r.prefix)
 		doc.r.prefix = (int)score_from;
@@ -1301,8 +1171,9 @@ static int cmd_sample(int argc, char **argv)
 			sr.have_base = 1;
 		if (!rc) {
 			const char *wp[1] = {win_path};
-			rc = setup_routers(&sr.doc, &sr.have_doc, router_path, &sr.win, wp,
-					   sr.have_win, &sr.base, model, ps.n, "sample");
+			rc = route_check_routers(&sr.doc, &sr.have_doc, router_path, &sr.win,
+						 wp, sr.have_win, &sr.base, model, ps.n,
+						 DEFAULT_PREFIX, "sample");
 		}
 		if (!rc && sr.base.g.cfg.vocab_size != models[0].g.cfg.vocab_size)
 			rc = err_set(CORE_ESHAPE, model, "has a vocabulary of %d, the paths %d",
