@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/opt.h"
 #include "common/err.h"
 #include "common/progress.h"
 #include "dipaco/module.h"
@@ -29,12 +30,6 @@
 
 static const char prog[] = "dpc-outer";
 
-struct subcommand {
-	const char *name;
-	const char *summary;
-	int (*run)(int argc, char **argv);
-};
-
 static int cmd_step(int argc, char **argv);
 static int cmd_init(int argc, char **argv);
 static int cmd_topology(int argc, char **argv);
@@ -42,7 +37,7 @@ static int cmd_makefile(int argc, char **argv);
 static int cmd_tasks(int argc, char **argv);
 static int cmd_metrics(int argc, char **argv);
 
-static const struct subcommand commands[] = {
+static const struct cli_command commands[] = {
 	{"step", "the outer step of phase T for some or all modules of a run", cmd_step},
 	{"init", "create a run directory: config, phase-0 modules, Makefile", cmd_init},
 	{"topology", "print a config's paths and modules, with parameter counts", cmd_topology},
@@ -51,17 +46,8 @@ static const struct subcommand commands[] = {
 	{"metrics", "collect every phase's metrics into RUNDIR/metrics.jsonl", cmd_metrics},
 };
 
-#define NCOMMANDS (sizeof commands / sizeof commands[0])
+#define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 #define JSON_LINE (JSON_COMPACT | CORE_JSON_REAL)
-
-static void usage(FILE *fp)
-{
-	fprintf(fp, "usage: %s COMMAND [options] ARGS...\n"
-		    "       %s -h | --help | -V | --version\n\ncommands:\n", prog, prog);
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
-	fprintf(fp, "\n'%s COMMAND --help' describes one command. See dpc-outer(1).\n", prog);
-}
 
 static int bad_option(const char *cmd, const struct option *longopts, char **argv, int c)
 {
@@ -720,7 +706,6 @@ static int cmd_step(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-	const char *cmd = argc > 1 ? argv[1] : NULL;
 	struct rlimit nofile;
 
 	/* An outer step holds every path checkpoint of its module open: as many descriptors
@@ -729,22 +714,7 @@ int main(int argc, char **argv)
 		nofile.rlim_cur = nofile.rlim_max;
 		(void)setrlimit(RLIMIT_NOFILE, &nofile);
 	}
-
-	opterr = 0;
-	if (!cmd)
-		return cli_usage_error(prog, "missing command (see %s --help)", prog);
-	if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help")) {
-		usage(stdout);
-		return 0;
-	}
-	if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version")) {
-		printf("%s %s\n", prog, CORE_VERSION);
-		return 0;
-	}
-	if (cmd[0] == '-')
-		return cli_usage_error(prog, "unknown option '%s' (see %s --help)", cmd, prog);
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		if (!strcmp(cmd, commands[i].name))
-			return commands[i].run(argc - 1, argv + 1);
-	return cli_usage_error(prog, "unknown command '%s' (see %s --help)", cmd, prog);
+	return cli_dispatch(prog, CORE_VERSION, commands, NCOMMANDS,
+			    "'dpc-outer COMMAND --help' describes one command. See dpc-outer(1).\n",
+			    argc, argv);
 }

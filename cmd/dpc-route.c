@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/opt.h"
 #include "common/err.h"
 #include "common/jsonfmt.h"
 #include "common/progress.h"
@@ -41,12 +42,6 @@ static const char prog[] = "dpc-route";
 #define DEFAULT_BATCH 16
 #define MAX_WINDOWS 16
 
-struct subcommand {
-	const char *name;
-	const char *summary;
-	int (*run)(int argc, char **argv);
-};
-
 static int cmd_features(int argc, char **argv);
 static int cmd_kmeans(int argc, char **argv);
 static int cmd_score(int argc, char **argv);
@@ -54,7 +49,7 @@ static int cmd_fit(int argc, char **argv);
 static int cmd_eval(int argc, char **argv);
 static int cmd_sample(int argc, char **argv);
 
-static const struct subcommand commands[] = {
+static const struct cli_command commands[] = {
 	{ "features", "prefix features of every document, from a base checkpoint", cmd_features },
 	{ "kmeans", "fit a k-means (generative) router on features", cmd_kmeans },
 	{ "score", "log-likelihood of every token and document under every path", cmd_score },
@@ -66,17 +61,7 @@ static const struct subcommand commands[] = {
 	  cmd_sample },
 };
 
-#define NCOMMANDS (sizeof commands / sizeof commands[0])
-
-static void usage(FILE *fp)
-{
-	fprintf(fp, "usage: %s COMMAND [options] ARGS...\n"
-		    "       %s -h | --help | -V | --version\n\ncommands:\n", prog, prog);
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
-	fprintf(fp, "\n'%s COMMAND --help' describes one command. See dpc-route(1) and the\n"
-		    "formats in dpc-route(5).\n", prog);
-}
+#define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
 static int version(void)
 {
@@ -1230,19 +1215,7 @@ out:
 
 int main(int argc, char **argv)
 {
-	opterr = 0;
-	if (argc < 2) {
-		usage(stderr);
-		return 2;
-	}
-	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-		usage(stdout);
-		return 0;
-	}
-	if (!strcmp(argv[1], "-V") || !strcmp(argv[1], "--version"))
-		return version();
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		if (!strcmp(argv[1], commands[i].name))
-			return commands[i].run(argc - 1, argv + 1);
-	return cli_usage_error(prog, "unknown command '%s' (see %s --help)", argv[1], prog);
+	return cli_dispatch(prog, CORE_VERSION, commands, NCOMMANDS,
+			    "'dpc-route COMMAND --help' describes one command. See dpc-route(1) and the\n"
+			    "formats in dpc-route(5).\n", argc, argv);
 }

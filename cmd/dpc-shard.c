@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "cli/opt.h"
 #include "io/corpus.h"
 #include "common/err.h"
 #include "common/progress.h"
@@ -25,34 +26,19 @@
 
 static const char prog[] = "dpc-shard";
 
-struct subcommand {
-	const char *name;
-	const char *summary;
-	int (*run)(int argc, char **argv);
-};
-
 static int cmd_prepare(int argc, char **argv);
 static int cmd_info(int argc, char **argv);
 static int cmd_split(int argc, char **argv);
 static int cmd_cat(int argc, char **argv);
 
-static const struct subcommand commands[] = {
+static const struct cli_command commands[] = {
 	{ "prepare", "tokenize documents into train.tok, val.tok and router.tok", cmd_prepare },
 	{ "info", "print a token file's header as JSON, after verifying the file", cmd_info },
 	{ "split", "divide a token file into per-path shards, documents kept whole", cmd_split },
 	{ "cat", "decode a token file's documents back to text (byte tokenizer)", cmd_cat },
 };
 
-#define NCOMMANDS (sizeof commands / sizeof commands[0])
-
-static void usage(FILE *fp)
-{
-	fprintf(fp, "usage: %s COMMAND [options] ARGS...\n"
-		    "       %s -h | --help | -V | --version\n\ncommands:\n", prog, prog);
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
-	fprintf(fp, "\n'%s COMMAND --help' describes one command. See dpc-shard(1).\n", prog);
-}
+#define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
 static int version(void)
 {
@@ -645,21 +631,6 @@ static int cmd_split(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-	const char *cmd = argc > 1 ? argv[1] : NULL;
-
-	opterr = 0;
-	if (!cmd)
-		return cli_usage_error(prog, "missing command (see %s --help)", prog);
-	if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0) {
-		usage(stdout);
-		return 0;
-	}
-	if (strcmp(cmd, "-V") == 0 || strcmp(cmd, "--version") == 0)
-		return version();
-	if (cmd[0] == '-')
-		return cli_usage_error(prog, "unknown option '%s' (see %s --help)", cmd, prog);
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		if (strcmp(cmd, commands[i].name) == 0)
-			return commands[i].run(argc - 1, argv + 1);
-	return cli_usage_error(prog, "unknown command '%s' (see %s --help)", cmd, prog);
+	return cli_dispatch(prog, CORE_VERSION, commands, NCOMMANDS,
+			    "'dpc-shard COMMAND --help' describes one command. See dpc-shard(1).\n", argc, argv);
 }
