@@ -115,7 +115,9 @@ endif
 # ---- sources ------------------------------------------------------------------------------
 # libcore is every .c file under lib/, one folder per layer (README, LAYOUT). Objects mirror
 # the source tree under $(BUILD); -MMD -MP writes each object's header dependencies next to it.
-LIB_SRC := $(sort $(shell find lib -name '*.c'))
+# lib/backend/cuda (the cuda backend's C glue: cuBLAS and NCCL loaded at run time) is built
+# with the CUDA backend only, below.
+LIB_SRC := $(sort $(filter-out lib/backend/cuda/%,$(shell find lib -name '*.c')))
 # lib/dist (dist.h) is dist_mpi.c over MPI when mpicc is found, else dist_single.c, a world of
 # one rank. MPI's include flags are given to the files that include mpi.h alone (dist_mpi.c,
 # test/mpi); libmpi is linked --as-needed, so that a program using no dist function, whose
@@ -147,14 +149,16 @@ CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=c
 NVCCFLAGS ?= -O3
 NVCCFLAGS += -std=c++20 $(CUDA_ARCH) -DCORE_VERSION='"$(VERSION)"' -Ilib -Ikernels \
 	-Xcompiler -Wall,-Wextra,-Wno-unused-parameter
-# cuBLAS is not linked but loaded when the cuda device is opened (kernels/cublas_dl.c: linked,
-# it costs every program ~215 MiB of memory at start), NCCL when a communicator is first made
-# (kernels/nccl_dl.c), both through lib/common/dl_load.c; the CUDA runtime is linked statically.
-LIB_OBJ += $(CU_OBJ) $(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o
+# cuBLAS is not linked but loaded when the cuda device is opened (lib/backend/cuda/cublas_dl.c:
+# linked, it costs every program ~215 MiB of memory at start), NCCL when a communicator is
+# first made (lib/backend/cuda/nccl_dl.c), both through lib/common/dl_load.c; the CUDA runtime
+# is linked statically.
+CUDA_GLUE_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard lib/backend/cuda/*.c)))
+LIB_OBJ += $(CU_OBJ) $(CUDA_GLUE_OBJ)
 LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt \
 	-lpthread
 $(BUILD)/lib/backend/backend.o: CFLAGS += -DCORE_HAVE_CUDA=1
-$(BUILD)/kernels/cublas_dl.o $(BUILD)/kernels/nccl_dl.o: $(BUILD)/kernels/%.o: kernels/%.c
+$(CUDA_GLUE_OBJ): $(BUILD)/lib/backend/cuda/%.o: lib/backend/cuda/%.c
 	@mkdir -p $(@D)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CFLAGS) -isystem $(CUDA_HOME)/include -MMD -MP -c $< -o $@

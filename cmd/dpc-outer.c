@@ -13,10 +13,12 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/opt.h"
 #include "common/err.h"
 #include "common/progress.h"
 #include "dipaco/module.h"
 #include "dipaco/outer.h"
+#include "dipaco/outertask.h"
 #include "dipaco/plan.h"
 #include "dipaco/rundir.h"
 #include "dist/dist.h"
@@ -28,12 +30,6 @@
 
 static const char prog[] = "dpc-outer";
 
-struct subcommand {
-	const char *name;
-	const char *summary;
-	int (*run)(int argc, char **argv);
-};
-
 static int cmd_step(int argc, char **argv);
 static int cmd_init(int argc, char **argv);
 static int cmd_topology(int argc, char **argv);
@@ -41,7 +37,7 @@ static int cmd_makefile(int argc, char **argv);
 static int cmd_tasks(int argc, char **argv);
 static int cmd_metrics(int argc, char **argv);
 
-static const struct subcommand commands[] = {
+static const struct cli_command commands[] = {
 	{"step", "the outer step of phase T for some or all modules of a run", cmd_step},
 	{"init", "create a run directory: config, phase-0 modules, Makefile", cmd_init},
 	{"topology", "print a config's paths and modules, with parameter counts", cmd_topology},
@@ -50,27 +46,23 @@ static const struct subcommand commands[] = {
 	{"metrics", "collect every phase's metrics into RUNDIR/metrics.jsonl", cmd_metrics},
 };
 
-#define NCOMMANDS (sizeof commands / sizeof commands[0])
+#define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 #define JSON_LINE (JSON_COMPACT | CORE_JSON_REAL)
 
-static void usage(FILE *fp)
+/* Every command's last option. */
+static const struct cli_opt help_opts[] = {
+	{"help", 'h', 'h', CLI_FLAG, NULL, "show this help and exit"},
+	CLI_OPT_END,
+};
+
+/* cli_parser_init for one command: 0, or the exit status after the report (a table
+ * refused, the program's own error). */
+static int parser_init(struct cli_parser *p, const char *cmd, const struct cli_opt *const *tables)
 {
-	fprintf(fp, "usage: %s COMMAND [options] ARGS...\n"
-		    "       %s -h | --help | -V | --version\n\ncommands:\n", prog, prog);
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
-	fprintf(fp, "\n'%s COMMAND --help' describes one command. See dpc-outer(1).\n", prog);
+	int rc = cli_parser_init(p, prog, cmd, tables);
+
+	return rc < 0 ? cli_report(prog, rc) : 0;
 }
-
-static int bad_option(const char *cmd, const struct option *longopts, char **argv, int c)
-{
-	char help[64];
-
-	snprintf(help, sizeof help, "%s %s", prog, cmd);
-	return cli_bad_option(prog, help, longopts, argv, c);
-}
-
-static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 /* ---- config from -c and -s ---------------------------------------------------------------- */
 
@@ -90,17 +82,22 @@ static int load_config(struct run_config *c, const char *path, const char **sets
 
 /* ---- topology ----------------------------------------------------------------------------- */
 
+static const struct cli_opt topology_opts[] = {
+	{"config", 'c', 'c', CLI_ARG, "FILE", "YAML config (see dpc-config(5); default: defaults)"},
+	{"set", 's', 's', CLI_ARG, "SECTION.KEY=V", "override one config value (repeatable)"},
+	{"json", 'j', 0, CLI_FLAG, NULL, "one JSON object instead of the table"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const topology_tables[] = {topology_opts, help_opts, NULL};
+
 static void topology_usage(FILE *fp)
 {
 	fprintf(fp,
 		"usage: %s topology [-c CONFIG] [-s SECTION.KEY=V]... [--json]\n"
 		"Print the paths and modules a config describes: which modules each path\n"
 		"uses, and the parameters per module, per path and in total.\n\n"
-		"options:\n"
-		"  -c, --config FILE        YAML config (see dpc-config(5); default: defaults)\n"
-		"  -s, --set SECTION.KEY=V  override one config value (repeatable)\n"
-		"      --json               one JSON object instead of the table\n"
-		"  -h, --help               show this help and exit\n", prog);
+		"options:\n", prog);
+	cli_print_opts(fp, topology_tables);
 }
 
 static json_t *topology_json(const struct topology *t)
@@ -162,25 +159,25 @@ static int print_topology(const struct topology *t)
 
 static int cmd_topology(int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
-		{"json", no_argument, NULL, 'j'},        {"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
-	};
 	const char *config = NULL, **sets = calloc((size_t)argc + 1, sizeof *sets);
 	int nsets = 0, json = 0, c, rc;
+	struct cli_parser p;
 	struct run_config cfg;
 	struct topology t;
 
 	if (!sets)
 		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
-	while ((c = getopt_long(argc, argv, ":c:s:h", longopts, NULL)) != -1) {
+	if ((rc = parser_init(&p, "topology", topology_tables)) != 0) {
+		free(sets);
+		return rc;
+	}
+	while ((c = cli_next(&p, argc, argv)) != -1) {
 		switch (c) {
 		case 'c': config = optarg; break;
 		case 's': sets[nsets++] = optarg; break;
 		case 'j': json = 1; break;
 		case 'h': topology_usage(stdout); free(sets); return 0;
-		default: free(sets); return bad_option("topology", longopts, argv, c);
+		default: free(sets); return 2; /* CLI_BAD, reported */
 		}
 	}
 	if (optind < argc) {
@@ -228,32 +225,35 @@ static int write_makefile(const struct rundir *r, const char *bin)
 	return rc;
 }
 
-/* Phase 0: each module's initialisation (the seed, or --from's tensors), one module in
- * memory at a time; a module file that exists, verifies and came from the same source is
- * kept. */
-static int write_init_modules(const struct rundir *r, const struct module_init *src,
-			      const char *label, int *written)
-{
-	char path[RUNDIR_PATH_MAX];
-
-	*written = 0;
-	ERR_FORWARD(rundir_make_phase(r, 0));
-	for (int m = 0; m < r->topo.nmodules; m++) {
-		struct st_file f;
-		ERR_FORWARD(rundir_module(r, 0, m, ".safetensors", path, sizeof path));
-		if (access(path, F_OK) == 0) {
-			ERR_FORWARD(module_open(&f, path, &r->topo, m, 0, r->config_hash, 1));
-			int rc = module_check_init(&f, label);
-			st_close(&f);
-			if (rc)
-				return rc;
-			continue;
-		}
-		ERR_FORWARD(module_write_init(path, &r->topo, m, src, label, r->config_hash));
-		(*written)++;
-	}
-	return 0;
-}
+static const struct cli_opt init_opts[] = {
+	{"config", 'c', 'c', CLI_ARG, "FILE", "YAML config (see dpc-config(5))"},
+	{"set", 's', 's', CLI_ARG, "SECTION.KEY=V", "override one config value (repeatable)"},
+	CLI_OPT_END,
+};
+static const struct cli_opt init_from_opts[] = {
+	{"from", 'F', 0, CLI_ARG, "CKPT", "every module starts from this model's tensors (a\n"
+	 "dpc-train-path checkpoint of the config's shape: the\n"
+	 "paper's pretrained start), outer momentum zero; the\n"
+	 "paths' AdamW state and step start afresh"},
+	{"moments", 'M', 0, CLI_FLAG, NULL,
+	 "with --from: the paths of phase 1 also start from its\n"
+	 "AdamW moments (bias correction counting on from its\n"
+	 "step); the learning rate still follows the run's schedule"},
+	CLI_OPT_END,
+};
+static const struct cli_opt init_bin_opts[] = {
+	{"bin", 'b', 0, CLI_ARG, "DIR", "where the Makefile finds the programs (default: the\n"
+	 "folder of this dpc-outer)"},
+	CLI_OPT_END,
+};
+/* --help lists --bin after --from; the parser keeps the order getopt_long had before (the
+ * option suggested for a misspelt one is the first of the nearest). */
+static const struct cli_opt *const init_help_tables[] = {
+	init_opts, init_from_opts, init_bin_opts, help_opts, NULL,
+};
+static const struct cli_opt *const init_tables[] = {
+	init_opts, init_bin_opts, init_from_opts, help_opts, NULL,
+};
 
 static void init_usage(FILE *fp)
 {
@@ -265,39 +265,27 @@ static void init_usage(FILE *fp)
 		"the task graph. Running it again on the same config and source keeps what\n"
 		"exists; another config or source is refused. The shards go to RUNDIR/shards\n"
 		"(dpc-shard split ... RUNDIR/shards).\n\n"
-		"options:\n"
-		"  -c, --config FILE        YAML config (see dpc-config(5))\n"
-		"  -s, --set SECTION.KEY=V  override one config value (repeatable)\n"
-		"      --from CKPT          every module starts from this model's tensors (a\n"
-		"                           dpc-train-path checkpoint of the config's shape: the\n"
-		"                           paper's pretrained start), outer momentum zero; the\n"
-		"                           paths' AdamW state and step start afresh\n"
-		"      --moments            with --from: the paths of phase 1 also start from its\n"
-		"                           AdamW moments (bias correction counting on from its\n"
-		"                           step); the learning rate still follows the run's schedule\n"
-		"      --bin DIR            where the Makefile finds the programs (default: the\n"
-		"                           folder of this dpc-outer)\n"
-		"  -h, --help               show this help and exit\n", prog);
+		"options:\n", prog);
+	cli_print_opts(fp, init_help_tables);
 }
 
 static int cmd_init(int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
-		{"bin", required_argument, NULL, 'b'},    {"from", required_argument, NULL, 'F'},
-		{"moments", no_argument, NULL, 'M'},      {"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
-	};
 	const char *config = NULL, *from = NULL, **sets = calloc((size_t)argc + 1, sizeof *sets);
 	char bin[RUNDIR_PATH_MAX];
 	int nsets = 0, c, rc, written = 0, moments = 0;
+	struct cli_parser p;
 	struct run_config cfg;
 	struct rundir r;
 
 	if (!sets)
 		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
+	if ((rc = parser_init(&p, "init", init_tables)) != 0) {
+		free(sets);
+		return rc;
+	}
 	self_dir(bin, sizeof bin);
-	while ((c = getopt_long(argc, argv, ":c:s:h", longopts, NULL)) != -1) {
+	while ((c = cli_next(&p, argc, argv)) != -1) {
 		switch (c) {
 		case 'c': config = optarg; break;
 		case 's': sets[nsets++] = optarg; break;
@@ -305,7 +293,7 @@ static int cmd_init(int argc, char **argv)
 		case 'F': from = optarg; break;
 		case 'M': moments = 1; break;
 		case 'h': init_usage(stdout); free(sets); return 0;
-		default: free(sets); return bad_option("init", longopts, argv, c);
+		default: free(sets); return 2; /* CLI_BAD, reported */
 		}
 	}
 	if (argc - optind != 1 || !config) {
@@ -334,7 +322,7 @@ static int cmd_init(int argc, char **argv)
 		rc = rundir_open(&r, dir, 0);
 	if (rc)
 		return cli_report(prog, rc);
-	rc = write_init_modules(&r, &src, label, &written);
+	rc = outertask_init(&r, &src, label, &written);
 	char mpath[RUNDIR_PATH_MAX];
 	if (!rc)
 		rc = rundir_file(&r, RUNDIR_FORK_MOMENTS, mpath, sizeof mpath);
@@ -355,28 +343,33 @@ static int cmd_init(int argc, char **argv)
 	return rc ? cli_report(prog, rc) : 0;
 }
 
+static const struct cli_opt rundir_opts[] = {
+	{"bin", 'b', 0, CLI_ARG, "DIR", "where the programs are (default: the folder of this\n"
+	 "dpc-outer)"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const rundir_tables[] = {rundir_opts, help_opts, NULL};
+
 static int simple_rundir_command(int argc, char **argv, const char *name, const char *text,
 				 int (*fn)(struct rundir *r, const char *bin))
 {
-	static const struct option longopts[] = {
-		{"bin", required_argument, NULL, 'b'}, {"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
-	};
 	char bin[RUNDIR_PATH_MAX];
+	struct cli_parser p;
 	struct rundir r;
 	int c, rc;
 
+	if ((rc = parser_init(&p, name, rundir_tables)) != 0)
+		return rc;
 	self_dir(bin, sizeof bin);
-	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+	while ((c = cli_next(&p, argc, argv)) != -1) {
 		switch (c) {
 		case 'b': snprintf(bin, sizeof bin, "%s", optarg); break;
 		case 'h':
-			printf("usage: %s %s [--bin DIR] RUNDIR\n%s\n\noptions:\n"
-			       "      --bin DIR  where the programs are (default: the folder of this "
-			       "dpc-outer)\n  -h, --help     show this help and exit\n", prog, name,
+			printf("usage: %s %s [--bin DIR] RUNDIR\n%s\n\noptions:\n", prog, name,
 			       text);
+			cli_print_opts(stdout, rundir_tables);
 			return 0;
-		default: return bad_option(name, longopts, argv, c);
+		default: return 2; /* CLI_BAD, reported */
 		}
 	}
 	if (argc - optind != 1)
@@ -564,16 +557,21 @@ static int do_metrics(struct rundir *r, int table)
 	return rc;
 }
 
+static const struct cli_opt metrics_opts[] = {
+	{"table", 'T', 0, CLI_FLAG, NULL, "the table instead of the JSON summary"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const metrics_tables[] = {metrics_opts, help_opts, NULL};
+
 static int cmd_metrics(int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{"table", no_argument, NULL, 'T'}, {"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
-	};
+	struct cli_parser p;
 	struct rundir r;
 	int c, rc, table = 0;
 
-	while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+	if ((rc = parser_init(&p, "metrics", metrics_tables)) != 0)
+		return rc;
+	while ((c = cli_next(&p, argc, argv)) != -1) {
 		switch (c) {
 		case 'T': table = 1; break;
 		case 'h':
@@ -583,11 +581,10 @@ static int cmd_metrics(int argc, char **argv)
 			       "or with --table one line per phase: the paths' validation loss (min,\n"
 			       "mean, max), their mean training loss and tokens/s, and the outer steps'\n"
 			       "mean pairwise cosine and mean rescaled outer gradient norm.\n\n"
-			       "options:\n"
-			       "      --table    the table instead of the JSON summary\n"
-			       "  -h, --help     show this help and exit\n", prog);
+			       "options:\n", prog);
+			cli_print_opts(stdout, metrics_tables);
 			return 0;
-		default: return bad_option("metrics", longopts, argv, c);
+		default: return 2; /* CLI_BAD, reported */
 		}
 	}
 	if (argc - optind != 1)
@@ -603,6 +600,23 @@ static int cmd_metrics(int argc, char **argv)
 
 /* ---- step --------------------------------------------------------------------------------- */
 
+static const struct cli_opt step_opts[] = {
+	{"phase", 'p', 'p', CLI_ARG, "T",
+	 "the phase whose paths are averaged (1 .. dipaco.phases)"},
+	{"module", 'm', 'm', CLI_ARG, "NAME", "this module (repeatable)"},
+	{"slice", 'S', 0, CLI_ARG, "I/N", "modules I, I+N, I+2N, ... (0 <= I < N)"},
+	{"wait", 'w', 'w', CLI_OPTARG, "SECS",
+	 "wait for path checkpoints still being trained, folding\n"
+	 "each in as it appears (default: forever; without\n"
+	 "--wait a missing one is an error)"},
+	{"threads", 't', 't', CLI_ARG, "N",
+	 "threads reading and folding (default: OMP_NUM_THREADS or\n"
+	 "all cores); the module written does not depend on it"},
+	{"quiet", 'q', 'q', CLI_FLAG, NULL, "no progress line"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const step_tables[] = {step_opts, help_opts, NULL};
+
 static void step_usage(FILE *fp)
 {
 	fprintf(fp,
@@ -614,17 +628,8 @@ static void step_usage(FILE *fp)
 		"diagnostics as JSON Lines on stdout. A module whose output exists and verifies\n"
 		"is skipped. With no --module or --slice, every module; under mpirun, rank I of\n"
 		"N takes slice I/N.\n\n"
-		"options:\n"
-		"  -p, --phase T        the phase whose paths are averaged (1 .. dipaco.phases)\n"
-		"  -m, --module NAME    this module (repeatable)\n"
-		"      --slice I/N      modules I, I+N, I+2N, ... (0 <= I < N)\n"
-		"  -w, --wait[=SECS]    wait for path checkpoints still being trained, folding\n"
-		"                       each in as it appears (default: forever; without\n"
-		"                       --wait a missing one is an error)\n"
-		"  -t, --threads N      threads reading and folding (default: OMP_NUM_THREADS or\n"
-		"                       all cores); the module written does not depend on it\n"
-		"  -q, --quiet          no progress line\n"
-		"  -h, --help           show this help and exit\n", prog);
+		"options:\n", prog);
+	cli_print_opts(fp, step_tables);
 }
 
 
@@ -642,197 +647,62 @@ static int parse_slice(const char *s, long *i, long *n)
 	return 0;
 }
 
-/* The diagnostics line of a step: written to NAME.json before the module is committed, so a
- * module never exists without its diagnostics (a step killed between the two is redone and
- * rewrites them). The line is kept for stdout. */
-struct diag_ctx {
-	const struct rundir *r;
-	long t;
-	int m;
-	const double *weights;
-	const char *path;
-	char *line;
+/* step's options and argument. */
+struct step_args {
+	const char **names; /* --module's, nnames of them (room for argc) */
+	const char *dir;
+	long phase, si, sn, threads;
+	double wait;
+	int nnames, have_slice, quiet;
 };
 
-static int write_diag(void *ctx, const struct outer_diag *d)
+/* Parse into *a: the exit status when the command ends here (--help, a usage error), or -1
+ * to run it. */
+static int step_parse(int argc, char **argv, struct step_args *a)
 {
-	struct diag_ctx *x = ctx;
-	const struct topology *topo = &x->r->topo;
-	const struct topo_module *md = &topo->modules[x->m];
-	json_t *norms = json_array(), *users = json_array(), *ws = json_array();
+	struct cli_parser p;
+	int c, rc;
 
-	for (int k = 0; k < md->npaths; k++) {
-		json_array_append_new(norms, num(d->delta_norm[k]));
-		json_array_append_new(users, json_integer(md->paths[k]));
-		json_array_append_new(ws, num(x->weights[k]));
-	}
-	json_t *j = json_pack(
-		"{s:s, s:I, s:s, s:s, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o}",
-		"event", "outer", "phase", (json_int_t)x->t, "module", md->name, "level",
-		topo->levels[md->level].name, "params", (json_int_t)md->nparams, "paths", users,
-		"weights", ws, "delta_norms", norms, "outer_grad_norm", num(d->grad_norm),
-		"outer_grad_norm_rescaled", num(d->grad_norm_scaled), "update_norm",
-		num(d->update_norm), "mean_pairwise_cosine", num(d->mean_cosine), "seconds",
-		num(d->seconds), "wait_seconds", num(d->wait_seconds), "read_seconds",
-		num(d->read_seconds), "bytes_read", (json_int_t)d->bytes_read, "read_mb_per_s",
-		num(d->read_seconds > 0 ? (double)d->bytes_read / 1e6 / d->read_seconds : NAN));
-	char *line = j ? json_dumps(j, JSON_LINE) : NULL;
-	json_decref(j);
-	size_t n = line ? strlen(line) : 0;
-	x->line = line ? malloc(n + 2) : NULL;
-	if (!x->line) {
-		free(line);
-		return err_set(CORE_ENOMEM, NULL, "out of memory");
-	}
-	memcpy(x->line, line, n);
-	memcpy(x->line + n, "\n", 2);
-	free(line);
-	return file_write_atomic(x->path, x->line, n + 1);
-}
-
-/* One module: skip when done, else the step, then its diagnostics file and line. */
-static int step_module(const struct rundir *r, long t, int m, double wait, int threads,
-		       int *skipped)
-{
-	const struct topology *topo = &r->topo;
-	const struct topo_module *md = &topo->modules[m];
-	const struct dipaco_config *dc = &r->cfg.dipaco;
-	char out[RUNDIR_PATH_MAX], prev[RUNDIR_PATH_MAX], diag_path[RUNDIR_PATH_MAX];
-	char **ckpts = calloc((size_t)md->npaths, sizeof *ckpts);
-	double *tokens = calloc((size_t)md->npaths, sizeof *tokens);
-	double *weights = calloc((size_t)md->npaths, sizeof *weights);
-	struct outer_diag d = {0};
-	int rc = 0;
-
-	*skipped = 0;
-	if (!ckpts || !tokens || !weights) {
-		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
-		goto out;
-	}
-	rc = rundir_module(r, t, m, ".safetensors", out, sizeof out);
-	if (!rc)
-		rc = rundir_module(r, t, m, ".json", diag_path, sizeof diag_path);
-	if (!rc)
-		rc = rundir_module(r, t - 1, m, ".safetensors", prev, sizeof prev);
-	if (rc)
-		goto out;
-	/* What a killed attempt at this step left, whether or not it got as far as the module. */
-	rundir_clean_stale(out);
-	rundir_clean_stale(diag_path);
-	if (access(out, F_OK) == 0) {
-		struct st_file f;
-		rc = module_open(&f, out, topo, m, t, r->config_hash, 1);
-		if (rc) {
-			char detail[400];
-			snprintf(detail, sizeof detail, "%s", err_detail());
-			rc = err_set(rc, out, "exists but is not this step's output (%s); remove it "
-				     "to redo the step", detail);
-			goto out;
-		}
-		st_close(&f);
-		*skipped = 1;
-		goto out;
-	}
-	for (int k = 0; k < md->npaths; k++) {
-		ckpts[k] = malloc(RUNDIR_PATH_MAX);
-		if (!ckpts[k]) {
-			rc = err_set(CORE_ENOMEM, NULL, "out of memory");
-			goto out;
-		}
-		rc = rundir_path_ckpt(r, t, md->paths[k], ".safetensors", ckpts[k], RUNDIR_PATH_MAX);
-		if (rc)
-			goto out;
-		tokens[k] = r->have_shards ? r->shard_tokens[md->paths[k]] : 0;
-	}
-	outer_weights(weights, tokens, md->npaths, dc->reweight && r->have_shards);
-	if (dc->reweight && !r->have_shards) {
-		rc = err_set(CORE_ENOTFOUND, r->dir, "dipaco.reweight needs the shard manifest "
-			     "(shards/shards.json, or phase-TTTT/shards/shards.json after a "
-			     "re-sharding)");
-		goto out;
-	}
-	rc = rundir_make_phase(r, t);
-	if (rc)
-		goto out;
-	struct outer_job j = {
-		.topo = topo, .module = m, .phase = t, .prev_path = prev,
-		.path_ckpts = (const char *const *)ckpts, .weights = weights, .out_path = out,
-		.config_hash = r->config_hash,
-		.params = {dc->outer_lr, dc->outer_momentum, dc->nesterov, dc->rescale,
-			   dc->reweight},
-		.wait_seconds = wait, .threads = threads,
-	};
-	struct diag_ctx dx = {r, t, m, weights, diag_path, NULL};
-	j.before_commit = write_diag;
-	j.ctx = &dx;
-	rc = outer_step_module(&j, &d);
-	if (!rc && (fputs(dx.line, stdout) == EOF || fflush(stdout) != 0))
-		rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
-	free(dx.line);
-out:
-	outer_diag_free(&d);
-	for (int k = 0; ckpts && k < md->npaths; k++)
-		free(ckpts[k]);
-	free(ckpts);
-	free(tokens);
-	free(weights);
-	return rc;
-}
-
-static int cmd_step(int argc, char **argv)
-{
-	static const struct option longopts[] = {
-		{"phase", required_argument, NULL, 'p'}, {"module", required_argument, NULL, 'm'},
-		{"slice", required_argument, NULL, 'S'}, {"wait", optional_argument, NULL, 'w'},
-		{"quiet", no_argument, NULL, 'q'},       {"help", no_argument, NULL, 'h'},
-		{"threads", required_argument, NULL, 't'},
-		{NULL, 0, NULL, 0},
-	};
-	long threads = 0;
-	const char **names = calloc((size_t)argc + 1, sizeof *names);
-	long phase = 0, si = 0, sn = 1;
-	double wait = 0;
-	int nnames = 0, have_slice = 0, quiet = 0, c, rc = 0;
-	struct rundir r;
-
-	if (!names)
-		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
-	while ((c = getopt_long(argc, argv, ":p:m:w::qt:h", longopts, NULL)) != -1) {
+	if ((rc = parser_init(&p, "step", step_tables)) != 0)
+		return rc;
+	while ((c = cli_next(&p, argc, argv)) != -1) {
 		switch (c) {
-		case 'p': rc = cli_parse_long("--phase", optarg, 1, 1L << 40, &phase); break;
-		case 'm': names[nnames++] = optarg; break;
-		case 'S': rc = parse_slice(optarg, &si, &sn); have_slice = 1; break;
+		case 'p': rc = cli_parse_long("--phase", optarg, 1, 1L << 40, &a->phase); break;
+		case 'm': a->names[a->nnames++] = optarg; break;
+		case 'S': rc = parse_slice(optarg, &a->si, &a->sn); a->have_slice = 1; break;
 		case 'w':
-			wait = -1;
+			a->wait = -1;
 			if (optarg)
-				rc = cli_parse_double("--wait", optarg, 0.001, 1e9, &wait);
+				rc = cli_parse_double("--wait", optarg, 0.001, 1e9, &a->wait);
 			break;
-		case 'q': quiet = 1; break;
-		case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &threads); break;
-		case 'h': step_usage(stdout); free(names); return 0;
-		default: free(names); return bad_option("step", longopts, argv, c);
+		case 'q': a->quiet = 1; break;
+		case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &a->threads); break;
+		case 'h': step_usage(stdout); return 0;
+		default: return 2; /* CLI_BAD, reported */
 		}
-		if (rc) {
-			free(names);
+		if (rc)
 			return cli_report(prog, rc);
-		}
 	}
-	if (argc - optind != 1 || phase == 0) {
-		free(names);
+	if (argc - optind != 1 || a->phase == 0)
 		return cli_usage_error(prog, "step: expected RUNDIR and --phase T (see %s step "
 				       "--help)", prog);
-	}
-	if (nnames && have_slice) {
-		free(names);
+	if (a->nnames && a->have_slice)
 		return cli_usage_error(prog, "step: --module and --slice exclude each other");
-	}
-	if (!nnames && !have_slice)
-		dist_launcher(&si, &sn); /* every module, or this rank's share under mpirun */
-	rc = rundir_open(&r, argv[optind], 0);
-	if (rc) {
-		free(names);
+	if (!a->nnames && !a->have_slice)
+		dist_launcher(&a->si, &a->sn); /* every module, or this rank's share under mpirun */
+	a->dir = argv[optind];
+	return -1;
+}
+
+/* The outer steps a selects; the exit status. */
+static int step_run(const struct step_args *a)
+{
+	const long phase = a->phase;
+	struct rundir r;
+	int rc = rundir_open(&r, a->dir, 0);
+
+	if (rc)
 		return cli_report(prog, rc);
-	}
 	if (phase > r.cfg.dipaco.phases)
 		rc = err_set(CORE_EUSAGE, r.dir, "phase %ld is outside 1..%ld", phase,
 			     r.cfg.dipaco.phases);
@@ -843,45 +713,59 @@ static int cmd_step(int argc, char **argv)
 	int *sel = calloc((size_t)r.topo.nmodules, sizeof *sel), nsel = 0;
 	if (!rc && !sel)
 		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
-	for (int i = 0; !rc && i < nnames; i++) {
-		int m = topo_find(&r.topo, names[i]);
+	for (int i = 0; !rc && i < a->nnames; i++) {
+		int m = topo_find(&r.topo, a->names[i]);
 		if (m < 0)
 			rc = err_set(CORE_EUSAGE, r.dir, "no module '%.64s' in this run (see %s "
-				     "topology)", names[i], prog);
+				     "topology)", a->names[i], prog);
 		else if (!sel[m])
 			sel[m] = 1, nsel++;
 	}
-	for (int m = 0; !rc && !nnames && m < r.topo.nmodules; m++)
-		if (m % sn == si)
+	for (int m = 0; !rc && !a->nnames && m < r.topo.nmodules; m++)
+		if (m % a->sn == a->si)
 			sel[m] = 1, nsel++;
 	struct progress pr;
 	char label[48];
 	snprintf(label, sizeof label, "outer phase %ld", phase);
 	progress_init(&pr, label, nsel);
-	if (quiet)
+	if (a->quiet)
 		pr.enabled = 0;
 	int done = 0, skipped_total = 0;
 	for (int m = 0; !rc && m < r.topo.nmodules; m++) {
-		int skipped;
+		struct outer_task_result res;
 		if (!sel[m])
 			continue;
-		rc = step_module(&r, phase, m, wait, (int)threads, &skipped);
-		skipped_total += skipped;
+		rc = outertask_step(&r, phase, m, a->wait, (int)a->threads, &res);
+		if (!rc && res.line && (fputs(res.line, stdout) == EOF || fflush(stdout) != 0))
+			rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
+		free(res.line);
+		skipped_total += res.skipped;
 		progress_update(&pr, ++done, r.topo.modules[m].name);
 	}
 	progress_done(&pr);
-	if (!rc && skipped_total && !quiet)
+	if (!rc && skipped_total && !a->quiet)
 		fprintf(stderr, "%s: %d module%s already done\n", prog, skipped_total,
 			skipped_total == 1 ? " was" : "s were");
 	free(sel);
-	free(names);
 	rundir_close(&r);
 	return rc ? cli_report(prog, rc) : 0;
 }
 
+static int cmd_step(int argc, char **argv)
+{
+	struct step_args a = {.names = calloc((size_t)argc + 1, sizeof *a.names), .sn = 1};
+	int rc;
+
+	if (!a.names)
+		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
+	if ((rc = step_parse(argc, argv, &a)) < 0)
+		rc = step_run(&a);
+	free(a.names);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
-	const char *cmd = argc > 1 ? argv[1] : NULL;
 	struct rlimit nofile;
 
 	/* An outer step holds every path checkpoint of its module open: as many descriptors
@@ -890,22 +774,7 @@ int main(int argc, char **argv)
 		nofile.rlim_cur = nofile.rlim_max;
 		(void)setrlimit(RLIMIT_NOFILE, &nofile);
 	}
-
-	opterr = 0;
-	if (!cmd)
-		return cli_usage_error(prog, "missing command (see %s --help)", prog);
-	if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help")) {
-		usage(stdout);
-		return 0;
-	}
-	if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version")) {
-		printf("%s %s\n", prog, CORE_VERSION);
-		return 0;
-	}
-	if (cmd[0] == '-')
-		return cli_usage_error(prog, "unknown option '%s' (see %s --help)", cmd, prog);
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		if (!strcmp(cmd, commands[i].name))
-			return commands[i].run(argc - 1, argv + 1);
-	return cli_usage_error(prog, "unknown command '%s' (see %s --help)", cmd, prog);
+	return cli_dispatch(prog, CORE_VERSION, commands, NCOMMANDS,
+			    "'dpc-outer COMMAND --help' describes one command. See dpc-outer(1).\n",
+			    argc, argv);
 }

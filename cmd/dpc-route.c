@@ -18,17 +18,18 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/opt.h"
 #include "common/err.h"
 #include "common/jsonfmt.h"
 #include "common/progress.h"
 #include "common/rng.h"
-#include "dipaco/pathtrain.h"
-#include "dipaco/rundir.h"
 #include "io/atomicio.h"
 #include "io/tokfile.h"
 #include "route/kmeans.h"
+#include "route/generate.h"
 #include "route/lm.h"
 #include "route/logreg.h"
+#include "route/pathset.h"
 #include "route/route.h"
 #include "route/routefile.h"
 #include "model/sample.h"
@@ -39,14 +40,7 @@ static const char prog[] = "dpc-route";
 
 #define DEFAULT_PREFIX 32
 #define DEFAULT_BATCH 16
-#define MAX_PATHS_OPT 4096
 #define MAX_WINDOWS 16
-
-struct subcommand {
-	const char *name;
-	const char *summary;
-	int (*run)(int argc, char **argv);
-};
 
 static int cmd_features(int argc, char **argv);
 static int cmd_kmeans(int argc, char **argv);
@@ -55,7 +49,7 @@ static int cmd_fit(int argc, char **argv);
 static int cmd_eval(int argc, char **argv);
 static int cmd_sample(int argc, char **argv);
 
-static const struct subcommand commands[] = {
+static const struct cli_command commands[] = {
 	{ "features", "prefix features of every document, from a base checkpoint", cmd_features },
 	{ "kmeans", "fit a k-means (generative) router on features", cmd_kmeans },
 	{ "score", "log-likelihood of every token and document under every path", cmd_score },
@@ -67,30 +61,12 @@ static const struct subcommand commands[] = {
 	  cmd_sample },
 };
 
-#define NCOMMANDS (sizeof commands / sizeof commands[0])
-
-static void usage(FILE *fp)
-{
-	fprintf(fp, "usage: %s COMMAND [options] ARGS...\n"
-		    "       %s -h | --help | -V | --version\n\ncommands:\n", prog, prog);
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
-	fprintf(fp, "\n'%s COMMAND --help' describes one command. See dpc-route(1) and the\n"
-		    "formats in dpc-route(5).\n", prog);
-}
+#define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
 static int version(void)
 {
 	printf("%s %s\n", prog, CORE_VERSION);
 	return 0;
-}
-
-static int bad_option(const char *cmd, const struct option *longopts, char **argv, int c)
-{
-	char help[64];
-
-	snprintf(help, sizeof help, "%s %s", prog, cmd);
-	return cli_bad_option(prog, help, longopts, argv, c);
 }
 
 /* What ran the matrix products, once a subcommand has opened its backend: every summary then
@@ -108,21 +84,45 @@ static int print_json(json_t *j)
 
 /* ---- options every command shares ---------------------------------------------------------- */
 
-#define COMMON_LONGOPTS                                                                            \
-	{ "output", required_argument, NULL, 'o' }, { "force", no_argument, NULL, 'f' },           \
-	{ "threads", required_argument, NULL, 't' }, { "device", required_argument, NULL, 'D' },  \
-	{ "quiet", no_argument, NULL, 'q' }, { "help", no_argument, NULL, 'h' },                  \
-	{ "version", no_argument, NULL, 'V' }
-#define COMMON_SHORTOPTS ":o:ft:qhV"
-#define COMMON_HELP                                                                                \
-	"  -o, --output FILE     the file to write (required); an existing one is\n"              \
-	"                        replaced only with --force\n"                                      \
-	"  -f, --force           replace an existing output file\n"                                \
-	"  -t, --threads N       OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"         \
-	"      --device NAME     where models run: cpu (default) or ref\n"                          \
-	"  -q, --quiet           no progress line on stderr\n"                                      \
-	"  -h, --help            show this help and exit\n"                                         \
-	"  -V, --version         show the version and exit\n"
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a macro's value in a help string */
+
+static const struct cli_opt common_opts[] = {
+	{"output", 'o', 'o', CLI_ARG, "FILE", "the file to write (required); an existing one is\n"
+	 "replaced only with --force"},
+	{"force", 'f', 'f', CLI_FLAG, NULL, "replace an existing output file"},
+	{"threads", 't', 't', CLI_ARG, "N",
+	 "OpenMP threads (default: OMP_NUM_THREADS or all cores)"},
+	{"device", 'D', 0, CLI_ARG, "NAME", "where models run: cpu (default) or ref"},
+	{"quiet", 'q', 'q', CLI_FLAG, NULL, "no progress line on stderr"},
+	{"help", 'h', 'h', CLI_FLAG, NULL, "show this help and exit"},
+	{"version", 'V', 'V', CLI_FLAG, NULL, "show the version and exit"},
+	CLI_OPT_END,
+};
+
+/* cli_print_opts of tables, where says has an entry of the same name with its text instead
+ * (NULL: accepted but not listed): what a shared option does in one command. */
+static void print_opts_saying(FILE *fp, const struct cli_opt *const *tables,
+			      const struct cli_opt *says)
+{
+	for (int t = 0; tables[t]; t++) {
+		struct cli_opt o[CLI_MAX_OPTS + 1];
+		int n = 0;
+
+		for (const struct cli_opt *e = tables[t]; e->name && n < CLI_MAX_OPTS; e++) {
+			o[n] = *e;
+			for (const struct cli_opt *s = says; s->name; s++)
+				if (!strcmp(s->name, e->name))
+					o[n].help = s->help;
+			n++;
+		}
+		o[n] = (struct cli_opt)CLI_OPT_END;
+		cli_print_opts(fp, (const struct cli_opt *const[]){o, NULL});
+	}
+}
+
+/* A command's options parsed (exit status, or PARSED: run it). */
+enum { PARSED = -1 };
 
 struct common {
 	const char *out, *device;
@@ -202,6 +202,17 @@ static json_t *recipe_json(const struct recipe *r)
 
 /* ---- features ----------------------------------------------------------------------------- */
 
+static const struct cli_opt features_opts[] = {
+	{"model", 'm', 'm', CLI_ARG, "FILE", "the base checkpoint (required)"},
+	{"prefix", 'p', 'p', CLI_ARG, "N", "tokens of each document to average over (default "
+	 STR(DEFAULT_PREFIX) ";\nat most the model's context)"},
+	{"layer", 'L', 0, CLI_ARG, "L", "the block whose output is averaged, from 0 (default:\n"
+	 "the last, before the final LayerNorm)"},
+	{"batch", 'B', 'B', CLI_ARG, "N", "documents per forward (default 64)"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const features_tables[] = {features_opts, common_opts, NULL};
+
 static void features_usage(FILE *fp)
 {
 	fprintf(fp,
@@ -209,30 +220,22 @@ static void features_usage(FILE *fp)
 		"For every document of IN.tok, the mean output of one block of the base\n"
 		"checkpoint over the document's first tokens (forward only), written to OUT\n"
 		"with the recipe that made it (dpc-route(5)).\n\n"
-		"options:\n"
-		"  -m, --model FILE      the base checkpoint (required)\n"
-		"  -p, --prefix N        tokens of each document to average over (default %d;\n"
-		"                        at most the model's context)\n"
-		"      --layer L         the block whose output is averaged, from 0 (default:\n"
-		"                        the last, before the final LayerNorm)\n"
-		"  -B, --batch N         documents per forward (default 64)\n"
-		COMMON_HELP,
-		prog, DEFAULT_PREFIX);
+		"options:\n",
+		prog);
+	cli_print_opts(fp, features_tables);
 }
 
 static int cmd_features(int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{ "model", required_argument, NULL, 'm' }, { "prefix", required_argument, NULL, 'p' },
-		{ "layer", required_argument, NULL, 'L' }, { "batch", required_argument, NULL, 'B' },
-		COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
-	};
+	struct cli_parser parser;
 	struct common co = {0};
 	const char *model = NULL;
 	long prefix = DEFAULT_PREFIX, layer = -1, batch = 64;
 	int c, rc;
 
-	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "m:p:B:", longopts, NULL)) != -1) {
+	if ((rc = cli_parser_init(&parser, prog, "features", features_tables)) < 0)
+		return cli_report(prog, rc);
+	while ((c = cli_next(&parser, argc, argv)) != -1) {
 		if ((rc = common_opt(&co, c, optarg)) < 0)
 			return -rc;
 		if (rc)
@@ -244,7 +247,7 @@ static int cmd_features(int argc, char **argv)
 		case 'B': rc = cli_parse_long("--batch", optarg, 1, 4096, &batch); break;
 		case 'h': features_usage(stdout); return 0;
 		case 'V': return version();
-		default: return bad_option("features", longopts, argv, c);
+		default: return 2; /* CLI_BAD: reported */
 		}
 		if (rc < 0)
 			return cli_report(prog, rc);
@@ -303,6 +306,24 @@ close_tf:
 
 /* ---- kmeans ------------------------------------------------------------------------------- */
 
+static const struct cli_opt kmeans_opts[] = {
+	{"paths", 'k', 'k', CLI_ARG, "K", "number of clusters, one per path (required)"},
+	{"restarts", 'r', 0, CLI_ARG, "N", "independent restarts (default 4)"},
+	{"iters", 'i', 0, CLI_ARG, "N", "Lloyd iterations at most, per restart (default 100)"},
+	{"seed", 's', 0, CLI_ARG, "N", "seed of the initialisations (default 0)"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const kmeans_tables[] = {kmeans_opts, common_opts, NULL};
+/* the shared options in kmeans, which runs on the CPU and prints no progress */
+static const struct cli_opt kmeans_says[] = {
+	{.name = "output", .help = "the router to write (required); an existing one is\n"
+	 "replaced only with --force"},
+	{.name = "threads", .help = "OpenMP threads (results are the same for any number)"},
+	{.name = "device", .help = "accepted for symmetry; k-means runs on the CPU"},
+	{.name = "quiet", .help = "accepted; k-means prints no progress"},
+	CLI_OPT_END,
+};
+
 static void kmeans_usage(FILE *fp)
 {
 	fprintf(fp,
@@ -310,34 +331,21 @@ static void kmeans_usage(FILE *fp)
 		"Fit k-means with k = PATHS on the features (k-means++ initialisation, Lloyd\n"
 		"iterations, several restarts, the lowest inertia kept) and write the router:\n"
 		"the centroids and the feature recipe (dpc-route(5)).\n\n"
-		"options:\n"
-		"  -k, --paths K         number of clusters, one per path (required)\n"
-		"      --restarts N      independent restarts (default 4)\n"
-		"      --iters N         Lloyd iterations at most, per restart (default 100)\n"
-		"      --seed N          seed of the initialisations (default 0)\n"
-		"  -o, --output FILE     the router to write (required); an existing one is\n"
-		"                        replaced only with --force\n"
-		"  -f, --force           replace an existing output file\n"
-		"  -t, --threads N       OpenMP threads (results are the same for any number)\n"
-		"      --device NAME     accepted for symmetry; k-means runs on the CPU\n"
-		"  -q, --quiet           accepted; k-means prints no progress\n"
-		"  -h, --help            show this help and exit\n"
-		"  -V, --version         show the version and exit\n",
+		"options:\n",
 		prog);
+	print_opts_saying(fp, kmeans_tables, kmeans_says);
 }
 
 static int cmd_kmeans(int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{ "paths", required_argument, NULL, 'k' }, { "restarts", required_argument, NULL, 'r' },
-		{ "iters", required_argument, NULL, 'i' }, { "seed", required_argument, NULL, 's' },
-		COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
-	};
+	struct cli_parser parser;
 	struct common co = {0};
 	long k = 0, restarts = 4, iters = 100, seed = 0;
 	int c, rc;
 
-	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "k:", longopts, NULL)) != -1) {
+	if ((rc = cli_parser_init(&parser, prog, "kmeans", kmeans_tables)) < 0)
+		return cli_report(prog, rc);
+	while ((c = cli_next(&parser, argc, argv)) != -1) {
 		if ((rc = common_opt(&co, c, optarg)) < 0)
 			return -rc;
 		if (rc)
@@ -349,7 +357,7 @@ static int cmd_kmeans(int argc, char **argv)
 		case 's': rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &seed); break;
 		case 'h': kmeans_usage(stdout); return 0;
 		case 'V': return version();
-		default: return bad_option("kmeans", longopts, argv, c);
+		default: return 2; /* CLI_BAD: reported */
 		}
 		if (rc < 0)
 			return cli_report(prog, rc);
@@ -417,28 +425,13 @@ static int cmd_kmeans(int argc, char **argv)
 
 /* ---- paths: a run's phase, or checkpoints ------------------------------------------------- */
 
-struct pathset {
-	const char *run;
-	long phase;
-	int early;   /* --early-stop: each path at its own best phase up to `phase` */
-	int quiet;   /* no early-stopping report on stderr */
-	long *best;  /* with early: each path's phase */
-	const char *files[MAX_PATHS_OPT];
-	int nfiles;
-	struct rundir r;
-	int have_run;
-	struct lm *lm;
-	int n;
+static const struct cli_opt pathset_opts[] = {
+	{"run", 'R', 0, CLI_ARG, "RUNDIR", "the paths of a DiPaCo run, assembled from its modules"},
+	{"phase", 'T', 0, CLI_ARG, "T", "... after phase T's outer step (default: the last phase\n"
+	 "whose modules all exist)"},
+	{"path", 'P', 0, CLI_ARG, "CKPT", "a path checkpoint instead (repeatable, in path order)"},
+	CLI_OPT_END,
 };
-
-#define PATHSET_LONGOPTS                                                                           \
-	{ "run", required_argument, NULL, 'R' }, { "phase", required_argument, NULL, 'T' },        \
-	{ "path", required_argument, NULL, 'P' }
-#define PATHSET_HELP                                                                               \
-	"      --run RUNDIR      the paths of a DiPaCo run, assembled from its modules\n"           \
-	"      --phase T         ... after phase T's outer step (default: the last phase\n"        \
-	"                        whose modules all exist)\n"                                       \
-	"      --path CKPT       a path checkpoint instead (repeatable, in path order)\n"
 
 static int pathset_opt(struct pathset *ps, int c, const char *arg)
 {
@@ -446,8 +439,8 @@ static int pathset_opt(struct pathset *ps, int c, const char *arg)
 	switch (c) {
 	case 'R': ps->run = arg; return 1;
 	case 'P':
-		if (ps->nfiles == MAX_PATHS_OPT)
-			return -cli_usage_error(prog, "--path: at most %d", MAX_PATHS_OPT);
+		if (ps->nfiles == PATHSET_MAX_FILES)
+			return -cli_usage_error(prog, "--path: at most %d", PATHSET_MAX_FILES);
 		ps->files[ps->nfiles++] = arg;
 		return 1;
 	case 'T':
@@ -458,147 +451,35 @@ static int pathset_opt(struct pathset *ps, int c, const char *arg)
 	return 0;
 }
 
-/* The last phase whose every module checkpoint exists. */
-static long last_phase(const struct rundir *r)
+/* --early-stop's report on stderr, a line per path as its phase is found. */
+static void report_best(void *ctx, int p, long best, const double *loss, long T)
 {
-	char f[RUNDIR_PATH_MAX];
-	for (long t = r->cfg.dipaco.phases; t > 0; t--) {
-		int all = 1;
-		for (int m = 0; m < r->topo.nmodules && all; m++) {
-			struct stat st;
-			all = rundir_module(r, t, m, ".safetensors", f, sizeof f) == 0 &&
-			      stat(f, &st) == 0;
-		}
-		if (all)
-			return t;
-	}
-	return 0;
+	(void)ctx;
+	fprintf(stderr, "dpc-route: early stopping: path %d at phase %ld (held-out loss", p, best);
+	for (long t = 0; t < T; t++)
+		fprintf(stderr, " %.4f", loss[t]);
+	fprintf(stderr, " after phases 1..%ld)\n", T);
 }
 
-static void pathset_close(struct pathset *ps)
+/* Open the paths; an error is reported (the exit status is returned). */
+static int open_paths(struct pathset *ps, const struct common *co, int B, const char *cmd)
 {
-	for (int i = 0; ps->lm && i < ps->n; i++)
-		lm_close(&ps->lm[i]);
-	free(ps->lm);
-	free(ps->best);
-	if (ps->have_run)
-		rundir_close(&ps->r);
-}
-
-/* --early-stop: each path's phase of lowest loss on its shard's held-out tail, reported on
- * stderr as it is found. */
-static int pathset_early(struct pathset *ps, struct backend *be)
-{
-	const long T = ps->phase;
-	double *loss = malloc(sizeof *loss * (size_t)T);
-	int rc = 0;
-
-	ps->best = calloc((size_t)ps->r.topo.npaths, sizeof *ps->best);
-	if (!loss || !ps->best) {
-		free(loss);
-		return cli_report(prog, CORE_ENOMEM);
-	}
-	for (int p = 0; p < ps->r.topo.npaths && !rc; p++) {
-		rc = pathtrain_best_phase(&ps->r, T, p, be, loss, &ps->best[p]);
-		if (!rc && !ps->quiet) {
-			fprintf(stderr, "dpc-route: early stopping: path %d at phase %ld (held-out loss",
-				p, ps->best[p]);
-			for (long t = 0; t < T; t++)
-				fprintf(stderr, " %.4f", loss[t]);
-			fprintf(stderr, " after phases 1..%ld)\n", T);
-		}
-	}
-	free(loss);
+	if (ps->early && !co->quiet)
+		ps->on_best = report_best;
+	int rc = pathset_open(ps, co->be, B, cmd);
 	return rc < 0 ? cli_report(prog, rc) : 0;
 }
 
-/* Open every path; an error has been reported (the exit status is returned). */
-static int pathset_open(struct pathset *ps, struct backend *be, int B, const char *cmd)
-{
-	int rc, n;
-	if (!!ps->run == !!ps->nfiles)
-		return cli_usage_error(prog, "%s: give the paths with --run RUNDIR or with --path "
-				       "CKPT (one of them)", cmd);
-	if (ps->nfiles && ps->phase >= 0)
-		return cli_usage_error(prog, "%s: --phase goes with --run, not with --path", cmd);
-	if (ps->run) {
-		if ((rc = rundir_open(&ps->r, ps->run, 0)) < 0)
-			return cli_report(prog, rc);
-		ps->have_run = 1;
-		if (ps->phase == 0 || ps->phase > ps->r.cfg.dipaco.phases)
-			return cli_usage_error(prog, "%s: --phase %ld is outside the run's phases "
-					       "1..%ld", cmd, ps->phase, ps->r.cfg.dipaco.phases);
-		if (ps->phase < 0)
-			ps->phase = last_phase(&ps->r);
-		if (ps->phase == 0)
-			return cli_report(prog, err_set(CORE_ENOTFOUND, ps->run, "no phase has "
-							"all its modules yet (nothing trained)"));
-		n = ps->r.topo.npaths;
-	} else {
-		n = ps->nfiles;
-	}
-	if (ps->early && !ps->run)
-		return cli_usage_error(prog, "%s: --early-stop picks phases of a run: it goes with "
-				       "--run, not with --path", cmd);
-	if (ps->early && (rc = pathset_early(ps, be)))
-		return rc;
-	ps->lm = calloc((size_t)n, sizeof *ps->lm);
-	if (!ps->lm)
-		return cli_report(prog, CORE_ENOMEM);
-	for (int p = 0; p < n; p++) {
-		rc = ps->run ? lm_open_run(&ps->lm[p], &ps->r, ps->best ? ps->best[p] : ps->phase, p,
-					   be, B)
-			     : lm_open(&ps->lm[p], ps->files[p], be, B);
-		if (rc < 0)
-			return cli_report(prog, rc);
-		ps->n = p + 1;
-		if (p && !config_model_equal(&ps->lm[p].g.cfg, &ps->lm[0].g.cfg))
-			return cli_report(prog, err_set(CORE_ESHAPE, ps->lm[p].path, "has another "
-							"model shape than '%s'", ps->lm[0].path));
-	}
-	return 0;
-}
-
-static char *pathset_digests(const struct pathset *ps)
-{
-	const size_t n = (size_t)ps->n * (LM_DIGEST_CHARS + 1) + 1;
-	char *s = malloc(n);
-	size_t off = 0;
-	if (!s)
-		return NULL;
-	s[0] = 0;
-	for (int p = 0; p < ps->n; p++)
-		off += (size_t)snprintf(s + off, n - off, "%s%s", p ? "," : "", ps->lm[p].digest);
-	return s;
-}
-
-/* "run RUNDIR phase T", or "paths CKPT CKPT ...". */
-static char *pathset_source(const struct pathset *ps)
-{
-	size_t n = 64 + (ps->run ? strlen(ps->run) : 0) + (ps->best ? 24 * (size_t)ps->n : 0), off;
-	for (int p = 0; p < ps->nfiles; p++)
-		n += strlen(ps->files[p]) + 1;
-	char *s = malloc(n);
-	if (!s)
-		return NULL;
-	if (ps->run && ps->best) {
-		off = (size_t)snprintf(s, n, "run %s early-stopped by phase %ld at phases", ps->run,
-				       ps->phase);
-		for (int p = 0; p < ps->n; p++)
-			off += (size_t)snprintf(s + off, n - off, "%s%ld", p ? "," : " ", ps->best[p]);
-		return s;
-	}
-	if (ps->run) {
-		snprintf(s, n, "run %s phase %ld", ps->run, ps->phase);
-		return s;
-	}
-	off = (size_t)snprintf(s, n, "paths");
-	for (int p = 0; p < ps->nfiles; p++)
-		off += (size_t)snprintf(s + off, n - off, " %s", ps->files[p]);
-	return s;
-}
-
 /* ---- score -------------------------------------------------------------------------------- */
+
+static const struct cli_opt score_opts[] = {
+	{"prefix", 'p', 'p', CLI_ARG, "N", "tokens each document starts with that are not counted\n"
+	 "in its sum (default " STR(DEFAULT_PREFIX) ")"},
+	{"batch", 'B', 'B', CLI_ARG, "N", "context windows per forward (default "
+	 STR(DEFAULT_BATCH) ")"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const score_tables[] = {pathset_opts, score_opts, common_opts, NULL};
 
 static void score_usage(FILE *fp)
 {
@@ -609,28 +490,24 @@ static void score_usage(FILE *fp)
 		"sum from position PREFIX on (what a discriminative router learns from), into\n"
 		"SCORES (dpc-route(5)). Documents longer than the model's context are run in\n"
 		"consecutive windows of the context.\n\n"
-		"options:\n"
-		PATHSET_HELP
-		"  -p, --prefix N        tokens each document starts with that are not counted\n"
-		"                        in its sum (default %d)\n"
-		"  -B, --batch N         context windows per forward (default %d)\n"
-		COMMON_HELP,
-		prog, DEFAULT_PREFIX, DEFAULT_BATCH);
+		"options:\n",
+		prog);
+	cli_print_opts(fp, score_tables);
 }
 
 static int cmd_score(int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		PATHSET_LONGOPTS, { "prefix", required_argument, NULL, 'p' },
-		{ "batch", required_argument, NULL, 'B' }, COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
-	};
+	struct cli_parser parser;
 	struct common co = {0};
 	struct pathset ps = {.phase = -1};
 	long prefix = DEFAULT_PREFIX, batch = DEFAULT_BATCH;
 	int c, rc;
 
-	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "p:B:", longopts, NULL)) != -1) {
-		if ((rc = common_opt(&co, c, optarg)) < 0 || (!rc && (rc = pathset_opt(&ps, c, optarg)) < 0))
+	if ((rc = cli_parser_init(&parser, prog, "score", score_tables)) < 0)
+		return cli_report(prog, rc);
+	while ((c = cli_next(&parser, argc, argv)) != -1) {
+		if ((rc = common_opt(&co, c, optarg)) < 0 ||
+		    (!rc && (rc = pathset_opt(&ps, c, optarg)) < 0))
 			return -rc;
 		if (rc)
 			continue;
@@ -639,7 +516,7 @@ static int cmd_score(int argc, char **argv)
 		case 'B': rc = cli_parse_long("--batch", optarg, 1, 4096, &batch); break;
 		case 'h': score_usage(stdout); return 0;
 		case 'V': return version();
-		default: return bad_option("score", longopts, argv, c);
+		default: return 2; /* CLI_BAD: reported */
 		}
 		if (rc < 0)
 			return cli_report(prog, rc);
@@ -654,7 +531,7 @@ static int cmd_score(int argc, char **argv)
 		return cli_report(prog, rc);
 	if ((rc = open_backend(&co)))
 		goto close_tf;
-	if ((rc = pathset_open(&ps, co.be, (int)batch, "score")))
+	if ((rc = open_paths(&ps, &co, (int)batch, "score")))
 		goto close;
 	start_progress(&co, "score", (int64_t)tf.ndocs * ps.n);
 	const double t0 = now_seconds();
@@ -703,6 +580,35 @@ close_tf:
 
 /* ---- fit ---------------------------------------------------------------------------------- */
 
+static const struct cli_opt fit_opts[] = {
+	{"scores", 'S', 0, CLI_ARG, "FILE", "the paths' scores of IN.tok (required)"},
+	{"features", 'F', 0, CLI_ARG, "FILE", "prefix features of IN.tok (document router)"},
+	{"window", 'W', 0, CLI_ARG, "W", "fit a window router for re-routing every W tokens"},
+	{"model", 'm', 'm', CLI_ARG, "FILE", "the base checkpoint (window router)"},
+	{"layer", 'L', 0, CLI_ARG, "L", "the block whose output makes window features (default:\n"
+	 "the last)"},
+	{"context", 'c', 0, CLI_ARG, "N", "tokens before a boundary averaged for its features\n"
+	 "(default: the scores' prefix)"},
+	{"l2", 'l', 0, CLI_ARG, "X", "L2 penalty on the weights (default 0.1)"},
+	{"holdout", 'H', 0, CLI_ARG, "F", "fraction of rows held out to report accuracy on\n"
+	 "(default 0.2; the router kept is refitted on all)"},
+	{"iters", 'i', 0, CLI_ARG, "N", "L-BFGS iterations at most (default 500)"},
+	{"min-share", 'M', 0, CLI_ARG, "F",
+	 "the bias correction gives every path at least F times\n"
+	 "an even share of the rows (default 0.5 for a document\n"
+	 "router, 0 for a window router)"},
+	{"correction", 'C', 0, CLI_FLAG, NULL,
+	 "keep the bias correction in the router written (the\n"
+	 "default for a document router, which makes shards)"},
+	{"no-correction", 'N', 0, CLI_FLAG, NULL,
+	 "write the plain argmax router (the default for a window\n"
+	 "router, which only evaluates: the most accurate one);\n"
+	 "the report shows the correction's effect either way"},
+	{"seed", 's', 0, CLI_ARG, "N", "seed of the held-out draw (default 0)"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const fit_tables[] = {fit_opts, common_opts, NULL};
+
 static void fit_usage(FILE *fp)
 {
 	fprintf(fp,
@@ -719,312 +625,221 @@ static void fit_usage(FILE *fp)
 		"PREFIX + m W it predicts the best path for the next W tokens from the base\n"
 		"model's features of the text before b. Train and held-out accuracy and the\n"
 		"per-path counts before and after the bias are printed and kept in the router.\n\n"
-		"options:\n"
-		"      --scores FILE     the paths' scores of IN.tok (required)\n"
-		"      --features FILE   prefix features of IN.tok (document router)\n"
-		"      --window W        fit a window router for re-routing every W tokens\n"
-		"  -m, --model FILE      the base checkpoint (window router)\n"
-		"      --layer L         the block whose output makes window features (default:\n"
-		"                        the last)\n"
-		"      --context N       tokens before a boundary averaged for its features\n"
-		"                        (default: the scores' prefix)\n"
-		"      --l2 X            L2 penalty on the weights (default 0.1)\n"
-		"      --holdout F       fraction of rows held out to report accuracy on\n"
-		"                        (default 0.2; the router kept is refitted on all)\n"
-		"      --iters N         L-BFGS iterations at most (default 500)\n"
-		"      --min-share F     the bias correction gives every path at least F times\n"
-		"                        an even share of the rows (default 0.5 for a document\n"
-		"                        router, 0 for a window router)\n"
-		"      --correction      keep the bias correction in the router written (the\n"
-		"                        default for a document router, which makes shards)\n"
-		"      --no-correction   write the plain argmax router (the default for a window\n"
-		"                        router, which only evaluates: the most accurate one);\n"
-		"                        the report shows the correction's effect either way\n"
-		"      --seed N          seed of the held-out draw (default 0)\n"
-		COMMON_HELP,
+		"options:\n",
 		prog, prog);
+	cli_print_opts(fp, fit_tables);
 }
 
-/* Labels of a document router: each document's best path, for documents with a token past
- * the prefix; rows copied into x / y. */
-static int doc_rows(const struct scores *s, const struct features *f, const struct tokfile *tf,
-		    float **x, uint32_t **y, uint64_t *n)
-{
-	*x = malloc(f->docs * (size_t)f->dim * sizeof **x + 1);
-	*y = malloc(f->docs * sizeof **y + 1);
-	*n = 0;
-	if (!*x || !*y)
-		return err_set(CORE_ENOMEM, NULL, "out of memory");
-	for (uint64_t d = 0; d < f->docs; d++) {
-		if (tf->offsets[d + 1] - tf->offsets[d] <= (uint64_t)s->prefix)
-			continue;
-		const float *sc = s->doc + d * (uint64_t)s->paths;
-		uint32_t b = 0;
-		for (int p = 1; p < s->paths; p++)
-			if (sc[p] > sc[b])
-				b = (uint32_t)p;
-		memcpy(*x + *n * (uint64_t)f->dim, f->x + d * (uint64_t)f->dim,
-		       sizeof **x * (size_t)f->dim);
-		(*y)[(*n)++] = b;
-	}
-	return 0;
-}
+struct fit_args {
+	struct common co;
+	const char *scores_path, *feat_path, *model, *in;
+	long window, layer, context, iters, seed;
+	struct route_fit_opts fo;
+};
 
-/* Rows of a window router: every boundary of every document, labelled with the path of the
- * highest log-likelihood over the next W tokens. */
-static int window_rows(const struct scores *s, struct lm *base, const struct tokfile *tf,
-		       int layer, int context, int W, float **x, uint32_t **y, uint64_t *n,
-		       struct common *co)
+static int fit_parse(struct fit_args *a, int argc, char **argv)
 {
-	const size_t C = (size_t)base->g.cfg.n_embd, P = (size_t)s->paths;
-	uint64_t rows = 0, maxlen = 1;
-	for (uint64_t d = 0; d < tf->ndocs; d++) {
-		uint64_t len = tf->offsets[d + 1] - tf->offsets[d];
-		maxlen = len > maxlen ? len : maxlen;
-		if (len > (uint64_t)s->prefix + (uint64_t)W)
-			rows += (len - (uint64_t)s->prefix - 1) / (uint64_t)W;
-	}
-	*n = 0;
-	*x = malloc(rows * 2 * C * sizeof **x + 1);
-	*y = malloc(rows * sizeof **y + 1);
-	float *hidden = malloc(maxlen * C * sizeof *hidden);
-	if (!*x || !*y || !hidden) {
-		free(hidden);
-		return err_set(CORE_ENOMEM, NULL, "cannot allocate %llu rows of %zu",
-			       (unsigned long long)rows, 2 * C);
-	}
-	start_progress(co, "window features", (int64_t)tf->ndocs);
-	for (uint64_t d = 0; d < tf->ndocs; d++) {
-		int nb;
-		int rc = route_window_features(base, tf, d, layer, s->prefix, context, W, hidden,
-					       *x + *n * 2 * C, &nb);
-		if (rc < 0) {
-			free(hidden);
-			return rc;
-		}
-		const uint64_t s0 = tf->offsets[d], len = tf->offsets[d + 1] - s0;
-		for (int m = 0; m < nb; m++) {
-			const uint64_t b = (uint64_t)s->prefix + (uint64_t)(m + 1) * (uint64_t)W;
-			const uint64_t e = b + (uint64_t)W < len ? b + (uint64_t)W : len;
-			uint32_t best = 0;
-			double bv = -INFINITY;
-			for (size_t p = 0; p < P; p++) {
-				double v = 0;
-				for (uint64_t j = b; j < e; j++)
-					v += s->logprob[(s0 + j) * P + p];
-				if (v > bv)
-					bv = v, best = (uint32_t)p;
-			}
-			(*y)[*n + (uint64_t)m] = best;
-		}
-		*n += (uint64_t)nb;
-		progress_update(&co->bar, (int64_t)d + 1, NULL);
-	}
-	progress_done(&co->bar);
-	free(hidden);
-	return 0;
-}
-
-static int cmd_fit(int argc, char **argv)
-{
-	static const struct option longopts[] = {
-		{ "scores", required_argument, NULL, 'S' }, { "features", required_argument, NULL, 'F' },
-		{ "window", required_argument, NULL, 'W' }, { "model", required_argument, NULL, 'm' },
-		{ "layer", required_argument, NULL, 'L' }, { "context", required_argument, NULL, 'c' },
-		{ "l2", required_argument, NULL, 'l' }, { "holdout", required_argument, NULL, 'H' },
-		{ "iters", required_argument, NULL, 'i' }, { "seed", required_argument, NULL, 's' },
-		{ "min-share", required_argument, NULL, 'M' }, { "correction", no_argument, NULL, 'C' },
-		{ "no-correction", no_argument, NULL, 'N' }, COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
-	};
-	struct common co = {0};
-	const char *scores_path = NULL, *feat_path = NULL, *model = NULL;
-	long window = 0, layer = -1, context = 0, iters = 500, seed = 0;
-	struct route_fit_opts fo = {.l2 = 0.1, .holdout = 0.2, .min_share = -1, .correct = -1};
+	struct cli_parser parser;
 	int c, rc;
 
-	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "m:", longopts, NULL)) != -1) {
-		if ((rc = common_opt(&co, c, optarg)) < 0)
+	*a = (struct fit_args){.layer = -1, .iters = 500,
+			       .fo = {.l2 = 0.1, .holdout = 0.2, .min_share = -1, .correct = -1}};
+	if ((rc = cli_parser_init(&parser, prog, "fit", fit_tables)) < 0)
+		return cli_report(prog, rc);
+	while ((c = cli_next(&parser, argc, argv)) != -1) {
+		if ((rc = common_opt(&a->co, c, optarg)) < 0)
 			return -rc;
 		if (rc)
 			continue;
 		switch (c) {
-		case 'S': scores_path = optarg; break;
-		case 'F': feat_path = optarg; break;
-		case 'm': model = optarg; break;
-		case 'W': rc = cli_parse_long("--window", optarg, 1, INT_MAX, &window); break;
-		case 'L': rc = cli_parse_long("--layer", optarg, 0, INT_MAX, &layer); break;
-		case 'c': rc = cli_parse_long("--context", optarg, 1, INT_MAX, &context); break;
-		case 'l': rc = cli_parse_double("--l2", optarg, 0, 1e6, &fo.l2); break;
-		case 'H': rc = cli_parse_double("--holdout", optarg, 0, 0.9, &fo.holdout); break;
-		case 'M': rc = cli_parse_double("--min-share", optarg, 0, 1, &fo.min_share); break;
-		case 'C': fo.correct = 1; break;
-		case 'N': fo.correct = 0; break;
-		case 'i': rc = cli_parse_long("--iters", optarg, 1, 1000000, &iters); break;
-		case 's': rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &seed); break;
+		case 'S': a->scores_path = optarg; break;
+		case 'F': a->feat_path = optarg; break;
+		case 'm': a->model = optarg; break;
+		case 'W': rc = cli_parse_long("--window", optarg, 1, INT_MAX, &a->window); break;
+		case 'L': rc = cli_parse_long("--layer", optarg, 0, INT_MAX, &a->layer); break;
+		case 'c': rc = cli_parse_long("--context", optarg, 1, INT_MAX, &a->context); break;
+		case 'l': rc = cli_parse_double("--l2", optarg, 0, 1e6, &a->fo.l2); break;
+		case 'H': rc = cli_parse_double("--holdout", optarg, 0, 0.9, &a->fo.holdout); break;
+		case 'M':
+			rc = cli_parse_double("--min-share", optarg, 0, 1, &a->fo.min_share);
+			break;
+		case 'C': a->fo.correct = 1; break;
+		case 'N': a->fo.correct = 0; break;
+		case 'i': rc = cli_parse_long("--iters", optarg, 1, 1000000, &a->iters); break;
+		case 's': rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &a->seed); break;
 		case 'h': fit_usage(stdout); return 0;
 		case 'V': return version();
-		default: return bad_option("fit", longopts, argv, c);
+		default: return 2; /* CLI_BAD: reported */
 		}
 		if (rc < 0)
 			return cli_report(prog, rc);
 	}
 	if ((rc = expect_args(argc, 1, "fit", "one token file")) ||
-	    (rc = check_output(&co, "fit")))
+	    (rc = check_output(&a->co, "fit")))
 		return rc;
-	if (!scores_path)
+	if (!a->scores_path)
 		return cli_usage_error(prog, "fit: --scores FILE is required");
-	if (window ? !model || feat_path : !feat_path || model)
+	if (a->window ? !a->model || a->feat_path : !a->feat_path || a->model)
 		return cli_usage_error(prog, "fit: a document router takes --features, a window "
 				       "router --window W and --model BASE (see %s fit --help)",
 				       prog);
-	fo.max_iter = (int)iters;
-	if (co.threads)
-		omp_set_num_threads((int)co.threads);
-	if (fo.min_share < 0)
-		fo.min_share = window ? 0.0 : 0.5;
-	if (fo.correct < 0)
-		fo.correct = !window;
-	fo.seed = (uint64_t)seed;
+	a->in = argv[optind];
+	a->fo.max_iter = (int)a->iters;
+	if (a->fo.min_share < 0)
+		a->fo.min_share = a->window ? 0.0 : 0.5;
+	if (a->fo.correct < 0)
+		a->fo.correct = !a->window;
+	a->fo.seed = (uint64_t)a->seed;
+	return PARSED;
+}
 
+/* What fit reads and makes: the rows x (features) and y (best paths) the router learns. */
+struct fit_data {
 	struct tokfile tf;
 	struct scores s;
-	struct features f = {0};
-	struct lm base = {0};
-	struct router r = {0};
-	float *x = NULL;
-	uint32_t *y = NULL;
-	uint64_t n = 0;
-	int have_base = 0;
+	struct features f;
+	struct lm base;
+	struct router r;
+	float *x;
+	uint32_t *y;
+	uint64_t n;
+	int have_base;
+};
 
-	if ((rc = tokfile_open(&tf, argv[optind])) < 0)
+/* A document router's rows: each document's prefix features and best path. */
+static int fit_doc_rows(const struct fit_args *a, struct fit_data *d)
+{
+	int rc = features_read(a->feat_path, &d->f);
+
+	if (!rc)
+		rc = features_check_corpus(&d->f, a->feat_path, &d->tf);
+	if (!rc && d->f.r.prefix != d->s.prefix)
+		rc = err_set(CORE_EFORMAT, a->feat_path, "features of %d-token prefixes, but "
+			     "the scores count from token %d", d->f.r.prefix, d->s.prefix);
+	if (!rc)
+		rc = route_doc_rows(&d->s, &d->f, &d->tf, &d->x, &d->y, &d->n);
+	d->r.kind = ROUTER_LOGREG;
+	d->r.dim = d->f.dim;
+	d->r.r = d->f.r;
+	return rc;
+}
+
+/* A window router's rows: at each boundary, the base model's features of the text before it
+ * and the best path for the next window. > 0: reported. */
+static int fit_window_rows(struct fit_args *a, struct fit_data *d)
+{
+	int rc;
+
+	if ((rc = open_backend(&a->co))) {
+		a->co.be = NULL;
+		return rc; /* reported */
+	}
+	if ((rc = lm_open(&d->base, a->model, a->co.be, DEFAULT_BATCH)) == 0)
+		d->have_base = 1;
+	if (!rc) {
+		if (a->layer < 0)
+			a->layer = d->base.g.cfg.n_layer - 1;
+		if (!a->context)
+			a->context = d->s.prefix ? d->s.prefix : DEFAULT_PREFIX;
+		start_progress(&a->co, "window features", (int64_t)d->tf.ndocs);
+		rc = route_window_rows(&d->s, &d->base, &d->tf, (int)a->layer, (int)a->context,
+				       (int)a->window, &d->x, &d->y, &d->n, show_progress, &a->co);
+		progress_done(&a->co.bar);
+	}
+	d->r.kind = ROUTER_WINDOW;
+	d->r.dim = 2 * d->base.g.cfg.n_embd;
+	memcpy(d->r.r.digest, d->base.digest, sizeof d->r.r.digest);
+	d->r.r.layer = (int)a->layer;
+	d->r.r.prefix = d->s.prefix;
+	d->r.window = (int)a->window;
+	d->r.context = (int)a->context;
+	return rc;
+}
+
+static int fit_run(struct fit_args *a)
+{
+	struct fit_data d = {0};
+	int rc;
+
+	if (a->co.threads)
+		omp_set_num_threads((int)a->co.threads);
+	if ((rc = tokfile_open(&d.tf, a->in)) < 0)
 		return cli_report(prog, rc);
-	if ((rc = scores_read(scores_path, &s)) < 0) {
-		tokfile_close(&tf);
+	if ((rc = scores_read(a->scores_path, &d.s)) < 0) {
+		tokfile_close(&d.tf);
 		return cli_report(prog, rc);
 	}
-	rc = scores_check_corpus(&s, scores_path, &tf);
-	if (!rc && !window) {
-		rc = features_read(feat_path, &f);
-		if (!rc)
-			rc = features_check_corpus(&f, feat_path, &tf);
-		if (!rc && f.r.prefix != s.prefix)
-			rc = err_set(CORE_EFORMAT, feat_path, "features of %d-token prefixes, but "
-				     "the scores count from token %d", f.r.prefix, s.prefix);
-		if (!rc)
-			rc = doc_rows(&s, &f, &tf, &x, &y, &n);
-		r.kind = ROUTER_LOGREG;
-		r.dim = f.dim;
-		r.r = f.r;
-	} else if (!rc) {
-		if ((rc = open_backend(&co))) {
-			co.be = NULL;
-			goto out; /* reported */
-		}
-		if ((rc = lm_open(&base, model, co.be, DEFAULT_BATCH)) == 0)
-			have_base = 1;
-		if (!rc) {
-			if (layer < 0)
-				layer = base.g.cfg.n_layer - 1;
-			if (!context)
-				context = s.prefix ? s.prefix : DEFAULT_PREFIX;
-			rc = window_rows(&s, &base, &tf, (int)layer, (int)context, (int)window, &x,
-					 &y, &n, &co);
-		}
-		r.kind = ROUTER_WINDOW;
-		r.dim = 2 * base.g.cfg.n_embd;
-		memcpy(r.r.digest, base.digest, sizeof r.r.digest);
-		r.r.layer = (int)layer;
-		r.r.prefix = s.prefix;
-		r.window = (int)window;
-		r.context = (int)context;
-	}
-	if (!rc && n < 2)
-		rc = err_set(CORE_ESHAPE, tf.path, "%llu %s to fit on: too few (a longer router "
-			     "split, or a shorter prefix or window)", (unsigned long long)n,
-			     window ? "windows" : "documents");
-	r.paths = s.paths;
+	rc = scores_check_corpus(&d.s, a->scores_path, &d.tf);
+	if (!rc)
+		rc = a->window ? fit_window_rows(a, &d) : fit_doc_rows(a, &d);
+	if (!rc && d.n < 2)
+		rc = err_set(CORE_ESHAPE, d.tf.path, "%llu %s to fit on: too few (a longer router "
+			     "split, or a shorter prefix or window)", (unsigned long long)d.n,
+			     a->window ? "windows" : "documents");
+	d.r.paths = d.s.paths;
 	const double t0 = now_seconds();
 	if (!rc)
-		rc = route_fit_logreg(x, y, n, r.dim, r.paths, &fo, &r.lr, &r.report);
+		rc = route_fit_logreg(d.x, d.y, d.n, d.r.dim, d.r.paths, &a->fo, &d.r.lr,
+				      &d.r.report);
 	const double secs = now_seconds() - t0;
 	if (!rc)
-		rc = router_write(co.out, &r);
+		rc = router_write(a->co.out, &d.r);
 	if (!rc) {
 		json_error_t je;
-		rc = print_json(json_pack("{s:s,s:s,s:i,s:I,s:o,s:f}", "output", co.out, "kind",
-					  router_kind_name(r.kind), "paths", r.paths, "rows",
-					  (json_int_t)n, "report", json_loads(r.report, 0, &je),
+		rc = print_json(json_pack("{s:s,s:s,s:i,s:I,s:o,s:f}", "output", a->co.out, "kind",
+					  router_kind_name(d.r.kind), "paths", d.r.paths, "rows",
+					  (json_int_t)d.n, "report", json_loads(d.r.report, 0, &je),
 					  "seconds", secs));
 	} else if (rc < 0) {
 		rc = cli_report(prog, rc);
 	}
-out:
-	free(x);
-	free(y);
-	router_free(&r);
-	features_free(&f);
-	if (have_base)
-		lm_close(&base);
-	if (co.be)
-		backend_close(co.be);
-	scores_free(&s);
-	tokfile_close(&tf);
+	free(d.x);
+	free(d.y);
+	router_free(&d.r);
+	features_free(&d.f);
+	if (d.have_base)
+		lm_close(&d.base);
+	if (a->co.be)
+		backend_close(a->co.be);
+	scores_free(&d.s);
+	tokfile_close(&d.tf);
 	return rc;
+}
+
+static int cmd_fit(int argc, char **argv)
+{
+	struct fit_args a;
+	int rc = fit_parse(&a, argc, argv);
+
+	return rc == PARSED ? fit_run(&a) : rc;
 }
 
 /* ---- eval --------------------------------------------------------------------------------- */
 
-/* The routers of eval and sample against the base model and the paths: a document router
- * (for one path, without one, a router that sends everything to it, with the default
- * prefix), and window routers of the same prefix, all fitted on this base's features. */
-static int setup_routers(struct router *doc, int *have_doc, const char *router_path,
-			 const struct router *win, const char *const *wpaths, int nw,
-			 const struct lm *base, const char *model, int npaths, const char *cmd)
-{
-	int rc = 0;
-	if (!*have_doc && npaths > 1)
-		rc = err_set(CORE_EUSAGE, NULL, "%s: %d paths need a --router", cmd, npaths);
-	if (!rc && !*have_doc) {
-		/* one path: a router that sends everything to it, with the default prefix */
-		doc->kind = ROUTER_KMEANS;
-		doc->paths = 1;
-		doc->dim = base->g.cfg.n_embd;
-		memcpy(doc->r.digest, base->digest, sizeof doc->r.digest);
-		doc->r.layer = base->g.cfg.n_layer - 1;
-		doc->r.prefix = DEFAULT_PREFIX;
-		doc->centroids = calloc((size_t)doc->dim, sizeof(float));
-		*have_doc = 1;
-		if (!doc->centroids)
-			rc = CORE_ENOMEM;
-	}
-	if (!rc && doc->paths != npaths)
-		rc = err_set(CORE_ESHAPE, router_path, "routes to %d paths, the model has %d",
-			     doc->paths, npaths);
-	/* the routers' features come from the base given */
-	if (!rc && strcmp(doc->r.digest, base->digest))
-		rc = err_set(CORE_EFORMAT, router_path, "was fitted on features of checkpoint %s, "
-			     "but --model '%s' is %s", doc->r.digest, model, base->digest);
-	if (!rc && doc->dim != base->g.cfg.n_embd)
-		rc = err_set(CORE_ESHAPE, router_path, "has %d features, the base model %d",
-			     doc->dim, base->g.cfg.n_embd);
-	for (int i = 0; !rc && i < nw; i++) {
-		if (win[i].paths != npaths)
-			rc = err_set(CORE_ESHAPE, wpaths[i], "routes to %d paths, the model has %d",
-				     win[i].paths, npaths);
-		else if (strcmp(win[i].r.digest, base->digest) ||
-			 win[i].dim != 2 * base->g.cfg.n_embd)
-			rc = err_set(CORE_EFORMAT, wpaths[i], "was fitted on features of checkpoint "
-				     "%s (%d values), but --model '%s' is %s (%d)", win[i].r.digest,
-				     win[i].dim, model, base->digest, 2 * base->g.cfg.n_embd);
-		else if (win[i].r.prefix != doc->r.prefix)
-			rc = err_set(CORE_EFORMAT, wpaths[i], "has windows from token %d, the "
-				     "document router's prefix is %d", win[i].r.prefix, doc->r.prefix);
-	}
-	if (!rc && doc->r.prefix > base->g.cfg.seq_len)
-		rc = err_set(CORE_EFORMAT, router_path, "prefix %d is longer than the context %d",
-			     doc->r.prefix, base->g.cfg.seq_len);
-	return rc;
-}
+static const struct cli_opt eval_opts[] = {
+	{"model", 'm', 'm', CLI_ARG, "FILE", "the base checkpoint the routers' features come from"},
+	{"router", 'r', 0, CLI_ARG, "FILE",
+	 "the document router (kmeans or logreg; required unless\nthere is one path)"},
+	{"window-router", 'w', 0, CLI_ARG, "FILE", "a window router (repeatable, up to "
+	 STR(MAX_WINDOWS) ")"},
+	{"score-from", 'S', 0, CLI_ARG, "N",
+	 "score tokens from position N of each document on (not\n"
+	 "before the router's prefix; default: the prefix, " STR(DEFAULT_PREFIX) " for\n"
+	 "one path without a router): the same N scores every\n"
+	 "model on the same tokens"},
+	{"early-stop", 'E', 0, CLI_FLAG, NULL,
+	 "with --run: each path at the phase (1..T) of its lowest\n"
+	 "loss on its shard's held-out tail (the paper's early\n"
+	 "stopping; the run needs dipaco.holdout or\n"
+	 "dipaco.early_stop_every > 0)"},
+	{"json", 'J', 0, CLI_ARG, "FILE", "also write the table as JSON to FILE"},
+	{"batch", 'B', 'B', CLI_ARG, "N", "context windows per forward (default "
+	 STR(DEFAULT_BATCH) ")"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const eval_tables[] = {pathset_opts, eval_opts, common_opts, NULL};
+/* eval writes no file: --output is refused, --force ignored */
+static const struct cli_opt eval_says[] = {{.name = "output"}, {.name = "force"}, CLI_OPT_END};
 
 static void eval_usage(FILE *fp)
 {
@@ -1038,28 +853,9 @@ static void eval_usage(FILE *fp)
 		"window router predicts from the text before it. A switch recomputes the\n"
 		"context on the new path: that path runs the current context window from its\n"
 		"start. Prints a table; --json FILE writes it as JSON too.\n\n"
-		"options:\n"
-		PATHSET_HELP
-		"  -m, --model FILE      the base checkpoint the routers' features come from\n"
-		"      --router FILE     the document router (kmeans or logreg; required unless\n"
-		"                        there is one path)\n"
-		"      --window-router FILE  a window router (repeatable, up to %d)\n"
-		"      --score-from N    score tokens from position N of each document on (not\n"
-		"                        before the router's prefix; default: the prefix, %d for\n"
-		"                        one path without a router): the same N scores every\n"
-		"                        model on the same tokens\n"
-		"      --early-stop      with --run: each path at the phase (1..T) of its lowest\n"
-		"                        loss on its shard's held-out tail (the paper's early\n"
-		"                        stopping; the run needs dipaco.holdout or\n"
-		"                        dipaco.early_stop_every > 0)\n"
-		"      --json FILE       also write the table as JSON to FILE\n"
-		"  -B, --batch N         context windows per forward (default %d)\n"
-		"  -t, --threads N       OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
-		"      --device NAME     where models run: cpu (default) or ref\n"
-		"  -q, --quiet           no progress line on stderr\n"
-		"  -h, --help            show this help and exit\n"
-		"  -V, --version         show the version and exit\n",
-		prog, MAX_WINDOWS, DEFAULT_PREFIX, DEFAULT_BATCH);
+		"options:\n",
+		prog);
+	print_opts_saying(fp, eval_tables, eval_says);
 }
 
 static json_t *mode_json(const struct route_eval_mode *m, const struct route_eval_mode *doc,
@@ -1076,119 +872,72 @@ static json_t *mode_json(const struct route_eval_mode *m, const struct route_eva
 			 doc->seconds > 0 ? m->seconds / doc->seconds : 0.0);
 }
 
-static int cmd_eval(int argc, char **argv)
-{
-	static const struct option longopts[] = {
-		PATHSET_LONGOPTS, { "model", required_argument, NULL, 'm' },
-		{ "router", required_argument, NULL, 'r' },
-		{ "window-router", required_argument, NULL, 'w' },
-		{ "json", required_argument, NULL, 'J' }, { "batch", required_argument, NULL, 'B' },
-		{ "score-from", required_argument, NULL, 'S' },
-		{ "early-stop", no_argument, NULL, 'E' }, COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
-	};
-	struct common co = {0};
-	struct pathset ps = {.phase = -1};
-	const char *model = NULL, *router_path = NULL, *json_path = NULL, *wpaths[MAX_WINDOWS];
-	long batch = DEFAULT_BATCH, score_from = 0;
-	int nw = 0, c, rc;
+struct eval_args {
+	struct common co;
+	struct pathset ps;
+	const char *model, *router_path, *json_path, *wpaths[MAX_WINDOWS], *in;
+	long batch, score_from;
+	int nw;
+};
 
-	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "m:B:", longopts, NULL)) != -1) {
-		if ((rc = common_opt(&co, c, optarg)) < 0 || (!rc && (rc = pathset_opt(&ps, c, optarg)) < 0))
+static int eval_parse(struct eval_args *a, int argc, char **argv)
+{
+	struct cli_parser parser;
+	int c, rc;
+
+	*a = (struct eval_args){.ps = {.phase = -1}, .batch = DEFAULT_BATCH};
+	if ((rc = cli_parser_init(&parser, prog, "eval", eval_tables)) < 0)
+		return cli_report(prog, rc);
+	while ((c = cli_next(&parser, argc, argv)) != -1) {
+		if ((rc = common_opt(&a->co, c, optarg)) < 0 ||
+		    (!rc && (rc = pathset_opt(&a->ps, c, optarg)) < 0))
 			return -rc;
 		if (rc)
 			continue;
 		switch (c) {
-		case 'm': model = optarg; break;
-		case 'r': router_path = optarg; break;
+		case 'm': a->model = optarg; break;
+		case 'r': a->router_path = optarg; break;
 		case 'w':
-			if (nw == MAX_WINDOWS)
+			if (a->nw == MAX_WINDOWS)
 				return cli_usage_error(prog, "eval: at most %d window routers",
 						       MAX_WINDOWS);
-			wpaths[nw++] = optarg;
+			a->wpaths[a->nw++] = optarg;
 			break;
-		case 'J': json_path = optarg; break;
-		case 'B': rc = cli_parse_long("--batch", optarg, 1, 4096, &batch); break;
-		case 'S': rc = cli_parse_long("--score-from", optarg, 1, INT_MAX, &score_from); break;
-		case 'E': ps.early = 1; break;
+		case 'J': a->json_path = optarg; break;
+		case 'B': rc = cli_parse_long("--batch", optarg, 1, 4096, &a->batch); break;
+		case 'S':
+			rc = cli_parse_long("--score-from", optarg, 1, INT_MAX, &a->score_from);
+			break;
+		case 'E': a->ps.early = 1; break;
 		case 'h': eval_usage(stdout); return 0;
 		case 'V': return version();
-		default: return bad_option("eval", longopts, argv, c);
+		default: return 2; /* CLI_BAD: reported */
 		}
 		if (rc < 0)
 			return cli_report(prog, rc);
 	}
 	if ((rc = expect_args(argc, 1, "eval", "one token file")))
 		return rc;
-	if (co.out)
+	if (a->co.out)
 		return cli_usage_error(prog, "eval: the table goes to stdout (and --json FILE); "
 				       "there is no --output");
-	if (!model)
+	if (!a->model)
 		return cli_usage_error(prog, "eval: --model BASE.safetensors is required");
+	a->in = argv[optind];
+	return PARSED;
+}
 
-	struct tokfile tf;
-	struct lm base = {0};
-	struct router doc = {0}, win[MAX_WINDOWS];
-	const struct router *wp[MAX_WINDOWS];
-	struct route_eval_mode modes[MAX_WINDOWS + 1];
-	int nread = 0, have_doc = 0, have_base = 0;
-
-	memset(win, 0, sizeof win);
-	if ((rc = tokfile_open(&tf, argv[optind])) < 0)
-		return cli_report(prog, rc);
-	if (router_path && (rc = router_read(router_path, &doc)) == 0)
-		have_doc = 1;
-	for (int i = 0; !rc && i < nw; i++) {
-		if ((rc = router_read(wpaths[i], &win[i])) == 0)
-			nread = i + 1;
-		if (!rc && win[i].kind != ROUTER_WINDOW)
-			rc = err_set(CORE_EFORMAT, wpaths[i], "is a %s router, not a window router",
-				     router_kind_name(win[i].kind));
-		wp[i] = &win[i];
-	}
-	if (!rc && have_doc && doc.kind == ROUTER_WINDOW)
-		rc = err_set(CORE_EFORMAT, router_path, "is a window router; --router takes a "
-			     "document router (kmeans or logreg)");
-	if (rc < 0) {
-		rc = cli_report(prog, rc);
-		goto out;
-	}
-	if ((rc = open_backend(&co)))
-		goto out;
-	ps.quiet = co.quiet;
-	if ((rc = pathset_open(&ps, co.be, (int)batch, "eval")))
-		goto out;
-	if ((rc = lm_open(&base, model, co.be, (int)batch)) == 0)
-		have_base = 1;
-	if (!rc)
-		rc = setup_routers(&doc, &have_doc, router_path, win, wpaths, nw, &base, model,
-				   ps.n, "eval");
-	/* one path without a router: nothing is read before the first token scored */
-	if (!rc && !router_path && !nw && score_from && score_from < doc.r.prefix)
-		doc.r.prefix = (int)score_from;
-	if (rc < 0) {
-		rc = cli_report(prog, rc);
-		goto out;
-	}
-	if (rc)
-		goto out;
-	if (score_from && score_from < doc.r.prefix) {
-		rc = cli_usage_error(prog, "eval: --score-from %ld is before the router's prefix "
-				     "%d: the tokens the router reads are not scored", score_from,
-				     doc.r.prefix);
-		goto out;
-	}
-	start_progress(&co, "eval", (int64_t)tf.ndocs * (nw + 1));
-	rc = route_evaluate(ps.lm, ps.n, &base, &doc, wp, nw, &tf, (int)score_from, modes,
-			    show_progress, &co);
-	progress_done(&co.bar);
-	if (rc < 0) {
-		rc = cli_report(prog, rc);
-		goto out;
-	}
+/* The table of modes (document routing, then each window router's) on stdout, and with
+ * --json in a file. */
+static int eval_report(const struct eval_args *a, const struct tokfile *tf, int prefix,
+		       const struct route_eval_mode *modes)
+{
+	int rc = 0;
 	json_t *rows = json_array();
+
 	printf("%-22s %10s %10s %10s %10s %10s %8s\n", "routing", "ppl", "loss", "tokens",
 	       "switches/doc", "forwarded", "cost");
-	for (int i = 0; i <= nw; i++) {
+	for (int i = 0; i <= a->nw; i++) {
 		const struct route_eval_mode *m = &modes[i];
 		char name[32];
 		const double loss = m->tokens ? m->nll / (double)m->tokens : NAN;
@@ -1198,36 +947,102 @@ static int cmd_eval(int argc, char **argv)
 			snprintf(name, sizeof name, "once per document");
 		printf("%-22s %10.4f %10.5f %10llu %12.2f %10.3f %7.2fx\n", name, exp(loss), loss,
 		       (unsigned long long)m->tokens,
-		       tf.ndocs ? (double)m->switches / (double)tf.ndocs : 0.0,
+		       tf->ndocs ? (double)m->switches / (double)tf->ndocs : 0.0,
 		       m->tokens ? (double)m->forwarded / (double)m->tokens : 0.0,
 		       modes[0].seconds > 0 ? m->seconds / modes[0].seconds : 0.0);
-		json_array_append_new(rows, mode_json(m, &modes[0], tf.ndocs));
+		json_array_append_new(rows, mode_json(m, &modes[0], tf->ndocs));
 	}
 	printf("(forwarded: tokens run through the paths per token scored; cost: wall time\n"
 	       " against routing once per document, base-model features included)\n");
 	fflush(stdout);
-	char *src = pathset_source(&ps);
-	json_t *j = json_pack("{s:s,s:s,s:I,s:i,s:i,s:i,s:I,s:s,s:o}", "corpus", tf.path,
-			      "source", src ? src : "", "docs", (json_int_t)tf.ndocs, "paths", ps.n,
-			      "prefix", doc.r.prefix, "score_from",
-			      score_from ? (int)score_from : doc.r.prefix, "tokens",
-			      (json_int_t)modes[0].tokens, "router", router_path ? router_path : "",
-			      "modes", rows);
+	char *src = pathset_source(&a->ps);
+	json_t *j = json_pack("{s:s,s:s,s:I,s:i,s:i,s:i,s:I,s:s,s:o}", "corpus", tf->path,
+			      "source", src ? src : "", "docs", (json_int_t)tf->ndocs, "paths",
+			      a->ps.n, "prefix", prefix, "score_from",
+			      a->score_from ? (int)a->score_from : prefix, "tokens",
+			      (json_int_t)modes[0].tokens, "router",
+			      a->router_path ? a->router_path : "", "modes", rows);
 	free(src);
-	if (json_path) {
+	if (a->json_path) {
 		char *text = j ? json_dumps(j, JSON_INDENT(2) | CORE_JSON_REAL) : NULL;
-		rc = text ? file_write_atomic(json_path, text, strlen(text)) : CORE_ENOMEM;
+		rc = text ? file_write_atomic(a->json_path, text, strlen(text)) : CORE_ENOMEM;
 		free(text);
 		if (rc < 0)
 			rc = cli_report(prog, rc);
 	}
 	json_decref(j);
+	return rc;
+}
+
+static int eval_run(struct eval_args *a)
+{
+	struct pathset *ps = &a->ps;
+	struct tokfile tf;
+	struct lm base = {0};
+	struct router doc = {0}, win[MAX_WINDOWS];
+	const struct router *wp[MAX_WINDOWS];
+	struct route_eval_mode modes[MAX_WINDOWS + 1];
+	int nread = 0, have_doc = 0, have_base = 0, rc;
+
+	memset(win, 0, sizeof win);
+	if ((rc = tokfile_open(&tf, a->in)) < 0)
+		return cli_report(prog, rc);
+	if (a->router_path && (rc = router_read(a->router_path, &doc)) == 0)
+		have_doc = 1;
+	for (int i = 0; !rc && i < a->nw; i++) {
+		if ((rc = router_read(a->wpaths[i], &win[i])) == 0)
+			nread = i + 1;
+		if (!rc && win[i].kind != ROUTER_WINDOW)
+			rc = err_set(CORE_EFORMAT, a->wpaths[i], "is a %s router, not a window "
+				     "router", router_kind_name(win[i].kind));
+		wp[i] = &win[i];
+	}
+	if (!rc && have_doc && doc.kind == ROUTER_WINDOW)
+		rc = err_set(CORE_EFORMAT, a->router_path, "is a window router; --router takes a "
+			     "document router (kmeans or logreg)");
+	if (rc < 0) {
+		rc = cli_report(prog, rc);
+		goto out;
+	}
+	if ((rc = open_backend(&a->co)))
+		goto out;
+	if ((rc = open_paths(ps, &a->co, (int)a->batch, "eval")))
+		goto out;
+	if ((rc = lm_open(&base, a->model, a->co.be, (int)a->batch)) == 0)
+		have_base = 1;
+	if (!rc)
+		rc = route_check_routers(&doc, &have_doc, a->router_path, win, a->wpaths, a->nw,
+					 &base, a->model, ps->n, DEFAULT_PREFIX, "eval");
+	/* one path without a router: nothing is read before the first token scored */
+	if (!rc && !a->router_path && !a->nw && a->score_from && a->score_from < doc.r.prefix)
+		doc.r.prefix = (int)a->score_from;
+	if (rc < 0) {
+		rc = cli_report(prog, rc);
+		goto out;
+	}
+	if (rc)
+		goto out;
+	if (a->score_from && a->score_from < doc.r.prefix) {
+		rc = cli_usage_error(prog, "eval: --score-from %ld is before the router's prefix "
+				     "%d: the tokens the router reads are not scored",
+				     a->score_from, doc.r.prefix);
+		goto out;
+	}
+	start_progress(&a->co, "eval", (int64_t)tf.ndocs * (a->nw + 1));
+	rc = route_evaluate(ps->lm, ps->n, &base, &doc, wp, a->nw, &tf, (int)a->score_from, modes,
+			    show_progress, &a->co);
+	progress_done(&a->co.bar);
+	if (rc < 0) {
+		rc = cli_report(prog, rc);
+		goto out;
+	}
+	rc = eval_report(a, &tf, doc.r.prefix, modes);
 out:
 	if (have_base)
 		lm_close(&base);
-	pathset_close(&ps);
-	if (co.be)
-		backend_close(co.be);
+	pathset_close(ps);
+	if (a->co.be)
+		backend_close(a->co.be);
 	if (have_doc)
 		router_free(&doc);
 	for (int i = 0; i < nread; i++)
@@ -1236,7 +1051,58 @@ out:
 	return rc;
 }
 
+static int cmd_eval(int argc, char **argv)
+{
+	struct eval_args a;
+	int rc = eval_parse(&a, argc, argv);
+
+	return rc == PARSED ? eval_run(&a) : rc;
+}
+
 /* ---- sample ------------------------------------------------------------------------------ */
+
+static const struct cli_opt sample_model_opts[] = {
+	{"model", 'm', 'm', CLI_ARG, "FILE",
+	 "the checkpoint (required); with --run or --path, the base\n"
+	 "checkpoint the routers' features come from"},
+	CLI_OPT_END,
+};
+static const struct cli_opt sample_route_opts[] = {
+	{"router", 'r', 0, CLI_ARG, "FILE",
+	 "the document router (required unless there is one path)"},
+	{"window-router", 'w', 0, CLI_ARG, "FILE", "a window router: re-route every W tokens"},
+	CLI_OPT_END,
+};
+static const struct cli_opt sample_opts[] = {
+	{"tokens", 'n', 'n', CLI_ARG, "N", "tokens to generate (default 256)"},
+	{"temperature", 'X', 0, CLI_ARG, "X", "softmax temperature; 0 is greedy (default 1.0)"},
+	{"top-k", 'K', 0, CLI_ARG, "K",
+	 "draw among the K most likely tokens only (default 0: all)"},
+	{"top-p", 'Y', 0, CLI_ARG, "P", "then among the fewest whose probability reaches P\n"
+	 "(nucleus sampling; default 1.0: all)"},
+	{"seed", 's', 's', CLI_ARG, "N",
+	 "the draws' seed: the same seed gives the same text (default 1)"},
+	{"no-cache", 'N', 0, CLI_FLAG, NULL,
+	 "a full forward over the context for every token instead of\n"
+	 "the key/value cache (the same text, slower: for comparison)"},
+	CLI_OPT_END,
+};
+/* getopt_long's order (of the nearest options to a typo, it names the first) is that of
+ * before; --help's that of its text */
+static const struct cli_opt *const sample_tables[] = {
+	sample_model_opts, sample_opts, pathset_opts, sample_route_opts, common_opts, NULL};
+static const struct cli_opt *const sample_help_tables[] = {
+	sample_model_opts, pathset_opts, sample_route_opts, sample_opts, common_opts, NULL};
+/* sample writes no file (--output is refused) and runs one row at a time */
+static const struct cli_opt sample_says[] = {
+	{.name = "output"},
+	{.name = "force"},
+	{.name = "threads", .help = "OpenMP threads (default 1 with the cache, whose ops are one\n"
+	 "row each; else OMP_NUM_THREADS or all cores)"},
+	{.name = "device", .help = "where the model runs: cpu (default), ref or cuda"},
+	{.name = "quiet", .help = "no summary line on stderr"},
+	CLI_OPT_END,
+};
 
 static void sample_usage(FILE *fp)
 {
@@ -1250,28 +1116,11 @@ static void sample_usage(FILE *fp)
 		"routers choose, as eval routes: ROUTER on the prompt (its first PREFIX tokens),\n"
 		"again when the text reaches PREFIX tokens, and with WROUTER at every window\n"
 		"boundary PREFIX + m W; a switch feeds the context to the new path.\n\n"
-		"options:\n"
-		"  -m, --model FILE      the checkpoint (required); with --run or --path, the base\n"
-		"                        checkpoint the routers' features come from\n"
-		PATHSET_HELP
-		"      --router FILE     the document router (required unless there is one path)\n"
-		"      --window-router FILE  a window router: re-route every W tokens\n"
-		"  -n, --tokens N        tokens to generate (default 256)\n"
-		"      --temperature X   softmax temperature; 0 is greedy (default 1.0)\n"
-		"      --top-k K         draw among the K most likely tokens only (default 0: all)\n"
-		"      --top-p P         then among the fewest whose probability reaches P\n"
-		"                        (nucleus sampling; default 1.0: all)\n"
-		"  -s, --seed N          the draws' seed: the same seed gives the same text (default 1)\n"
-		"      --no-cache        a full forward over the context for every token instead of\n"
-		"                        the key/value cache (the same text, slower: for comparison)\n"
-		"  -t, --threads N       OpenMP threads (default 1 with the cache, whose ops are one\n"
-		"                        row each; else OMP_NUM_THREADS or all cores)\n"
-		"      --device NAME     where the model runs: cpu (default), ref or cuda\n"
-		"  -q, --quiet           no summary line on stderr\n"
-		"  -h, --help            show this help and exit\n"
-		"  -V, --version         show the version and exit\n"
-		"\nPast the model's context the oldest half of it is dropped and the rest fed again.\n",
+		"options:\n",
 		prog, prog);
+	print_opts_saying(fp, sample_help_tables, sample_says);
+	fprintf(fp, "\nPast the model's context the oldest half of it is dropped and the rest fed "
+		"again.\n");
 }
 
 /* The prompt: argv text, or standard input for "-". */
@@ -1308,90 +1157,155 @@ static int read_prompt(const char *arg, char **out, size_t *len)
 }
 
 /* Routing while sampling from a DiPaCo: the routers, the base model they read, and the
- * switches made. */
+ * log of the paths chosen. */
 struct sample_route {
 	struct lm base;
 	struct router doc, win;
 	int have_base, have_doc, have_win;
-	uint32_t *text; /* the tokens so far, for the base model */
-	long switches;
-	char log[512];  /* "2@0 0@128 ..." : path @ position, as switched */
+	char log[512];  /* "2@0 0@128 ...": path @ position, as chosen */
 	size_t loglen;
 };
 
-/* Whether the path is decided again before drawing the token at position n: at the start,
- * when the prefix is complete, and at every window boundary prefix + m W. */
-static int route_due(const struct sample_route *sr, uint64_t n, uint64_t n0)
+static int emit_byte(void *ctx, int32_t tok)
 {
-	const uint64_t prefix = (uint64_t)sr->doc.r.prefix;
-	const uint64_t W = sr->have_win ? (uint64_t)sr->win.window : 0;
-	return n == n0 || n == prefix || (W && n >= prefix + W && (n - prefix) % W == 0);
+	(void)ctx;
+	unsigned char ch = (unsigned char)tok;
+	if (fwrite(&ch, 1, 1, stdout) != 1 || fflush(stdout) != 0)
+		return err_errno(CORE_EIO, "<stdout>", "cannot write the text", errno);
+	return 0;
 }
 
-static int cmd_sample(int argc, char **argv)
+static void log_path(void *ctx, int path, uint64_t at)
 {
-	static const struct option longopts[] = {
-		{ "model", required_argument, NULL, 'm' }, { "tokens", required_argument, NULL, 'n' },
-		{ "temperature", required_argument, NULL, 'X' },
-		{ "top-k", required_argument, NULL, 'K' }, { "top-p", required_argument, NULL, 'Y' },
-		{ "seed", required_argument, NULL, 's' }, { "no-cache", no_argument, NULL, 'N' },
-		PATHSET_LONGOPTS, { "router", required_argument, NULL, 'r' },
-		{ "window-router", required_argument, NULL, 'w' },
-		COMMON_LONGOPTS, { NULL, 0, NULL, 0 },
-	};
-	struct common co = {0};
-	struct pathset ps = {.phase = -1};
-	struct sample_route sr = {0};
-	const char *model = NULL, *router_path = NULL, *win_path = NULL;
-	long ntok = 256, topk = 0, seed = 1;
-	double temp = 1.0, topp = 1.0;
-	int nocache = 0, c, rc;
+	struct sample_route *sr = ctx;
+	if (sr->loglen < sizeof sr->log - 32)
+		sr->loglen += (size_t)snprintf(sr->log + sr->loglen, sizeof sr->log - sr->loglen,
+					       "%s%d@%llu", sr->loglen ? " " : "", path,
+					       (unsigned long long)at);
+}
 
-	while ((c = getopt_long(argc, argv, COMMON_SHORTOPTS "m:n:s:", longopts, NULL)) != -1) {
-		if ((rc = common_opt(&co, c, optarg)) < 0)
+struct sample_args {
+	struct common co;
+	struct pathset ps;
+	const char *model, *router_path, *win_path, *prompt;
+	long ntok, topk, seed;
+	double temp, topp;
+	int nocache, dipaco;
+};
+
+static int sample_parse(struct sample_args *a, int argc, char **argv)
+{
+	struct cli_parser parser;
+	int c, rc;
+
+	*a = (struct sample_args){.ps = {.phase = -1}, .ntok = 256, .seed = 1, .temp = 1.0,
+				  .topp = 1.0};
+	if ((rc = cli_parser_init(&parser, prog, "sample", sample_tables)) < 0)
+		return cli_report(prog, rc);
+	while ((c = cli_next(&parser, argc, argv)) != -1) {
+		if ((rc = common_opt(&a->co, c, optarg)) < 0)
 			return -rc;
 		if (rc)
 			continue;
-		if ((rc = pathset_opt(&ps, c, optarg)) < 0)
+		if ((rc = pathset_opt(&a->ps, c, optarg)) < 0)
 			return -rc;
 		if (rc)
 			continue;
 		rc = 0;
 		switch (c) {
-		case 'm': model = optarg; break;
-		case 'n': rc = cli_parse_long("--tokens", optarg, 0, 1L << 30, &ntok); break;
-		case 'X': rc = cli_parse_double("--temperature", optarg, 0.0, 1e6, &temp); break;
-		case 'K': rc = cli_parse_long("--top-k", optarg, 0, INT_MAX, &topk); break;
-		case 'Y': rc = cli_parse_double("--top-p", optarg, 1e-9, 1.0, &topp); break;
-		case 's': rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &seed); break;
-		case 'N': nocache = 1; break;
-		case 'r': router_path = optarg; break;
-		case 'w': win_path = optarg; break;
+		case 'm': a->model = optarg; break;
+		case 'n': rc = cli_parse_long("--tokens", optarg, 0, 1L << 30, &a->ntok); break;
+		case 'X': rc = cli_parse_double("--temperature", optarg, 0.0, 1e6, &a->temp); break;
+		case 'K': rc = cli_parse_long("--top-k", optarg, 0, INT_MAX, &a->topk); break;
+		case 'Y': rc = cli_parse_double("--top-p", optarg, 1e-9, 1.0, &a->topp); break;
+		case 's': rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &a->seed); break;
+		case 'N': a->nocache = 1; break;
+		case 'r': a->router_path = optarg; break;
+		case 'w': a->win_path = optarg; break;
 		case 'h': sample_usage(stdout); return 0;
 		case 'V': return version();
-		default: return bad_option("sample", longopts, argv, c);
+		default: return 2; /* CLI_BAD: reported */
 		}
 		if (rc < 0)
 			return cli_report(prog, rc);
 	}
-	const int dipaco = ps.run || ps.nfiles;
+	a->dipaco = a->ps.run || a->ps.nfiles;
 	if (argc - optind > 1)
-		return cli_usage_error(prog, "sample: expected at most one prompt, got %d arguments "
-				       "(quote the prompt; see %s sample --help)", argc - optind, prog);
-	if (co.out || co.force)
-		return cli_usage_error(prog, "sample: the text goes to standard output; there is no "
-				       "--output");
-	if (!model)
-		return cli_usage_error(prog, dipaco ? "sample: --model BASE.safetensors is required: "
-				       "the base model the routers read" : "sample: --model FILE "
-				       "is required (see %s sample --help)", prog);
-	if (!dipaco && (router_path || win_path || ps.phase >= 0))
+		return cli_usage_error(prog, "sample: expected at most one prompt, got %d "
+				       "arguments (quote the prompt; see %s sample --help)",
+				       argc - optind, prog);
+	if (a->co.out || a->co.force)
+		return cli_usage_error(prog, "sample: the text goes to standard output; there is "
+				       "no --output");
+	if (!a->model)
+		return cli_usage_error(prog, a->dipaco ? "sample: --model BASE.safetensors is "
+				       "required: the base model the routers read" : "sample: "
+				       "--model FILE is required (see %s sample --help)", prog);
+	if (!a->dipaco && (a->router_path || a->win_path || a->ps.phase >= 0))
 		return cli_usage_error(prog, "sample: %s routes the paths of a DiPaCo: it needs "
-				       "--run RUNDIR or --path CKPT", router_path ? "--router" :
-				       win_path ? "--window-router" : "--phase");
+				       "--run RUNDIR or --path CKPT", a->router_path ? "--router" :
+				       a->win_path ? "--window-router" : "--phase");
+	a->prompt = optind < argc ? argv[optind] : "\n";
+	return PARSED;
+}
+
+/* The paths of a DiPaCo, its routers and the base model they read; > 0: reported. */
+static int sample_open_dipaco(struct sample_args *a, struct sample_route *sr)
+{
+	int rc;
+
+	if ((rc = open_paths(&a->ps, &a->co, 1, "sample")) != 0)
+		return rc;
+	if (a->router_path && (rc = router_read(a->router_path, &sr->doc)) == 0)
+		sr->have_doc = 1;
+	if (!rc && a->win_path && (rc = router_read(a->win_path, &sr->win)) == 0) {
+		sr->have_win = 1;
+		if (sr->win.kind != ROUTER_WINDOW)
+			rc = err_set(CORE_EFORMAT, a->win_path, "is a %s router, not a window "
+				     "router", router_kind_name(sr->win.kind));
+	}
+	if (!rc && sr->have_doc && sr->doc.kind == ROUTER_WINDOW)
+		rc = err_set(CORE_EFORMAT, a->router_path, "is a window router; --router takes "
+			     "a document router (kmeans or logreg)");
+	if (!rc && (rc = lm_open(&sr->base, a->model, a->co.be, 1)) == 0)
+		sr->have_base = 1;
+	if (!rc) {
+		const char *wp[1] = {a->win_path};
+		rc = route_check_routers(&sr->doc, &sr->have_doc, a->router_path, &sr->win, wp,
+					 sr->have_win, &sr->base, a->model, a->ps.n,
+					 DEFAULT_PREFIX, "sample");
+	}
+	if (!rc && sr->base.g.cfg.vocab_size != a->ps.lm[0].g.cfg.vocab_size)
+		rc = err_set(CORE_ESHAPE, a->model, "has a vocabulary of %d, the paths %d",
+			     sr->base.g.cfg.vocab_size, a->ps.lm[0].g.cfg.vocab_size);
+	return rc;
+}
+
+/* The summary lines on stderr after the text. */
+static void sample_summary(const struct sample_args *a, const struct sample_route *sr,
+			   const struct gen_stats *st, int nmodels, size_t plen)
+{
+	const double gen = st->t_total - st->t_prompt;
+
+	fprintf(stderr, "\n%s sample: %ld tokens in %.2f s: %.1f tokens/s after a %zu-token "
+		"prompt (%.3f s), %s; seed %ld\n", prog, a->ntok, st->t_total,
+		a->ntok > 0 && gen > 0 ? (double)a->ntok / gen : 0.0, plen, st->t_prompt,
+		a->nocache ? "no cache" : "key/value cache", a->seed);
+	if (a->dipaco)
+		fprintf(stderr, "%s sample: %d paths, routed %s; path@position: %s%s (%ld "
+			"switches)\n", prog, nmodels, sr->have_win ? "every window" :
+			"once per document", sr->log, sr->loglen >= sizeof sr->log - 32 ?
+			" ..." : "", st->switches);
+}
+
+static int sample_run(struct sample_args *a)
+{
+	struct sample_route sr = {0};
 	char *prompt = NULL;
 	size_t plen = 0;
-	if ((rc = read_prompt(optind < argc ? argv[optind] : "\n", &prompt, &plen)) < 0)
+	int rc;
+
+	if ((rc = read_prompt(a->prompt, &prompt, &plen)) < 0)
 		return cli_report(prog, rc);
 	if (plen == 0) { /* an empty prompt starts from a newline, as no prompt does */
 		free(prompt);
@@ -1402,179 +1316,71 @@ static int cmd_sample(int argc, char **argv)
 	}
 	/* one row per op: on the cached path threads only add synchronisation (measured:
 	 * 2950 tokens/s on one thread, 73 on two, gpt-tiny on 2 cores) */
-	if (!co.threads && !nocache)
-		co.threads = 1;
-	if ((rc = open_backend(&co)) != 0) {
+	if (!a->co.threads && !a->nocache)
+		a->co.threads = 1;
+	if ((rc = open_backend(&a->co)) != 0) {
 		free(prompt);
 		return rc;
 	}
 	struct lm m;
 	struct lm *models = &m; /* the models drawn from: one checkpoint, or the paths */
 	int nmodels = 1, opened = 0;
-	struct gpt2_decoder *dec = NULL;
-	const struct sample_opts so = {.temperature = temp, .top_k = (int)topk, .top_p = topp};
-	int32_t *hist = NULL;
-	float *logits = NULL, *all = NULL;
-	int *work = NULL;
-	if (dipaco) {
-		if ((rc = pathset_open(&ps, co.be, 1, "sample")) != 0)
+	if (a->dipaco) {
+		if ((rc = sample_open_dipaco(a, &sr)) > 0)
 			goto out;
-		models = ps.lm;
-		nmodels = ps.n;
-		if (router_path && (rc = router_read(router_path, &sr.doc)) == 0)
-			sr.have_doc = 1;
-		if (!rc && win_path && (rc = router_read(win_path, &sr.win)) == 0) {
-			sr.have_win = 1;
-			if (sr.win.kind != ROUTER_WINDOW)
-				rc = err_set(CORE_EFORMAT, win_path, "is a %s router, not a window "
-					     "router", router_kind_name(sr.win.kind));
-		}
-		if (!rc && sr.have_doc && sr.doc.kind == ROUTER_WINDOW)
-			rc = err_set(CORE_EFORMAT, router_path, "is a window router; --router takes "
-				     "a document router (kmeans or logreg)");
-		if (!rc && (rc = lm_open(&sr.base, model, co.be, 1)) == 0)
-			sr.have_base = 1;
-		if (!rc) {
-			const char *wp[1] = {win_path};
-			rc = setup_routers(&sr.doc, &sr.have_doc, router_path, &sr.win, wp,
-					   sr.have_win, &sr.base, model, ps.n, "sample");
-		}
-		if (!rc && sr.base.g.cfg.vocab_size != models[0].g.cfg.vocab_size)
-			rc = err_set(CORE_ESHAPE, model, "has a vocabulary of %d, the paths %d",
-				     sr.base.g.cfg.vocab_size, models[0].g.cfg.vocab_size);
+		models = a->ps.lm;
+		nmodels = a->ps.n;
 	} else {
-		rc = lm_open(&m, model, co.be, 1);
+		rc = lm_open(&m, a->model, a->co.be, 1);
 		opened = rc == 0;
 	}
-	const int T = rc == 0 ? models[0].g.cfg.seq_len : 0;
-	const int V = rc == 0 ? models[0].g.cfg.vocab_size : 0;
-	if (rc == 0 && V != 256)
+	if (rc == 0 && models[0].g.cfg.vocab_size != 256)
 		rc = err_set(CORE_EUSAGE, models[0].path, "vocabulary of %d: text in and out needs "
-			     "the byte tokenizer's 256", V);
-	const size_t cap = plen + (size_t)ntok + 1;
-	if (rc == 0) {
-		hist = malloc(sizeof *hist * cap);
-		logits = malloc(sizeof *logits * (size_t)V);
-		all = nocache ? malloc(sizeof *all * (size_t)T * V) : NULL;
-		work = malloc(sizeof *work * (size_t)V);
-		dec = calloc((size_t)nmodels, sizeof *dec);
-		sr.text = dipaco ? malloc(sizeof *sr.text * cap) : NULL;
-		if (!hist || !logits || !work || !dec || (nocache && !all) || (dipaco && !sr.text))
-			rc = err_set(CORE_ENOMEM, NULL, "out of memory");
-	}
-	for (int p = 0; rc == 0 && !nocache && p < nmodels; p++)
-		rc = gpt2_decoder_open(&dec[p], &models[p].g);
-	size_t n = 0;
-	for (size_t i = 0; i < plen; i++)
-		if (hist)
-			hist[n++] = (unsigned char)prompt[i];
-	double t0 = now_seconds(), tfirst = t0;
-	size_t fed = 0; /* history tokens in the current decoder's cache, from hist[base] */
-	size_t base = 0;
-	int cur = 0;    /* the path drawn from */
-	for (long i = 0; rc == 0 && i <= ntok; i++) {
-		if (dipaco && i < ntok && route_due(&sr, n, plen)) {
-			uint32_t path;
-			uint64_t at;
-			for (size_t j = 0; j < n; j++)
-				sr.text[j] = (uint32_t)hist[j];
-			if ((rc = route_text_path(&sr.base, &sr.doc, sr.have_win ? &sr.win : NULL,
-						  sr.text, n, &path, &at)) < 0)
-				break;
-			if (n == plen || (int)path != cur) {
-				/* another path: its cache starts empty, the context is fed again */
-				sr.switches += n != plen;
-				cur = (int)path;
-				fed = 0;
-				if (!nocache)
-					gpt2_decoder_reset(&dec[cur]);
-				if (sr.loglen < sizeof sr.log - 32)
-					sr.loglen += (size_t)snprintf(sr.log + sr.loglen,
-								      sizeof sr.log - sr.loglen,
-								      "%s%d@%zu", sr.loglen ? " " : "",
-								      cur, n);
-			}
-		}
-		/* the context: the last T tokens; past it, the oldest half is dropped */
-		if (n - base > (size_t)T || (!nocache && fed == (size_t)T)) {
-			base = n - (size_t)T / 2;
-			fed = 0;
-			if (!nocache)
-				gpt2_decoder_reset(&dec[cur]);
-		}
-		if (nocache) {
-			int w = (int)(n - base);
-			rc = gpt2_forward_logits(&models[cur].g, hist + base, 1, w, all);
-			if (rc == 0)
-				memcpy(logits, all + (size_t)(w - 1) * V, sizeof *logits * (size_t)V);
-		} else {
-			while (rc == 0 && base + fed < n) {
-				rc = gpt2_decoder_step(&dec[cur], hist[base + fed],
-						       base + fed + 1 == n ? logits : NULL);
-				fed++;
-			}
-		}
-		if (rc || i == ntok)
-			break;
-		if (i == 0)
-			tfirst = now_seconds();
-		int tok = sample_token(logits, V, &so, rng_uniform((uint64_t)seed, RNG_STREAM_SAMPLE,
-								     (uint64_t)i), work);
-		hist[n++] = tok;
-		unsigned char ch = (unsigned char)tok;
-		if (fwrite(&ch, 1, 1, stdout) != 1 || fflush(stdout) != 0)
-			rc = err_errno(CORE_EIO, "<stdout>", "cannot write the text", errno);
-	}
-	double t1 = now_seconds();
-	if (rc == 0 && !co.quiet) {
-		fprintf(stderr, "\n%s sample: %ld tokens in %.2f s: %.1f tokens/s after a %zu-token "
-			"prompt (%.3f s), %s; seed %ld\n", prog, ntok, t1 - t0,
-			ntok > 0 && t1 > tfirst ? (double)ntok / (t1 - tfirst) : 0.0, plen,
-			tfirst - t0, nocache ? "no cache" : "key/value cache", seed);
-		if (dipaco)
-			fprintf(stderr, "%s sample: %d paths, routed %s; path@position: %s%s (%ld "
-				"switches)\n", prog, nmodels, sr.have_win ? "every window" :
-				"once per document", sr.log, sr.loglen >= sizeof sr.log - 32 ?
-				" ..." : "", sr.switches);
-	}
+			     "the byte tokenizer's 256", models[0].g.cfg.vocab_size);
+	int32_t *ptok = rc == 0 ? malloc(sizeof *ptok * plen) : NULL;
+	if (rc == 0 && !ptok)
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
+	for (size_t i = 0; ptok && i < plen; i++)
+		ptok[i] = (unsigned char)prompt[i];
+	const struct gen_route rt = {.base = &sr.base, .doc = &sr.doc,
+				     .win = sr.have_win ? &sr.win : NULL};
+	const struct gen_opts go = {
+		.so = {.temperature = a->temp, .top_k = (int)a->topk, .top_p = a->topp},
+		.seed = (uint64_t)a->seed, .tokens = a->ntok, .nocache = a->nocache};
+	const struct gen_sink sink = {.emit = emit_byte, .path = log_path, .ctx = &sr};
+	struct gen_stats st = {0};
+	if (rc == 0)
+		rc = route_generate(models, nmodels, a->dipaco ? &rt : NULL, ptok, plen, &go,
+				    &sink, &st);
+	free(ptok);
+	if (rc == 0 && !a->co.quiet)
+		sample_summary(a, &sr, &st, nmodels, plen);
 out:
-	for (int p = 0; dec && !nocache && p < nmodels; p++)
-		gpt2_decoder_close(&dec[p]);
 	if (opened)
 		lm_close(&m);
-	pathset_close(&ps);
+	pathset_close(&a->ps);
 	if (sr.have_base)
 		lm_close(&sr.base);
 	if (sr.have_doc)
 		router_free(&sr.doc);
 	if (sr.have_win)
 		router_free(&sr.win);
-	free(sr.text);
-	free(dec);
-	free(hist);
-	free(logits);
-	free(all);
-	free(work);
 	free(prompt);
-	backend_close(co.be);
+	backend_close(a->co.be);
 	return rc < 0 ? cli_report(prog, rc) : rc;
+}
+
+static int cmd_sample(int argc, char **argv)
+{
+	struct sample_args a;
+	int rc = sample_parse(&a, argc, argv);
+
+	return rc == PARSED ? sample_run(&a) : rc;
 }
 
 int main(int argc, char **argv)
 {
-	opterr = 0;
-	if (argc < 2) {
-		usage(stderr);
-		return 2;
-	}
-	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-		usage(stdout);
-		return 0;
-	}
-	if (!strcmp(argv[1], "-V") || !strcmp(argv[1], "--version"))
-		return version();
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		if (!strcmp(argv[1], commands[i].name))
-			return commands[i].run(argc - 1, argv + 1);
-	return cli_usage_error(prog, "unknown command '%s' (see %s --help)", argv[1], prog);
+	return cli_dispatch(prog, CORE_VERSION, commands, NCOMMANDS,
+			    "'dpc-route COMMAND --help' describes one command. See dpc-route(1) and the\n"
+			    "formats in dpc-route(5).\n", argc, argv);
 }

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "cli/opt.h"
 #include "io/corpus.h"
 #include "common/err.h"
 #include "common/progress.h"
@@ -25,34 +26,19 @@
 
 static const char prog[] = "dpc-shard";
 
-struct subcommand {
-	const char *name;
-	const char *summary;
-	int (*run)(int argc, char **argv);
-};
-
 static int cmd_prepare(int argc, char **argv);
 static int cmd_info(int argc, char **argv);
 static int cmd_split(int argc, char **argv);
 static int cmd_cat(int argc, char **argv);
 
-static const struct subcommand commands[] = {
+static const struct cli_command commands[] = {
 	{ "prepare", "tokenize documents into train.tok, val.tok and router.tok", cmd_prepare },
 	{ "info", "print a token file's header as JSON, after verifying the file", cmd_info },
 	{ "split", "divide a token file into per-path shards, documents kept whole", cmd_split },
 	{ "cat", "decode a token file's documents back to text (byte tokenizer)", cmd_cat },
 };
 
-#define NCOMMANDS (sizeof commands / sizeof commands[0])
-
-static void usage(FILE *fp)
-{
-	fprintf(fp, "usage: %s COMMAND [options] ARGS...\n"
-		    "       %s -h | --help | -V | --version\n\ncommands:\n", prog, prog);
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		fprintf(fp, "  %-9s %s\n", commands[i].name, commands[i].summary);
-	fprintf(fp, "\n'%s COMMAND --help' describes one command. See dpc-shard(1).\n", prog);
-}
+#define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
 static int version(void)
 {
@@ -60,12 +46,20 @@ static int version(void)
 	return 0;
 }
 
-static int bad_option(const char *cmd, const struct option *longopts, char **argv, int c)
-{
-	char help[64];
+/* Every command's last options. */
+static const struct cli_opt common_opts[] = {
+	{"help", 'h', 'h', CLI_FLAG, NULL, "show this help and exit"},
+	{"version", 'V', 'V', CLI_FLAG, NULL, "show the version and exit"},
+	CLI_OPT_END,
+};
 
-	snprintf(help, sizeof help, "%s %s", prog, cmd);
-	return cli_bad_option(prog, help, longopts, argv, c);
+/* cli_parser_init for one command: 0, or the exit status after the report (a table
+ * refused, the program's own error). */
+static int parser_init(struct cli_parser *p, const char *cmd, const struct cli_opt *const *tables)
+{
+	int rc = cli_parser_init(p, prog, cmd, tables);
+
+	return rc < 0 ? cli_report(prog, rc) : 0;
 }
 
 /* The JSON result on stdout; takes the reference. 0, or the exit status after the report. */
@@ -83,6 +77,25 @@ static int print_json(json_t *j)
 
 /* ---- prepare ------------------------------------------------------------------------------ */
 
+/* The defaults named in the text are CORPUS_VAL_FRAC and CORPUS_ROUTER_FRAC (io/corpus.h). */
+static const struct cli_opt prepare_opts[] = {
+	{"val-frac", 'v', 0, CLI_ARG, "F", "fraction of documents for validation (default 0.02)"},
+	{"router-frac", 'r', 0, CLI_ARG, "F",
+	 "fraction of documents for fitting routers (default 0.005)"},
+	{"seed", 's', 0, CLI_ARG, "N", "seed of the split (default 0)"},
+	{"chunk", 'c', 0, CLI_ARG, "N", "cut each document, after its split is drawn, into\n"
+	 "pieces of N tokens (N >= 2), each written as a\n"
+	 "document with \"doc\" and \"chunk\" added to its\n"
+	 "metadata; a remainder under N/2 tokens joins the\n"
+	 "piece before it, so pieces hold N/2 to 1.5N tokens and\n"
+	 "a document under N tokens stays whole (default 0:\n"
+	 "no cutting)"},
+	{"tokenizer", 't', 0, CLI_ARG, "NAME", "tokenizer: byte (default byte)"},
+	{"force", 'f', 0, CLI_FLAG, NULL, "replace existing output files"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const prepare_tables[] = {prepare_opts, common_opts, NULL};
+
 static void prepare_usage(FILE *fp)
 {
 	fprintf(fp,
@@ -92,22 +105,8 @@ static void prepare_usage(FILE *fp)
 		"document each) into OUTDIR/train.tok, OUTDIR/val.tok and OUTDIR/router.tok;\n"
 		"print a JSON summary on stdout. A split whose fraction is above 0 but that\n"
 		"gets no document is an error, and nothing is written.\n\n"
-		"options:\n"
-		"      --val-frac F      fraction of documents for validation (default %g)\n"
-		"      --router-frac F   fraction of documents for fitting routers (default %g)\n"
-		"      --seed N          seed of the split (default 0)\n"
-		"      --chunk N         cut each document, after its split is drawn, into\n"
-		"                        pieces of N tokens (N >= 2), each written as a\n"
-		"                        document with \"doc\" and \"chunk\" added to its\n"
-		"                        metadata; a remainder under N/2 tokens joins the\n"
-		"                        piece before it, so pieces hold N/2 to 1.5N tokens and\n"
-		"                        a document under N tokens stays whole (default 0:\n"
-		"                        no cutting)\n"
-		"      --tokenizer NAME  tokenizer: byte (default byte)\n"
-		"      --force           replace existing output files\n"
-		"  -h, --help            show this help and exit\n"
-		"  -V, --version         show the version and exit\n",
-		prog, CORPUS_VAL_FRAC, CORPUS_ROUTER_FRAC);
+		"options:\n", prog);
+	cli_print_opts(fp, prepare_tables);
 }
 
 static void show_progress(void *ctx, uint64_t done, uint64_t total)
@@ -124,45 +123,31 @@ static json_t *split_json(const struct corpus_split_stats *s, const char *file)
 			 (json_int_t)s->sources, "tokens", (json_int_t)s->tokens, "file", file);
 }
 
-static int cmd_prepare(int argc, char **argv)
+/* prepare's options and arguments into *o and *force: the exit status when the command ends
+ * here (--help, --version, a usage error), or -1 to run it. */
+static int prepare_parse(int argc, char **argv, struct corpus_prepare_opts *o, int *force)
 {
-	static const struct option longopts[] = {
-		{ "val-frac", required_argument, NULL, 'v' },
-		{ "router-frac", required_argument, NULL, 'r' },
-		{ "seed", required_argument, NULL, 's' },
-		{ "chunk", required_argument, NULL, 'c' },
-		{ "tokenizer", required_argument, NULL, 't' },
-		{ "force", no_argument, NULL, 'f' },
-		{ "help", no_argument, NULL, 'h' },
-		{ "version", no_argument, NULL, 'V' },
-		{ NULL, 0, NULL, 0 },
-	};
-	struct corpus_prepare_opts o = {
-		.tokenizer = "byte",
-		.val_frac = CORPUS_VAL_FRAC,
-		.router_frac = CORPUS_ROUTER_FRAC,
-	};
-	struct corpus_prepare_result res;
-	struct progress bar;
-	char paths[CORPUS_NSPLITS][4096];
-	int force = 0, c, rc;
+	struct cli_parser p;
+	int c, rc;
 	long seed, chunk;
 
-	while ((c = getopt_long(argc, argv, ":hV", longopts, NULL)) != -1) {
+	if ((rc = parser_init(&p, "prepare", prepare_tables)) != 0)
+		return rc;
+	while ((c = cli_next(&p, argc, argv)) != -1) {
 		switch (c) {
 		case 'v':
-			if ((rc = cli_parse_double("--val-frac", optarg, 0, 1, &o.val_frac)) < 0)
+			if ((rc = cli_parse_double("--val-frac", optarg, 0, 1, &o->val_frac)) < 0)
 				return cli_report(prog, rc);
 			break;
 		case 'r':
-			rc = cli_parse_double("--router-frac", optarg, 0, 1, &o.router_frac);
+			rc = cli_parse_double("--router-frac", optarg, 0, 1, &o->router_frac);
 			if (rc < 0)
 				return cli_report(prog, rc);
 			break;
 		case 's':
 			if ((rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &seed)) < 0)
 				return cli_report(prog, rc);
-			o.seed = (uint64_t)seed;
+			o->seed = (uint64_t)seed;
 			break;
 		case 'c':
 			if ((rc = cli_parse_long("--chunk", optarg, 0, LONG_MAX, &chunk)) < 0)
@@ -171,21 +156,21 @@ static int cmd_prepare(int argc, char **argv)
 				return cli_usage_error(prog, "option '--chunk': pieces of 1 "
 						       "token; N must be 2 or more, or 0 for no "
 						       "cutting (see %s prepare --help)", prog);
-			o.chunk = (uint64_t)chunk;
+			o->chunk = (uint64_t)chunk;
 			break;
 		case 't':
-			o.tokenizer = optarg;
+			o->tokenizer = optarg;
 			break;
 		case 'f':
-			force = 1;
+			*force = 1;
 			break;
 		case 'h':
 			prepare_usage(stdout);
 			return 0;
 		case 'V':
 			return version();
-		default:
-			return bad_option("prepare", longopts, argv, c);
+		default: /* CLI_BAD, reported */
+			return 2;
 		}
 	}
 	if (argc - optind != 2)
@@ -193,8 +178,25 @@ static int cmd_prepare(int argc, char **argv)
 				       "prepare: expected INPUT and OUTDIR, got %d argument%s "
 				       "(see %s prepare --help)", argc - optind,
 				       argc - optind == 1 ? "" : "s", prog);
-	o.input = argv[optind];
-	o.outdir = argv[optind + 1];
+	o->input = argv[optind];
+	o->outdir = argv[optind + 1];
+	return -1;
+}
+
+static int cmd_prepare(int argc, char **argv)
+{
+	struct corpus_prepare_opts o = {
+		.tokenizer = "byte",
+		.val_frac = CORPUS_VAL_FRAC,
+		.router_frac = CORPUS_ROUTER_FRAC,
+	};
+	struct corpus_prepare_result res;
+	struct progress bar;
+	char paths[CORPUS_NSPLITS][4096];
+	int force = 0, rc;
+
+	if ((rc = prepare_parse(argc, argv, &o, &force)) >= 0)
+		return rc;
 	if ((rc = corpus_split_check(o.val_frac, o.router_frac)) < 0)
 		return cli_report(prog, rc);
 	for (int s = 0; s < CORPUS_NSPLITS; s++) {
@@ -235,38 +237,36 @@ static int cmd_prepare(int argc, char **argv)
 
 /* ---- info --------------------------------------------------------------------------------- */
 
+static const struct cli_opt *const info_tables[] = {common_opts, NULL};
+
 static void info_usage(FILE *fp)
 {
 	fprintf(fp,
 		"usage: %s info [options] FILE\n"
 		"Verify the token file FILE (sizes, checksums, offsets, tokens) and print its\n"
 		"header as JSON on stdout; a damaged file is an error (exit 1).\n\n"
-		"options:\n"
-		"  -h, --help            show this help and exit\n"
-		"  -V, --version         show the version and exit\n",
-		prog);
+		"options:\n", prog);
+	cli_print_opts(fp, info_tables);
 }
 
 static int cmd_info(int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{ "help", no_argument, NULL, 'h' },
-		{ "version", no_argument, NULL, 'V' },
-		{ NULL, 0, NULL, 0 },
-	};
+	struct cli_parser p;
 	struct tokfile tf;
 	char crc[16];
 	int c, rc;
 
-	while ((c = getopt_long(argc, argv, ":hV", longopts, NULL)) != -1) {
+	if ((rc = parser_init(&p, "info", info_tables)) != 0)
+		return rc;
+	while ((c = cli_next(&p, argc, argv)) != -1) {
 		switch (c) {
 		case 'h':
 			info_usage(stdout);
 			return 0;
 		case 'V':
 			return version();
-		default:
-			return bad_option("info", longopts, argv, c);
+		default: /* CLI_BAD, reported */
+			return 2;
 		}
 	}
 	if (argc - optind != 1)
@@ -286,6 +286,13 @@ static int cmd_info(int argc, char **argv)
 
 /* ---- cat ---------------------------------------------------------------------------------- */
 
+static const struct cli_opt cat_opts[] = {
+	{"doc", 'd', 'd', CLI_ARG, "N", "only document N (from 0)"},
+	{"json", 'j', 0, CLI_FLAG, NULL, "JSON Lines with each document's metadata"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const cat_tables[] = {cat_opts, common_opts, NULL};
+
 static void cat_usage(FILE *fp)
 {
 	fprintf(fp,
@@ -294,26 +301,20 @@ static void cat_usage(FILE *fp)
 		"back to text on stdout, each followed by a newline; with --doc N only that\n"
 		"document, as it is; with --json one JSON object per document:\n"
 		"{\"doc\":N,\"tokens\":n,\"meta\":{...},\"text\":\"...\"}.\n\n"
-		"options:\n"
-		"  -d, --doc N           only document N (from 0)\n"
-		"      --json            JSON Lines with each document's metadata\n"
-		"  -h, --help            show this help and exit\n"
-		"  -V, --version         show the version and exit\n",
-		prog);
+		"options:\n", prog);
+	cli_print_opts(fp, cat_tables);
 }
 
 static int cmd_cat(int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{ "doc", required_argument, NULL, 'd' }, { "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, 'V' },
-		{ NULL, 0, NULL, 0 },
-	};
+	struct cli_parser p;
 	struct tokfile tf;
 	long doc = -1;
 	int json = 0, c, rc = 0;
 
-	while ((c = getopt_long(argc, argv, ":d:hV", longopts, NULL)) != -1) {
+	if ((rc = parser_init(&p, "cat", cat_tables)) != 0)
+		return rc;
+	while ((c = cli_next(&p, argc, argv)) != -1) {
 		switch (c) {
 		case 'd':
 			if ((rc = cli_parse_long("--doc", optarg, 0, LONG_MAX, &doc)) < 0)
@@ -322,7 +323,7 @@ static int cmd_cat(int argc, char **argv)
 		case 'j': json = 1; break;
 		case 'h': cat_usage(stdout); return 0;
 		case 'V': return version();
-		default: return bad_option("cat", longopts, argv, c);
+		default: return 2; /* CLI_BAD, reported */
 		}
 	}
 	if (argc - optind != 1)
@@ -371,12 +372,54 @@ static int cmd_cat(int argc, char **argv)
 
 /* ---- split -------------------------------------------------------------------------------- */
 
+_Static_assert(SHARD_MAX_PATHS == 65536, "split --help names SHARD_MAX_PATHS");
+
+static const struct cli_opt split_random_opts[] = {
+	{"random", 'r', 0, CLI_ARG, "P", "P shards, each document to one drawn at random,\n"
+	 "P in [1, 65536]"},
+	{"seed", 's', 0, CLI_ARG, "N", "seed of the draw (default 0)"},
+	CLI_OPT_END,
+};
+static const struct cli_opt split_run_opts[] = {
+	{"run", 'u', 0, CLI_ARG, "RUNDIR", "split for this DiPaCo run: as many shards as it has\n"
+	 "paths, into RUNDIR/shards (no OUTDIR argument)"},
+	{"after-phase", 'a', 0, CLI_ARG, "T", "with --run: the shards of the phases after T, into\n"
+	 "RUNDIR/phase-TTTT/shards (a re-sharding; phase T done)"},
+	CLI_OPT_END,
+};
+static const struct cli_opt split_router_opts[] = {
+	{"router", 'R', 0, CLI_ARG, "FILE", "route with this document router (dpc-route(5))"},
+	{"model", 'm', 'm', CLI_ARG, "FILE", "the base checkpoint the router's features come from"},
+	{"features", 'F', 0, CLI_ARG, "FILE",
+	 "IN.tok's features (dpc-route features), instead of -m"},
+	{"top", 'k', 0, CLI_ARG, "K", "each document in its K best shards: 1 (default) or 2"},
+	{"label", 'L', 0, CLI_ARG, "KEY", "the metadata field the report compares shards with\n"
+	 "(default: category, else genre, when documents have it)"},
+	{"batch", 'B', 'B', CLI_ARG, "N", "documents per forward when computing features (64)"},
+	{"threads", 't', 't', CLI_ARG, "N", "OpenMP threads for the features"},
+	CLI_OPT_END,
+};
+static const struct cli_opt split_out_opts[] = {
+	{"force", 'f', 0, CLI_FLAG, NULL, "replace an existing split in OUTDIR"},
+	{"quiet", 'q', 'q', CLI_FLAG, NULL, "no progress line on stderr"},
+	CLI_OPT_END,
+};
+/* --help lists --run after --random; the parser keeps the order getopt_long had before
+ * (the option suggested for a misspelt one is the first of the nearest). */
+static const struct cli_opt *const split_help_tables[] = {
+	split_random_opts, split_run_opts, split_router_opts, split_out_opts, common_opts, NULL,
+};
+static const struct cli_opt *const split_tables[] = {
+	split_random_opts, split_router_opts, split_run_opts, split_out_opts, common_opts, NULL,
+};
+
 static void split_usage(FILE *fp)
 {
 	fprintf(fp,
 		"usage: %s split --random P [options] IN.tok OUTDIR\n"
 		"       %s split --router ROUTER (-m BASE | --features F) [options] IN.tok OUTDIR\n"
-		"       %s split --run RUNDIR [--after-phase T] [--router ROUTER ...] [options] IN.tok\n"
+		"       %s split --run RUNDIR [--after-phase T] [--router ROUTER ...] [options] "
+		"IN.tok\n"
 		"Divide the token file IN.tok into one shard per path, each document whole:\n"
 		"OUTDIR/shard-000.tok ... and OUTDIR/shards.json, which is also printed on\n"
 		"stdout as one line of JSON. --random draws each document's shard; --router\n"
@@ -387,27 +430,8 @@ static void split_usage(FILE *fp)
 		"stdout then carries the report as \"report\". With --run, the shard count and\n"
 		"OUTDIR come from the run directory (dpc-rundir(5)): a random split unless\n"
 		"--router is given.\n\n"
-		"options:\n"
-		"      --random P        P shards, each document to one drawn at random,\n"
-		"                        P in [1, %d]\n"
-		"      --seed N          seed of the draw (default 0)\n"
-		"      --run RUNDIR      split for this DiPaCo run: as many shards as it has\n"
-		"                        paths, into RUNDIR/shards (no OUTDIR argument)\n"
-		"      --after-phase T   with --run: the shards of the phases after T, into\n"
-		"                        RUNDIR/phase-TTTT/shards (a re-sharding; phase T done)\n"
-		"      --router FILE     route with this document router (dpc-route(5))\n"
-		"  -m, --model FILE      the base checkpoint the router's features come from\n"
-		"      --features FILE   IN.tok's features (dpc-route features), instead of -m\n"
-		"      --top K           each document in its K best shards: 1 (default) or 2\n"
-		"      --label KEY       the metadata field the report compares shards with\n"
-		"                        (default: category, else genre, when documents have it)\n"
-		"  -B, --batch N         documents per forward when computing features (64)\n"
-		"  -t, --threads N       OpenMP threads for the features\n"
-		"      --force           replace an existing split in OUTDIR\n"
-		"  -q, --quiet           no progress line on stderr\n"
-		"  -h, --help            show this help and exit\n"
-		"  -V, --version         show the version and exit\n",
-		prog, prog, prog, SHARD_MAX_PATHS);
+		"options:\n", prog, prog, prog);
+	cli_print_opts(fp, split_help_tables);
 }
 
 /* The routing report as text, on stderr. */
@@ -486,144 +510,151 @@ static int split_into_run(const char *run, long after, struct shard_split_opts *
 	return 0;
 }
 
-static int cmd_split(int argc, char **argv)
-{
-	static const struct option longopts[] = {
-		{ "random", required_argument, NULL, 'r' },
-		{ "seed", required_argument, NULL, 's' },
-		{ "router", required_argument, NULL, 'R' },
-		{ "model", required_argument, NULL, 'm' },
-		{ "features", required_argument, NULL, 'F' },
-		{ "top", required_argument, NULL, 'k' },
-		{ "label", required_argument, NULL, 'L' },
-		{ "batch", required_argument, NULL, 'B' },
-		{ "threads", required_argument, NULL, 't' },
-		{ "run", required_argument, NULL, 'u' },
-		{ "after-phase", required_argument, NULL, 'a' },
-		{ "force", no_argument, NULL, 'f' },
-		{ "quiet", no_argument, NULL, 'q' },
-		{ "help", no_argument, NULL, 'h' },
-		{ "version", no_argument, NULL, 'V' },
-		{ NULL, 0, NULL, 0 },
-	};
-	struct shard_split_opts o = { 0 };
-	const char *run = NULL;
-	char outdir[RUNDIR_PATH_MAX];
-	long after = -1;
-	struct route_split_opts ro = { .batch = 64 };
-	struct shard_split_result res;
-	struct progress bar;
-	int quiet = 0, seeded = 0, batched = 0, c, rc;
-	long v, threads = 0;
+/* split's options and arguments. */
+struct split_args {
+	struct shard_split_opts o;
+	struct route_split_opts ro;
+	const char *run, *in, *outdir; /* outdir: NULL with --run */
+	long after, threads;
+	int quiet, seeded, batched;
+};
 
-	while ((c = getopt_long(argc, argv, ":qhVm:B:t:", longopts, NULL)) != -1) {
+/* Parse into *a: the exit status when the command ends here (--help, --version, a usage
+ * error), or -1 to run it. */
+static int split_parse(int argc, char **argv, struct split_args *a)
+{
+	struct cli_parser p;
+	int c, rc;
+	long v;
+
+	if ((rc = parser_init(&p, "split", split_tables)) != 0)
+		return rc;
+	while ((c = cli_next(&p, argc, argv)) != -1) {
 		switch (c) {
 		case 'R':
-			ro.router = optarg;
+			a->ro.router = optarg;
 			break;
 		case 'm':
-			ro.model = optarg;
+			a->ro.model = optarg;
 			break;
 		case 'F':
-			ro.features = optarg;
+			a->ro.features = optarg;
 			break;
 		case 'L':
-			ro.label = optarg;
+			a->ro.label = optarg;
 			break;
 		case 'k':
 			if ((rc = cli_parse_long("--top", optarg, 1, 2, &v)) < 0)
 				return cli_report(prog, rc);
-			o.top = (int)v;
+			a->o.top = (int)v;
 			break;
 		case 'B':
 			if ((rc = cli_parse_long("--batch", optarg, 1, 4096, &v)) < 0)
 				return cli_report(prog, rc);
-			ro.batch = (int)v;
-			batched = 1;
+			a->ro.batch = (int)v;
+			a->batched = 1;
 			break;
 		case 't':
-			if ((rc = cli_parse_long("--threads", optarg, 1, 4096, &threads)) < 0)
+			if ((rc = cli_parse_long("--threads", optarg, 1, 4096, &a->threads)) < 0)
 				return cli_report(prog, rc);
-			batched = 1;
+			a->batched = 1;
 			break;
 		case 'r':
 			rc = cli_parse_long("--random", optarg, 1, SHARD_MAX_PATHS, &v);
 			if (rc < 0)
 				return cli_report(prog, rc);
-			o.paths = (uint32_t)v;
+			a->o.paths = (uint32_t)v;
 			break;
 		case 's':
 			if ((rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &v)) < 0)
 				return cli_report(prog, rc);
-			o.seed = (uint64_t)v;
-			seeded = 1;
+			a->o.seed = (uint64_t)v;
+			a->seeded = 1;
 			break;
 		case 'u':
-			run = optarg;
+			a->run = optarg;
 			break;
 		case 'a':
-			if ((rc = cli_parse_long("--after-phase", optarg, 0, LONG_MAX, &after)) < 0)
+			rc = cli_parse_long("--after-phase", optarg, 0, LONG_MAX, &a->after);
+			if (rc < 0)
 				return cli_report(prog, rc);
 			break;
 		case 'f':
-			o.force = 1;
+			a->o.force = 1;
 			break;
 		case 'q':
-			quiet = 1;
+			a->quiet = 1;
 			break;
 		case 'h':
 			split_usage(stdout);
 			return 0;
 		case 'V':
 			return version();
-		default:
-			return bad_option("split", longopts, argv, c);
+		default: /* CLI_BAD, reported */
+			return 2;
 		}
 	}
-	if (after >= 0 && !run)
+	if (a->after >= 0 && !a->run)
 		return cli_usage_error(prog, "split: --after-phase goes with --run");
-	if (argc - optind != (run ? 1 : 2))
-		return cli_usage_error(prog, run ? "split: with --run, expected IN.tok alone (the "
-				       "run names OUTDIR), got %d argument%s (see %s split --help)" :
-				       "split: expected IN.tok and OUTDIR, got %d argument%s "
-				       "(see %s split --help)", argc - optind,
+	if (argc - optind != (a->run ? 1 : 2))
+		return cli_usage_error(prog, a->run ? "split: with --run, expected IN.tok alone "
+				       "(the run names OUTDIR), got %d argument%s (see %s split "
+				       "--help)" : "split: expected IN.tok and OUTDIR, got %d "
+				       "argument%s (see %s split --help)", argc - optind,
 				       argc - optind == 1 ? "" : "s", prog);
-	if (run && (rc = split_into_run(run, after < 0 ? 0 : after, &o, &ro, outdir,
-					sizeof outdir)) != 0)
-		return rc;
-	if (!o.paths == !ro.router)
-		return cli_usage_error(prog, "split: give --random P or --router FILE (one of them; "
-				       "see %s split --help)", prog);
-	if (o.paths && (ro.model || ro.features || o.top || ro.label))
+	a->in = argv[optind];
+	a->outdir = a->run ? NULL : argv[optind + 1];
+	return -1;
+}
+
+/* The options that go together, once --run has set the shard count: 0, or the exit
+ * status after the report. */
+static int split_check(const struct split_args *a)
+{
+	const struct shard_split_opts *o = &a->o;
+	const struct route_split_opts *ro = &a->ro;
+
+	if (!o->paths == !ro->router)
+		return cli_usage_error(prog, "split: give --random P or --router FILE (one of "
+				       "them; see %s split --help)", prog);
+	if (o->paths && (ro->model || ro->features || o->top || ro->label))
 		return cli_usage_error(prog, "split: --model, --features, --top and --label go "
 				       "with --router");
-	if (ro.router && seeded)
+	if (ro->router && a->seeded)
 		return cli_usage_error(prog, "split: --seed goes with --random (a router draws "
 				       "nothing)");
-	if (batched && !ro.model)
+	if (a->batched && !ro->model)
 		return cli_usage_error(prog, "split: --batch and --threads go with --model (they "
 				       "set how the features are computed)");
-	if (ro.router && !ro.model == !ro.features)
+	if (ro->router && !ro->model == !ro->features)
 		return cli_usage_error(prog, "split: --router needs the base checkpoint (--model) "
 				       "or IN.tok's features (--features), one of them");
-	o.outdir = run ? outdir : argv[optind + 1];
+	return 0;
+}
+
+/* The split itself, a's options checked; the exit status. */
+static int split_run(struct split_args *a)
+{
+	struct shard_split_result res;
+	struct progress bar;
+	int rc;
 
 	progress_init(&bar, "split", 0);
-	if (!quiet) {
-		o.progress = show_progress;
-		o.progress_ctx = &bar;
+	if (!a->quiet) {
+		a->o.progress = show_progress;
+		a->o.progress_ctx = &bar;
 	}
 	json_t *report = NULL;
-	if (ro.router) {
-		if (ro.model && (rc = backend_open(&ro.be, "cpu", &(struct backend_params){
-						 .threads = (int)threads})) < 0)
+	if (a->ro.router) {
+		if (a->ro.model && (rc = backend_open(&a->ro.be, "cpu", &(struct backend_params){
+						 .threads = (int)a->threads})) < 0)
 			return cli_report(prog, rc);
-		ro.split = o;
-		rc = route_split(argv[optind], &ro, &res, &report);
-		if (ro.be)
-			backend_close(ro.be);
+		a->ro.split = a->o;
+		rc = route_split(a->in, &a->ro, &res, &report);
+		if (a->ro.be)
+			backend_close(a->ro.be);
 	} else {
-		rc = shard_split_random(argv[optind], &o, &res);
+		rc = shard_split_random(a->in, &a->o, &res);
 	}
 	progress_done(&bar);
 	if (rc < 0)
@@ -631,7 +662,7 @@ static int cmd_split(int argc, char **argv)
 	json_t *j = shard_manifest_json(&res);
 	shard_split_result_free(&res);
 	if (report) {
-		if (!quiet)
+		if (!a->quiet)
 			print_report(report);
 		if (j)
 			json_object_set(j, "report", report);
@@ -641,25 +672,27 @@ static int cmd_split(int argc, char **argv)
 	return print_json_flags(j, 0);
 }
 
+static int cmd_split(int argc, char **argv)
+{
+	struct split_args a = {.after = -1, .ro = {.batch = 64}};
+	char outdir[RUNDIR_PATH_MAX];
+	int rc;
+
+	if ((rc = split_parse(argc, argv, &a)) >= 0)
+		return rc;
+	if (a.run && (rc = split_into_run(a.run, a.after < 0 ? 0 : a.after, &a.o, &a.ro, outdir,
+					  sizeof outdir)) != 0)
+		return rc;
+	if ((rc = split_check(&a)) != 0)
+		return rc;
+	a.o.outdir = a.run ? outdir : a.outdir;
+	return split_run(&a);
+}
+
 /* ---- main --------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
 {
-	const char *cmd = argc > 1 ? argv[1] : NULL;
-
-	opterr = 0;
-	if (!cmd)
-		return cli_usage_error(prog, "missing command (see %s --help)", prog);
-	if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0) {
-		usage(stdout);
-		return 0;
-	}
-	if (strcmp(cmd, "-V") == 0 || strcmp(cmd, "--version") == 0)
-		return version();
-	if (cmd[0] == '-')
-		return cli_usage_error(prog, "unknown option '%s' (see %s --help)", cmd, prog);
-	for (size_t i = 0; i < NCOMMANDS; i++)
-		if (strcmp(cmd, commands[i].name) == 0)
-			return commands[i].run(argc - 1, argv + 1);
-	return cli_usage_error(prog, "unknown command '%s' (see %s --help)", cmd, prog);
+	return cli_dispatch(prog, CORE_VERSION, commands, NCOMMANDS,
+			    "'dpc-shard COMMAND --help' describes one command. See dpc-shard(1).\n", argc, argv);
 }

@@ -28,6 +28,7 @@
 #include "moe/moe.h"
 #include "moe/moe_bench_dist.h"
 #include "moe/moe_dict.h"
+#include "moe/moe_search.h"
 #include "moe/moe_dist.h"
 #include "common/banned.h"
 
@@ -81,103 +82,23 @@ static void usage(FILE *f)
 "Exit status: 0 success, 1 runtime failure, 2 usage error.\n");
 }
 
-struct trial {
-	int64_t key, C;
-	struct moe_plan plan;
-	double median, min, max;
-};
-
 struct search {
 	struct moe_bench_dist_opts o;
 	struct moe_bench_dist_data dd;
-	int dlist[4], nd, alist[2], na;
-	struct trial *t;
-	size_t nt, cap;
+	struct moe_search ms;
 };
 
-static int add_trial(struct search *s, const struct trial *t)
+/* The search's measurement: the distributed layer at C under plan, its median step. */
+static int measure(void *ctx, int64_t C, const struct moe_plan *plan, double *md, double *mn,
+		   double *mx)
 {
-	if (s->nt == s->cap) {
-		size_t cap = s->cap ? 2 * s->cap : 256;
-		struct trial *n = realloc(s->t, cap * sizeof *n);
-		if (!n)
-			return err_set(CORE_ENOMEM, NULL, "cannot allocate the trial table");
-		s->t = n;
-		s->cap = cap;
-	}
-	s->t[s->nt++] = *t;
-	return 0;
-}
-
-/* One trial: the layer at C under plan; *sec = the median step. */
-static int trial(struct search *s, int64_t key, int64_t C, const struct moe_plan *plan,
-		 double *sec)
-{
+	struct search *s = ctx;
 	struct moe_bench_dist_result r;
 	s->o.capacity = C;
 	s->o.plan = *plan;
 	ERR_FORWARD(moe_bench_dist_run(&s->o, &s->dd, &r));
-	double mn, mx, md = stats_median(r.step, r.n, &mn, &mx);
+	*md = stats_median(r.step, r.n, mn, mx);
 	moe_bench_dist_result_free(&r);
-	*sec = md;
-	return add_trial(s, &(struct trial){.key = key, .C = C, .plan = *plan, .median = md,
-					    .min = mn, .max = mx});
-}
-
-/* The best of every d and a at parallelism r (r = 0: one trial, nothing moves). */
-static int best_at(struct search *s, int64_t key, int64_t C, int r, struct moe_plan *best,
-		   double *sec)
-{
-	*sec = INFINITY;
-	for (int i = 0; i < (r ? s->nd : 1); i++)
-		for (int j = 0; j < (r ? s->na : 1); j++) {
-			struct moe_plan p = {.r = r, .d = r ? s->dlist[i] : 1,
-					     .a = r ? (enum dist_a2a)s->alist[j] : DIST_A2A_LINEAR};
-			double t;
-			ERR_FORWARD(trial(s, key, C, &p, &t));
-			if (t < *sec) {
-				*sec = t;
-				*best = p;
-			}
-		}
-	return 0;
-}
-
-/* One bucket: the ends r = 0 and r = s, ternary search over the divisors between. */
-static int bucket(struct search *s, int64_t key, int64_t C, struct moe_dict_entry *out,
-		  int *trials)
-{
-	int rs[64], nr = moe_plan_rs(moe_dist_layer_place(s->dd.l), rs, 64);
-	double f[64];
-	struct moe_plan p[64];
-	const size_t nt0 = s->nt;
-
-	for (int i = 0; i < nr; i++)
-		f[i] = NAN;
-	/* rs[0] = 0, rs[1..nr-1] the divisors of s ascending; search over indices 1..nr-1. */
-	ERR_FORWARD(best_at(s, key, C, 0, &p[0], &f[0]));
-	ERR_FORWARD(best_at(s, key, C, rs[nr - 1], &p[nr - 1], &f[nr - 1]));
-	int lo = 1, hi = nr - 1;
-	while (hi - lo > 2) {
-		int m1 = lo + (hi - lo) / 3, m2 = hi - (hi - lo) / 3;
-		if (isnan(f[m1]))
-			ERR_FORWARD(best_at(s, key, C, rs[m1], &p[m1], &f[m1]));
-		if (isnan(f[m2]))
-			ERR_FORWARD(best_at(s, key, C, rs[m2], &p[m2], &f[m2]));
-		if (f[m1] < f[m2])
-			hi = m2;
-		else
-			lo = m1;
-	}
-	for (int i = lo; i <= hi; i++)
-		if (isnan(f[i]))
-			ERR_FORWARD(best_at(s, key, C, rs[i], &p[i], &f[i]));
-	int b = -1;
-	for (int i = 0; i < nr; i++)
-		if (!isnan(f[i]) && (b < 0 || f[i] < f[b]))
-			b = i;
-	*out = (struct moe_dict_entry){.key = key, .plan = p[b], .seconds = f[b]};
-	*trials = (int)(s->nt - nt0);
 	return 0;
 }
 
@@ -199,28 +120,6 @@ static void machine(char *buf, size_t n, struct dist *d)
 	if (f)
 		fclose(f);
 	snprintf(buf, n, "%s, %ld cores, %s", model, sysconf(_SC_NPROCESSORS_ONLN), dist_host(d));
-}
-
-static int write_trials(const char *path, const struct search *s)
-{
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	if (!f)
-		return err_set(CORE_ENOMEM, path, "cannot allocate the trial table");
-	fprintf(f, "# bucket\tC\tr\td\ta\tmedian_ms\tmin_ms\tmax_ms\n");
-	for (size_t i = 0; i < s->nt; i++) {
-		const struct trial *t = &s->t[i];
-		fprintf(f, "%lld\t%lld\t%d\t%d\t%s\t%.4f\t%.4f\t%.4f\n", (long long)t->key,
-			(long long)t->C, t->plan.r, t->plan.d, dist_a2a_name(t->plan.a),
-			1e3 * t->median, 1e3 * t->min, 1e3 * t->max);
-	}
-	int rc = ferror(f) ? err_set(CORE_ENOMEM, path, "cannot build the trial table") : 0;
-	fclose(f);
-	if (rc == 0)
-		rc = file_write_atomic(path, buf, len);
-	free(buf);
-	return rc;
 }
 
 /* ---- --simulate: the alpha-beta model of Linear and 2DH at scale ------------------------ */
@@ -423,14 +322,18 @@ static int run(struct search *s, const char *out, const char *trials_path, doubl
 	/* With one node, or one rank per node, 2DH is Linear (dist.h): trying both would let
 	 * noise pick a name. */
 	const int m = dist_local_size(d);
-	if ((m == 1 || m == dist_size(d)) && s->na == 2) {
-		s->na = 1;
-		s->alist[0] = DIST_A2A_LINEAR;
+	if ((m == 1 || m == dist_size(d)) && s->ms.na == 2) {
+		s->ms.na = 1;
+		s->ms.alist[0] = DIST_A2A_LINEAR;
 		if (q == 0)
 			fprintf(stderr, "%s: nodes of %d of %d ranks: 2dh is linear here, only linear "
 				"is tried (--local-size simulates nodes)\n", prog, m, dist_size(d));
 	}
 	int rc = moe_bench_dist_data_init(&s->dd, &s->o);
+	s->ms.measure = measure;
+	s->ms.ctx = s;
+	if (rc == 0 && (s->ms.nr = moe_plan_rs(moe_dist_layer_place(s->dd.l), s->ms.rs, 64)) < 1)
+		rc = err_set(CORE_ESHAPE, NULL, "no plan fits the layer's placement");
 	if (rc == 0 && q == 0)
 		fprintf(stderr, "%s: W=%d ranks (nodes of %d, %s), E=%d, M=%lld, H=%lld, k=%d, "
 			"T=%lld per rank; C %lld..%lld: buckets %lld..%lld of R=%lld\n", prog,
@@ -441,7 +344,7 @@ static int run(struct search *s, const char *out, const char *trials_path, doubl
 		/* The middle of the bucket; its lower half is empty below one slot. */
 		const int64_t C = key * R + R / 2 > 0 ? key * R + R / 2 : 1;
 		int nt = 0;
-		rc = bucket(s, key, C, &dict.e[dict.n], &nt);
+		rc = moe_search_bucket(&s->ms, key, C, &dict.e[dict.n], &nt);
 		if (rc == 0 && q == 0) {
 			char p[48];
 			const struct moe_plan *b = &dict.e[dict.n].plan;
@@ -459,12 +362,12 @@ static int run(struct search *s, const char *out, const char *trials_path, doubl
 	if (rc == 0 && q == 0) {
 		rc = moe_dict_write(out, &dict);
 		if (rc == 0 && trials_path)
-			rc = write_trials(trials_path, s);
+			rc = moe_search_write_trials(trials_path, &s->ms);
 		if (rc == 0)
 			rc = cli_print_json(json_pack("{s:s, s:i, s:i, s:I, s:I, s:I, s:f, s:s}",
 						      "dict", out, "W", dict.W, "local_size",
 						      dict.local_size, "buckets", (json_int_t)dict.n,
-						      "trials", (json_int_t)s->nt, "window",
+						      "trials", (json_int_t)s->ms.nt, "window",
 						      (json_int_t)R, "seconds", now_seconds() - t0,
 						      "gemm_kernel", s->o.be->gemm_kernel),
 					    JSON_COMPACT);
@@ -521,7 +424,7 @@ int main(int argc, char **argv)
 	};
 	static const char *const dnames[] = {"1", "2", "4", "8"};
 	static const char *const anames[] = {"linear", "2dh"};
-	struct search s = {.nd = 4, .dlist = {1, 2, 4, 8}, .na = 2, .alist = {0, 1}};
+	struct search s = {.ms = {.nd = 4, .dlist = {1, 2, 4, 8}, .na = 2, .alist = {0, 1}}};
 	long T = 4096, M = 1024, H = 4096, E = 16, k = 2, R = 128, iters = 3, warm = 1;
 	long local = 0, seed = 1, threads = 0;
 	double flo = 1.0, fhi = 4.4;
@@ -558,14 +461,14 @@ int main(int argc, char **argv)
 			break;
 		case 'R': rc = cli_parse_long("--window", optarg, 1, 1L << 30, &R); break;
 		case 1003:
-			s.nd = parse_list("--d-values", optarg, dnames, 4, s.dlist, 4);
-			rc = s.nd < 0 ? CORE_EUSAGE : 0;
-			for (int i = 0; i < s.nd; i++)
-				s.dlist[i] = 1 << s.dlist[i];
+			s.ms.nd = parse_list("--d-values", optarg, dnames, 4, s.ms.dlist, 4);
+			rc = s.ms.nd < 0 ? CORE_EUSAGE : 0;
+			for (int i = 0; i < s.ms.nd; i++)
+				s.ms.dlist[i] = 1 << s.ms.dlist[i];
 			break;
 		case 1004:
-			s.na = parse_list("--algorithms", optarg, anames, 2, s.alist, 2);
-			rc = s.na < 0 ? CORE_EUSAGE : 0;
+			s.ms.na = parse_list("--algorithms", optarg, anames, 2, s.ms.alist, 2);
+			rc = s.ms.na < 0 ? CORE_EUSAGE : 0;
 			break;
 		case 'n': rc = cli_parse_long("--iterations", optarg, 1, 1L << 20, &iters); break;
 		case 'w': rc = cli_parse_long("--warmup", optarg, 0, 1L << 20, &warm); break;
@@ -655,7 +558,7 @@ int main(int argc, char **argv)
 		s.o.d = d;
 		rc = run(&s, out, trials, flo, fhi, R, d);
 	}
-	free(s.t);
+	moe_search_free(&s.ms);
 	backend_close(be);
 	return finish(d, rc);
 }

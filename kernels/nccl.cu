@@ -2,7 +2,7 @@
  * a communicator is an ncclComm_t, a round of transfers one ncclGroupStart .. ncclGroupEnd of
  * ncclSend and ncclRecv on the backend's stream.
  *
- * NCCL is not linked: kernels/nccl_dl.c loads libnccl.so.2 on the first call (as cublas_dl.c
+ * NCCL is not linked: lib/backend/cuda/nccl_dl.c loads libnccl.so.2 on the first call (as cublas_dl.c
  * does cuBLAS), so programs start without it and only a process that opens a communicator
  * needs it; comm_unique_id(be, NULL) asks for the version, which loads it, and turns a
  * missing library into one line (CORE_EUNSUPPORTED). Under test/emu the same source runs

@@ -1,5 +1,5 @@
 /* dl_load.h - loading a library with dlopen instead of linking it: cuBLAS and NCCL
- * (kernels/cublas_dl.c, kernels/nccl_dl.c say why) and the cpu backend's matrix-product
+ * (lib/backend/cuda/cublas_dl.c and nccl_dl.c say why) and the cpu backend's matrix-product
  * library (lib/backend/cpu/cpu_blas.c: chosen at run time). */
 #ifndef CORE_COMMON_DL_LOAD_H
 #define CORE_COMMON_DL_LOAD_H

@@ -51,6 +51,25 @@ int rundir_shard(const struct rundir *r, long phase, int p, char *buf, size_t n)
 	return name_into(buf, n, "%s/%s", dir, name);
 }
 
+int rundir_missing_module(const struct rundir *r, long phase, char *buf, size_t n)
+{
+	for (int m = 0; m < r->topo.nmodules; m++) {
+		ERR_FORWARD(rundir_module(r, phase, m, ".safetensors", buf, n));
+		if (access(buf, F_OK) != 0)
+			return 1;
+	}
+	return 0;
+}
+
+long rundir_last_phase(const struct rundir *r)
+{
+	char f[RUNDIR_PATH_MAX];
+	for (long t = r->cfg.dipaco.phases; t > 0; t--)
+		if (rundir_missing_module(r, t, f, sizeof f) == 0)
+			return t;
+	return 0;
+}
+
 int rundir_split_dir(const struct rundir *r, long after, char *buf, size_t n)
 {
 	char path[RUNDIR_PATH_MAX];
@@ -59,12 +78,12 @@ int rundir_split_dir(const struct rundir *r, long after, char *buf, size_t n)
 		return err_set(CORE_EUSAGE, r->dir, "has phases 1..%ld: a re-sharding goes after "
 			       "phase 1 to %ld, not %ld", r->cfg.dipaco.phases,
 			       r->cfg.dipaco.phases - 1, after);
-	for (int m = 0; after > 0 && m < r->topo.nmodules; m++) {
-		ERR_FORWARD(rundir_module(r, after, m, ".safetensors", path, sizeof path));
-		if (access(path, F_OK) != 0)
-			return err_set(CORE_EUSAGE, path, "does not exist: phase %ld has not finished, "
-				       "so there is nothing to re-shard after yet", after);
-	}
+	int rc = after > 0 ? rundir_missing_module(r, after, path, sizeof path) : 0;
+	if (rc < 0)
+		return rc;
+	if (rc)
+		return err_set(CORE_EUSAGE, path, "does not exist: phase %ld has not finished, "
+			       "so there is nothing to re-shard after yet", after);
 	for (int p = 0; p < r->topo.npaths; p++) {
 		ERR_FORWARD(rundir_path_ckpt(r, after + 1, p, ".safetensors", path, sizeof path));
 		if (access(path, F_OK) == 0)

@@ -71,6 +71,11 @@ int rundir_path_ckpt(const struct rundir *r, long phase, int p, const char *ext,
 int rundir_module(const struct rundir *r, long phase, int m, const char *ext, char *buf,
 		  size_t n);
 int rundir_file(const struct rundir *r, const char *name, char *buf, size_t n);
+/* 1 with the first of phase t's module checkpoints that does not exist in buf, 0 when all
+ * do (the phase's outer step is done), < 0 on error. */
+int rundir_missing_module(const struct rundir *r, long phase, char *buf, size_t n);
+/* The last phase whose every module checkpoint exists; 0 when none has. */
+long rundir_last_phase(const struct rundir *r);
 /* Remove what a killed attempt at writing out left: its temporary files out.tmp.* (see
  * atomicio.h). Only the task that owns out may call it: a run gives every output one task. */
 void rundir_clean_stale(const char *out);

@@ -1364,23 +1364,39 @@ static void level_name_text(const struct level_config *lv, char *buf, size_t n)
 	snprintf(buf, n, "%.*s", (int)strnlen(lv->name, LEVEL_NAME_MAX), lv->name);
 }
 
+/* A level's three values as text, for both ways a config is written out (the canonical
+ * lines and the YAML): its name, the modules ("path" or a count) and what it owns
+ * ("embed h.0-1 head"). */
+struct level_text {
+	char name[LEVEL_NAME_MAX + 1], modules[16], owns[512];
+};
+
+static void level_text(const struct level_config *lv, struct level_text *t)
+{
+	level_name_text(lv, t->name, sizeof t->name);
+	if (lv->modules == LEVEL_PER_PATH)
+		snprintf(t->modules, sizeof t->modules, "path");
+	else
+		snprintf(t->modules, sizeof t->modules, "%d", lv->modules);
+	owns_text(lv, t->owns, sizeof t->owns);
+}
+
+/* The levels configured (at most CONFIG_MAX_LEVELS). */
+static int levels_count(const struct run_config *c)
+{
+	return c->dipaco.nlevels > CONFIG_MAX_LEVELS ? CONFIG_MAX_LEVELS : c->dipaco.nlevels;
+}
+
 /* "levels.0: name=lower modules=2 owns=embed h.0-1" for each configured level. */
 static void levels_emit(const struct run_config *c, struct sink *o)
 {
-	char name[LEVEL_NAME_MAX + 1], owns[512], line[640];
-	int n = c->dipaco.nlevels > CONFIG_MAX_LEVELS ? CONFIG_MAX_LEVELS : c->dipaco.nlevels;
+	char line[640];
 
-	for (int i = 0; i < n; i++) {
-		const struct level_config *lv = &c->dipaco.levels[i];
-		char k[16];
-		level_name_text(lv, name, sizeof name);
-		owns_text(lv, owns, sizeof owns);
-		if (lv->modules == LEVEL_PER_PATH)
-			snprintf(k, sizeof k, "path");
-		else
-			snprintf(k, sizeof k, "%d", lv->modules);
-		snprintf(line, sizeof line, "levels.%d: name=%s modules=%s owns=%s\n", i, name, k,
-			 owns);
+	for (int i = 0; i < levels_count(c); i++) {
+		struct level_text t;
+		level_text(&c->dipaco.levels[i], &t);
+		snprintf(line, sizeof line, "levels.%d: name=%s modules=%s owns=%s\n", i, t.name,
+			 t.modules, t.owns);
 		sink_str(o, line);
 	}
 }
@@ -1622,7 +1638,6 @@ void config_hash_all(const struct run_config *c, char out[17])
 size_t config_yaml(const struct run_config *c, char *buf, size_t n)
 {
 	struct sink o = { buf, n, 0, 0, 0 };
-	char owns[512], k[16];
 	const char *section = "";
 
 	for (size_t i = 0; i < run_schema.n; i++) {
@@ -1638,24 +1653,17 @@ size_t config_yaml(const struct run_config *c, char *buf, size_t n)
 		sink_value(&o, key, c, 1);
 		sink_str(&o, "\n");
 	}
-	int nl = c->dipaco.nlevels > CONFIG_MAX_LEVELS ? CONFIG_MAX_LEVELS : c->dipaco.nlevels;
-	if (nl > 0)
+	if (levels_count(c) > 0)
 		sink_str(&o, "levels:\n");
-	for (int i = 0; i < nl; i++) {
-		const struct level_config *lv = &c->dipaco.levels[i];
-		char name[LEVEL_NAME_MAX + 1];
-		level_name_text(lv, name, sizeof name);
-		owns_text(lv, owns, sizeof owns);
-		if (lv->modules == LEVEL_PER_PATH)
-			snprintf(k, sizeof k, "path");
-		else
-			snprintf(k, sizeof k, "%d", lv->modules);
+	for (int i = 0; i < levels_count(c); i++) {
+		struct level_text t;
+		level_text(&c->dipaco.levels[i], &t);
 		sink_str(&o, "  - name: ");
-		sink_quoted(&o, name);
+		sink_quoted(&o, t.name);
 		sink_str(&o, "\n    owns: ");
-		sink_quoted(&o, owns);
+		sink_quoted(&o, t.owns);
 		sink_str(&o, "\n    modules: ");
-		sink_str(&o, k);
+		sink_str(&o, t.modules);
 		sink_str(&o, "\n");
 	}
 	if (buf && n)

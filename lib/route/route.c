@@ -197,6 +197,162 @@ out:
 	return rc;
 }
 
+/* ---- rows to fit routers on --------------------------------------------------------------- */
+
+int route_doc_rows(const struct scores *s, const struct features *f, const struct tokfile *tf,
+		   float **x, uint32_t **y, uint64_t *n)
+{
+	*x = malloc(f->docs * (size_t)f->dim * sizeof **x + 1);
+	*y = malloc(f->docs * sizeof **y + 1);
+	*n = 0;
+	if (!*x || !*y)
+		return err_set(CORE_ENOMEM, NULL, "out of memory for %llu rows",
+			       (unsigned long long)f->docs);
+	for (uint64_t d = 0; d < f->docs; d++) {
+		if (tf->offsets[d + 1] - tf->offsets[d] <= (uint64_t)s->prefix)
+			continue;
+		const float *sc = s->doc + d * (uint64_t)s->paths;
+		uint32_t b = 0;
+		for (int p = 1; p < s->paths; p++)
+			if (sc[p] > sc[b])
+				b = (uint32_t)p;
+		memcpy(*x + *n * (uint64_t)f->dim, f->x + d * (uint64_t)f->dim,
+		       sizeof **x * (size_t)f->dim);
+		(*y)[(*n)++] = b;
+	}
+	return 0;
+}
+
+/* Boundaries of a document of len tokens: prefix + m W < len for m >= 1. */
+static uint64_t boundaries(uint64_t len, int prefix, int W)
+{
+	return len > (uint64_t)prefix + (uint64_t)W ? (len - (uint64_t)prefix - 1) / (uint64_t)W
+						    : 0;
+}
+
+uint64_t route_window_count(const struct tokfile *tf, int prefix, int W)
+{
+	uint64_t rows = 0;
+	for (uint64_t d = 0; d < tf->ndocs; d++)
+		rows += boundaries(tf->offsets[d + 1] - tf->offsets[d], prefix, W);
+	return rows;
+}
+
+/* The labels of document d's boundaries into y. */
+static void doc_window_labels(const struct scores *s, const struct tokfile *tf, uint64_t d,
+			      int W, uint32_t *y)
+{
+	const size_t P = (size_t)s->paths;
+	const uint64_t s0 = tf->offsets[d], len = tf->offsets[d + 1] - s0;
+	const uint64_t nb = boundaries(len, s->prefix, W);
+	for (uint64_t m = 0; m < nb; m++) {
+		const uint64_t b = (uint64_t)s->prefix + (m + 1) * (uint64_t)W;
+		const uint64_t e = b + (uint64_t)W < len ? b + (uint64_t)W : len;
+		uint32_t best = 0;
+		double bv = -INFINITY;
+		for (size_t p = 0; p < P; p++) {
+			double v = 0;
+			for (uint64_t j = b; j < e; j++)
+				v += s->logprob[(s0 + j) * P + p];
+			if (v > bv)
+				bv = v, best = (uint32_t)p;
+		}
+		y[m] = best;
+	}
+}
+
+void route_window_labels(const struct scores *s, const struct tokfile *tf, int W, uint32_t *y)
+{
+	for (uint64_t d = 0, n = 0; d < tf->ndocs; d++) {
+		doc_window_labels(s, tf, d, W, y + n);
+		n += boundaries(tf->offsets[d + 1] - tf->offsets[d], s->prefix, W);
+	}
+}
+
+int route_window_rows(const struct scores *s, struct lm *base, const struct tokfile *tf,
+		      int layer, int context, int W, float **x, uint32_t **y, uint64_t *n,
+		      void (*progress)(void *ctx, uint64_t done), void *ctx)
+{
+	const size_t C = (size_t)base->g.cfg.n_embd;
+	const uint64_t rows = route_window_count(tf, s->prefix, W);
+	uint64_t maxlen = 1;
+	for (uint64_t d = 0; d < tf->ndocs; d++) {
+		uint64_t len = tf->offsets[d + 1] - tf->offsets[d];
+		maxlen = len > maxlen ? len : maxlen;
+	}
+	*n = 0;
+	*x = malloc(rows * 2 * C * sizeof **x + 1);
+	*y = malloc(rows * sizeof **y + 1);
+	float *hidden = malloc(maxlen * C * sizeof *hidden);
+	int rc = 0;
+	if (!*x || !*y || !hidden)
+		rc = err_set(CORE_ENOMEM, NULL, "cannot allocate %llu rows of %zu",
+			     (unsigned long long)rows, 2 * C);
+	for (uint64_t d = 0; rc == 0 && d < tf->ndocs; d++) {
+		int nb;
+		rc = route_window_features(base, tf, d, layer, s->prefix, context, W, hidden,
+					   *x + *n * 2 * C, &nb);
+		if (rc < 0)
+			break;
+		doc_window_labels(s, tf, d, W, *y + *n);
+		*n += (uint64_t)nb;
+		if (progress)
+			progress(ctx, d + 1);
+	}
+	free(hidden);
+	return rc;
+}
+
+/* ---- the routers of an evaluation --------------------------------------------------------- */
+
+int route_check_routers(struct router *doc, int *have_doc, const char *doc_path,
+			const struct router *win, const char *const *wpaths, int nw,
+			const struct lm *base, const char *model, int npaths, int prefix,
+			const char *cmd)
+{
+	if (!*have_doc && npaths > 1)
+		return err_set(CORE_EUSAGE, NULL, "%s: %d paths need a --router", cmd, npaths);
+	if (!*have_doc) {
+		/* one path: a router that sends everything to it */
+		*doc = (struct router){.kind = ROUTER_KMEANS, .paths = 1,
+				       .dim = base->g.cfg.n_embd,
+				       .r = {.layer = base->g.cfg.n_layer - 1, .prefix = prefix}};
+		memcpy(doc->r.digest, base->digest, sizeof doc->r.digest);
+		doc->centroids = calloc((size_t)doc->dim, sizeof(float));
+		*have_doc = 1;
+		if (!doc->centroids)
+			return err_set(CORE_ENOMEM, NULL, "out of memory");
+	}
+	if (doc->paths != npaths)
+		return err_set(CORE_ESHAPE, doc_path, "routes to %d paths, the model has %d",
+			       doc->paths, npaths);
+	/* the routers' features come from the base given */
+	if (strcmp(doc->r.digest, base->digest))
+		return err_set(CORE_EFORMAT, doc_path, "was fitted on features of checkpoint %s, "
+			       "but --model '%s' is %s", doc->r.digest, model, base->digest);
+	if (doc->dim != base->g.cfg.n_embd)
+		return err_set(CORE_ESHAPE, doc_path, "has %d features, the base model %d",
+			       doc->dim, base->g.cfg.n_embd);
+	for (int i = 0; i < nw; i++) {
+		if (win[i].paths != npaths)
+			return err_set(CORE_ESHAPE, wpaths[i], "routes to %d paths, the model has "
+				       "%d", win[i].paths, npaths);
+		if (strcmp(win[i].r.digest, base->digest) || win[i].dim != 2 * base->g.cfg.n_embd)
+			return err_set(CORE_EFORMAT, wpaths[i], "was fitted on features of "
+				       "checkpoint %s (%d values), but --model '%s' is %s (%d)",
+				       win[i].r.digest, win[i].dim, model, base->digest,
+				       2 * base->g.cfg.n_embd);
+		if (win[i].r.prefix != doc->r.prefix)
+			return err_set(CORE_EFORMAT, wpaths[i], "has windows from token %d, the "
+				       "document router's prefix is %d", win[i].r.prefix,
+				       doc->r.prefix);
+	}
+	if (doc->r.prefix > base->g.cfg.seq_len)
+		return err_set(CORE_EFORMAT, doc_path, "prefix %d is longer than the context %d",
+			       doc->r.prefix, base->g.cfg.seq_len);
+	return 0;
+}
+
 /* ---- fitting ------------------------------------------------------------------------------ */
 
 static json_t *counts_json(const uint64_t *c, int k)

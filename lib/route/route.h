@@ -48,6 +48,34 @@ int route_window_features(struct lm *base, const struct tokfile *tf, uint64_t d,
 int route_text_path(struct lm *base, const struct router *doc, const struct router *win,
 		    const uint32_t *tok, uint64_t n, uint32_t *path, uint64_t *boundary);
 
+/* The rows a document router is fitted on: each document with a token past the scores'
+ * prefix, its feature row and, as label, its best path (the largest doc_logprob; ties to
+ * the lower path). *x [n, f->dim] and *y [n] are allocated (caller frees, also on error). */
+int route_doc_rows(const struct scores *s, const struct features *f, const struct tokfile *tf,
+		   float **x, uint32_t **y, uint64_t *n);
+/* The boundaries b = prefix + m W (m >= 1, b < the document's length) of every document of
+ * tf, and each one's label in order into y [route_window_count]: the path of the highest
+ * log-likelihood of the window's tokens [b, min(b + W, length)) (ties to the lower path). */
+uint64_t route_window_count(const struct tokfile *tf, int prefix, int W);
+void route_window_labels(const struct scores *s, const struct tokfile *tf, int W, uint32_t *y);
+/* The rows a window router is fitted on: every boundary's window features (from base, with
+ * layer and context) and label. *x [n, 2 C], *y [n] allocated (caller frees, also on
+ * error); progress (may be NULL) after every document. */
+int route_window_rows(const struct scores *s, struct lm *base, const struct tokfile *tf,
+		      int layer, int context, int W, float **x, uint32_t **y, uint64_t *n,
+		      void (*progress)(void *ctx, uint64_t done), void *ctx);
+
+/* Whether the routers of an evaluation fit the base model and the paths: doc (read from
+ * doc_path) and win [nw] (from wpaths) route to npaths paths, were fitted on base's features
+ * (its digest and width), the windows from the document router's prefix, a prefix within
+ * the context. Without a document router (*have_doc 0) and one path, doc becomes one that
+ * sends everything to it, with the given prefix (*have_doc 1); with more paths that is
+ * CORE_EUSAGE naming cmd. model: the base as the user named it. */
+int route_check_routers(struct router *doc, int *have_doc, const char *doc_path,
+			const struct router *win, const char *const *wpaths, int nw,
+			const struct lm *base, const char *model, int npaths, int prefix,
+			const char *cmd);
+
 /* Fit a logistic-regression router on rows x [n, dim] with labels y, with the bias
  * correction to the labels' counts (raised to o->min_share of an even share); report (JSON text, caller frees) gets train and held-out
  * accuracy (holdout fraction of the rows, chosen by a hash of the row index and seed), and

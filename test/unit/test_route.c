@@ -25,12 +25,14 @@
 #include "route/clusterstats.h"
 #include "route/kmeans.h"
 #include "route/logreg.h"
+#include "route/route.h"
 #include "common/banned.h"
 
 TestSuite(kmeans, .timeout = 120);
 TestSuite(logreg, .timeout = 120);
 TestSuite(bias, .timeout = 120);
 TestSuite(clusterstats, .timeout = 120);
+TestSuite(rows, .timeout = 30);
 /* One timeout for every suite: with suites of different timeouts, Criterion 2.4's runner
  * leaks 48 bytes now and then, which fails the binary under ASan. */
 
@@ -1067,4 +1069,81 @@ Test(clusterstats, errors)
 	cr_expect(strstr(err_detail(), "label 1 of row 2"), "detail: %s", err_detail());
 	cr_expect_eq(clusterstats_compute(a, l, 0, 3, 2, &s), CORE_EUSAGE);
 	cr_expect_eq(clusterstats_compute(a, l, 3, 0, 2, &s), CORE_EUSAGE);
+}
+
+/* ---- the rows routers are fitted on, by hand ----------------------------------------------- */
+
+/* Four documents of 9, 5, 2 and 12 tokens, three paths, prefix 2; every token's log-prob -1
+ * but where set below. */
+#define R_DOCS 4
+#define R_TOK 28
+#define R_P 3
+static const uint64_t r_off[R_DOCS + 1] = {0, 9, 14, 16, 28};
+
+static void rows_fixture(struct tokfile *tf, struct scores *s, float *lp, float *doc)
+{
+	*tf = (struct tokfile){.path = "<hand>", .vocab = 256, .width = 4, .ndocs = R_DOCS,
+			       .ntokens = R_TOK, .offsets = r_off};
+	for (int i = 0; i < R_TOK * R_P; i++)
+		lp[i] = -1.0f;
+#define LP(t, p) lp[(t) * R_P + (p)]
+	/* d0, W = 3: window [5, 8) goes to path 2 by its sum over all three tokens (path 1
+	 * leads over the first two, path 0 if token 4 were counted) */
+	LP(5, 1) = LP(6, 1) = -0.5f, LP(7, 1) = -3.0f;
+	LP(5, 2) = LP(6, 2) = LP(7, 2) = -0.9f;
+	LP(4, 0) = 0.0f;
+	/* window [8, 9) is cut at the document's end: a tie, path 0 (path 1 if it ran on into
+	 * d1's tokens 9 and 10) */
+	LP(9, 1) = LP(10, 1) = 0.0f;
+	/* d3 from token 16: windows [21, 24) path 1, [24, 27) path 2, [27, 28) path 1 */
+	LP(21, 1) = LP(22, 1) = LP(23, 1) = -0.1f;
+	LP(24, 2) = LP(25, 2) = LP(26, 2) = -0.2f;
+	LP(27, 1) = -0.5f;
+#undef LP
+	/* per document: d0 a tie of paths 1 and 2, d1 path 2, d2 (too short) path 2, d3 path 0 */
+	const float d[R_DOCS * R_P] = {-5, -4, -4, -1, -2, -0.5f, 0, 0, 10, 0, -1, -2};
+	memcpy(doc, d, sizeof d);
+	*s = (struct scores){.docs = R_DOCS, .tokens = R_TOK, .paths = R_P, .prefix = 2,
+			     .logprob = lp, .doc = doc};
+}
+
+Test(rows, window_labels_by_hand)
+{
+	struct tokfile tf;
+	struct scores s;
+	float lp[R_TOK * R_P], doc[R_DOCS * R_P];
+	rows_fixture(&tf, &s, lp, doc);
+	cr_assert_eq(route_window_count(&tf, 2, 3), 5, "boundaries 5, 8 | none | none | 5, 8, 11");
+	uint32_t y[5];
+	route_window_labels(&s, &tf, 3, y);
+	const uint32_t want[5] = {2, 0, 1, 2, 1};
+	for (int i = 0; i < 5; i++)
+		cr_expect_eq(y[i], want[i], "window %d: path %u, by hand %u", i, y[i], want[i]);
+	/* W = 10: only d3 has a boundary (12), past its end: none */
+	cr_expect_eq(route_window_count(&tf, 2, 10), 0);
+	/* W = 1 on d1 (5 tokens): boundaries 3 and 4 */
+	cr_expect_eq(route_window_count(&tf, 2, 1), 6 + 2 + 0 + 9);
+}
+
+Test(rows, doc_rows_by_hand)
+{
+	struct tokfile tf;
+	struct scores s;
+	float lp[R_TOK * R_P], doc[R_DOCS * R_P];
+	rows_fixture(&tf, &s, lp, doc);
+	float fx[R_DOCS * 2] = {1, 2, 3, 4, 5, 6, 7, 8};
+	const struct features f = {.docs = R_DOCS, .dim = 2, .x = fx};
+	float *x;
+	uint32_t *y;
+	uint64_t n;
+	cr_assert_eq(route_doc_rows(&s, &f, &tf, &x, &y, &n), 0, "%s", err_detail());
+	cr_assert_eq(n, 3, "d2 has no token past the prefix: %llu rows", (unsigned long long)n);
+	const uint32_t want_y[3] = {1, 2, 0};
+	const float want_x[6] = {1, 2, 3, 4, 7, 8};
+	for (int i = 0; i < 3; i++)
+		cr_expect_eq(y[i], want_y[i], "row %d: path %u, by hand %u", i, y[i], want_y[i]);
+	for (int i = 0; i < 6; i++)
+		cr_expect_eq(x[i], want_x[i], "x[%d] = %g, by hand %g", i, x[i], want_x[i]);
+	free(x);
+	free(y);
 }
