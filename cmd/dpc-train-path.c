@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/opt.h"
 #include "common/err.h"
 #include "common/progress.h"
 #include "io/config.h"
@@ -26,51 +27,73 @@
 
 static const char *prog = "dpc-train-path";
 
-static const char usage[] =
-	"usage: dpc-train-path -c CONFIG -d TRAIN.tok -o OUT.safetensors [options]\n"
-	"       dpc-train-path --run RUNDIR --phase T --path P [options]\n"
-	"       dpc-train-path --eval CKPT -d TOKENS [--max-tokens N]\n"
-	"       dpc-train-path --export CKPT -o DIR\n"
-	"       dpc-train-path --info CKPT | -c CONFIG [-s ...] --print-config\n"
-	"\n"
-	"Train a GPT-2 path on a token file and write its checkpoint, or evaluate a checkpoint.\n"
-	"\n"
-	"  -c, --config FILE        YAML config (see dpc-config(5))\n"
-	"  -s, --set SECTION.KEY=V  override one config value (repeatable)\n"
-	"  -d, --data FILE          training tokens, or the tokens to evaluate\n"
-	"  -v, --val FILE           validation tokens for periodic evaluation\n"
-	"  -o, --out FILE           checkpoint to write (atomically, every train.checkpoint_every\n"
-	"                           steps and at the end)\n"
-	"  -i, --init CKPT          start from this checkpoint's parameters, AdamW state and\n"
-	"                           step (a branch: any train settings)\n"
-	"  -w, --weights CKPT       start at step 0 from this checkpoint's parameters alone\n"
-	"                           (fine-tuning: fresh AdamW state, any train settings)\n"
-	"  -r, --resume             continue from --out if it exists (and append to --metrics),\n"
-	"                           with the optimisation settings it was trained with\n"
-	"  -f, --force              replace an existing --out, start an existing --metrics afresh\n"
-	"  -u, --until STEP         stop after global step STEP (default train.steps)\n"
-	"  -m, --metrics FILE       write JSON Lines metrics to FILE\n"
-	"  -t, --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
-	"      --device NAME        where the model runs: cpu (default), ref (the slow\n"
-	"                           reference backend), cuda (when built)\n"
-	"      --precision P        matrix products in fp32 (default), tf32 (cuda) or\n"
-	"                           bf16 (cuda; cpu with oneDNN and AVX512_BF16);\n"
-	"                           parameters and optimiser state stay fp32\n"
-	"      --run RUNDIR         train one path of a DiPaCo run (dpc-rundir(5)): the\n"
-	"                           config, shard and inputs come from RUNDIR\n"
-	"      --phase T            with --run: the phase to train (1 .. dipaco.phases)\n"
-	"      --path P             with --run: the path to train (0 .. paths-1)\n"
-	"  -e, --eval CKPT          evaluate CKPT on --data; print JSON on stdout\n"
-	"  -n, --max-tokens N       evaluate at most N predicted tokens (default all)\n"
-	"      --info CKPT          verify CKPT and print its metadata and tensor table as JSON\n"
-	"      --print-config       print the config (-c, with -s overrides and defaults\n"
-	"                           filled in) as the checkpoints store it, and exit\n"
-	"  -x, --export CKPT        write CKPT for Hugging Face transformers into the\n"
-	"                           directory --out: model.safetensors (GPT2LMHeadModel's\n"
-	"                           names) and config.json\n"
-	"  -q, --quiet              no progress line\n"
-	"  -h, --help               show this help and exit\n"
-	"  -V, --version            show the version and exit\n";
+enum {
+	OPT_DEVICE = 256, OPT_PRECISION, OPT_RUN, OPT_PHASE, OPT_PATH_INDEX, OPT_INFO,
+	OPT_PRINT_CONFIG,
+};
+
+static const struct cli_opt opts[] = {
+	{"config", 'c', 'c', CLI_ARG, "FILE", "YAML config (see dpc-config(5))"},
+	{"set", 's', 's', CLI_ARG, "SECTION.KEY=V", "override one config value (repeatable)"},
+	{"data", 'd', 'd', CLI_ARG, "FILE", "training tokens, or the tokens to evaluate"},
+	{"val", 'v', 'v', CLI_ARG, "FILE", "validation tokens for periodic evaluation"},
+	{"output", 'o', 'o', CLI_ARG, "FILE", "checkpoint to write (atomically, every\n"
+	 "train.checkpoint_every steps and at the end)"},
+	{"init", 'i', 'i', CLI_ARG, "CKPT", "start from this checkpoint's parameters, AdamW state\n"
+	 "and step (a branch: any train settings)"},
+	{"weights", 'w', 'w', CLI_ARG, "CKPT", "start at step 0 from this checkpoint's parameters\n"
+	 "alone (fine-tuning: fresh AdamW state, any train\n"
+	 "settings)"},
+	{"resume", 'r', 'r', CLI_FLAG, NULL, "continue from --output if it exists (and append to\n"
+	 "--metrics), with the optimisation settings it was\n"
+	 "trained with"},
+	{"force", 'f', 'f', CLI_FLAG, NULL, "replace an existing --output, start an existing\n"
+	 "--metrics afresh"},
+	{"until", 'u', 'u', CLI_ARG, "STEP", "stop after global step STEP (default train.steps)"},
+	{"metrics", 'm', 'm', CLI_ARG, "FILE", "write JSON Lines metrics to FILE"},
+	{"threads", 't', 't', CLI_ARG, "N", "OpenMP threads (default: OMP_NUM_THREADS or all cores)"},
+	{"device", OPT_DEVICE, 0, CLI_ARG, "NAME", "where the model runs: cpu (default), ref (the slow\n"
+	 "reference backend), cuda (when built)"},
+	{"precision", OPT_PRECISION, 0, CLI_ARG, "P", "matrix products in fp32 (default), tf32 (cuda) or\n"
+	 "bf16 (cuda; cpu with oneDNN and AVX512_BF16);\n"
+	 "parameters and optimiser state stay fp32"},
+	{"run", OPT_RUN, 0, CLI_ARG, "RUNDIR", "train one path of a DiPaCo run (dpc-rundir(5)): the\n"
+	 "config, shard and inputs come from RUNDIR"},
+	{"phase", OPT_PHASE, 0, CLI_ARG, "T", "with --run: the phase to train (1 .. dipaco.phases)"},
+	{"path-index", OPT_PATH_INDEX, 0, CLI_ARG, "P", "with --run: the path to train (0 .. paths-1)"},
+	{"path", OPT_PATH_INDEX, 0, CLI_ARG, "P", NULL}, /* its earlier name */
+	{"eval", 'e', 'e', CLI_ARG, "CKPT", "evaluate CKPT on --data; print JSON on stdout"},
+	{"max-tokens", 'n', 'n', CLI_ARG, "N", "evaluate at most N predicted tokens (default all)"},
+	{"info", OPT_INFO, 0, CLI_ARG, "CKPT", "verify CKPT and print its metadata and tensor table\n"
+	 "as JSON"},
+	{"print-config", OPT_PRINT_CONFIG, 0, CLI_FLAG, NULL,
+	 "print the config (-c, with -s overrides and defaults\n"
+	 "filled in) as YAML that loads back, and exit"},
+	{"export", 'x', 'x', CLI_ARG, "CKPT", "write CKPT for Hugging Face transformers into the\n"
+	 "directory --output: model.safetensors\n"
+	 "(GPT2LMHeadModel's names) and config.json"},
+	{"quiet", 'q', 'q', CLI_FLAG, NULL, "no progress line"},
+	{"help", 'h', 'h', CLI_FLAG, NULL, "show this help and exit"},
+	{"version", 'V', 'V', CLI_FLAG, NULL, "show the version and exit"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const tables[] = {opts, NULL};
+
+static void usage(FILE *fp)
+{
+	fputs("usage: dpc-train-path -c CONFIG -d TRAIN.tok -o OUT.safetensors [options]\n"
+	      "       dpc-train-path --run RUNDIR --phase T --path-index P [options]\n"
+	      "       dpc-train-path --eval CKPT -d TOKENS [--max-tokens N]\n"
+	      "       dpc-train-path --export CKPT -o DIR\n"
+	      "       dpc-train-path --info CKPT | -c CONFIG [-s ...] --print-config\n"
+	      "\n"
+	      "Train a GPT-2 path on a token file and write its checkpoint, or evaluate a\n"
+	      "checkpoint.\n"
+	      "\n", fp);
+	cli_print_opts(fp, tables);
+	fputs("\n--out and --path, the names of earlier versions, are accepted for --output and\n"
+	      "--path-index.\n", fp);
+}
 
 /* A finite number, or JSON null (NaN: not measured). */
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
@@ -113,51 +136,6 @@ static int load_config(struct run_config *cfg, const char *path, const char *con
 	for (int i = 0; !rc && i < nsets; i++)
 		rc = config_set(cfg, sets[i]);
 	return rc ? rc : config_validate(cfg, path);
-}
-
-/* config_dump's canonical lines ("section.key: value", "levels.N: name=X modules=M owns=...")
- * as the YAML a config file is written in, so that --print-config's output is a config. */
-static void print_yaml(const char *dump)
-{
-	char section[32] = "";
-	int in_levels = 0;
-	for (const char *p = dump; *p;) {
-		const char *nl = strchr(p, '\n'), *end = nl ? nl : p + strlen(p);
-		const char *dot = memchr(p, '.', (size_t)(end - p));
-		const char *colon = memchr(p, ':', (size_t)(end - p));
-		if (dot && colon && dot < colon) {
-			size_t sl = (size_t)(dot - p);
-			if (sl == 6 && strncmp(p, "levels", 6) == 0) {
-				if (!in_levels)
-					printf("levels:\n");
-				in_levels = 1;
-				/* name=X modules=M owns=A B ...: owns takes the rest of the line */
-				const char *q = colon + 2, *ow = strstr(q, "owns=");
-				int first = 1;
-				while (q < end && (!ow || q < ow)) {
-					const char *sp = memchr(q, ' ', (size_t)(end - q));
-					const char *e = sp && (!ow || sp < ow) ? sp : (ow ? ow : end);
-					const char *eq = memchr(q, '=', (size_t)(e - q));
-					if (eq)
-						printf("  %s%.*s: %.*s\n", first ? "- " : "  ", (int)(eq - q), q,
-						       (int)(e - eq - 1 > 0 && e[-1] == ' ' ? e - eq - 2 : e - eq - 1),
-						       eq + 1);
-					first = 0;
-					q = e + (e < end && *e == ' ');
-				}
-				if (ow && ow < end)
-					printf("  %sowns: %.*s\n", first ? "- " : "  ", (int)(end - ow - 5),
-					       ow + 5);
-			} else {
-				if (sl != strlen(section) || strncmp(section, p, sl) != 0) {
-					snprintf(section, sizeof section, "%.*s", (int)sl, p);
-					printf("%s:\n", section);
-				}
-				printf("  %.*s\n", (int)(end - dot - 1), dot + 1);
-			}
-		}
-		p = nl ? nl + 1 : end;
-	}
 }
 
 /* --info: a checkpoint's metadata and tensor table as JSON, after verifying every tensor's
@@ -217,7 +195,7 @@ static int run_export(struct backend *be, const char *ckpt, const char *dir, int
 	int rc;
 
 	if (!dir)
-		return cli_usage_error(prog, "--export needs --out DIR, the directory to write");
+		return cli_usage_error(prog, "--export needs --output DIR, the directory to write");
 	for (size_t i = 0; i < 2; i++) {
 		snprintf(path, sizeof path, "%s/%s", dir, files[i]);
 		if (!force && access(path, F_OK) == 0)
@@ -267,233 +245,230 @@ static int run_task(struct backend *be, const char *dir, long phase, long path, 
 					"checkpoint", out, "gemm_kernel", be->gemm_kernel), json_flags);
 }
 
+/* The command line. */
+struct options {
+	const char *config, *eval, *device, *run, *export, *info;
+	const char **sets;
+	int nsets, print_config, precision, resume, force, quiet;
+	long phase, path, threads, until, max_tokens;
+	struct train_opts t; /* data, val, out, init, weights and metrics */
+};
+
+/* The options into *o: the exit status when the program ends here (--help, --version, a
+ * usage error), or -1 to run. */
+static int parse(int argc, char **argv, struct options *o)
+{
+	struct cli_parser p;
+	int c, rc = cli_parser_init(&p, prog, NULL, tables);
+
+	if (rc < 0)
+		return cli_report(prog, rc);
+	while ((c = cli_next(&p, argc, argv)) != -1) {
+		switch (c) {
+		case 'c': o->config = optarg; break;
+		case 's': o->sets[o->nsets++] = optarg; break;
+		case 'd': o->t.data_path = optarg; break;
+		case 'v': o->t.val_path = optarg; break;
+		case 'o': o->t.out_path = optarg; break;
+		case 'i': o->t.init_path = optarg; break;
+		case 'w': o->t.weights_path = optarg; break;
+		case 'x': o->export = optarg; break;
+		case OPT_INFO: o->info = optarg; break;
+		case OPT_PRINT_CONFIG: o->print_config = 1; break;
+		case 'r': o->resume = 1; break;
+		case 'f': o->force = 1; break;
+		case 'u': rc = cli_parse_long("--until", optarg, 1, 1L << 50, &o->until); break;
+		case 'm': o->t.metrics_path = optarg; break;
+		case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &o->threads); break;
+		case 'e': o->eval = optarg; break;
+		case 'n':
+			rc = cli_parse_long("--max-tokens", optarg, 1, 1L << 50, &o->max_tokens);
+			break;
+		case 'q': o->quiet = 1; break;
+		case OPT_DEVICE: o->device = optarg; break;
+		case OPT_PRECISION:
+			rc = cli_parse_precision("--precision", optarg, &o->precision);
+			break;
+		case OPT_RUN: o->run = optarg; break;
+		case OPT_PHASE: rc = cli_parse_long("--phase", optarg, 1, 1L << 40, &o->phase); break;
+		case OPT_PATH_INDEX:
+			rc = cli_parse_long("--path-index", optarg, 0, 65535, &o->path);
+			break;
+		case 'h': usage(stdout); return 0;
+		case 'V': printf("%s %s\n", prog, CORE_VERSION); return 0;
+		default: return 2; /* CLI_BAD, reported */
+		}
+		if (rc)
+			return cli_report(prog, rc);
+	}
+	if (optind < argc)
+		return cli_usage_error(prog, "unexpected argument '%s'", argv[optind]);
+	return -1;
+}
+
+/* The combinations refused before anything opens: the exit status, or -1. */
+static int check_modes(const struct options *o)
+{
+	const struct train_opts *t = &o->t;
+
+	if (o->run) {
+		/* The first option --run excludes, by name. */
+		const char *clash = o->config ? "--config" : o->nsets ? "--set" : t->data_path ?
+			"--data" : t->val_path ? "--val" : t->out_path ? "--output" : t->init_path ?
+			"--init" : t->weights_path ? "--weights" : o->resume ? "--resume" :
+			o->force ? "--force" : o->until ? "--until" : t->metrics_path ?
+			"--metrics" : o->eval ? "--eval" : o->export ? "--export" : o->info ?
+			"--info" : o->print_config ? "--print-config" : o->max_tokens ?
+			"--max-tokens" : NULL;
+		if (clash)
+			return cli_usage_error(prog, "--run takes its config, data and outputs from "
+					       "the run directory: %s does not go with it (only "
+					       "--phase, --path-index, --threads, --device, "
+					       "--precision and --quiet do)", clash);
+		if (o->phase == 0 || o->path < 0)
+			return cli_usage_error(prog, "--run needs --phase T and --path-index P");
+	} else if (o->phase || o->path >= 0) {
+		return cli_usage_error(prog, "--phase and --path-index go with --run");
+	}
+	return -1;
+}
+
+/* --print-config: the config with the overrides and defaults, as YAML that loads back. */
+static int run_print_config(const struct options *o)
+{
+	struct run_config cfg;
+	char *text = NULL;
+
+	if (!o->config)
+		return cli_usage_error(prog, "--print-config needs --config FILE");
+	int rc = load_config(&cfg, o->config, o->sets, o->nsets);
+	size_t n = rc ? 0 : config_yaml(&cfg, NULL, 0) + 1;
+	if (!rc && !(text = malloc(n)))
+		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
+	if (!rc) {
+		config_yaml(&cfg, text, n);
+		if (fputs(text, stdout) == EOF || fflush(stdout) != 0 || ferror(stdout))
+			rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
+	}
+	free(text);
+	return rc ? cli_report(prog, rc) : 0;
+}
+
+/* Training's refusals: an existing output is continued (--resume) or replaced (--force),
+ * never silently overwritten; the metrics of a continued run go on in the same file, those
+ * of any other run would follow the old run's lines with repeated step numbers. Then the
+ * outputs' directories. The exit status, or -1. */
+static int prepare_outputs(struct options *o, const struct run_config *cfg)
+{
+	struct train_opts *t = &o->t;
+	int rc;
+
+	if (t->weights_path && (t->init_path || o->resume))
+		return cli_usage_error(prog, "--weights starts a new run from a checkpoint's "
+				       "parameters: it does not go with %s, which continue one",
+				       t->init_path ? "--init" : "--resume");
+	if (o->until > cfg->train.steps)
+		return cli_usage_error(prog, "--until %ld is past train.steps = %ld, where the "
+				       "learning-rate schedule ends (raise it: -s train.steps=%ld)",
+				       o->until, cfg->train.steps, o->until);
+	int continuing = o->resume && !t->init_path && is_regular(t->out_path);
+	if (!o->force && !continuing && is_regular(t->out_path))
+		return cli_report(prog, err_set(CORE_EIO, t->out_path, "exists (use --resume to "
+						"continue it or --force to replace it)"));
+	if (t->metrics_path && is_regular(t->metrics_path) && !continuing) {
+		if (!o->force)
+			return cli_report(prog, err_set(CORE_EIO, t->metrics_path, "exists (a run "
+							"continued with --resume appends to it; "
+							"use --force to start it afresh)"));
+		if (truncate(t->metrics_path, 0) != 0)
+			return cli_report(prog, err_errno(CORE_EIO, t->metrics_path,
+							  "cannot truncate", errno));
+	}
+	if ((rc = cli_make_parents(t->out_path)) < 0 ||
+	    (t->metrics_path && (rc = cli_make_parents(t->metrics_path)) < 0))
+		return cli_report(prog, rc);
+	if (o->resume && !t->init_path && access(t->out_path, F_OK) == 0) {
+		t->init_path = t->out_path;
+		t->resuming = 1;
+	}
+	return -1;
+}
+
+/* Training: the config, the refusals, the run, its JSON line. The exit status. */
+static int run_train(struct backend *be, struct options *o)
+{
+	struct run_config cfg;
+	struct train_result r;
+	int rc;
+
+	if (!o->config || !o->t.out_path)
+		return cli_usage_error(prog, "--config and --output are required to train (see "
+				       "--help)");
+	if ((rc = load_config(&cfg, o->config, o->sets, o->nsets)) != 0)
+		return cli_report(prog, rc);
+	if ((rc = prepare_outputs(o, &cfg)) >= 0)
+		return rc;
+	o->t.cfg = &cfg;
+	o->t.be = be;
+	o->t.until = o->until;
+	o->t.progress = !o->quiet;
+	if ((rc = train_path_run(&o->t, &r)) != 0)
+		return cli_report(prog, rc);
+	int ran = r.final_step > r.start_step;
+	rc = cli_print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s, s:s, s:s, s:s}",
+				      "steps", (json_int_t)(r.final_step - r.start_step), "step",
+				      (json_int_t)r.final_step, "loss", num(ran ? r.loss : NAN),
+				      "val_loss", num(r.val_loss), "tokens_per_s",
+				      num(ran && r.tokens_per_s > 0 ? r.tokens_per_s : NAN),
+				      "peak_rss_mb", num((double)peak_rss_bytes() / 1048576.0),
+				      "matmul_frac", num(r.matmul_frac), "checkpoint", o->t.out_path,
+				      "device", be->name, "gemm_kernel", be->gemm_kernel,
+				      "precision", backend_precision_name(be->precision)),
+			    json_flags);
+	return rc ? cli_report(prog, rc) : 0;
+}
+
+/* The mode the options name, on the opened backend. The exit status. */
+static int run(struct backend *be, struct options *o, int argc)
+{
+	int rc;
+
+	if (o->run) {
+		rc = run_task(be, o->run, o->phase, o->path, o->quiet);
+		return rc ? cli_report(prog, rc) : 0;
+	}
+	if (o->info)
+		return run_info(o->info);
+	if (o->print_config)
+		return run_print_config(o);
+	if (o->export)
+		return run_export(be, o->export, o->t.out_path, o->force);
+	if (!o->t.data_path)
+		return cli_usage_error(prog, argc == 1 ? "no arguments: train with -c CONFIG -d "
+				       "TRAIN.tok -o OUT.safetensors, or evaluate with --eval CKPT "
+				       "-d TOKENS (see --help)" : "--data is required");
+	if (o->eval) {
+		rc = run_eval(be, o->eval, o->t.data_path, o->max_tokens);
+		return rc ? cli_report(prog, rc) : 0;
+	}
+	return run_train(be, o);
+}
+
 int main(int argc, char **argv)
 {
-	static const struct option longopts[] = {
-		{"config", required_argument, NULL, 'c'}, {"set", required_argument, NULL, 's'},
-		{"data", required_argument, NULL, 'd'},   {"val", required_argument, NULL, 'v'},
-		{"out", required_argument, NULL, 'o'},    {"init", required_argument, NULL, 'i'},
-		{"resume", no_argument, NULL, 'r'},       {"until", required_argument, NULL, 'u'},
-		{"metrics", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
-		{"eval", required_argument, NULL, 'e'},   {"max-tokens", required_argument, NULL, 'n'},
-		{"quiet", no_argument, NULL, 'q'},        {"help", no_argument, NULL, 'h'},
-		{"version", no_argument, NULL, 'V'},      {"device", required_argument, NULL, 'D'},
-		{"run", required_argument, NULL, 'R'},    {"phase", required_argument, NULL, 'P'},
-		{"path", required_argument, NULL, 'A'},   {"force", no_argument, NULL, 'f'},
-		{"weights", required_argument, NULL, 'w'}, {"export", required_argument, NULL, 'x'},
-		{"info", required_argument, NULL, 'I'},   {"print-config", no_argument, NULL, 'C'},
-		{"precision", required_argument, NULL, 'X'},
-		{NULL, 0, NULL, 0},
-	};
-	const char *config_path = NULL, *eval_path = NULL, *device = "cpu", *run_dir = NULL;
-	const char *export_path = NULL, *info_path = NULL;
-	int print_config = 0, precision = BACKEND_FP32;
-	long phase = 0, path = -1;
+	struct options o = {.device = "cpu", .precision = BACKEND_FP32, .path = -1};
 	struct backend *be = NULL;
-	const char **sets = calloc((size_t)argc, sizeof *sets);
-	int nsets = 0, resume = 0, force = 0, quiet = 0, rc = 0, opt;
-	long threads = 0, until = 0, max_tokens = 0;
-	struct train_opts o = {0};
-	struct run_config cfg;
+	int rc;
 
-	if (!sets)
+	if (!(o.sets = calloc((size_t)argc, sizeof *o.sets)))
 		return cli_report(prog, err_set(CORE_ENOMEM, NULL, "out of memory"));
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, ":c:s:d:v:o:i:w:rfu:m:t:e:n:x:qhV", longopts, NULL)) != -1) {
-		switch (opt) {
-		case 'c': config_path = optarg; break;
-		case 's': sets[nsets++] = optarg; break;
-		case 'd': o.data_path = optarg; break;
-		case 'v': o.val_path = optarg; break;
-		case 'o': o.out_path = optarg; break;
-		case 'i': o.init_path = optarg; break;
-		case 'w': o.weights_path = optarg; break;
-		case 'x': export_path = optarg; break;
-		case 'I': info_path = optarg; break;
-		case 'C': print_config = 1; break;
-		case 'r': resume = 1; break;
-		case 'f': force = 1; break;
-		case 'u': rc = cli_parse_long("--until", optarg, 1, 1L << 50, &until); break;
-		case 'm': o.metrics_path = optarg; break;
-		case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &threads); break;
-		case 'e': eval_path = optarg; break;
-		case 'n': rc = cli_parse_long("--max-tokens", optarg, 1, 1L << 50, &max_tokens); break;
-		case 'q': quiet = 1; break;
-		case 'D': device = optarg; break;
-		case 'X': rc = cli_parse_precision("--precision", optarg, &precision); break;
-		case 'R': run_dir = optarg; break;
-		case 'P': rc = cli_parse_long("--phase", optarg, 1, 1L << 40, &phase); break;
-		case 'A': rc = cli_parse_long("--path", optarg, 0, 65535, &path); break;
-		case 'h': fputs(usage, stdout); goto out;
-		case 'V': printf("%s %s\n", prog, CORE_VERSION); goto out;
-		default:
-			rc = cli_bad_option(prog, prog, longopts, argv, opt);
-			goto out;
-		}
-		if (rc) {
-			rc = cli_report(prog, rc);
-			goto out;
-		}
+	if ((rc = parse(argc, argv, &o)) < 0 && (rc = check_modes(&o)) < 0) {
+		rc = backend_open(&be, o.device, &(struct backend_params){
+			.threads = (int)o.threads,
+			.precision = (enum backend_precision)o.precision});
+		rc = rc ? cli_report(prog, rc) : run(be, &o, argc);
 	}
-	if (optind < argc) {
-		rc = cli_usage_error(prog, "unexpected argument '%s'", argv[optind]);
-		goto out;
-	}
-	if (run_dir) {
-		/* The first option --run excludes, by name. */
-		const char *clash = config_path ? "--config" : nsets ? "--set" : o.data_path ?
-			"--data" : o.val_path ? "--val" : o.out_path ? "--out" : o.init_path ?
-			"--init" : o.weights_path ? "--weights" : resume ? "--resume" : force ? "--force" : until ? "--until" : o.metrics_path ?
-			"--metrics" : eval_path ? "--eval" : export_path ? "--export" : info_path ? "--info" :
-			print_config ? "--print-config" : max_tokens ? "--max-tokens" : NULL;
-		if (clash) {
-			rc = cli_usage_error(prog, "--run takes its config, data and outputs from the "
-					     "run directory: %s does not go with it (only --phase, "
-					     "--path, --threads, --device, --precision and --quiet do)", clash);
-			goto out;
-		}
-	}
-	if (run_dir && (phase == 0 || path < 0)) {
-		rc = cli_usage_error(prog, "--run needs --phase T and --path P");
-		goto out;
-	}
-	if (!run_dir && (phase || path >= 0)) {
-		rc = cli_usage_error(prog, "--phase and --path go with --run");
-		goto out;
-	}
-	rc = backend_open(&be, device, &(struct backend_params){
-		.threads = (int)threads, .precision = (enum backend_precision)precision});
-	if (rc) {
-		rc = cli_report(prog, rc);
-		goto out;
-	}
-	if (run_dir) {
-		rc = run_task(be, run_dir, phase, path, quiet);
-		if (rc)
-			rc = cli_report(prog, rc);
-		goto out;
-	}
-	if (info_path) {
-		rc = run_info(info_path);
-		goto out;
-	}
-	if (print_config) {
-		if (!config_path) {
-			rc = cli_usage_error(prog, "--print-config needs --config FILE");
-			goto out;
-		}
-		rc = load_config(&cfg, config_path, sets, nsets);
-		size_t n = rc ? 0 : config_dump(&cfg, NULL, 0) + 1;
-		char *text = n ? malloc(n) : NULL;
-		if (!rc && !text)
-			rc = err_set(CORE_ENOMEM, NULL, "out of memory");
-		if (!rc) {
-			config_dump(&cfg, text, n);
-			print_yaml(text);
-			if (fflush(stdout) != 0 || ferror(stdout))
-				rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
-		}
-		free(text);
-		rc = rc ? cli_report(prog, rc) : 0;
-		goto out;
-	}
-	if (export_path) {
-		rc = run_export(be, export_path, o.out_path, force);
-		goto out;
-	}
-	if (!o.data_path) {
-		rc = cli_usage_error(prog, argc == 1 ? "no arguments: train with -c CONFIG -d TRAIN.tok "
-				     "-o OUT.safetensors, or evaluate with --eval CKPT -d TOKENS (see "
-				     "--help)" : "--data is required");
-		goto out;
-	}
-	if (eval_path) {
-		rc = run_eval(be, eval_path, o.data_path, max_tokens);
-		if (rc)
-			rc = cli_report(prog, rc);
-		goto out;
-	}
-	if (!config_path || !o.out_path) {
-		rc = cli_usage_error(prog, "--config and --out are required to train (see --help)");
-		goto out;
-	}
-	rc = load_config(&cfg, config_path, sets, nsets);
-	if (rc) {
-		rc = cli_report(prog, rc);
-		goto out;
-	}
-	if (o.weights_path && (o.init_path || resume)) {
-		rc = cli_usage_error(prog, "--weights starts a new run from a checkpoint's "
-				     "parameters: it does not go with %s, which continue one",
-				     o.init_path ? "--init" : "--resume");
-		goto out;
-	}
-	if (until > cfg.train.steps) {
-		rc = cli_usage_error(prog, "--until %ld is past train.steps = %ld, where the "
-				     "learning-rate schedule ends (raise it: -s train.steps=%ld)", until,
-				     cfg.train.steps, until);
-		goto out;
-	}
-	/* An existing output is continued (--resume) or replaced (--force), never silently
-	 * overwritten; the metrics of a continued run go on in the same file, those of any other
-	 * run would follow the old run's lines with repeated step numbers. */
-	int continuing = resume && !o.init_path && is_regular(o.out_path);
-	if (!force && !continuing && is_regular(o.out_path)) {
-		rc = cli_report(prog, err_set(CORE_EIO, o.out_path, "exists (use --resume to "
-					      "continue it or --force to replace it)"));
-		goto out;
-	}
-	if (o.metrics_path && is_regular(o.metrics_path) && !continuing) {
-		if (!force) {
-			rc = cli_report(prog, err_set(CORE_EIO, o.metrics_path, "exists (a run "
-						      "continued with --resume appends to it; use "
-						      "--force to start it afresh)"));
-			goto out;
-		}
-		if (truncate(o.metrics_path, 0) != 0) {
-			rc = cli_report(prog, err_errno(CORE_EIO, o.metrics_path, "cannot truncate",
-						       errno));
-			goto out;
-		}
-	}
-	if ((rc = cli_make_parents(o.out_path)) < 0 ||
-	    (o.metrics_path && (rc = cli_make_parents(o.metrics_path)) < 0)) {
-		rc = cli_report(prog, rc);
-		goto out;
-	}
-	if (resume && !o.init_path && access(o.out_path, F_OK) == 0) {
-		o.init_path = o.out_path;
-		o.resuming = 1;
-	}
-	o.cfg = &cfg;
-	o.be = be;
-	o.until = until;
-	o.progress = !quiet;
-
-	struct train_result r;
-	rc = train_path_run(&o, &r);
-	if (rc) {
-		rc = cli_report(prog, rc);
-		goto out;
-	}
-	double rss_mb = (double)peak_rss_bytes() / 1048576.0;
-	rc = cli_print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s, s:s, s:s, s:s}",
-				      "steps",
-				      (json_int_t)(r.final_step - r.start_step), "step",
-				      (json_int_t)r.final_step, "loss",
-				      num(r.final_step > r.start_step ? r.loss : NAN), "val_loss",
-				      num(r.val_loss), "tokens_per_s",
-				      num(r.final_step > r.start_step && r.tokens_per_s > 0
-					  ? r.tokens_per_s : NAN),
-				      "peak_rss_mb", num(rss_mb), "matmul_frac",
-				      num(r.matmul_frac), "checkpoint", o.out_path, "device",
-				      be->name, "gemm_kernel", be->gemm_kernel, "precision",
-				      backend_precision_name(be->precision)),
-			    json_flags);
-	if (rc)
-		rc = cli_report(prog, rc);
-out:
 	backend_close(be);
-	free(sets);
+	free(o.sets);
 	return rc;
 }

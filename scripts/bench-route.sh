@@ -27,7 +27,7 @@ field() { sed -n "s/.*\"$1\": *\\([0-9.e+-]*\\).*/\\1/p" "$2" | head -n 1; }
 
 echo "bench-route.sh: $threads threads, $tok, $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'))"
 $bin/dpc-train-path --config configs/gpt-tiny.yaml --set train.steps=20 --set train.eval_every=0 \
-	--set train.checkpoint_every=0 --data "$tok" --out "$tmp/m.st" --threads "$threads" \
+	--set train.checkpoint_every=0 --data "$tok" --output "$tmp/m.st" --threads "$threads" \
 	--quiet >"$tmp/train.json"
 train=$(field tokens_per_s "$tmp/train.json")
 printf '%-44s %12.0f tokens/s\n' "training (gpt-tiny, B=8, T=256)" "$train"

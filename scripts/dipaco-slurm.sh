@@ -202,7 +202,7 @@ while read -r what a b rest; do
 		if [ $# = 1 ]; then
 			i=${1%%:*} w=${1#*:}
 			if [ "$kind" = train ]; then
-				submit "train-$phase-$w" "" --wrap="exec $train --phase $phase --path $w"
+				submit "train-$phase-$w" "" --wrap="exec $train --phase $phase --path-index $w"
 			else
 				submit "outer-$phase-$w" "" --wrap="exec $outer --phase $phase --module $(q "$w")"
 			fi
@@ -215,7 +215,7 @@ while read -r what a b rest; do
 			# the array index is the path number
 			idx=$(for t in "$@"; do printf '%s\n' "${t#*:}"; done | paste -sd, -)
 			submit "train-$phase" "" --array="$idx" \
-				--wrap="exec $train --phase $phase --path \$SLURM_ARRAY_TASK_ID"
+				--wrap="exec $train --phase $phase --path-index \$SLURM_ARRAY_TASK_ID"
 		else
 			# the array index is the module's position in this list
 			names="" idx=""
@@ -242,7 +242,7 @@ while read -r what a b rest; do
 		phase=$1 w=$2; shift 2
 		dep=$(deprefs "$@")
 		if [ "$kind" = train ]; then
-			submit "train-$phase-$w" "$dep" --wrap="exec $train --phase $phase --path $w"
+			submit "train-$phase-$w" "$dep" --wrap="exec $train --phase $phase --path-index $w"
 		else
 			submit "outer-$phase-$w" "$dep" --wrap="exec $outer --phase $phase --module $(q "$w")"
 		fi

@@ -26,7 +26,7 @@ while :; do
 		[ $ready = 1 ] || continue
 		mkdir "$claims/$kind-$phase-$what" 2>/dev/null || continue
 		if [ "$kind" = train ]; then
-			"$bin/dpc-train-path" --run "$run" --phase "$phase" --path "$what" --quiet \
+			"$bin/dpc-train-path" --run "$run" --phase "$phase" --path-index "$what" --quiet \
 				--threads "$threads" --device "$device" --precision "$precision" >/dev/null
 		else
 			"$bin/dpc-outer" step "$run" --phase "$phase" --module "$what" --quiet \

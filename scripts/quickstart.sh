@@ -42,7 +42,7 @@ mkdir -p "$run"
 stage "training the base model (gpt-tiny, 300 steps)"
 $bin/dpc-train-path --config configs/gpt-tiny.yaml --set train.steps=300 \
 	--set train.checkpoint_every=100 --set train.eval_every=0 --data "$chunked/train.tok" \
-	--out "$run/base.safetensors" --resume --quiet >"$run/base.json"
+	--output "$run/base.safetensors" --resume --quiet >"$run/base.json"
 
 stage "routing: features, k-means to 4 paths"
 for s in train router val; do

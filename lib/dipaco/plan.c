@@ -130,7 +130,7 @@ int plan_makefile(const struct rundir *r, const char *bin, char **out)
 			rundir_path_ckpt(&rel, t, p, ".safetensors", buf, sizeof buf);
 			fprintf(fp, "%s:", rel_name(buf));
 			train_deps(fp, r, &rel, t, p);
-			fprintf(fp, "\n\t$(TRAIN) --phase %ld --path %d\n", t, p);
+			fprintf(fp, "\n\t$(TRAIN) --phase %ld --path-index %d\n", t, p);
 		}
 		for (int m = 0; m < r->topo.nmodules; m++) {
 			rundir_module(&rel, t, m, ".safetensors", buf, sizeof buf);

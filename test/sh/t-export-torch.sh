@@ -32,7 +32,7 @@ awk -v a="$ours" -v b="$theirs" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d 
 	die "--eval loss $ours, GPT2LMHeadModel ($(cat hf.json)) $theirs"
 
 # errors: no --out; an existing export; not a checkpoint
-expect_fail 2 "^dpc-train-path: --export needs --out DIR, the directory to write$" \
+expect_fail 2 "^dpc-train-path: --export needs --output DIR, the directory to write$" \
 	"$T" --export m.safetensors
 expect_fail 1 "^dpc-train-path: 'hf/model/model.safetensors': exists \(use --force to replace it\)$" \
 	"$T" --export m.safetensors -o hf/model

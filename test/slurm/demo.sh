@@ -71,11 +71,11 @@ waitfor() {
 # (SIGSTOP), so that it is surely mid-way when it is preempted or killed (a task of this tiny
 # model trains in a fraction of a second); sets path, pid, job (its Slurm job id) and ref.
 freeze() {
-	pat="dpc-train-path --run $dir/viaslurm --quiet --threads 1 --phase $1 --path "
+	pat="dpc-train-path --run $dir/viaslurm --quiet --threads 1 --phase $1 --path-index "
 	n=3000
 	while [ $n -gt 0 ]; do
 		for pid in $(pgrep -f -- "$pat" || true); do
-			path=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | sed 's/.* --path \([0-9]*\).*/\1/')
+			path=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | sed 's/.* --path-index \([0-9]*\).*/\1/')
 			[ -n "$path" ] || continue
 			[ -e "viaslurm/phase-000$1/paths/path-00$path.jsonl.part" ] || continue
 			kill -STOP "$pid" || continue
