@@ -198,6 +198,27 @@ static void same_on_all_ranks(struct dist *d, struct backend *be, const float *v
 	CHECK(rc == 0, "%s: dwg differs between ranks", what);
 }
 
+/* The smallest |x_t w1[e][:, j] + b1[e][j]| over every token, expert and hidden unit, in
+ * double: how near the batch comes to ReLU's kink, where the derivative jumps. */
+static double kink_margin(struct backend *rb, const struct moe_config *cfg,
+			  const struct moe_params *p, const float *x, int64_t rows)
+{
+	const int64_t M = cfg->M, H = cfg->H, E = cfg->E;
+	float *w1 = host(rb, p->w1, (size_t)(E * M * H)), *b1 = host(rb, p->b1, (size_t)(E * H));
+	double m = INFINITY;
+	for (int64_t t = 0; t < rows; t++)
+		for (int64_t e = 0; e < E; e++)
+			for (int64_t j = 0; j < H; j++) {
+				double h = b1[e * H + j];
+				for (int64_t i = 0; i < M; i++)
+					h += (double)x[t * M + i] * w1[(e * M + i) * H + j];
+				m = fabs(h) < m ? fabs(h) : m;
+			}
+	free(w1);
+	free(b1);
+	return m;
+}
+
 static const int ds[] = {1, 2, 4, 8};
 
 /* One placement: every plan against the references. */
@@ -216,18 +237,29 @@ static void run_case(struct dist *d, struct backend *be, struct backend *rb, int
 	char name[96];
 	snprintf(name, sizeof name, "W=%d E=%d k=%d %s", W, E, k, moe_act_name(act));
 
-	/* The whole batch, the same on every rank. */
-	const size_t nx = (size_t)(W * T * M);
-	float *x = malloc(nx * sizeof(float)), *dy = malloc(nx * sizeof(float));
-	for (size_t i = 0; i < nx; i++) {
-		x[i] = (float)rng_normal(11, 1, i);
-		dy[i] = (float)rng_normal(11, 2, i);
-	}
 	struct moe_config fcfg = cfg;
 	fcfg.T = W * T;
 	struct moe_params full;
 	OK(moe_params_alloc(&full, &fcfg, rb));
 	OK(moe_params_init(&full, &fcfg, 3));
+	/* The whole batch, the same on every rank. ReLU's derivative jumps at 0, so a
+	 * pre-activation within rounding of it (float in the layer, double in the reference:
+	 * about 1e-7 here) flips one unit's gradient, and whether it flips depends on the
+	 * machine's summation order (seen: 6e-8 on an AVX2-only EPYC). A ReLU batch is drawn
+	 * again until every pre-activation is 1e-5 clear of 0. */
+	const size_t nx = (size_t)(W * T * M);
+	float *x = malloc(nx * sizeof(float)), *dy = malloc(nx * sizeof(float));
+	for (uint64_t seed = 11;; seed++) {
+		for (size_t i = 0; i < nx; i++) {
+			x[i] = (float)rng_normal(seed, 1, i);
+			dy[i] = (float)rng_normal(seed, 2, i);
+		}
+		if (act != MOE_ACT_RELU || kink_margin(rb, &fcfg, &full, x, W * T) >= 1e-5)
+			break;
+		if (seed == 11 + 64)
+			die_rc(err_set(CORE_EUSAGE, NULL, "no batch of 64 clears ReLU's kink"),
+			       name);
+	}
 
 	struct moe_params p, g;
 	OK(moe_dist_params_alloc(&p, &cfg, &pl, be));
