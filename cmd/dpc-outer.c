@@ -246,13 +246,8 @@ static const struct cli_opt init_bin_opts[] = {
 	 "folder of this dpc-outer)"},
 	CLI_OPT_END,
 };
-/* --help lists --bin after --from; the parser keeps the order getopt_long had before (the
- * option suggested for a misspelt one is the first of the nearest). */
-static const struct cli_opt *const init_help_tables[] = {
-	init_opts, init_from_opts, init_bin_opts, help_opts, NULL,
-};
 static const struct cli_opt *const init_tables[] = {
-	init_opts, init_bin_opts, init_from_opts, help_opts, NULL,
+	init_opts, init_from_opts, init_bin_opts, help_opts, NULL,
 };
 
 static void init_usage(FILE *fp)
@@ -266,7 +261,7 @@ static void init_usage(FILE *fp)
 		"exists; another config or source is refused. The shards go to RUNDIR/shards\n"
 		"(dpc-shard split ... RUNDIR/shards).\n\n"
 		"options:\n", prog);
-	cli_print_opts(fp, init_help_tables);
+	cli_print_opts(fp, init_tables);
 }
 
 static int cmd_init(int argc, char **argv)

@@ -100,27 +100,6 @@ static const struct cli_opt common_opts[] = {
 	CLI_OPT_END,
 };
 
-/* cli_print_opts of tables, where says has an entry of the same name with its text instead
- * (NULL: accepted but not listed): what a shared option does in one command. */
-static void print_opts_saying(FILE *fp, const struct cli_opt *const *tables,
-			      const struct cli_opt *says)
-{
-	for (int t = 0; tables[t]; t++) {
-		struct cli_opt o[CLI_MAX_OPTS + 1];
-		int n = 0;
-
-		for (const struct cli_opt *e = tables[t]; e->name && n < CLI_MAX_OPTS; e++) {
-			o[n] = *e;
-			for (const struct cli_opt *s = says; s->name; s++)
-				if (!strcmp(s->name, e->name))
-					o[n].help = s->help;
-			n++;
-		}
-		o[n] = (struct cli_opt)CLI_OPT_END;
-		cli_print_opts(fp, (const struct cli_opt *const[]){o, NULL});
-	}
-}
-
 /* A command's options parsed (exit status, or PARSED: run it). */
 enum { PARSED = -1 };
 
@@ -333,7 +312,7 @@ static void kmeans_usage(FILE *fp)
 		"the centroids and the feature recipe (dpc-route(5)).\n\n"
 		"options:\n",
 		prog);
-	print_opts_saying(fp, kmeans_tables, kmeans_says);
+	cli_print_opts_saying(fp, kmeans_tables, kmeans_says);
 }
 
 static int cmd_kmeans(int argc, char **argv)
@@ -855,7 +834,7 @@ static void eval_usage(FILE *fp)
 		"start. Prints a table; --json FILE writes it as JSON too.\n\n"
 		"options:\n",
 		prog);
-	print_opts_saying(fp, eval_tables, eval_says);
+	cli_print_opts_saying(fp, eval_tables, eval_says);
 }
 
 static json_t *mode_json(const struct route_eval_mode *m, const struct route_eval_mode *doc,
@@ -1087,11 +1066,7 @@ static const struct cli_opt sample_opts[] = {
 	 "the key/value cache (the same text, slower: for comparison)"},
 	CLI_OPT_END,
 };
-/* getopt_long's order (of the nearest options to a typo, it names the first) is that of
- * before; --help's that of its text */
 static const struct cli_opt *const sample_tables[] = {
-	sample_model_opts, sample_opts, pathset_opts, sample_route_opts, common_opts, NULL};
-static const struct cli_opt *const sample_help_tables[] = {
 	sample_model_opts, pathset_opts, sample_route_opts, sample_opts, common_opts, NULL};
 /* sample writes no file (--output is refused) and runs one row at a time */
 static const struct cli_opt sample_says[] = {
@@ -1118,7 +1093,7 @@ static void sample_usage(FILE *fp)
 		"boundary PREFIX + m W; a switch feeds the context to the new path.\n\n"
 		"options:\n",
 		prog, prog);
-	print_opts_saying(fp, sample_help_tables, sample_says);
+	cli_print_opts_saying(fp, sample_tables, sample_says);
 	fprintf(fp, "\nPast the model's context the oldest half of it is dropped and the rest fed "
 		"again.\n");
 }

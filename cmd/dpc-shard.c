@@ -404,13 +404,8 @@ static const struct cli_opt split_out_opts[] = {
 	{"quiet", 'q', 'q', CLI_FLAG, NULL, "no progress line on stderr"},
 	CLI_OPT_END,
 };
-/* --help lists --run after --random; the parser keeps the order getopt_long had before
- * (the option suggested for a misspelt one is the first of the nearest). */
-static const struct cli_opt *const split_help_tables[] = {
-	split_random_opts, split_run_opts, split_router_opts, split_out_opts, common_opts, NULL,
-};
 static const struct cli_opt *const split_tables[] = {
-	split_random_opts, split_router_opts, split_run_opts, split_out_opts, common_opts, NULL,
+	split_random_opts, split_run_opts, split_router_opts, split_out_opts, common_opts, NULL,
 };
 
 static void split_usage(FILE *fp)
@@ -431,7 +426,7 @@ static void split_usage(FILE *fp)
 		"OUTDIR come from the run directory (dpc-rundir(5)): a random split unless\n"
 		"--router is given.\n\n"
 		"options:\n", prog, prog, prog);
-	cli_print_opts(fp, split_help_tables);
+	cli_print_opts(fp, split_tables);
 }
 
 /* The routing report as text, on stderr. */

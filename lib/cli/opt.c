@@ -66,30 +66,45 @@ int cli_next(struct cli_parser *p, int argc, char **argv)
 	return CLI_BAD;
 }
 
-void cli_print_opts(FILE *fp, const struct cli_opt *const *tables)
+/* One entry of --help, with help as its text. */
+static void print_opt(FILE *fp, const struct cli_opt *o, const char *help)
+{
+	char left[128];
+	int n = o->letter ? snprintf(left, sizeof left, "  -%c, --%s", o->letter, o->name)
+			  : snprintf(left, sizeof left, "      --%s", o->name);
+
+	if (o->meta && n > 0 && (size_t)n < sizeof left)
+		snprintf(left + n, sizeof left - (size_t)n, o->arg == CLI_OPTARG ? "[=%s]" : " %s",
+			 o->meta);
+	int w = (int)strlen(left);
+	fprintf(fp, "%s%*s", left, w <= HELP_COLUMN - 2 ? HELP_COLUMN - w : 2, "");
+	for (;;) {
+		size_t k = strcspn(help, "\n");
+		fprintf(fp, "%.*s\n", (int)k, help);
+		if (!help[k])
+			break;
+		help += k + 1;
+		fprintf(fp, "%*s", HELP_COLUMN, "");
+	}
+}
+
+void cli_print_opts_saying(FILE *fp, const struct cli_opt *const *tables,
+			   const struct cli_opt *says)
 {
 	for (int t = 0; tables[t]; t++)
 		for (const struct cli_opt *o = tables[t]; o->name; o++) {
-			if (!o->help)
-				continue;
-			char left[128];
-			int n = o->letter ? snprintf(left, sizeof left, "  -%c, --%s", o->letter, o->name)
-					  : snprintf(left, sizeof left, "      --%s", o->name);
-			if (o->meta && n > 0 && (size_t)n < sizeof left)
-				snprintf(left + n, sizeof left - (size_t)n,
-					 o->arg == CLI_OPTARG ? "[=%s]" : " %s", o->meta);
-			int w = (int)strlen(left);
-			const char *h = o->help;
-			fprintf(fp, "%s%*s", left, w <= HELP_COLUMN - 2 ? HELP_COLUMN - w : 2, "");
-			for (;;) {
-				size_t k = strcspn(h, "\n");
-				fprintf(fp, "%.*s\n", (int)k, h);
-				if (!h[k])
-					break;
-				h += k + 1;
-				fprintf(fp, "%*s", HELP_COLUMN, "");
-			}
+			const char *help = o->help;
+			for (const struct cli_opt *s = says; s && s->name; s++)
+				if (!strcmp(s->name, o->name))
+					help = s->help;
+			if (help)
+				print_opt(fp, o, help);
 		}
+}
+
+void cli_print_opts(FILE *fp, const struct cli_opt *const *tables)
+{
+	cli_print_opts_saying(fp, tables, NULL);
 }
 
 void cli_print_commands(FILE *fp, const char *prog, const struct cli_command *cmds, int n,

@@ -62,6 +62,11 @@ int cli_next(struct cli_parser *p, int argc, char **argv);
  *   "      --top-k K         ..."              indented to it; a longer left part gets
  *                                              two spaces) */
 void cli_print_opts(FILE *fp, const struct cli_opt *const *tables);
+/* cli_print_opts, where says (CLI_OPT_END-terminated, only names and help read) has an
+ * entry of the same name: its help instead, NULL to leave the option out. What an option
+ * shared by several commands does in one of them. */
+void cli_print_opts_saying(FILE *fp, const struct cli_opt *const *tables,
+			   const struct cli_opt *says);
 
 /* A program of subcommands (dpc-shard, dpc-outer, dpc-route): its commands in --help order. */
 struct cli_command {

@@ -154,6 +154,28 @@ Test(cli, help_lines_from_the_table)
 	free(buf);
 }
 
+Test(cli, help_lines_saying_what_one_command_does)
+{
+	static const struct cli_opt says[] = {
+		{.name = "quiet"}, /* left out */
+		{.name = "top-k", .help = "here: the K best paths"},
+		CLI_OPT_END,
+	};
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *fp = open_memstream(&buf, &len);
+	cr_assert(fp);
+	cli_print_opts_saying(fp, (const struct cli_opt *const[]){common_opts, sub_opts, NULL},
+			      says);
+	fclose(fp);
+	cr_expect_str_eq(buf,
+			 "  -o, --output FILE     where the result goes\n"
+			 "      --top-k K         here: the K best paths\n"
+			 "  -w, --wait[=S]        wait for the inputs, up to S seconds\n"
+			 "      --window-router FILE  a window router\n");
+	free(buf);
+}
+
 Test(cli, a_table_declaring_an_option_twice_is_refused)
 {
 	static const struct cli_opt twice[] = {
