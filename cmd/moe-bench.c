@@ -54,9 +54,7 @@ enum {
 	OPT_DTYPE,
 };
 
-/* The options come in groups: --help lists them by section (usage), getopt_long sees them
- * in the order it had before the tables (parse_tables), since the option suggested for a
- * misspelt one is the first of the nearest ('--x' suggests '--r', not '--d'). */
+/* One table per section of --help. */
 static const struct cli_opt shape_opts[] = {
 	{"tokens", 'T', 'T', CLI_ARG, "N", "tokens per step T, per rank when distributed\n"
 	 "(default 4096)"},
@@ -68,8 +66,9 @@ static const struct cli_opt shape_opts[] = {
 };
 static const struct cli_opt routing_opts[] = {
 	{"capacity", 'c', 'c', CLI_ARG, "X", "capacity setting, as Tutel: X > 0 fixed factor,\n"
-	 "C = k*int(X*ceil(T/E)); 0: smallest C that drops nothing;\n"
-	 "X < 0: that, capped at k*int(|X|*ceil(T/E)) (default 1.0)"},
+	 "C = k*int(X*ceil(T/E)); 0: smallest C that drops\n"
+	 "nothing; X < 0: that, capped at k*int(|X|*ceil(T/E))\n"
+	 "(default 1.0)"},
 	{"capacity-align", OPT_CAPACITY_ALIGN, 0, CLI_ARG, "N",
 	 "round C up to a multiple of N (default 1)"},
 	{"bpr", OPT_BPR, 0, CLI_FLAG, NULL, "batch-prioritized routing (Tutel default: off)"},
@@ -85,60 +84,42 @@ static const struct cli_opt routing_opts[] = {
 	 "cyclically ('#' comments and blank lines ignored)"},
 	CLI_OPT_END,
 };
-/* "Measurement:", in seven groups for parse_tables' order */
-static const struct cli_opt forward_opts[] = {
+static const struct cli_opt measure_opts[] = {
 	{"forward-only", OPT_FORWARD_ONLY, 0, CLI_FLAG, NULL, "time the forward pass only"},
-	CLI_OPT_END,
-};
-static const struct cli_opt part_opts[] = {
+	{"no-input-grad", OPT_NO_INPUT_GRAD, 0, CLI_FLAG, NULL,
+	 "backward without the input gradient (as Tutel's\n"
+	 "helloworld, whose input needs no gradient)"},
 	{"only", OPT_ONLY, 0, CLI_ARG, "PART",
 	 "layer (default: the whole layer), encode-decode (the\n"
 	 "encode and decode kernels alone, next to a plain copy\n"
 	 "of the same bytes) or alltoall (distributed: linear,\n"
 	 "2dh and MPI_Alltoall, 1 KiB to 64 MiB per rank)"},
 	{"baseline", OPT_BASELINE, 0, CLI_ARG, "KIND",
-	 "sparse (default): the sparse layer alone; dense: also run\n"
-	 "the dense GShard formulation on the same inputs"},
+	 "sparse (default): the sparse layer alone; dense: also\n"
+	 "run the dense GShard formulation on the same inputs"},
 	{"dense-tokens", OPT_DENSE_TOKENS, 0, CLI_ARG, "N",
 	 "run the dense baseline with N tokens instead of T (its\n"
 	 "[T,E,C] tensors grow as T^2; the JSON says so)"},
 	{"dry-run", OPT_DRY_RUN, 0, CLI_FLAG, NULL,
 	 "print the memory each formulation would need and exit"},
-	CLI_OPT_END,
-};
-static const struct cli_opt grad_opts[] = {
-	{"no-input-grad", OPT_NO_INPUT_GRAD, 0, CLI_FLAG, NULL,
-	 "backward without the input gradient (as Tutel's helloworld,\n"
-	 "whose input needs no gradient)"},
-	CLI_OPT_END,
-};
-static const struct cli_opt device_opts[] = {
-	{"device", OPT_DEVICE, 0, CLI_ARG, "NAME",
-	 "where the layer runs: cpu (default), ref (the slow\n"
-	 "reference backend), cuda (when built; under mpirun\n"
-	 "one GPU per rank, exchanges on device memory, NCCL)"},
-	CLI_OPT_END,
-};
-static const struct cli_opt steps_opts[] = {
 	{"iterations", 'n', 'n', CLI_ARG, "N", "timed steps (default 10)"},
 	{"warmup", 'w', 'w', CLI_ARG, "N", "untimed steps first (default 2)"},
 	{"seed", 's', 's', CLI_ARG, "N", "seed for parameters, inputs and gate noise (default 1)"},
 	{"threads", 't', 't', CLI_ARG, "N",
-	 "OpenMP and BLAS threads (default: OMP_NUM_THREADS or all)"},
-	CLI_OPT_END,
-};
-static const struct cli_opt info_opts[] = {
-	{"help", 'h', 'h', CLI_FLAG, NULL, "print this help and exit"},
-	{"version", 'V', 'V', CLI_FLAG, NULL, "print the version and exit"},
-	CLI_OPT_END,
-};
-static const struct cli_opt precision_opts[] = {
+	 "OpenMP and BLAS threads (default: OMP_NUM_THREADS or\n"
+	 "all)"},
+	{"device", OPT_DEVICE, 0, CLI_ARG, "NAME",
+	 "where the layer runs: cpu (default), ref (the slow\n"
+	 "reference backend), cuda (when built; under mpirun\n"
+	 "one GPU per rank, exchanges on device memory, NCCL)"},
 	{"precision", OPT_PRECISION, 0, CLI_ARG, "P",
 	 "expert products in fp32 (default), tf32 (cuda) or\n"
 	 "bf16 (cuda; cpu with oneDNN and AVX512_BF16)"},
 	{"dtype", OPT_DTYPE, 0, CLI_ARG, "TYPE",
 	 "rows of --only=encode-decode: fp32 (default) or bf16\n"
 	 "(bfloat16 rows: the device's bfloat16 kernels)"},
+	{"help", 'h', 'h', CLI_FLAG, NULL, "print this help and exit"},
+	{"version", 'V', 'V', CLI_FLAG, NULL, "print the version and exit"},
 	CLI_OPT_END,
 };
 static const struct cli_opt dist_opts[] = {
@@ -168,8 +149,7 @@ static const struct cli_opt tutel_opts[] = {
 	CLI_OPT_END,
 };
 static const struct cli_opt *const parse_tables[] = {
-	shape_opts, routing_opts, forward_opts, part_opts, grad_opts, device_opts, dist_opts,
-	steps_opts, info_opts, tutel_opts, precision_opts, NULL,
+	shape_opts, routing_opts, measure_opts, dist_opts, tutel_opts, NULL,
 };
 
 static void usage(FILE *f)
@@ -186,9 +166,7 @@ static void usage(FILE *f)
 	fprintf(f, "Routing:\n");
 	cli_print_opts(f, (const struct cli_opt *const[]){routing_opts, NULL});
 	fprintf(f, "Measurement:\n");
-	cli_print_opts(f, (const struct cli_opt *const[]){forward_opts, grad_opts, part_opts,
-							  steps_opts, device_opts, precision_opts,
-							  info_opts, NULL});
+	cli_print_opts(f, (const struct cli_opt *const[]){measure_opts, NULL});
 	fprintf(f, "Distributed (mpirun -np W; see moe-bench(1), DISTRIBUTED RUNS):\n");
 	cli_print_opts(f, (const struct cli_opt *const[]){dist_opts, NULL});
 	fprintf(f,
