@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/opt.h"
 #include "common/err.h"
 #include "common/progress.h"
 #include "common/stats.h"
@@ -27,6 +28,130 @@
 
 static const char *prog = "moe-bench";
 
+/* The keys of the long-only options (a short option's key is its letter). */
+enum {
+	OPT_CAPACITY_ALIGN = 256,
+	OPT_BPR,
+	OPT_NO_BPR,
+	OPT_GATE_NOISE,
+	OPT_AUX_LOSS,
+	OPT_ACTIVATION,
+	OPT_TRACE,
+	OPT_FORWARD_ONLY,
+	OPT_ONLY,
+	OPT_BASELINE,
+	OPT_DENSE_TOKENS,
+	OPT_DRY_RUN,
+	OPT_NO_INPUT_GRAD,
+	OPT_DEVICE,
+	OPT_R,
+	OPT_D,
+	OPT_A2A,
+	OPT_LOCAL_SIZE,
+	OPT_DICT,
+	OPT_USE_2DH,
+	OPT_PRECISION,
+	OPT_DTYPE,
+};
+
+/* One table per section of --help. */
+static const struct cli_opt shape_opts[] = {
+	{"tokens", 'T', 'T', CLI_ARG, "N", "tokens per step T, per rank when distributed\n"
+	 "(default 4096)"},
+	{"model-dim", 'M', 'M', CLI_ARG, "N", "model dimension M (default 1024)"},
+	{"hidden-dim", 'H', 'H', CLI_ARG, "N", "expert hidden dimension H (default 4096)"},
+	{"experts", 'E', 'E', CLI_ARG, "N", "number of experts E, >= 1 (default 16)"},
+	{"top-k", 'k', 'k', CLI_ARG, "N", "experts per token, 1..E (default 2)"},
+	CLI_OPT_END,
+};
+static const struct cli_opt routing_opts[] = {
+	{"capacity", 'c', 'c', CLI_ARG, "X", "capacity setting, as Tutel: X > 0 fixed factor,\n"
+	 "C = k*int(X*ceil(T/E)); 0: smallest C that drops\n"
+	 "nothing; X < 0: that, capped at k*int(|X|*ceil(T/E))\n"
+	 "(default 1.0)"},
+	{"capacity-align", OPT_CAPACITY_ALIGN, 0, CLI_ARG, "N",
+	 "round C up to a multiple of N (default 1)"},
+	{"bpr", OPT_BPR, 0, CLI_FLAG, NULL, "batch-prioritized routing (Tutel default: off)"},
+	{"no-bpr", OPT_NO_BPR, 0, CLI_FLAG, NULL, "route tokens in their order (default)"},
+	{"gate-noise", OPT_GATE_NOISE, 0, CLI_ARG, "S",
+	 "add S/E * N(0,1) to the gate logits (default 0)"},
+	{"aux-loss", OPT_AUX_LOSS, 0, CLI_ARG, "NAME",
+	 "gshard (default) or load-importance (needs --gate-noise)"},
+	{"activation", OPT_ACTIVATION, 0, CLI_ARG, "NAME",
+	 "expert activation: relu (default) or gelu"},
+	{"trace", OPT_TRACE, 0, CLI_ARG, "FILE",
+	 "capacity settings, one per line, one per step, replayed\n"
+	 "cyclically ('#' comments and blank lines ignored)"},
+	CLI_OPT_END,
+};
+static const struct cli_opt measure_opts[] = {
+	{"forward-only", OPT_FORWARD_ONLY, 0, CLI_FLAG, NULL, "time the forward pass only"},
+	{"no-input-grad", OPT_NO_INPUT_GRAD, 0, CLI_FLAG, NULL,
+	 "backward without the input gradient (as Tutel's\n"
+	 "helloworld, whose input needs no gradient)"},
+	{"only", OPT_ONLY, 0, CLI_ARG, "PART",
+	 "layer (default: the whole layer), encode-decode (the\n"
+	 "encode and decode kernels alone, next to a plain copy\n"
+	 "of the same bytes) or alltoall (distributed: linear,\n"
+	 "2dh and MPI_Alltoall, 1 KiB to 64 MiB per rank)"},
+	{"baseline", OPT_BASELINE, 0, CLI_ARG, "KIND",
+	 "sparse (default): the sparse layer alone; dense: also\n"
+	 "run the dense GShard formulation on the same inputs"},
+	{"dense-tokens", OPT_DENSE_TOKENS, 0, CLI_ARG, "N",
+	 "run the dense baseline with N tokens instead of T (its\n"
+	 "[T,E,C] tensors grow as T^2; the JSON says so)"},
+	{"dry-run", OPT_DRY_RUN, 0, CLI_FLAG, NULL,
+	 "print the memory each formulation would need and exit"},
+	{"iterations", 'n', 'n', CLI_ARG, "N", "timed steps (default 10)"},
+	{"warmup", 'w', 'w', CLI_ARG, "N", "untimed steps first (default 2)"},
+	{"seed", 's', 's', CLI_ARG, "N", "seed for parameters, inputs and gate noise (default 1)"},
+	{"threads", 't', 't', CLI_ARG, "N",
+	 "OpenMP and BLAS threads (default: OMP_NUM_THREADS or\n"
+	 "all)"},
+	{"device", OPT_DEVICE, 0, CLI_ARG, "NAME",
+	 "where the layer runs: cpu (default), ref (the slow\n"
+	 "reference backend), cuda (when built; under mpirun\n"
+	 "one GPU per rank, exchanges on device memory, NCCL)"},
+	{"precision", OPT_PRECISION, 0, CLI_ARG, "P",
+	 "expert products in fp32 (default), tf32 (cuda) or\n"
+	 "bf16 (cuda; cpu with oneDNN and AVX512_BF16)"},
+	{"dtype", OPT_DTYPE, 0, CLI_ARG, "TYPE",
+	 "rows of --only=encode-decode: fp32 (default) or bf16\n"
+	 "(bfloat16 rows: the device's bfloat16 kernels)"},
+	{"help", 'h', 'h', CLI_FLAG, NULL, "print this help and exit"},
+	{"version", 'V', 'V', CLI_FLAG, NULL, "print the version and exit"},
+	CLI_OPT_END,
+};
+static const struct cli_opt dist_opts[] = {
+	{"r", OPT_R, 0, CLI_ARG, "N", "parallelism r: 0 (data parallel) or a divisor of\n"
+	 "s = ceil(W/E), the ranks per expert (default 1)"},
+	{"d", OPT_D, 0, CLI_ARG, "N", "pipelining degree d: 1, 2, 4 or 8 (default 1)"},
+	{"a2a", OPT_A2A, 0, CLI_ARG, "NAME", "All-to-All algorithm: linear (default), 2dh or mpi"},
+	{"local-size", OPT_LOCAL_SIZE, 0, CLI_ARG, "N",
+	 "ranks per node (default: from the host layout)"},
+	{"dict", OPT_DICT, 0, CLI_ARG, "FILE",
+	 "each step's plan from a moe-profile dictionary, then\n"
+	 "every static plan on the same steps, compared"},
+	CLI_OPT_END,
+};
+/* Tutel's names (tutel/examples/helloworld.py) where they mean the same: not listed, the
+ * prose of --help names them. */
+static const struct cli_opt tutel_opts[] = {
+	{"num-tokens", 'T', 0, CLI_ARG, "N", NULL},
+	{"hidden-size", 'H', 0, CLI_ARG, "N", NULL},
+	{"num-local-experts", 'E', 0, CLI_ARG, "N", NULL},
+	{"num-experts", 'E', 0, CLI_ARG, "N", NULL},
+	{"top", 'k', 0, CLI_ARG, "N", NULL},
+	{"capacity-factor", 'c', 0, CLI_ARG, "X", NULL},
+	{"num-steps", 'n', 0, CLI_ARG, "N", NULL},
+	{"a2a-ffn-overlap-degree", OPT_D, 0, CLI_ARG, "N", NULL},
+	{"use-2dh", OPT_USE_2DH, 0, CLI_FLAG, NULL, NULL},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const parse_tables[] = {
+	shape_opts, routing_opts, measure_opts, dist_opts, tutel_opts, NULL,
+};
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -36,59 +161,15 @@ static void usage(FILE *f)
 "a table on stderr and one JSON object per measured run on stdout. Under mpirun,\n"
 "or with any option of \"Distributed\" below, the layer runs over W ranks.\n"
 "\n"
-"Shape:\n"
-"  -T, --tokens=N           tokens per step T, per rank when distributed\n"
-"                           (default 4096)\n"
-"  -M, --model-dim=N        model dimension M (default 1024)\n"
-"  -H, --hidden-dim=N       expert hidden dimension H (default 4096)\n"
-"  -E, --experts=N          number of experts E, >= 1 (default 16)\n"
-"  -k, --top-k=N            experts per token, 1..E (default 2)\n"
-"Routing:\n"
-"  -c, --capacity=X         capacity setting, as Tutel: X > 0 fixed factor,\n"
-"                           C = k*int(X*ceil(T/E)); 0: smallest C that drops nothing;\n"
-"                           X < 0: that, capped at k*int(|X|*ceil(T/E)) (default 1.0)\n"
-"      --capacity-align=N   round C up to a multiple of N (default 1)\n"
-"      --bpr                batch-prioritized routing (Tutel default: off)\n"
-"      --no-bpr             route tokens in their order (default)\n"
-"      --gate-noise=S       add S/E * N(0,1) to the gate logits (default 0)\n"
-"      --aux-loss=NAME      gshard (default) or load-importance (needs --gate-noise)\n"
-"      --activation=NAME    expert activation: relu (default) or gelu\n"
-"      --trace=FILE         capacity settings, one per line, one per step, replayed\n"
-"                           cyclically ('#' comments and blank lines ignored)\n"
-"Measurement:\n"
-"      --forward-only       time the forward pass only\n"
-"      --no-input-grad      backward without the input gradient (as Tutel's helloworld,\n"
-"                           whose input needs no gradient)\n"
-"      --only=PART          layer (default: the whole layer), encode-decode (the\n"
-"                           encode and decode kernels alone, next to a plain copy\n"
-"                           of the same bytes) or alltoall (distributed: linear,\n"
-"                           2dh and MPI_Alltoall, 1 KiB to 64 MiB per rank)\n"
-"      --baseline=KIND      sparse (default): the sparse layer alone; dense: also run\n"
-"                           the dense GShard formulation on the same inputs\n"
-"      --dense-tokens=N     run the dense baseline with N tokens instead of T (its\n"
-"                           [T,E,C] tensors grow as T^2; the JSON says so)\n"
-"      --dry-run            print the memory each formulation would need and exit\n"
-"  -n, --iterations=N       timed steps (default 10)\n"
-"  -w, --warmup=N           untimed steps first (default 2)\n"
-"  -s, --seed=N             seed for parameters, inputs and gate noise (default 1)\n"
-"  -t, --threads=N          OpenMP and BLAS threads (default: OMP_NUM_THREADS or all)\n"
-"      --device=NAME        where the layer runs: cpu (default), ref (the slow\n"
-"                           reference backend), cuda (when built; under mpirun\n"
-"                           one GPU per rank, exchanges on device memory, NCCL)\n"
-"      --precision=P        expert products in fp32 (default), tf32 (cuda) or\n"
-"                           bf16 (cuda; cpu with oneDNN and AVX512_BF16)\n"
-"      --dtype=TYPE         rows of --only=encode-decode: fp32 (default) or bf16\n"
-"                           (bfloat16 rows: the device's bfloat16 kernels)\n"
-"  -h, --help               print this help and exit\n"
-"  -V, --version            print the version and exit\n"
-"Distributed (mpirun -np W; see moe-bench(1), DISTRIBUTED RUNS):\n"
-"      --r=N                parallelism r: 0 (data parallel) or a divisor of\n"
-"                           s = ceil(W/E), the ranks per expert (default 1)\n"
-"      --d=N                pipelining degree d: 1, 2, 4 or 8 (default 1)\n"
-"      --a2a=NAME           All-to-All algorithm: linear (default), 2dh or mpi\n"
-"      --local-size=N       ranks per node (default: from the host layout)\n"
-"      --dict=FILE          each step's plan from a moe-profile dictionary, then\n"
-"                           every static plan on the same steps, compared\n"
+"Shape:\n");
+	cli_print_opts(f, (const struct cli_opt *const[]){shape_opts, NULL});
+	fprintf(f, "Routing:\n");
+	cli_print_opts(f, (const struct cli_opt *const[]){routing_opts, NULL});
+	fprintf(f, "Measurement:\n");
+	cli_print_opts(f, (const struct cli_opt *const[]){measure_opts, NULL});
+	fprintf(f, "Distributed (mpirun -np W; see moe-bench(1), DISTRIBUTED RUNS):\n");
+	cli_print_opts(f, (const struct cli_opt *const[]){dist_opts, NULL});
+	fprintf(f,
 "\n"
 "Tutel's option names are accepted too, with hyphens or underscores: --num-tokens\n"
 "(-T), --hidden-size (-H), --num-local-experts and --num-experts (-E), --top (-k),\n"
@@ -766,242 +847,238 @@ static int choice(const char *opt, const char *arg, const char *const *names, in
 	return err_set(CORE_EUSAGE, NULL, "option '%s': unknown value '%s' (%s)", opt, arg, list);
 }
 
-int main(int argc, char **argv)
+/* What --only runs, in the order of parts[]. */
+enum { ONLY_LAYER, ONLY_ENCDEC, ONLY_ALLTOALL };
+
+/* The command line: the layer's settings (in o.cfg once parsed) and what to run. */
+struct args {
+	struct moe_bench_opts o;
+	long T, M, H, E, k, align, seed, dense_T, threads;
+	double x, noise;
+	int bpr, act, loss, only, dense, dry, precision;
+	const char *trace_path, *device, *dict_path;
+	long r, d, local_size;
+	int a2a, distopt; /* distopt: an option of "Distributed" was given */
+	double *trace;    /* --trace's settings, o.trace_n of them; the caller frees */
+};
+
+/* Option c of parse_tables, its value in optarg, into *a: 0 or a usage error. */
+static int parse_option(struct args *a, int c)
 {
-	static const struct option lopts[] = {
-		{"tokens", required_argument, NULL, 'T'},
-		{"model-dim", required_argument, NULL, 'M'},
-		{"hidden-dim", required_argument, NULL, 'H'},
-		{"experts", required_argument, NULL, 'E'},
-		{"top-k", required_argument, NULL, 'k'},
-		{"capacity", required_argument, NULL, 'c'},
-		{"capacity-align", required_argument, NULL, 1001},
-		{"bpr", no_argument, NULL, 1002},
-		{"no-bpr", no_argument, NULL, 1003},
-		{"gate-noise", required_argument, NULL, 1004},
-		{"aux-loss", required_argument, NULL, 1005},
-		{"activation", required_argument, NULL, 1006},
-		{"trace", required_argument, NULL, 1007},
-		{"forward-only", no_argument, NULL, 1008},
-		{"only", required_argument, NULL, 1009},
-		{"baseline", required_argument, NULL, 1010},
-		{"dense-tokens", required_argument, NULL, 1011},
-		{"dry-run", no_argument, NULL, 1012},
-		{"no-input-grad", no_argument, NULL, 1013},
-		{"device", required_argument, NULL, 1014},
-		{"r", required_argument, NULL, 1015},
-		{"d", required_argument, NULL, 1016},
-		{"a2a", required_argument, NULL, 1017},
-		{"local-size", required_argument, NULL, 1018},
-		{"dict", required_argument, NULL, 1019},
-		{"iterations", required_argument, NULL, 'n'},
-		{"warmup", required_argument, NULL, 'w'},
-		{"seed", required_argument, NULL, 's'},
-		{"threads", required_argument, NULL, 't'},
-		{"help", no_argument, NULL, 'h'},
-		{"version", no_argument, NULL, 'V'},
-		/* Tutel's names (tutel/examples/helloworld.py) where they mean the same */
-		{"num-tokens", required_argument, NULL, 'T'},
-		{"hidden-size", required_argument, NULL, 'H'},
-		{"num-local-experts", required_argument, NULL, 'E'},
-		{"num-experts", required_argument, NULL, 'E'},
-		{"top", required_argument, NULL, 'k'},
-		{"capacity-factor", required_argument, NULL, 'c'},
-		{"num-steps", required_argument, NULL, 'n'},
-		{"a2a-ffn-overlap-degree", required_argument, NULL, 1016},
-		{"use-2dh", no_argument, NULL, 1020},
-		{"precision", required_argument, NULL, 1021},
-		{"dtype", required_argument, NULL, 1022},
-		{NULL, 0, NULL, 0},
-	};
 	static const char *const parts[] = {"layer", "encode-decode", "alltoall", NULL};
 	static const char *const baselines[] = {"sparse", "dense", NULL};
 	static const char *const dtypes[] = {"fp32", "bf16", NULL};
-	struct moe_bench_opts o = {.iters = 10, .warmup = 2, .input_grad = 1};
-	long T = 4096, M = 1024, H = 4096, E = 16, k = 2, align = 1, seed = 1, dense_T = 0;
-	long threads = 0;
-	double x = 1.0, noise = 0.0;
-	int bpr = 0, act = MOE_ACT_RELU, loss = MOE_LOSS_GSHARD, encdec = 0, dense = 0, dry = 0;
-	int c, rc = 0, precision = BACKEND_FP32;
-	const char *trace_path = NULL, *device = "cpu", *dict_path = NULL;
-	long r = 1, d = 1, local_size = 0;
-	int a2a = DIST_A2A_LINEAR, distopt = 0;
-	double *trace = NULL;
-	struct backend *be = NULL;
+	int rc = 0;
 
+	switch (c) {
+	case 'T': rc = cli_parse_long("--tokens", optarg, 1, 1L << 30, &a->T); break;
+	case 'M': rc = cli_parse_long("--model-dim", optarg, 1, 1L << 20, &a->M); break;
+	case 'H': rc = cli_parse_long("--hidden-dim", optarg, 1, 1L << 20, &a->H); break;
+	case 'E': rc = cli_parse_long("--experts", optarg, 1, 1L << 16, &a->E); break;
+	case 'k': rc = cli_parse_long("--top-k", optarg, 1, 1L << 16, &a->k); break;
+	case 'c':
+		rc = cli_parse_double("--capacity", optarg, -TRACE_SETTING_MAX, TRACE_SETTING_MAX,
+				      &a->x);
+		break;
+	case OPT_CAPACITY_ALIGN:
+		rc = cli_parse_long("--capacity-align", optarg, 1, 1L << 20, &a->align);
+		break;
+	case OPT_BPR: a->bpr = 1; break;
+	case OPT_NO_BPR: a->bpr = 0; break;
+	case OPT_GATE_NOISE: rc = cli_parse_double("--gate-noise", optarg, 0.0, 1e6, &a->noise); break;
+	case OPT_AUX_LOSS:
+		a->loss = moe_loss_from_name(optarg);
+		if (a->loss < 0)
+			rc = err_set(CORE_EUSAGE, NULL, "option '--aux-loss': unknown loss '%s' (%s)",
+				     optarg, moe_loss_names());
+		break;
+	case OPT_ACTIVATION:
+		a->act = moe_act_from_name(optarg);
+		if (a->act < 0)
+			rc = err_set(CORE_EUSAGE, NULL, "option '--activation': unknown activation "
+				     "'%s' (%s)", optarg, moe_act_names());
+		break;
+	case OPT_TRACE: a->trace_path = optarg; break;
+	case OPT_FORWARD_ONLY: a->o.forward_only = 1; break;
+	case OPT_ONLY: rc = choice("--only", optarg, parts, &a->only); break;
+	case OPT_BASELINE: rc = choice("--baseline", optarg, baselines, &a->dense); break;
+	case OPT_DENSE_TOKENS:
+		rc = cli_parse_long("--dense-tokens", optarg, 1, 1L << 30, &a->dense_T);
+		break;
+	case OPT_DRY_RUN: a->dry = 1; break;
+	case OPT_NO_INPUT_GRAD: a->o.input_grad = 0; break;
+	case OPT_DEVICE: a->device = optarg; break;
+	case OPT_PRECISION: rc = cli_parse_precision("--precision", optarg, &a->precision); break;
+	case OPT_DTYPE: rc = choice("--dtype", optarg, dtypes, &a->o.bf16); break;
+	case OPT_R: rc = cli_parse_long("--r", optarg, 0, 1L << 20, &a->r); a->distopt = 1; break;
+	case OPT_D: rc = cli_parse_long("--d", optarg, 1, 8, &a->d); a->distopt = 1; break;
+	case OPT_A2A:
+		a->a2a = dist_a2a_from_name(optarg);
+		if (a->a2a < 0)
+			rc = err_set(CORE_EUSAGE, NULL, "option '--a2a': unknown algorithm '%s' "
+				     "(linear, 2dh, mpi)", optarg);
+		a->distopt = 1;
+		break;
+	case OPT_LOCAL_SIZE:
+		rc = cli_parse_long("--local-size", optarg, 1, 1L << 20, &a->local_size);
+		a->distopt = 1;
+		break;
+	case OPT_DICT: a->dict_path = optarg; a->distopt = 1; break;
+	case OPT_USE_2DH: a->a2a = DIST_A2A_2DH; a->distopt = 1; break;
+	case 'n': rc = cli_parse_long("--iterations", optarg, 1, 1L << 30, &a->o.iters); break;
+	case 'w': rc = cli_parse_long("--warmup", optarg, 0, 1L << 30, &a->o.warmup); break;
+	case 's': rc = cli_parse_long("--seed", optarg, 0, 1L << 62, &a->seed); break;
+	case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &a->threads); break;
+	}
+	return rc;
+}
+
+/* The command line into *a, checked as far as it can be without the ranks: the exit status
+ * when the program ends here (--help, --version, a usage error), or -1 to run. */
+static int parse(int argc, char **argv, struct args *a)
+{
+	struct cli_parser p;
+	int c, rc;
+
+	*a = (struct args){
+		.o = {.iters = 10, .warmup = 2, .input_grad = 1},
+		.T = 4096, .M = 1024, .H = 4096, .E = 16, .k = 2, .align = 1, .seed = 1,
+		.x = 1.0, .act = MOE_ACT_RELU, .loss = MOE_LOSS_GSHARD, .precision = BACKEND_FP32,
+		.device = "cpu", .r = 1, .d = 1, .a2a = DIST_A2A_LINEAR,
+	};
 	/* --capacity_factor=2 as Tutel's argparse spells it: underscores in a long option's
 	 * name read as hyphens (the value after '=' is left alone) */
 	for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
 		if (strncmp(argv[i], "--", 2) == 0)
-			for (char *p = argv[i] + 2; *p && *p != '='; p++)
-				*p = *p == '_' ? '-' : *p;
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":T:M:H:E:k:c:n:w:s:t:hV", lopts, NULL)) != -1) {
-		switch (c) {
-		case 'T': rc = cli_parse_long("--tokens", optarg, 1, 1L << 30, &T); break;
-		case 'M': rc = cli_parse_long("--model-dim", optarg, 1, 1L << 20, &M); break;
-		case 'H': rc = cli_parse_long("--hidden-dim", optarg, 1, 1L << 20, &H); break;
-		case 'E': rc = cli_parse_long("--experts", optarg, 1, 1L << 16, &E); break;
-		case 'k': rc = cli_parse_long("--top-k", optarg, 1, 1L << 16, &k); break;
-		case 'c':
-			rc = cli_parse_double("--capacity", optarg, -TRACE_SETTING_MAX,
-					      TRACE_SETTING_MAX, &x);
-			break;
-		case 1001:
-			rc = cli_parse_long("--capacity-align", optarg, 1, 1L << 20, &align);
-			break;
-		case 1002: bpr = 1; break;
-		case 1003: bpr = 0; break;
-		case 1004: rc = cli_parse_double("--gate-noise", optarg, 0.0, 1e6, &noise); break;
-		case 1005:
-			loss = moe_loss_from_name(optarg);
-			if (loss < 0)
-				rc = err_set(CORE_EUSAGE, NULL, "option '--aux-loss': unknown loss "
-					     "'%s' (%s)", optarg, moe_loss_names());
-			break;
-		case 1006:
-			act = moe_act_from_name(optarg);
-			if (act < 0)
-				rc = err_set(CORE_EUSAGE, NULL, "option '--activation': unknown "
-					     "activation '%s' (%s)", optarg, moe_act_names());
-			break;
-		case 1007: trace_path = optarg; break;
-		case 1008: o.forward_only = 1; break;
-		case 1009: rc = choice("--only", optarg, parts, &encdec); break;
-		case 1010: rc = choice("--baseline", optarg, baselines, &dense); break;
-		case 1011:
-			rc = cli_parse_long("--dense-tokens", optarg, 1, 1L << 30, &dense_T);
-			break;
-		case 1012: dry = 1; break;
-		case 1013: o.input_grad = 0; break;
-		case 1014: device = optarg; break;
-		case 1021: rc = cli_parse_precision("--precision", optarg, &precision); break;
-		case 1022: rc = choice("--dtype", optarg, dtypes, &o.bf16); break;
-		case 1015: rc = cli_parse_long("--r", optarg, 0, 1L << 20, &r); distopt = 1; break;
-		case 1016: rc = cli_parse_long("--d", optarg, 1, 8, &d); distopt = 1; break;
-		case 1017:
-			a2a = dist_a2a_from_name(optarg);
-			if (a2a < 0)
-				rc = err_set(CORE_EUSAGE, NULL, "option '--a2a': unknown algorithm "
-					     "'%s' (linear, 2dh, mpi)", optarg);
-			distopt = 1;
-			break;
-		case 1018:
-			rc = cli_parse_long("--local-size", optarg, 1, 1L << 20, &local_size);
-			distopt = 1;
-			break;
-		case 1019: dict_path = optarg; distopt = 1; break;
-		case 1020: a2a = DIST_A2A_2DH; distopt = 1; break;
-		case 'n': rc = cli_parse_long("--iterations", optarg, 1, 1L << 30, &o.iters); break;
-		case 'w': rc = cli_parse_long("--warmup", optarg, 0, 1L << 30, &o.warmup); break;
-		case 's': rc = cli_parse_long("--seed", optarg, 0, 1L << 62, &seed); break;
-		case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &threads); break;
-		case 'h':
+			for (char *s = argv[i] + 2; *s && *s != '='; s++)
+				*s = *s == '_' ? '-' : *s;
+	if ((rc = cli_parser_init(&p, prog, NULL, parse_tables)) < 0)
+		return cli_report(prog, rc);
+	while ((c = cli_next(&p, argc, argv)) != -1) {
+		if (c == 'h') {
 			usage(stdout);
 			return 0;
-		case 'V':
+		}
+		if (c == 'V') {
 			printf("moe-bench %s\n", CORE_VERSION);
 			return 0;
-		default:
-			return cli_bad_option(prog, prog, lopts, argv, c);
 		}
-		if (rc < 0)
+		if (c == CLI_BAD)
+			return 2; /* reported */
+		if ((rc = parse_option(a, c)) < 0)
 			return cli_report(prog, rc);
 	}
 	if (optind < argc)
 		return cli_usage_error(prog, "unexpected argument '%s'", argv[optind]);
-	moe_config_default(&o.cfg, T, M, H, (int)E);
-	o.cfg.k = (int)k;
-	o.cfg.capacity_setting = x;
-	o.cfg.capacity_align = (int)align;
-	o.cfg.bpr = bpr;
-	o.cfg.gate_noise = (float)noise;
-	o.cfg.act = (enum moe_act)act;
-	o.cfg.loss = (enum moe_loss)loss;
-	o.cfg.seed = (uint64_t)seed;
-	rc = moe_config_check(&o.cfg);
-	if (rc < 0)
+	struct moe_config *cfg = &a->o.cfg;
+	moe_config_default(cfg, a->T, a->M, a->H, (int)a->E);
+	cfg->k = (int)a->k;
+	cfg->capacity_setting = a->x;
+	cfg->capacity_align = (int)a->align;
+	cfg->bpr = a->bpr;
+	cfg->gate_noise = (float)a->noise;
+	cfg->act = (enum moe_act)a->act;
+	cfg->loss = (enum moe_loss)a->loss;
+	cfg->seed = (uint64_t)a->seed;
+	if ((rc = moe_config_check(cfg)) < 0)
 		return cli_report(prog, rc);
-	if (dense_T > T)
+	if (a->dense_T > a->T)
 		return cli_usage_error(prog, "option '--dense-tokens': %ld is above T = %ld",
-				       dense_T, T);
-	if (dense_T && !dense)
+				       a->dense_T, a->T);
+	if (a->dense_T && !a->dense)
 		return cli_usage_error(prog, "option '--dense-tokens' sizes the dense baseline: it "
 				       "needs --baseline=dense");
-	o.dense_T = dense_T ? dense_T : T;
-	if (o.bf16 && (encdec != 1 || dry))
+	a->o.dense_T = a->dense_T ? a->dense_T : a->T;
+	if (a->o.bf16 && (a->only != ONLY_ENCDEC || a->dry))
 		return cli_usage_error(prog, "option '--dtype': bf16 is for --only=encode-decode "
 				       "only (the layer computes in float)");
-	if (trace_path) {
-		rc = trace_read(trace_path, &trace, &o.trace_n);
-		if (rc < 0)
-			return cli_report(prog, rc);
-		o.trace = trace;
-	}
-	if (distopt || launched() || encdec == 2) {
-		/* encdec: 0 layer, 1 encode-decode, 2 alltoall */
-		if (dense || dry || encdec == 1) {
-			free(trace);
-			return cli_usage_error(prog, "%s is single-process only: not with mpirun or "
-					       "--r, --d, --a2a, --local-size, --dict", dense ?
-					       "--baseline=dense" : dry ? "--dry-run" :
-					       "--only=encode-decode");
-		}
-		/* On a device (cuda) the layer exchanges through its collectives (dist_dev.h):
-		 * Linear and 2DH; MPI's All-to-All runs on host memory only. */
-		if (encdec != 2 && a2a == DIST_A2A_MPI && strcmp(device, "cpu") != 0 &&
-		    strcmp(device, "ref") != 0) {
-			free(trace);
-			return cli_usage_error(prog, "option '--a2a': mpi runs on host memory (cpu "
-					       "or ref), not on '%s': use linear or 2dh", device);
-		}
-		struct dist *world = NULL;
-		rc = dist_open(&world, (int)local_size);
-		/* one GPU per rank of a node */
-		if (rc == 0)
-			rc = backend_open(&be, device, &(struct backend_params){
-				.threads = (int)threads,
-				.precision = (enum backend_precision)precision,
-				.device = dist_rank(world) % dist_local_size(world)});
-		if (rc == 0) {
-			struct moe_bench_dist_opts dopt = {
-				.cfg = o.cfg, .be = be, .d = world, .forward_only = o.forward_only,
-				.input_grad = o.input_grad, .iters = o.iters, .warmup = o.warmup,
-				.trace = o.trace, .trace_n = o.trace_n,
-				.plan = {.r = (int)r, .d = (int)d, .a = (enum dist_a2a)a2a},
-			};
-			rc = encdec == 2 ? run_a2a(&dopt) : run_dist(&dopt, trace_path, dict_path);
-		}
-		backend_close(be);
-		free(trace);
-		int st = rc < 0 ? cli_report(prog, rc) : 0;
-		/* Every rank's line is out before any rank exits non-zero (mpirun kills the rest
-		 * then). */
-		if (rc < 0 && world)
-			dist_barrier_timeout(world, 10.0);
-		dist_close(world);
-		return st;
-	}
-	/* Every run is checked before the first is run: one refused after another has printed
-	 * its results would leave half a report. */
-	rc = moe_bench_check(&o, dense && !dry);
-	if (rc < 0) {
-		free(trace);
-		return cli_report(prog, rc);
-	}
-	rc = backend_open(&be, device, &(struct backend_params){
-		.threads = (int)threads, .precision = (enum backend_precision)precision});
-	if (rc == 0 && o.bf16 && !be->op->moe_encode_bf16) {
-		backend_close(be);
-		free(trace);
-		return cli_usage_error(prog, "option '--dtype': device '%s' has no bfloat16 "
-				       "encode and decode", device);
-	}
+	return -1;
+}
+
+/* Over the ranks (under mpirun, with an option of "Distributed", or --only=alltoall): the
+ * exit status. */
+static int main_dist(struct args *a)
+{
+	struct backend *be = NULL;
+	struct dist *world = NULL;
+	int rc;
+
+	if (a->dense || a->dry || a->only == ONLY_ENCDEC)
+		return cli_usage_error(prog, "%s is single-process only: not with mpirun or --r, "
+				       "--d, --a2a, --local-size, --dict", a->dense ?
+				       "--baseline=dense" : a->dry ? "--dry-run" :
+				       "--only=encode-decode");
+	/* On a device (cuda) the layer exchanges through its collectives (dist_dev.h): Linear
+	 * and 2DH; MPI's All-to-All runs on host memory only. */
+	if (a->only != ONLY_ALLTOALL && a->a2a == DIST_A2A_MPI && strcmp(a->device, "cpu") != 0 &&
+	    strcmp(a->device, "ref") != 0)
+		return cli_usage_error(prog, "option '--a2a': mpi runs on host memory (cpu or ref), "
+				       "not on '%s': use linear or 2dh", a->device);
+	rc = dist_open(&world, (int)a->local_size);
+	/* one GPU per rank of a node */
+	if (rc == 0)
+		rc = backend_open(&be, a->device, &(struct backend_params){
+			.threads = (int)a->threads,
+			.precision = (enum backend_precision)a->precision,
+			.device = dist_rank(world) % dist_local_size(world)});
 	if (rc == 0) {
-		o.be = be;
-		rc = run(&o, trace_path, encdec, dry, dense);
+		const struct moe_bench_opts *o = &a->o;
+		struct moe_bench_dist_opts dopt = {
+			.cfg = o->cfg, .be = be, .d = world, .forward_only = o->forward_only,
+			.input_grad = o->input_grad, .iters = o->iters, .warmup = o->warmup,
+			.trace = o->trace, .trace_n = o->trace_n,
+			.plan = {.r = (int)a->r, .d = (int)a->d, .a = (enum dist_a2a)a->a2a},
+		};
+		rc = a->only == ONLY_ALLTOALL ? run_a2a(&dopt)
+					      : run_dist(&dopt, a->trace_path, a->dict_path);
 	}
 	backend_close(be);
-	free(trace);
+	int st = rc < 0 ? cli_report(prog, rc) : 0;
+	/* Every rank's line is out before any rank exits non-zero (mpirun kills the rest then). */
+	if (rc < 0 && world)
+		dist_barrier_timeout(world, 10.0);
+	dist_close(world);
+	return st;
+}
+
+/* In this process: the exit status. */
+static int main_local(struct args *a)
+{
+	struct backend *be = NULL;
+	int rc;
+
+	/* Every run is checked before the first is run: one refused after another has printed
+	 * its results would leave half a report. */
+	if ((rc = moe_bench_check(&a->o, a->dense && !a->dry)) < 0)
+		return cli_report(prog, rc);
+	rc = backend_open(&be, a->device, &(struct backend_params){
+		.threads = (int)a->threads, .precision = (enum backend_precision)a->precision});
+	if (rc == 0 && a->o.bf16 && !be->op->moe_encode_bf16) {
+		backend_close(be);
+		return cli_usage_error(prog, "option '--dtype': device '%s' has no bfloat16 encode "
+				       "and decode", a->device);
+	}
+	if (rc == 0) {
+		a->o.be = be;
+		rc = run(&a->o, a->trace_path, a->only == ONLY_ENCDEC, a->dry, a->dense);
+	}
+	backend_close(be);
 	return rc < 0 ? cli_report(prog, rc) : 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct args a;
+	int rc = parse(argc, argv, &a);
+
+	if (rc >= 0)
+		return rc;
+	if (a.trace_path) {
+		if ((rc = trace_read(a.trace_path, &a.trace, &a.o.trace_n)) < 0)
+			return cli_report(prog, rc);
+		a.o.trace = a.trace;
+	}
+	rc = a.distopt || launched() || a.only == ONLY_ALLTOALL ? main_dist(&a) : main_local(&a);
+	free(a.trace);
+	return rc;
 }

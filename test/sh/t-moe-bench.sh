@@ -6,7 +6,7 @@ set -eu
 B="$BIN/moe-bench"
 
 expect_ok "$B" --help
-grep -q -- '--baseline=KIND' out.stdout || die "--help lacks --baseline"
+grep -q -- '--baseline KIND' out.stdout || die "--help lacks --baseline"
 expect_ok "$B" --version
 
 expect_fail 2 "moe-bench: top-k 3 is outside" "$B" -E 2 -k 3 -T 8 -M 4 -H 4
