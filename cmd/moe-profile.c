@@ -66,7 +66,8 @@ static const struct cli_opt shape_opts[] = {
 static const struct cli_opt search_opts[] = {
 	{"factors", OPT_FACTORS, 0, CLI_ARG, "LO:HI",
 	 "capacity factors f to cover, C = k*f*ceil(T/E) slots per\n"
-	 "expert per rank (default 1:4.4, the range of Tutel's fig. 1)"},
+	 "expert per rank (default 1:4.4, the range of Tutel's\n"
+	 "fig. 1)"},
 	{"window", 'R', 'R', CLI_ARG, "N", "bucket width R in slots (default 128, Tutel's)"},
 	{"d-values", OPT_D_VALUES, 0, CLI_ARG, "LIST",
 	 "pipelining degrees to try, from 1,2,4,8 (default all)"},
@@ -81,9 +82,9 @@ static const struct cli_opt search_opts[] = {
 };
 static const struct cli_opt sim_opts[] = {
 	{"simulate", OPT_SIMULATE, 0, CLI_FLAG, NULL,
-	 "fit an alpha-beta model to Linear exchanges measured here\n"
-	 "and predict Linear and 2DH for W up to --max-world, for\n"
-	 "this host's links and for the cluster below"},
+	 "fit an alpha-beta model to Linear exchanges measured\n"
+	 "here and predict Linear and 2DH for W up to --max-world,\n"
+	 "for this host's links and for the cluster below"},
 	{"intra", OPT_INTRA, 0, CLI_ARG, "US:GBPS",
 	 "cluster: latency and bandwidth within a node (2:150)"},
 	{"inter", OPT_INTER, 0, CLI_ARG, "US:GBPS", "cluster: across nodes (5:25, HDR InfiniBand)"},
@@ -99,7 +100,8 @@ static const struct cli_opt output_opts[] = {
 	{"force", 'f', 'f', CLI_FLAG, NULL, "overwrite existing output files"},
 	{"seed", 's', 's', CLI_ARG, "N", "seed for parameters and inputs (default 1)"},
 	{"threads", 't', 't', CLI_ARG, "N",
-	 "OpenMP and BLAS threads per rank (default: OMP_NUM_THREADS)"},
+	 "OpenMP and BLAS threads per rank (default:\n"
+	 "OMP_NUM_THREADS)"},
 	{"device", OPT_DEVICE, 0, CLI_ARG, "NAME", "cpu (default), ref or cuda (one GPU per rank)"},
 	CLI_OPT_END,
 };
@@ -109,11 +111,9 @@ static const struct cli_opt common_opts[] = {
 	{"version", 'V', 'V', CLI_FLAG, NULL, "print the version and exit"},
 	CLI_OPT_END,
 };
-/* --help lists the scale-out model before the output options; the parser keeps the order
- * getopt_long had before (the option suggested for a misspelt one is the first of the
- * nearest). */
+/* In --help's order. */
 static const struct cli_opt *const parse_tables[] = {
-	shape_opts, search_opts, output_opts, sim_opts, common_opts, NULL,
+	shape_opts, search_opts, sim_opts, output_opts, common_opts, NULL,
 };
 
 static void usage(FILE *f)
@@ -122,8 +122,8 @@ static void usage(FILE *f)
 "Usage: mpirun -np W moe-profile -o DICT [OPTION]...\n"
 "       mpirun -np W moe-profile --simulate [OPTION]...\n"
 "Measure the distributed Mixture-of-Experts layer under every plan {r, d, a} the\n"
-"search visits, for each capacity bucket floor(C/R), and write the fastest plan of\n"
-"each bucket as a strategy dictionary (moe-dict(5)) for moe-bench --dict.\n"
+"search visits, for each capacity bucket floor(C/R), and write the fastest plan\n"
+"of each bucket as a strategy dictionary (moe-dict(5)) for moe-bench --dict.\n"
 "\n"
 "Shape (as moe-bench; T is tokens per rank):\n");
 	cli_print_opts(f, (const struct cli_opt *const[]){shape_opts, NULL});
