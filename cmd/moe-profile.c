@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/opt.h"
 #include "common/err.h"
 #include "common/progress.h"
 #include "common/stats.h"
@@ -34,49 +35,105 @@
 
 static const char *prog = "moe-profile";
 
+/* Keys of the long-only options: past every letter. */
+enum {
+	OPT_ACTIVATION = 256,
+	OPT_FACTORS,
+	OPT_D_VALUES,
+	OPT_ALGORITHMS,
+	OPT_LOCAL_SIZE,
+	OPT_TRIALS,
+	OPT_DEVICE,
+	OPT_SIMULATE,
+	OPT_INTRA,
+	OPT_INTER,
+	OPT_COPY,
+	OPT_SIM_LOCAL_SIZE,
+	OPT_MAX_WORLD,
+};
+
+/* One table per section of --help. */
+static const struct cli_opt shape_opts[] = {
+	{"tokens", 'T', 'T', CLI_ARG, "N", "tokens per rank T (default 4096)"},
+	{"model-dim", 'M', 'M', CLI_ARG, "N", "model dimension M (default 1024)"},
+	{"hidden-dim", 'H', 'H', CLI_ARG, "N", "expert hidden dimension H (default 4096)"},
+	{"experts", 'E', 'E', CLI_ARG, "N",
+	 "experts E, a multiple or a divisor of W (default 16)"},
+	{"top-k", 'k', 'k', CLI_ARG, "N", "experts per token (default 2)"},
+	{"activation", OPT_ACTIVATION, 0, CLI_ARG, "NAME", "relu (default) or gelu"},
+	CLI_OPT_END,
+};
+static const struct cli_opt search_opts[] = {
+	{"factors", OPT_FACTORS, 0, CLI_ARG, "LO:HI",
+	 "capacity factors f to cover, C = k*f*ceil(T/E) slots per\n"
+	 "expert per rank (default 1:4.4, the range of Tutel's\n"
+	 "fig. 1)"},
+	{"window", 'R', 'R', CLI_ARG, "N", "bucket width R in slots (default 128, Tutel's)"},
+	{"d-values", OPT_D_VALUES, 0, CLI_ARG, "LIST",
+	 "pipelining degrees to try, from 1,2,4,8 (default all)"},
+	{"algorithms", OPT_ALGORITHMS, 0, CLI_ARG, "LIST",
+	 "All-to-All algorithms to try: linear,2dh (default both)"},
+	{"iterations", 'n', 'n', CLI_ARG, "N",
+	 "timed steps per trial (default 3; the median counts)"},
+	{"warmup", 'w', 'w', CLI_ARG, "N", "untimed steps per trial (default 1)"},
+	{"local-size", OPT_LOCAL_SIZE, 0, CLI_ARG, "N",
+	 "ranks per node (default: from the host layout)"},
+	CLI_OPT_END,
+};
+static const struct cli_opt sim_opts[] = {
+	{"simulate", OPT_SIMULATE, 0, CLI_FLAG, NULL,
+	 "fit an alpha-beta model to Linear exchanges measured\n"
+	 "here and predict Linear and 2DH for W up to --max-world,\n"
+	 "for this host's links and for the cluster below"},
+	{"intra", OPT_INTRA, 0, CLI_ARG, "US:GBPS",
+	 "cluster: latency and bandwidth within a node (2:150)"},
+	{"inter", OPT_INTER, 0, CLI_ARG, "US:GBPS", "cluster: across nodes (5:25, HDR InfiniBand)"},
+	{"copy", OPT_COPY, 0, CLI_ARG, "GBPS", "cluster: stride copy rate (1000)"},
+	{"sim-local-size", OPT_SIM_LOCAL_SIZE, 0, CLI_ARG, "N", "cluster: ranks per node (8)"},
+	{"max-world", OPT_MAX_WORLD, 0, CLI_ARG, "N", "largest W predicted (4096)"},
+	CLI_OPT_END,
+};
+static const struct cli_opt output_opts[] = {
+	{"output", 'o', 'o', CLI_ARG, "FILE", "the dictionary (required; refused if it exists)"},
+	{"trials", OPT_TRIALS, 0, CLI_ARG, "FILE",
+	 "every trial as a table (bucket, C, r, d, a, times)"},
+	{"force", 'f', 'f', CLI_FLAG, NULL, "overwrite existing output files"},
+	{"seed", 's', 's', CLI_ARG, "N", "seed for parameters and inputs (default 1)"},
+	{"threads", 't', 't', CLI_ARG, "N",
+	 "OpenMP and BLAS threads per rank (default:\n"
+	 "OMP_NUM_THREADS)"},
+	{"device", OPT_DEVICE, 0, CLI_ARG, "NAME", "cpu (default), ref or cuda (one GPU per rank)"},
+	CLI_OPT_END,
+};
+/* The last of --help's Output section. */
+static const struct cli_opt common_opts[] = {
+	{"help", 'h', 'h', CLI_FLAG, NULL, "print this help and exit"},
+	{"version", 'V', 'V', CLI_FLAG, NULL, "print the version and exit"},
+	CLI_OPT_END,
+};
+/* In --help's order. */
+static const struct cli_opt *const parse_tables[] = {
+	shape_opts, search_opts, sim_opts, output_opts, common_opts, NULL,
+};
+
 static void usage(FILE *f)
 {
 	fprintf(f,
 "Usage: mpirun -np W moe-profile -o DICT [OPTION]...\n"
 "       mpirun -np W moe-profile --simulate [OPTION]...\n"
 "Measure the distributed Mixture-of-Experts layer under every plan {r, d, a} the\n"
-"search visits, for each capacity bucket floor(C/R), and write the fastest plan of\n"
-"each bucket as a strategy dictionary (moe-dict(5)) for moe-bench --dict.\n"
+"search visits, for each capacity bucket floor(C/R), and write the fastest plan\n"
+"of each bucket as a strategy dictionary (moe-dict(5)) for moe-bench --dict.\n"
 "\n"
-"Shape (as moe-bench; T is tokens per rank):\n"
-"  -T, --tokens=N           tokens per rank T (default 4096)\n"
-"  -M, --model-dim=N        model dimension M (default 1024)\n"
-"  -H, --hidden-dim=N       expert hidden dimension H (default 4096)\n"
-"  -E, --experts=N          experts E, a multiple or a divisor of W (default 16)\n"
-"  -k, --top-k=N            experts per token (default 2)\n"
-"      --activation=NAME    relu (default) or gelu\n"
-"Search:\n"
-"      --factors=LO:HI      capacity factors f to cover, C = k*f*ceil(T/E) slots per\n"
-"                           expert per rank (default 1:4.4, the range of Tutel's fig. 1)\n"
-"  -R, --window=N           bucket width R in slots (default 128, Tutel's)\n"
-"      --d-values=LIST      pipelining degrees to try, from 1,2,4,8 (default all)\n"
-"      --algorithms=LIST    All-to-All algorithms to try: linear,2dh (default both)\n"
-"  -n, --iterations=N       timed steps per trial (default 3; the median counts)\n"
-"  -w, --warmup=N           untimed steps per trial (default 1)\n"
-"      --local-size=N       ranks per node (default: from the host layout)\n"
-"Scale-out model (no dictionary; see moe-profile(1)):\n"
-"      --simulate           fit an alpha-beta model to Linear exchanges measured here\n"
-"                           and predict Linear and 2DH for W up to --max-world, for\n"
-"                           this host's links and for the cluster below\n"
-"      --intra=US:GBPS      cluster: latency and bandwidth within a node (2:150)\n"
-"      --inter=US:GBPS      cluster: across nodes (5:25, HDR InfiniBand)\n"
-"      --copy=GBPS          cluster: stride copy rate (1000)\n"
-"      --sim-local-size=N   cluster: ranks per node (8)\n"
-"      --max-world=N        largest W predicted (4096)\n"
-"Output:\n"
-"  -o, --output=FILE        the dictionary (required; refused if it exists)\n"
-"      --trials=FILE        every trial as a table (bucket, C, r, d, a, times)\n"
-"  -f, --force              overwrite existing output files\n"
-"  -s, --seed=N             seed for parameters and inputs (default 1)\n"
-"  -t, --threads=N          OpenMP and BLAS threads per rank (default: OMP_NUM_THREADS)\n"
-"      --device=NAME        cpu (default), ref or cuda (one GPU per rank)\n"
-"  -h, --help               print this help and exit\n"
-"  -V, --version            print the version and exit\n"
+"Shape (as moe-bench; T is tokens per rank):\n");
+	cli_print_opts(f, (const struct cli_opt *const[]){shape_opts, NULL});
+	fprintf(f, "Search:\n");
+	cli_print_opts(f, (const struct cli_opt *const[]){search_opts, NULL});
+	fprintf(f, "Scale-out model (no dictionary; see moe-profile(1)):\n");
+	cli_print_opts(f, (const struct cli_opt *const[]){sim_opts, NULL});
+	fprintf(f, "Output:\n");
+	cli_print_opts(f, (const struct cli_opt *const[]){output_opts, common_opts, NULL});
+	fprintf(f,
 "\n"
 "Progress goes to stderr, one line per bucket; a JSON summary to stdout.\n"
 "Exit status: 0 success, 1 runtime failure, 2 usage error.\n");
@@ -390,175 +447,189 @@ static int finish(struct dist *d, int rc)
 	return st;
 }
 
-int main(int argc, char **argv)
+/* The command line, parsed. */
+struct args {
+	long T, M, H, E, k, R, iters, warm, local, seed, threads;
+	double flo, fhi;
+	int act, force, sim;
+	struct simopts so;
+	const char *out, *trials, *device;
+};
+
+/* Parse into *a, the plans to try (--d-values, --algorithms) into *ms: the exit status when
+ * the program ends here (--help, --version, a usage error), or -1 to run. */
+static int parse(int argc, char **argv, struct args *a, struct moe_search *ms)
 {
-	static const struct option lopts[] = {
-		{"tokens", required_argument, NULL, 'T'},
-		{"model-dim", required_argument, NULL, 'M'},
-		{"hidden-dim", required_argument, NULL, 'H'},
-		{"experts", required_argument, NULL, 'E'},
-		{"top-k", required_argument, NULL, 'k'},
-		{"activation", required_argument, NULL, 1001},
-		{"factors", required_argument, NULL, 1002},
-		{"window", required_argument, NULL, 'R'},
-		{"d-values", required_argument, NULL, 1003},
-		{"algorithms", required_argument, NULL, 1004},
-		{"iterations", required_argument, NULL, 'n'},
-		{"warmup", required_argument, NULL, 'w'},
-		{"local-size", required_argument, NULL, 1005},
-		{"output", required_argument, NULL, 'o'},
-		{"trials", required_argument, NULL, 1006},
-		{"force", no_argument, NULL, 'f'},
-		{"seed", required_argument, NULL, 's'},
-		{"threads", required_argument, NULL, 't'},
-		{"device", required_argument, NULL, 1007},
-		{"simulate", no_argument, NULL, 1008},
-		{"intra", required_argument, NULL, 1009},
-		{"inter", required_argument, NULL, 1010},
-		{"copy", required_argument, NULL, 1011},
-		{"sim-local-size", required_argument, NULL, 1012},
-		{"max-world", required_argument, NULL, 1013},
-		{"help", no_argument, NULL, 'h'},
-		{"version", no_argument, NULL, 'V'},
-		{NULL, 0, NULL, 0},
-	};
 	static const char *const dnames[] = {"1", "2", "4", "8"};
 	static const char *const anames[] = {"linear", "2dh"};
-	struct search s = {.ms = {.nd = 4, .dlist = {1, 2, 4, 8}, .na = 2, .alist = {0, 1}}};
-	long T = 4096, M = 1024, H = 4096, E = 16, k = 2, R = 128, iters = 3, warm = 1;
-	long local = 0, seed = 1, threads = 0;
-	double flo = 1.0, fhi = 4.4;
-	int act = MOE_ACT_RELU, force = 0, sim = 0, c, rc = 0;
-	/* The cluster --simulate predicts by default: nodes of 8 GPUs on NVLink (2 us, 150 GB/s
-	 * per message stream), HDR InfiniBand across nodes (5 us, 25 GB/s: 200 Gb/s, Tutel's
-	 * fig. 16), stride copies at 1000 GB/s (HBM). Illustrative, not measured. */
-	struct simopts so = {.cluster = {.intra = {2e-6, 1.0 / 150e9}, .inter = {5e-6, 1.0 / 25e9},
-					 .copy = 1.0 / 1000e9, .m = 8},
-			     .maxw = 4096};
-	long simm = 8, maxw = 4096;
-	double copy_gbps = 1000;
-	const char *out = NULL, *trials = NULL, *device = "cpu";
+	struct cli_parser p;
+	double gbps;
+	long v;
+	int c, rc = cli_parser_init(&p, prog, NULL, parse_tables);
 
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":T:M:H:E:k:R:n:w:o:fs:t:hV", lopts, NULL)) != -1) {
+	if (rc < 0)
+		return cli_report(prog, rc);
+	while ((c = cli_next(&p, argc, argv)) != -1) {
 		switch (c) {
-		case 'T': rc = cli_parse_long("--tokens", optarg, 1, 1L << 30, &T); break;
-		case 'M': rc = cli_parse_long("--model-dim", optarg, 1, 1L << 20, &M); break;
-		case 'H': rc = cli_parse_long("--hidden-dim", optarg, 1, 1L << 20, &H); break;
-		case 'E': rc = cli_parse_long("--experts", optarg, 1, 1L << 16, &E); break;
-		case 'k': rc = cli_parse_long("--top-k", optarg, 1, 1L << 16, &k); break;
-		case 1001:
-			act = moe_act_from_name(optarg);
-			if (act < 0)
+		case 'T': rc = cli_parse_long("--tokens", optarg, 1, 1L << 30, &a->T); break;
+		case 'M': rc = cli_parse_long("--model-dim", optarg, 1, 1L << 20, &a->M); break;
+		case 'H': rc = cli_parse_long("--hidden-dim", optarg, 1, 1L << 20, &a->H); break;
+		case 'E': rc = cli_parse_long("--experts", optarg, 1, 1L << 16, &a->E); break;
+		case 'k': rc = cli_parse_long("--top-k", optarg, 1, 1L << 16, &a->k); break;
+		case OPT_ACTIVATION:
+			a->act = moe_act_from_name(optarg);
+			if (a->act < 0)
 				rc = err_set(CORE_EUSAGE, NULL, "option '--activation': unknown "
 					     "activation '%s' (%s)", optarg, moe_act_names());
 			break;
-		case 1002:
-			rc = parse_pair("--factors", optarg, "LO:HI", 1e-3, 1e3, 1e-3, 1e3, &flo, &fhi);
-			if (rc == 0 && fhi < flo)
+		case OPT_FACTORS:
+			rc = parse_pair("--factors", optarg, "LO:HI", 1e-3, 1e3, 1e-3, 1e3, &a->flo,
+					&a->fhi);
+			if (rc == 0 && a->fhi < a->flo)
 				rc = err_set(CORE_EUSAGE, NULL, "option '--factors': %g is below %g",
-					     fhi, flo);
+					     a->fhi, a->flo);
 			break;
-		case 'R': rc = cli_parse_long("--window", optarg, 1, 1L << 30, &R); break;
-		case 1003:
-			s.ms.nd = parse_list("--d-values", optarg, dnames, 4, s.ms.dlist, 4);
-			rc = s.ms.nd < 0 ? CORE_EUSAGE : 0;
-			for (int i = 0; i < s.ms.nd; i++)
-				s.ms.dlist[i] = 1 << s.ms.dlist[i];
+		case 'R': rc = cli_parse_long("--window", optarg, 1, 1L << 30, &a->R); break;
+		case OPT_D_VALUES:
+			/* the names' indices, then the degrees they name */
+			ms->nd = parse_list("--d-values", optarg, dnames, 4, ms->dlist, 4);
+			rc = ms->nd < 0 ? CORE_EUSAGE : 0;
+			for (int i = 0; i < ms->nd; i++)
+				ms->dlist[i] = 1 << ms->dlist[i];
 			break;
-		case 1004:
-			s.ms.na = parse_list("--algorithms", optarg, anames, 2, s.ms.alist, 2);
-			rc = s.ms.na < 0 ? CORE_EUSAGE : 0;
+		case OPT_ALGORITHMS:
+			ms->na = parse_list("--algorithms", optarg, anames, 2, ms->alist, 2);
+			rc = ms->na < 0 ? CORE_EUSAGE : 0;
 			break;
-		case 'n': rc = cli_parse_long("--iterations", optarg, 1, 1L << 20, &iters); break;
-		case 'w': rc = cli_parse_long("--warmup", optarg, 0, 1L << 20, &warm); break;
-		case 1005: rc = cli_parse_long("--local-size", optarg, 1, 1L << 20, &local); break;
-		case 'o': out = optarg; break;
-		case 1006: trials = optarg; break;
-		case 'f': force = 1; break;
-		case 's': rc = cli_parse_long("--seed", optarg, 0, 1L << 62, &seed); break;
-		case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &threads); break;
-		case 1007: device = optarg; break;
-		case 1008: sim = 1; break;
-		case 1009: rc = parse_link("--intra", optarg, &so.cluster.intra); break;
-		case 1010: rc = parse_link("--inter", optarg, &so.cluster.inter); break;
-		case 1011: rc = cli_parse_double("--copy", optarg, 1e-6, 1e6, &copy_gbps); break;
-		case 1012: rc = cli_parse_long("--sim-local-size", optarg, 1, 1L << 20, &simm); break;
-		case 1013: rc = cli_parse_long("--max-world", optarg, 2, 1L << 24, &maxw); break;
+		case 'n': rc = cli_parse_long("--iterations", optarg, 1, 1L << 20, &a->iters); break;
+		case 'w': rc = cli_parse_long("--warmup", optarg, 0, 1L << 20, &a->warm); break;
+		case OPT_LOCAL_SIZE:
+			rc = cli_parse_long("--local-size", optarg, 1, 1L << 20, &a->local);
+			break;
+		case 'o': a->out = optarg; break;
+		case OPT_TRIALS: a->trials = optarg; break;
+		case 'f': a->force = 1; break;
+		case 's': rc = cli_parse_long("--seed", optarg, 0, 1L << 62, &a->seed); break;
+		case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &a->threads); break;
+		case OPT_DEVICE: a->device = optarg; break;
+		case OPT_SIMULATE: a->sim = 1; break;
+		case OPT_INTRA: rc = parse_link("--intra", optarg, &a->so.cluster.intra); break;
+		case OPT_INTER: rc = parse_link("--inter", optarg, &a->so.cluster.inter); break;
+		case OPT_COPY:
+			if ((rc = cli_parse_double("--copy", optarg, 1e-6, 1e6, &gbps)) == 0)
+				a->so.cluster.copy = 1.0 / (gbps * 1e9);
+			break;
+		case OPT_SIM_LOCAL_SIZE:
+			if ((rc = cli_parse_long("--sim-local-size", optarg, 1, 1L << 20, &v)) == 0)
+				a->so.cluster.m = (int)v;
+			break;
+		case OPT_MAX_WORLD:
+			if ((rc = cli_parse_long("--max-world", optarg, 2, 1L << 24, &v)) == 0)
+				a->so.maxw = (int)v;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
 		case 'V':
 			printf("moe-profile %s\n", CORE_VERSION);
 			return 0;
-		default:
-			return cli_bad_option(prog, prog, lopts, argv, c);
+		default: /* CLI_BAD, reported */
+			return 2;
 		}
 		if (rc < 0)
 			return cli_report(prog, rc);
 	}
 	if (optind < argc)
 		return cli_usage_error(prog, "unexpected argument '%s'", argv[optind]);
-	so.cluster.copy = 1.0 / (copy_gbps * 1e9);
-	so.cluster.m = (int)simm;
-	so.maxw = (int)maxw;
-	if (!out && !sim)
+	if (!a->out && !a->sim)
 		return cli_usage_error(prog, "-o FILE is required: where the dictionary goes (see "
 				       "moe-profile --help)");
-	if ((out || trials) && sim)
+	if ((a->out || a->trials) && a->sim)
 		return cli_usage_error(prog, "--simulate predicts exchange times and writes no "
-				       "dictionary: not with %s", out ? "-o" : "--trials");
-	if (sim && strcmp(device, "cpu") != 0 && strcmp(device, "ref") != 0)
+				       "dictionary: not with %s", a->out ? "-o" : "--trials");
+	if (a->sim && strcmp(a->device, "cpu") != 0 && strcmp(a->device, "ref") != 0)
 		return cli_usage_error(prog, "option '--device': --simulate times the host "
-				       "All-to-All (cpu or ref), not '%s'", device);
-	if (sim) {
-		struct dist *d = NULL;
-		struct backend *be = NULL;
-		rc = dist_open(&d, (int)local);
-		if (rc == 0)
-			rc = backend_open(&be, device, &(struct backend_params){.threads =
-										    (int)threads});
-		if (rc == 0)
-			rc = simulate(d, be, &so);
-		backend_close(be);
-		return finish(d, rc);
-	}
-	const char *paths[] = {out, trials};
+				       "All-to-All (cpu or ref), not '%s'", a->device);
+	return -1;
+}
+
+/* --simulate: the exit status. */
+static int simulate_main(const struct args *a)
+{
+	struct dist *d = NULL;
+	struct backend *be = NULL;
+	int rc = dist_open(&d, (int)a->local);
+
+	if (rc == 0)
+		rc = backend_open(&be, a->device,
+				  &(struct backend_params){.threads = (int)a->threads});
+	if (rc == 0)
+		rc = simulate(d, be, &a->so);
+	backend_close(be);
+	return finish(d, rc);
+}
+
+/* The dictionary: the layer a gives, measured under the plans of s->ms; the exit status. */
+static int profile(const struct args *a, struct search *s)
+{
+	const char *paths[] = {a->out, a->trials};
+	int rc;
+
 	for (int i = 0; i < 2; i++)
-		if (paths[i] && !force && access(paths[i], F_OK) == 0)
+		if (paths[i] && !a->force && access(paths[i], F_OK) == 0)
 			return cli_usage_error(prog, "'%s' exists: refusing to overwrite it without "
 					       "--force", paths[i]);
-	moe_config_default(&s.o.cfg, T, M, H, (int)E);
-	s.o.cfg.k = (int)k;
-	s.o.cfg.act = (enum moe_act)act;
-	s.o.cfg.seed = (uint64_t)seed;
-	rc = moe_config_check(&s.o.cfg);
+	moe_config_default(&s->o.cfg, a->T, a->M, a->H, (int)a->E);
+	s->o.cfg.k = (int)a->k;
+	s->o.cfg.act = (enum moe_act)a->act;
+	s->o.cfg.seed = (uint64_t)a->seed;
+	rc = moe_config_check(&s->o.cfg);
 	if (rc < 0)
 		return cli_report(prog, rc);
-	s.o.iters = iters;
-	s.o.warmup = warm;
-	s.o.input_grad = 1;
+	s->o.iters = a->iters;
+	s->o.warmup = a->warm;
+	s->o.input_grad = 1;
 	for (int i = 0; i < 2; i++)
 		if (paths[i] && (rc = cli_make_parents(paths[i])) < 0)
 			return cli_report(prog, rc);
 
 	struct dist *d = NULL;
 	struct backend *be = NULL;
-	rc = dist_open(&d, (int)local);
+	rc = dist_open(&d, (int)a->local);
 	/* one GPU per rank of a node */
 	if (rc == 0)
-		rc = backend_open(&be, device, &(struct backend_params){
-			.threads = (int)threads, .device = dist_rank(d) % dist_local_size(d)});
+		rc = backend_open(&be, a->device, &(struct backend_params){
+			.threads = (int)a->threads, .device = dist_rank(d) % dist_local_size(d)});
 	if (rc == 0) {
 		struct moe_dist_place pl;
-		rc = moe_dist_place(&pl, &s.o.cfg, dist_size(d), dist_rank(d));
+		rc = moe_dist_place(&pl, &s->o.cfg, dist_size(d), dist_rank(d));
 	}
 	if (rc == 0) {
-		s.o.be = be;
-		s.o.d = d;
-		rc = run(&s, out, trials, flo, fhi, R, d);
+		s->o.be = be;
+		s->o.d = d;
+		rc = run(s, a->out, a->trials, a->flo, a->fhi, a->R, d);
 	}
-	moe_search_free(&s.ms);
+	moe_search_free(&s->ms);
 	backend_close(be);
 	return finish(d, rc);
+}
+
+int main(int argc, char **argv)
+{
+	/* The cluster --simulate predicts by default: nodes of 8 GPUs on NVLink (2 us, 150 GB/s
+	 * per message stream), HDR InfiniBand across nodes (5 us, 25 GB/s: 200 Gb/s, Tutel's
+	 * fig. 16), stride copies at 1000 GB/s (HBM). Illustrative, not measured. */
+	struct args a = {
+		.T = 4096, .M = 1024, .H = 4096, .E = 16, .k = 2, .R = 128, .iters = 3, .warm = 1,
+		.seed = 1, .flo = 1.0, .fhi = 4.4, .act = MOE_ACT_RELU, .device = "cpu",
+		.so = {.cluster = {.intra = {2e-6, 1.0 / 150e9}, .inter = {5e-6, 1.0 / 25e9},
+				   .copy = 1.0 / 1000e9, .m = 8},
+		       .maxw = 4096},
+	};
+	struct search s = {.ms = {.nd = 4, .dlist = {1, 2, 4, 8}, .na = 2, .alist = {0, 1}}};
+	int rc = parse(argc, argv, &a, &s.ms);
+
+	if (rc >= 0)
+		return rc;
+	return a.sim ? simulate_main(&a) : profile(&a, &s);
 }
