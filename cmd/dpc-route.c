@@ -679,7 +679,7 @@ struct fit_data {
 	struct features f;
 	struct lm base;
 	struct router r;
-	float *x;
+	float *x, *score;
 	uint32_t *y;
 	uint64_t n;
 	int have_base;
@@ -696,7 +696,7 @@ static int fit_doc_rows(const struct fit_args *a, struct fit_data *d)
 		rc = err_set(CORE_EFORMAT, a->feat_path, "features of %d-token prefixes, but "
 			     "the scores count from token %d", d->f.r.prefix, d->s.prefix);
 	if (!rc)
-		rc = route_doc_rows(&d->s, &d->f, &d->tf, &d->x, &d->y, &d->n);
+		rc = route_doc_rows(&d->s, &d->f, &d->tf, &d->x, &d->y, &d->score, &d->n);
 	d->r.kind = ROUTER_LOGREG;
 	d->r.dim = d->f.dim;
 	d->r.r = d->f.r;
@@ -722,7 +722,8 @@ static int fit_window_rows(struct fit_args *a, struct fit_data *d)
 			a->context = d->s.prefix ? d->s.prefix : DEFAULT_PREFIX;
 		start_progress(&a->co, "window features", (int64_t)d->tf.ndocs);
 		rc = route_window_rows(&d->s, &d->base, &d->tf, (int)a->layer, (int)a->context,
-				       (int)a->window, &d->x, &d->y, &d->n, show_progress, &a->co);
+				       (int)a->window, &d->x, &d->y, &d->score, &d->n, show_progress,
+				       &a->co);
 		progress_done(&a->co.bar);
 	}
 	d->r.kind = ROUTER_WINDOW;
@@ -758,7 +759,7 @@ static int fit_run(struct fit_args *a)
 	d.r.paths = d.s.paths;
 	const double t0 = now_seconds();
 	if (!rc)
-		rc = route_fit_logreg(d.x, d.y, d.n, d.r.dim, d.r.paths, &a->fo, &d.r.lr,
+		rc = route_fit_logreg(d.x, d.y, d.score, d.n, d.r.dim, d.r.paths, &a->fo, &d.r.lr,
 				      &d.r.report);
 	const double secs = now_seconds() - t0;
 	if (!rc)
@@ -774,6 +775,7 @@ static int fit_run(struct fit_args *a)
 	}
 	free(d.x);
 	free(d.y);
+	free(d.score);
 	router_free(&d.r);
 	features_free(&d.f);
 	if (d.have_base)

@@ -684,73 +684,94 @@ static double min_cycle_mean(const double *w, int k, const int *V, int nv, doubl
 	return mu;
 }
 
-int logreg_fit_bias(struct logreg *m, const float *x, size_t n, const uint64_t *target_counts)
-{
-	const int k = m->k, d = m->d;
-	uint64_t sum = 0;
-	int rc = 0;
+/* The buffers of an optimal assignment (step 1) and of the biases that realise it (step 2). */
+struct assign_ws {
+	size_t *off, *start;
+	double *price, *w, *D, *pmin;
+	uint32_t *holder, *queue, *rw;
+	int32_t *a;
+	int *P, *V, *seq, *last, *cyc;
+};
 
+static void ws_free(struct assign_ws *s)
+{
+	free(s->off);
+	free(s->start);
+	free(s->price);
+	free(s->w);
+	free(s->D);
+	free(s->pmin);
+	free(s->holder);
+	free(s->queue);
+	free(s->rw);
+	free(s->a);
+	free(s->P);
+	free(s->V);
+	free(s->seq);
+	free(s->last);
+	free(s->cyc);
+	memset(s, 0, sizeof *s);
+}
+
+static int ws_alloc(struct assign_ws *s, size_t n, int k)
+{
+	const size_t kk = (size_t)k * (size_t)k, nv1 = (size_t)k + 1;
+	memset(s, 0, sizeof *s);
+	s->off = malloc(sizeof *s->off * (size_t)k);
+	s->start = malloc(sizeof *s->start * nv1);
+	s->price = calloc(n, sizeof *s->price);
+	s->w = malloc(sizeof *s->w * kk);
+	s->D = malloc(sizeof *s->D * nv1 * (size_t)k);
+	s->pmin = malloc(sizeof *s->pmin * (size_t)k);
+	s->holder = malloc(sizeof *s->holder * n);
+	s->queue = malloc(sizeof *s->queue * n);
+	s->rw = malloc(sizeof *s->rw * kk);
+	s->a = malloc(sizeof *s->a * n);
+	s->P = malloc(sizeof *s->P * nv1 * (size_t)k);
+	s->V = malloc(sizeof *s->V * (size_t)k);
+	s->seq = malloc(sizeof *s->seq * nv1);
+	s->last = malloc(sizeof *s->last * (size_t)k);
+	s->cyc = malloc(sizeof *s->cyc * (size_t)k);
+	if (s->off && s->start && s->price && s->w && s->D && s->pmin && s->holder && s->queue &&
+	    s->rw && s->a && s->P && s->V && s->seq && s->last && s->cyc)
+		return 0;
+	ws_free(s);
+	return err_set(CORE_ENOMEM, NULL, "out of memory for an assignment of %zu rows", n);
+}
+
+/* Counts t[k] that an assignment of n rows can meet: 1 <= n < 2^32, sum n. */
+static int check_targets(size_t n, int k, const uint64_t *t)
+{
+	uint64_t sum = 0;
 	if (n < 1 || (uint64_t)n >= NONE)
-		return err_set(CORE_EUSAGE, NULL, "the bias correction takes 1 to %u rows, not %zu",
+		return err_set(CORE_EUSAGE, NULL, "an assignment takes 1 to %u rows, not %zu",
 			       NONE - 1, n);
 	for (int c = 0; c < k; c++) {
-		if (target_counts[c] > (uint64_t)n - sum)
+		if (t[c] > (uint64_t)n - sum)
 			return err_set(CORE_EUSAGE, NULL, "target counts sum to more than the %zu rows",
 				       n);
-		sum += target_counts[c];
+		sum += t[c];
 	}
 	if (sum != (uint64_t)n)
 		return err_set(CORE_EUSAGE, NULL, "target counts sum to %llu, not to the %zu rows",
 			       (unsigned long long)sum, n);
-	ERR_FORWARD(check_features(x, n, d));
+	return 0;
+}
 
-	const size_t kk = (size_t)k * (size_t)k, nv1 = (size_t)k + 1;
-	float *f = malloc(sizeof *f * n * (size_t)k);
-	size_t *off = malloc(sizeof *off * (size_t)k), *start = malloc(sizeof *start * nv1);
-	double *price = calloc(n, sizeof *price), *w = malloc(sizeof *w * kk);
-	double *D = malloc(sizeof *D * nv1 * (size_t)k), *beta = malloc(sizeof *beta * (size_t)k);
-	double *pmin = malloc(sizeof *pmin * (size_t)k);
-	uint32_t *holder = malloc(sizeof *holder * n), *queue = malloc(sizeof *queue * n);
-	uint32_t *rw = malloc(sizeof *rw * kk);
-	int32_t *a = malloc(sizeof *a * n);
-	int *P = malloc(sizeof *P * nv1 * (size_t)k), *V = malloc(sizeof *V * (size_t)k);
-	int *seq = malloc(sizeof *seq * nv1), *last = malloc(sizeof *last * (size_t)k);
-	int *cyc = malloc(sizeof *cyc * (size_t)k);
-	if (!f || !off || !start || !price || !w || !D || !beta || !pmin || !holder || !queue ||
-	    !rw || !a || !P || !V || !seq || !last || !cyc) {
-		rc = err_set(CORE_ENOMEM, NULL, "out of memory for the bias correction of %zu rows",
-			     n);
-		goto out;
-	}
-
-	/* The logits, row by row in parallel, rounded to float as logreg_predict sees them. */
-	double C = 0.0;
-#pragma omp parallel for schedule(static) reduction(max : C)
-	for (size_t i = 0; i < n; i++) {
-		double zb[ZSTACK];
-		const float *row = x + i * (size_t)d;
-		const double *z = zmaybe(m, row, zb);
-		float lo = INFINITY, hi = -INFINITY;
-		for (int c = 0; c < k; c++) {
-			float s = (float)logit1(m, row, z, c);
-			f[i * (size_t)k + (size_t)c] = s;
-			lo = s < lo ? s : lo;
-			hi = s > hi ? s : hi;
-		}
-		if ((double)hi - (double)lo > C)
-			C = (double)hi - (double)lo;
-	}
-	if (!(C > 0) || !isfinite(C))
-		C = 1.0;
-
-	/* 1. An optimal assignment with the target counts: the auction, eps-scaled. */
+/* Step 1 (logreg.h) on the values f [n * k], C the largest spread of a row's values: an
+ * optimal assignment with the counts t into s->a, and s->w, s->rw its class gains. Returns
+ * mu*, the minimum cycle mean of those gains over the *nv classes with slots (s->V),
+ * +inf with fewer than two. */
+static double assign_optimal(struct assign_ws *s, const float *f, size_t n, int k,
+			     const uint64_t *t, double C, int *nv_out)
+{
 	size_t o = 0;
 	for (int c = 0; c < k; c++) {
-		off[c] = o;
-		o += (size_t)target_counts[c];
+		s->off[c] = o;
+		o += (size_t)t[c];
 	}
-	struct auction A = {.f = f, .n = n, .k = k, .t = target_counts, .off = off, .price = price,
-			    .pmin = pmin, .holder = holder, .a = a, .queue = queue};
+	struct auction A = {.f = f, .n = n, .k = k, .t = t, .off = s->off, .price = s->price,
+			    .pmin = s->pmin, .holder = s->holder, .a = s->a, .queue = s->queue};
 	const double eps_final = 1e-6 * C;
 	for (double eps = C / 4;; eps /= 8) {
 		if (eps < eps_final)
@@ -763,38 +784,112 @@ int logreg_fit_bias(struct logreg *m, const float *x, size_t n, const uint64_t *
 	/* ... then what eps left over, cancelled cycle by cycle. */
 	int nv = 0, clen = 0;
 	for (int c = 0; c < k; c++)
-		if (target_counts[c] > 0)
-			V[nv++] = c;
+		if (t[c] > 0)
+			s->V[nv++] = c;
 	double mu = INFINITY;
 	const double tol = 1e-12 * C;
 	for (size_t cancelled = 0;; cancelled++) {
-		class_gains(f, n, k, a, holder, start, w, rw);
+		class_gains(f, n, k, s->a, s->holder, s->start, s->w, s->rw);
 		if (nv < 2)
 			break;
-		mu = min_cycle_mean(w, k, V, nv, D, P, seq, last, cyc, &clen);
+		mu = min_cycle_mean(s->w, k, s->V, nv, s->D, s->P, s->seq, s->last, s->cyc, &clen);
 		if (!(mu < -tol) || cancelled >= n || clen < 2)
 			break;
 		double cw = 0.0;
 		for (int q = 0; q < clen; q++)
-			cw += w[(size_t)cyc[q] * k + cyc[(q + 1) % clen]];
+			cw += s->w[(size_t)s->cyc[q] * k + s->cyc[(q + 1) % clen]];
 		if (!(cw < -tol * clen))
 			break;
 		for (int q = 0; q < clen; q++)
-			a[rw[(size_t)cyc[q] * k + cyc[(q + 1) % clen]]] = cyc[(q + 1) % clen];
+			s->a[s->rw[(size_t)s->cyc[q] * k + s->cyc[(q + 1) % clen]]] =
+				s->cyc[(q + 1) % clen];
 	}
+	*nv_out = nv;
+	return mu;
+}
+
+/* The largest spread of a row's values (1 if none is positive and finite). */
+static double spread(const float *f, size_t n, int k)
+{
+	double C = 0.0;
+#pragma omp parallel for schedule(static) reduction(max : C)
+	for (size_t i = 0; i < n; i++) {
+		float lo = INFINITY, hi = -INFINITY;
+		for (int c = 0; c < k; c++) {
+			const float s = f[i * (size_t)k + (size_t)c];
+			lo = s < lo ? s : lo;
+			hi = s > hi ? s : hi;
+		}
+		if ((double)hi - (double)lo > C)
+			C = (double)hi - (double)lo;
+	}
+	return C > 0 && isfinite(C) ? C : 1.0;
+}
+
+int logreg_assign(const float *score, size_t n, int k, const uint64_t *target_counts,
+		  uint32_t *cls)
+{
+	struct assign_ws s;
+	int nv;
+
+	if (k < 1)
+		return err_set(CORE_EUSAGE, NULL, "an assignment needs k >= 1 classes, not %d", k);
+	ERR_FORWARD(check_targets(n, k, target_counts));
+	const size_t i = first_nonfinite(score, n * (size_t)k);
+	if (i < n * (size_t)k)
+		return err_set(CORE_ENAN, NULL, "score %zu of row %zu is not finite", i % (size_t)k,
+			       i / (size_t)k);
+	ERR_FORWARD(ws_alloc(&s, n, k));
+	assign_optimal(&s, score, n, k, target_counts, spread(score, n, k), &nv);
+	for (size_t r = 0; r < n; r++)
+		cls[r] = (uint32_t)s.a[r];
+	ws_free(&s);
+	return 0;
+}
+
+int logreg_fit_bias(struct logreg *m, const float *x, size_t n, const uint64_t *target_counts)
+{
+	const int k = m->k, d = m->d;
+	struct assign_ws s;
+	int nv;
+
+	ERR_FORWARD(check_targets(n, k, target_counts));
+	ERR_FORWARD(check_features(x, n, d));
+	float *f = malloc(sizeof *f * n * (size_t)k);
+	double *beta = malloc(sizeof *beta * (size_t)k);
+	if (!f || !beta || ws_alloc(&s, n, k) < 0) {
+		free(f);
+		free(beta);
+		return err_set(CORE_ENOMEM, NULL, "out of memory for the bias correction of %zu "
+			       "rows", n);
+	}
+
+	/* The logits, row by row in parallel, rounded to float as logreg_predict sees them. */
+#pragma omp parallel for schedule(static)
+	for (size_t i = 0; i < n; i++) {
+		double zb[ZSTACK];
+		const float *row = x + i * (size_t)d;
+		const double *z = zmaybe(m, row, zb);
+		for (int c = 0; c < k; c++)
+			f[i * (size_t)k + (size_t)c] = (float)logit1(m, row, z, c);
+	}
+	const double C = spread(f, n, k);
+
+	/* 1. An optimal assignment with the target counts. */
+	const double mu = assign_optimal(&s, f, n, k, target_counts, C, &nv);
 
 	/* 2. The biases of largest margin g: bias_c' - bias_c <= w(c, c') - g, by Bellman-Ford
 	 * from a virtual source. g is a hair under mu*, so that rounding cannot leave the
 	 * critical cycle negative; k + 1 rounds at most all the same. */
-	double g = nv < 2 ? (C > 1 ? C : 1.0) : mu > 0 ? mu - 1e-9 * mu : 0.0;
+	const double g = nv < 2 ? (C > 1 ? C : 1.0) : mu > 0 ? mu - 1e-9 * mu : 0.0;
 	for (int c = 0; c < k; c++)
 		beta[c] = 0.0;
 	for (int round = 0; round <= k; round++) {
 		int changed = 0;
 		for (int q = 0; q < nv; q++) {
-			const int u = V[q];
+			const int u = s.V[q];
 			for (int v = 0; v < k; v++) {
-				double t = beta[u] + w[(size_t)u * k + v] - g;
+				double t = beta[u] + s.w[(size_t)u * k + v] - g;
 				if (v != u && t < beta[v]) {
 					beta[v] = t;
 					changed = 1;
@@ -812,23 +907,8 @@ int logreg_fit_bias(struct logreg *m, const float *x, size_t n, const uint64_t *
 	mean /= k;
 	for (int c = 0; c < k; c++)
 		m->bias[c] = (float)(beta[c] - mean);
-out:
 	free(f);
-	free(off);
-	free(start);
-	free(price);
-	free(w);
-	free(D);
 	free(beta);
-	free(pmin);
-	free(holder);
-	free(queue);
-	free(rw);
-	free(a);
-	free(P);
-	free(V);
-	free(seq);
-	free(last);
-	free(cyc);
-	return rc;
+	ws_free(&s);
+	return 0;
 }

@@ -132,4 +132,13 @@ void logreg_predict(const struct logreg *m, const float *row, int topn, uint32_t
  * unchanged on failure. */
 int logreg_fit_bias(struct logreg *m, const float *x, size_t n, const uint64_t *target_counts);
 
+/* Step 1 alone, on values given: cls[n] an assignment of the n rows to k classes with
+ * target_counts[c] rows in class c that maximises sum_i score[i * k + cls[i]] (to within
+ * 1e-12 of the largest spread of a row's scores, as above; ties broken by the auction's
+ * order, deterministically). The router's fit uses it to give a path that no row prefers its
+ * share of the rows that lose least by going to it. Errors: as logreg_fit_bias, CORE_ENAN
+ * naming the first score that is not finite. */
+int logreg_assign(const float *score, size_t n, int k, const uint64_t *target_counts,
+		  uint32_t *cls);
+
 #endif

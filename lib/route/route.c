@@ -200,12 +200,14 @@ out:
 /* ---- rows to fit routers on --------------------------------------------------------------- */
 
 int route_doc_rows(const struct scores *s, const struct features *f, const struct tokfile *tf,
-		   float **x, uint32_t **y, uint64_t *n)
+		   float **x, uint32_t **y, float **score, uint64_t *n)
 {
+	const size_t P = (size_t)s->paths;
 	*x = malloc(f->docs * (size_t)f->dim * sizeof **x + 1);
 	*y = malloc(f->docs * sizeof **y + 1);
+	*score = malloc(f->docs * P * sizeof **score + 1);
 	*n = 0;
-	if (!*x || !*y)
+	if (!*x || !*y || !*score)
 		return err_set(CORE_ENOMEM, NULL, "out of memory for %llu rows",
 			       (unsigned long long)f->docs);
 	for (uint64_t d = 0; d < f->docs; d++) {
@@ -218,6 +220,7 @@ int route_doc_rows(const struct scores *s, const struct features *f, const struc
 				b = (uint32_t)p;
 		memcpy(*x + *n * (uint64_t)f->dim, f->x + d * (uint64_t)f->dim,
 		       sizeof **x * (size_t)f->dim);
+		memcpy(*score + *n * P, sc, sizeof **score * P);
 		(*y)[(*n)++] = b;
 	}
 	return 0;
@@ -238,9 +241,10 @@ uint64_t route_window_count(const struct tokfile *tf, int prefix, int W)
 	return rows;
 }
 
-/* The labels of document d's boundaries into y. */
+/* The labels of document d's boundaries into y, and (score not NULL) each window's
+ * log-likelihood under every path into score [boundaries, paths]. */
 static void doc_window_labels(const struct scores *s, const struct tokfile *tf, uint64_t d,
-			      int W, uint32_t *y)
+			      int W, uint32_t *y, float *score)
 {
 	const size_t P = (size_t)s->paths;
 	const uint64_t s0 = tf->offsets[d], len = tf->offsets[d + 1] - s0;
@@ -254,6 +258,8 @@ static void doc_window_labels(const struct scores *s, const struct tokfile *tf, 
 			double v = 0;
 			for (uint64_t j = b; j < e; j++)
 				v += s->logprob[(s0 + j) * P + p];
+			if (score)
+				score[m * P + p] = (float)v;
 			if (v > bv)
 				bv = v, best = (uint32_t)p;
 		}
@@ -264,14 +270,14 @@ static void doc_window_labels(const struct scores *s, const struct tokfile *tf, 
 void route_window_labels(const struct scores *s, const struct tokfile *tf, int W, uint32_t *y)
 {
 	for (uint64_t d = 0, n = 0; d < tf->ndocs; d++) {
-		doc_window_labels(s, tf, d, W, y + n);
+		doc_window_labels(s, tf, d, W, y + n, NULL);
 		n += boundaries(tf->offsets[d + 1] - tf->offsets[d], s->prefix, W);
 	}
 }
 
 int route_window_rows(const struct scores *s, struct lm *base, const struct tokfile *tf,
-		      int layer, int context, int W, float **x, uint32_t **y, uint64_t *n,
-		      void (*progress)(void *ctx, uint64_t done), void *ctx)
+		      int layer, int context, int W, float **x, uint32_t **y, float **score,
+		      uint64_t *n, void (*progress)(void *ctx, uint64_t done), void *ctx)
 {
 	const size_t C = (size_t)base->g.cfg.n_embd;
 	const uint64_t rows = route_window_count(tf, s->prefix, W);
@@ -283,9 +289,10 @@ int route_window_rows(const struct scores *s, struct lm *base, const struct tokf
 	*n = 0;
 	*x = malloc(rows * 2 * C * sizeof **x + 1);
 	*y = malloc(rows * sizeof **y + 1);
+	*score = malloc(rows * (size_t)s->paths * sizeof **score + 1);
 	float *hidden = malloc(maxlen * C * sizeof *hidden);
 	int rc = 0;
-	if (!*x || !*y || !hidden)
+	if (!*x || !*y || !*score || !hidden)
 		rc = err_set(CORE_ENOMEM, NULL, "cannot allocate %llu rows of %zu",
 			     (unsigned long long)rows, 2 * C);
 	for (uint64_t d = 0; rc == 0 && d < tf->ndocs; d++) {
@@ -294,7 +301,7 @@ int route_window_rows(const struct scores *s, struct lm *base, const struct tokf
 					   *x + *n * 2 * C, &nb);
 		if (rc < 0)
 			break;
-		doc_window_labels(s, tf, d, W, *y + *n);
+		doc_window_labels(s, tf, d, W, *y + *n, *score + *n * (size_t)s->paths);
 		*n += (uint64_t)nb;
 		if (progress)
 			progress(ctx, d + 1);
@@ -426,9 +433,44 @@ static int fit_rows(const float *x, const uint32_t *y, const uint64_t *idx, uint
 	return rc;
 }
 
-int route_fit_logreg(const float *x, const uint32_t *y, uint64_t n, int dim, int paths,
-		     const struct route_fit_opts *o, struct logreg *out, char **report)
+/* The labels fitted on into *yl: y itself, or, when score is given and the floor of
+ * min_share raises some path's count, the assignment of the largest total score with the
+ * floored counts (*yl then allocated, *moved the rows whose label it changed). A path that
+ * no row prefers gets the rows that lose least by going to it, so the paths fitted are
+ * told apart: two such paths left without rows would get equal weights and equal logits,
+ * and no bias could then share rows between them. */
+static int floor_labels(const uint32_t *y, const float *score, uint64_t n, int k,
+			const uint64_t *all, double min_share, const uint64_t *counts,
+			uint64_t *tg, uint32_t **yl, uint64_t *moved)
 {
+	*yl = (uint32_t *)y;
+	*moved = 0;
+	if (!score || !(min_share > 0))
+		return 0;
+	bias_targets(y, all, n, k, min_share, tg);
+	if (!memcmp(tg, counts, sizeof *tg * (size_t)k))
+		return 0;
+	uint32_t *a = malloc(n * sizeof *a + 1);
+	if (!a)
+		return err_set(CORE_ENOMEM, NULL, "out of memory for %llu labels",
+			       (unsigned long long)n);
+	int rc = logreg_assign(score, (size_t)n, k, tg, a);
+	if (rc < 0) {
+		free(a);
+		return rc;
+	}
+	for (uint64_t i = 0; i < n; i++)
+		*moved += a[i] != y[i];
+	*yl = a;
+	return 0;
+}
+
+int route_fit_logreg(const float *x, const uint32_t *y0, const float *score, uint64_t n,
+		     int dim, int paths, const struct route_fit_opts *o, struct logreg *out,
+		     char **report)
+{
+	uint32_t *y = NULL;
+	uint64_t moved = 0;
 	uint64_t *tr = malloc(n * sizeof *tr + 1), *ho = malloc(n * sizeof *ho + 1), *all = NULL;
 	uint64_t ntr = 0, nho = 0, *c = calloc(6 * (size_t)paths, sizeof *c), *tg;
 	struct logreg m = {0};
@@ -456,7 +498,13 @@ int route_fit_logreg(const float *x, const uint32_t *y, uint64_t n, int dim, int
 			     (unsigned long long)n, (unsigned long long)ntr);
 		goto out;
 	}
-	/* c[0]: labels, c[1]: predictions before the correction, c[2]: after (all rows) */
+	/* c[0]: labels fitted, c[1]: predictions before the correction, c[2]: after (all
+	 * rows), c[3]: the best paths (the labels given) */
+	uint64_t *best = c + 3 * (size_t)paths;
+	for (uint64_t i = 0; i < n; i++)
+		best[y0[i]]++;
+	if ((rc = floor_labels(y0, score, n, paths, all, o->min_share, best, tg, &y, &moved)) < 0)
+		goto out;
 	for (uint64_t i = 0; i < n; i++)
 		c[y[i]]++;
 	/* One fit on the training rows serves both sides of the report: the correction only sets
@@ -476,14 +524,16 @@ int route_fit_logreg(const float *x, const uint32_t *y, uint64_t n, int dim, int
 	if ((rc = fit_rows(x, y, all, n, dim, paths, o, o->correct ? tg : NULL, out, &rep)) < 0)
 		goto out;
 	accuracy(out, x, y, all, n, dim, c + 2 * (size_t)paths);
-	j = json_pack("{s:I,s:I,s:I,s:f,s:b,s:f,s:f,s:i,s:{s:f,s:f},s:{s:f,s:f},s:o,s:o,s:o,s:o}",
+	j = json_pack("{s:I,s:I,s:I,s:f,s:b,s:f,s:f,s:i,s:{s:f,s:f},s:{s:f,s:f},s:o,s:o,s:I,s:o,"
+		      "s:o,s:o}",
 		      "rows", (json_int_t)n, "train_rows", (json_int_t)ntr, "heldout_rows",
 		      (json_int_t)nho, "l2", o->l2, "corrected", o->correct, "min_share",
 		      o->min_share, "loss", rep.loss, "iterations",
 		      rep.iterations, "before_correction", "train_accuracy", acc_tr0,
 		      "heldout_accuracy", nho ? acc_ho0 : -1.0, "after_correction",
 		      "train_accuracy", acc_tr1, "heldout_accuracy", nho ? acc_ho1 : -1.0,
-		      "label_counts", counts_json(c, paths), "target_counts",
+		      "best_path_counts", counts_json(best, paths), "label_counts",
+		      counts_json(c, paths), "relabelled", (json_int_t)moved, "target_counts",
 		      counts_json(tg, paths), "predicted_before", counts_json(c + paths, paths),
 		      "predicted_after", counts_json(c + 2 * (size_t)paths, paths));
 	if (!j || !(*report = json_dumps(j, JSON_COMPACT)))
@@ -493,6 +543,8 @@ out:
 	logreg_free(&m);
 	if (rc)
 		logreg_free(out);
+	if (y != y0)
+		free(y);
 	free(tr);
 	free(ho);
 	free(all);

@@ -50,20 +50,22 @@ int route_text_path(struct lm *base, const struct router *doc, const struct rout
 
 /* The rows a document router is fitted on: each document with a token past the scores'
  * prefix, its feature row and, as label, its best path (the largest doc_logprob; ties to
- * the lower path). *x [n, f->dim] and *y [n] are allocated (caller frees, also on error). */
+ * the lower path). *x [n, f->dim], *y [n] and *score [n, paths] (each row's doc_logprob
+ * under every path) are allocated (caller frees, also on error). */
 int route_doc_rows(const struct scores *s, const struct features *f, const struct tokfile *tf,
-		   float **x, uint32_t **y, uint64_t *n);
+		   float **x, uint32_t **y, float **score, uint64_t *n);
 /* The boundaries b = prefix + m W (m >= 1, b < the document's length) of every document of
  * tf, and each one's label in order into y [route_window_count]: the path of the highest
  * log-likelihood of the window's tokens [b, min(b + W, length)) (ties to the lower path). */
 uint64_t route_window_count(const struct tokfile *tf, int prefix, int W);
 void route_window_labels(const struct scores *s, const struct tokfile *tf, int W, uint32_t *y);
 /* The rows a window router is fitted on: every boundary's window features (from base, with
- * layer and context) and label. *x [n, 2 C], *y [n] allocated (caller frees, also on
- * error); progress (may be NULL) after every document. */
+ * layer and context), label and *score [n, paths] (the window's log-likelihood under each
+ * path). *x [n, 2 C], *y [n], *score allocated (caller frees, also on error); progress (may
+ * be NULL) after every document. */
 int route_window_rows(const struct scores *s, struct lm *base, const struct tokfile *tf,
-		      int layer, int context, int W, float **x, uint32_t **y, uint64_t *n,
-		      void (*progress)(void *ctx, uint64_t done), void *ctx);
+		      int layer, int context, int W, float **x, uint32_t **y, float **score,
+		      uint64_t *n, void (*progress)(void *ctx, uint64_t done), void *ctx);
 
 /* Whether the routers of an evaluation fit the base model and the paths: doc (read from
  * doc_path) and win [nw] (from wpaths) route to npaths paths, were fitted on base's features
@@ -76,11 +78,16 @@ int route_check_routers(struct router *doc, int *have_doc, const char *doc_path,
 			const struct lm *base, const char *model, int npaths, int prefix,
 			const char *cmd);
 
-/* Fit a logistic-regression router on rows x [n, dim] with labels y, with the bias
- * correction to the labels' counts (raised to o->min_share of an even share); report (JSON text, caller frees) gets train and held-out
- * accuracy (holdout fraction of the rows, chosen by a hash of the row index and seed), and
- * per-path counts of the labels and of the predictions before and after the correction
- * ("predicted_after": of the router returned). The router returned is refitted on all rows. */
+/* Fit a logistic-regression router on rows x [n, dim] with labels y (each row's best path),
+ * with the bias correction to the labels' counts raised to o->min_share of an even share.
+ * When that floor raises a path's count and score [n, paths] (the rows' scores under each
+ * path, higher better; may be NULL) is given, the labels fitted are first the assignment of
+ * the largest total score with the floored counts (logreg_assign), so that every path has
+ * rows to be told apart by. report (JSON text, caller frees) gets train and held-out
+ * accuracy (holdout fraction of the rows, chosen by a hash of the row index and seed), the
+ * rows relabelled, and per-path counts of the best paths, of the labels fitted and of the
+ * predictions before and after the correction ("predicted_after": of the router returned).
+ * The router returned is refitted on all rows. */
 struct route_fit_opts {
 	double l2, holdout;
 	double min_share; /* each path's bias-correction target is at least this fraction of an
@@ -90,8 +97,9 @@ struct route_fit_opts {
 	int max_iter;
 	uint64_t seed;
 };
-int route_fit_logreg(const float *x, const uint32_t *y, uint64_t n, int dim, int paths,
-		     const struct route_fit_opts *o, struct logreg *out, char **report);
+int route_fit_logreg(const float *x, const uint32_t *y, const float *score, uint64_t n,
+		     int dim, int paths, const struct route_fit_opts *o, struct logreg *out,
+		     char **report);
 
 /* Evaluation: perplexity over every token from position score_from on (0: the document
  * router's prefix; never before it, CORE_EUSAGE) of each document of tf, routing once per

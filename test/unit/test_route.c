@@ -8,12 +8,16 @@
  *  - the logistic regression: its loss written out naively here, its gradient against
  *    central finite differences of that loss, a softmax computed here;
  *  - the bias correction: a hand-worked two-class case, and the optimal transportation
- *    assignment found by enumerating every assignment of small problems;
+ *    assignment found by enumerating every assignment of small problems (also for
+ *    logreg_assign on scores given);
+ *  - the router's fit with paths that no row prefers: the rows that lose least by going to
+ *    each such path, chosen here by sorting, and the counts the router must then meet;
  *  - the cluster scores: numbers computed by a short independent Python script (fractions
  *    for ARI, checked against a brute-force count over all pairs of items; math.log for
  *    NMI), pasted below with the script.
  * Every failure message prints the case's parameters (seed, sizes) so it can be rerun. */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -929,6 +933,131 @@ Test(bias, argmax_is_the_optimal_transport_assignment)
 	cr_expect_geq(checked, 50, "only %d of 60 trials had a unique optimum", checked);
 }
 
+Test(bias, assign_on_scores_is_the_optimal_transport_assignment)
+{
+	int checked = 0;
+
+	for (uint64_t trial = 0; trial < 60; trial++) {
+		const int k = trial % 2 ? 4 : 3, n = k == 3 ? 9 : 8;
+		float f[9 * 4];
+		double s[9 * 4], v1, v2, v = 0.0;
+		uint32_t best[10], a[10];
+		uint64_t t[4] = {0}, cnt[4] = {0};
+
+		for (int q = 0; q < n * k; q++) {
+			f[q] = 4.0f * rng_normal(300 + trial, RNG_STREAM_TEST, (uint64_t)q);
+			s[q] = f[q];
+		}
+		for (int i = 0; i < n; i++)
+			t[rng_below(300 + trial, RNG_STREAM_TEST, 100 + (uint64_t)i, (uint64_t)k)]++;
+		brute_optimum(s, n, k, t, best, &v1, &v2);
+		cr_assert_eq(logreg_assign(f, (size_t)n, k, t, a), 0, "trial %llu: %s",
+			     (unsigned long long)trial, err_detail());
+		for (int i = 0; i < n; i++) {
+			cr_assert_lt(a[i], (uint32_t)k);
+			cnt[a[i]]++;
+			v += s[i * k + (int)a[i]];
+		}
+		for (int c = 0; c < k; c++)
+			cr_expect_eq(cnt[c], t[c], "trial %llu: class %d has %llu rows, not %llu",
+				     (unsigned long long)trial, c, (unsigned long long)cnt[c],
+				     (unsigned long long)t[c]);
+		cr_expect(v >= v1 - 1e-5 * (1 + fabs(v1)), "trial %llu: total %.9g, the optimum %.9g",
+			  (unsigned long long)trial, v, v1);
+		if (v1 - v2 < 1e-4)
+			continue;
+		checked++;
+		for (int i = 0; i < n; i++)
+			cr_expect_eq(a[i], best[i], "trial %llu: row %d in class %u, the optimum's %u",
+				     (unsigned long long)trial, i, a[i], best[i]);
+	}
+	cr_expect_geq(checked, 50, "only %d of 60 trials had a unique optimum", checked);
+	const uint64_t t2[2] = {1, 1};
+	const float bad[4] = {0, 1, NAN, 2};
+	uint32_t a2[2];
+	cr_expect_eq(logreg_assign(bad, 2, 2, t2, a2), CORE_ENAN);
+	const uint64_t t3[2] = {1, 2};
+	cr_expect_eq(logreg_assign(bad, 2, 2, t3, a2), CORE_EUSAGE);
+}
+
+/* The fit of a document router when two of four paths are no row's best: the rows are two
+ * clusters (feature 0 at +-3), the first 20 best on path 0, the others on path 1; path 2
+ * loses g_i (a feature of the row) against path 0 on the first cluster and much more on
+ * the second, path 3 the same on the second cluster. With min_share 0.5 every path must get
+ * at least floor(40 * 0.5 / 4) = 5 rows. The labels fitted must give path 2 the five rows of
+ * the first cluster of least g and path 3 those of the second (found here by sorting), and
+ * the router kept must meet the targets exactly: before the labels were floored, paths 2
+ * and 3 had equal logits and the correction left one of them without a row. */
+Test(bias, paths_no_row_prefers_get_the_rows_that_lose_least)
+{
+	enum { N = 40, K = 4, D = 2 };
+	float x[N * D], score[N * K];
+	uint32_t y[N];
+
+	for (int i = 0; i < N; i++) {
+		const int second = i >= N / 2;
+		const float g = 0.05f + 2.0f * rng_uniform(7, RNG_STREAM_TEST, (uint64_t)i);
+		x[i * D] = second ? -3.0f : 3.0f;
+		x[i * D + 1] = g;
+		float *sc = score + i * K;
+		sc[0] = second ? -9.0f : -1.0f;
+		sc[1] = second ? -1.0f : -9.0f;
+		sc[2] = second ? -20.0f : -1.0f - g;
+		sc[3] = second ? -1.0f - g : -20.0f;
+		y[i] = (uint32_t)second;
+	}
+	const struct route_fit_opts o = {.l2 = 0.01, .holdout = 0.0, .min_share = 0.5,
+					 .correct = 1, .max_iter = 500, .seed = 0};
+	struct logreg m;
+	char *rep = NULL;
+	cr_assert_eq(route_fit_logreg(x, y, score, N, D, K, &o, &m, &rep), 0, "%s", err_detail());
+
+	/* the five rows of least g in each cluster, by sorting (selection, N is small) */
+	uint32_t want[N];
+	for (int half = 0; half < 2; half++) {
+		int taken[N / 2] = {0};
+		for (int i = 0; i < N / 2; i++)
+			want[half * N / 2 + i] = (uint32_t)half;
+		for (int r = 0; r < 5; r++) {
+			int b = -1;
+			for (int i = 0; i < N / 2; i++)
+				if (!taken[i] && (b < 0 || x[(half * N / 2 + i) * D + 1] <
+							   x[(half * N / 2 + b) * D + 1]))
+					b = i;
+			taken[b] = 1;
+			want[half * N / 2 + b] = (uint32_t)(2 + half);
+		}
+	}
+	json_error_t je;
+	json_t *j = json_loads(rep, 0, &je);
+	cr_assert(j, "report not JSON: %s", rep);
+	cr_expect_eq(json_integer_value(json_object_get(j, "relabelled")), 10, "%s", rep);
+	const json_t *tg = json_object_get(j, "target_counts");
+	const json_t *pa = json_object_get(j, "predicted_after");
+	const json_t *lc = json_object_get(j, "label_counts");
+	const json_t *bc = json_object_get(j, "best_path_counts");
+	for (int p = 0; p < K; p++) {
+		const json_int_t t = json_integer_value(json_array_get(tg, (size_t)p));
+		cr_expect_eq(t, p < 2 ? 15 : 5, "path %d's target %lld: %s", p, (long long)t, rep);
+		cr_expect_eq(json_integer_value(json_array_get(pa, (size_t)p)), t,
+			     "path %d: the router sends %lld rows, its target is %lld: %s", p,
+			     (long long)json_integer_value(json_array_get(pa, (size_t)p)),
+			     (long long)t, rep);
+		cr_expect_eq(json_integer_value(json_array_get(lc, (size_t)p)), t, "%s", rep);
+		cr_expect_eq(json_integer_value(json_array_get(bc, (size_t)p)), p < 2 ? 20 : 0,
+			     "%s", rep);
+	}
+	json_decref(j);
+	for (int i = 0; i < N; i++) {
+		uint32_t p;
+		logreg_predict(&m, x + i * D, 1, &p);
+		cr_expect_eq(p, want[i], "row %d (g %.3f): path %u, the floored optimum's %u", i,
+			     x[i * D + 1], p, want[i]);
+	}
+	free(rep);
+	logreg_free(&m);
+}
+
 Test(bias, errors)
 {
 	const float x[4] = {-3, -1, 1, 3};
@@ -1133,10 +1262,10 @@ Test(rows, doc_rows_by_hand)
 	rows_fixture(&tf, &s, lp, doc);
 	float fx[R_DOCS * 2] = {1, 2, 3, 4, 5, 6, 7, 8};
 	const struct features f = {.docs = R_DOCS, .dim = 2, .x = fx};
-	float *x;
+	float *x, *sc;
 	uint32_t *y;
 	uint64_t n;
-	cr_assert_eq(route_doc_rows(&s, &f, &tf, &x, &y, &n), 0, "%s", err_detail());
+	cr_assert_eq(route_doc_rows(&s, &f, &tf, &x, &y, &sc, &n), 0, "%s", err_detail());
 	cr_assert_eq(n, 3, "d2 has no token past the prefix: %llu rows", (unsigned long long)n);
 	const uint32_t want_y[3] = {1, 2, 0};
 	const float want_x[6] = {1, 2, 3, 4, 7, 8};
@@ -1144,6 +1273,13 @@ Test(rows, doc_rows_by_hand)
 		cr_expect_eq(y[i], want_y[i], "row %d: path %u, by hand %u", i, y[i], want_y[i]);
 	for (int i = 0; i < 6; i++)
 		cr_expect_eq(x[i], want_x[i], "x[%d] = %g, by hand %g", i, x[i], want_x[i]);
+	const int docs[3] = {0, 1, 3}; /* the rows' documents: their doc_logprob rows */
+	for (int i = 0; i < 3; i++)
+		for (int p = 0; p < R_P; p++)
+			cr_expect_eq(sc[i * R_P + p], doc[docs[i] * R_P + p],
+				     "score of row %d path %d: %g, doc %d's %g", i, p,
+				     sc[i * R_P + p], docs[i], doc[docs[i] * R_P + p]);
 	free(x);
 	free(y);
+	free(sc);
 }
