@@ -32,6 +32,7 @@
 #include "route/pathset.h"
 #include "route/route.h"
 #include "route/routefile.h"
+#include "route/wrouter.h"
 #include "model/sample.h"
 
 #include "common/banned.h"
@@ -40,6 +41,10 @@ static const char prog[] = "dpc-route";
 
 #define DEFAULT_PREFIX 32
 #define DEFAULT_BATCH 16
+/* fit --transformer's defaults */
+#define FIT_TR_STEPS 300
+#define FIT_TR_LR 1e-3
+#define FIT_TR_BATCH 8
 #define MAX_WINDOWS 16
 
 static int cmd_features(int argc, char **argv);
@@ -583,10 +588,22 @@ static const struct cli_opt fit_opts[] = {
 	 "write the plain argmax router (the default for a window\n"
 	 "router, which only evaluates: the most accurate one);\n"
 	 "the report shows the correction's effect either way"},
-	{"seed", 's', 0, CLI_ARG, "N", "seed of the held-out draw (default 0)"},
+	{"seed", 's', 0, CLI_ARG, "N", "seed of the held-out draw, and the transformer's batches\n"
+	 "and head (default 0)"},
 	CLI_OPT_END,
 };
-static const struct cli_opt *const fit_tables[] = {fit_opts, common_opts, NULL};
+static const struct cli_opt fit_tr_opts[] = {
+	{"transformer", 'T', 0, CLI_FLAG, NULL, "the paper's window router (with --window and\n"
+	 "--model): the base model with a head over the paths,\n"
+	 "fine-tuned on the scores as dpc-train-path trains"},
+	{"target-len", 'E', 0, CLI_ARG, "L", "its target at a position: the best path for the next\n"
+	 "L tokens (default: W)"},
+	{"steps", 'P', 0, CLI_ARG, "N", "its training steps (default " STR(FIT_TR_STEPS) ")"},
+	{"lr", 'R', 0, CLI_ARG, "X", "its peak learning rate (default " STR(FIT_TR_LR) ")"},
+	{"batch", 'B', 0, CLI_ARG, "N", "its sequences per step (default " STR(FIT_TR_BATCH) ")"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const fit_tables[] = {fit_opts, fit_tr_opts, common_opts, NULL};
 
 static void fit_usage(FILE *fp)
 {
@@ -614,6 +631,9 @@ struct fit_args {
 	const char *scores_path, *feat_path, *model, *in;
 	long window, layer, context, iters, seed;
 	struct route_fit_opts fo;
+	int transformer;
+	long target_len, steps, batch;
+	double lr;
 };
 
 static int fit_parse(struct fit_args *a, int argc, char **argv)
@@ -622,7 +642,8 @@ static int fit_parse(struct fit_args *a, int argc, char **argv)
 	int c, rc;
 
 	*a = (struct fit_args){.layer = -1, .iters = 500,
-			       .fo = {.l2 = 0.1, .holdout = 0.2, .min_share = -1, .correct = -1}};
+			       .fo = {.l2 = 0.1, .holdout = 0.2, .min_share = -1, .correct = -1},
+			       .steps = FIT_TR_STEPS, .lr = FIT_TR_LR, .batch = FIT_TR_BATCH};
 	if ((rc = cli_parser_init(&parser, prog, "fit", fit_tables)) < 0)
 		return cli_report(prog, rc);
 	while ((c = cli_next(&parser, argc, argv)) != -1) {
@@ -646,6 +667,13 @@ static int fit_parse(struct fit_args *a, int argc, char **argv)
 		case 'N': a->fo.correct = 0; break;
 		case 'i': rc = cli_parse_long("--iters", optarg, 1, 1000000, &a->iters); break;
 		case 's': rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &a->seed); break;
+		case 'T': a->transformer = 1; break;
+		case 'E':
+			rc = cli_parse_long("--target-len", optarg, 1, INT_MAX, &a->target_len);
+			break;
+		case 'P': rc = cli_parse_long("--steps", optarg, 1, 100000000, &a->steps); break;
+		case 'R': rc = cli_parse_double("--lr", optarg, 1e-9, 10, &a->lr); break;
+		case 'B': rc = cli_parse_long("--batch", optarg, 1, 65536, &a->batch); break;
 		case 'h': fit_usage(stdout); return 0;
 		case 'V': return version();
 		default: return 2; /* CLI_BAD: reported */
@@ -662,6 +690,9 @@ static int fit_parse(struct fit_args *a, int argc, char **argv)
 		return cli_usage_error(prog, "fit: a document router takes --features, a window "
 				       "router --window W and --model BASE (see %s fit --help)",
 				       prog);
+	if (a->transformer && !a->window)
+		return cli_usage_error(prog, "fit: --transformer is a window router: it needs "
+				       "--window W and --model BASE");
 	a->in = argv[optind];
 	a->fo.max_iter = (int)a->iters;
 	if (a->fo.min_share < 0)
@@ -736,6 +767,39 @@ static int fit_window_rows(struct fit_args *a, struct fit_data *d)
 	return rc;
 }
 
+/* The transformer window router (wrouter.h), fitted and written by the library; > 0:
+ * reported. */
+static int fit_transformer(struct fit_args *a, struct fit_data *d)
+{
+	struct run_config c;
+	char *report = NULL;
+	int rc;
+
+	config_defaults(&c);
+	struct wrouter_fit_opts wo = {
+		.window = (int)a->window, .progress = !a->co.quiet, .train = c.train,
+		.target_len = (int)(a->target_len ? a->target_len : a->window)};
+	wo.train.steps = a->steps;
+	wo.train.lr = a->lr;
+	wo.train.batch_size = (int)a->batch;
+	wo.train.warmup_steps = a->steps / 10;
+	wo.train.seed = (uint64_t)a->seed;
+	if ((rc = open_backend(&a->co))) {
+		a->co.be = NULL;
+		return rc;
+	}
+	const double t0 = now_seconds();
+	rc = wrouter_fit(a->model, &d->s, &d->tf, &wo, a->co.be, a->co.out, &report);
+	if (rc < 0)
+		return cli_report(prog, rc);
+	json_error_t je;
+	rc = print_json(json_pack("{s:s,s:s,s:i,s:o,s:f}", "output", a->co.out, "kind",
+				  WROUTER_KIND, "paths", d->s.paths, "report",
+				  json_loads(report, 0, &je), "seconds", now_seconds() - t0));
+	free(report);
+	return rc;
+}
+
 static int fit_run(struct fit_args *a)
 {
 	struct fit_data d = {0};
@@ -750,6 +814,10 @@ static int fit_run(struct fit_args *a)
 		return cli_report(prog, rc);
 	}
 	rc = scores_check_corpus(&d.s, a->scores_path, &d.tf);
+	if (!rc && a->transformer) {
+		rc = fit_transformer(a, &d);
+		goto out;
+	}
 	if (!rc)
 		rc = a->window ? fit_window_rows(a, &d) : fit_doc_rows(a, &d);
 	if (!rc && d.n < 2)
@@ -773,6 +841,7 @@ static int fit_run(struct fit_args *a)
 	} else if (rc < 0) {
 		rc = cli_report(prog, rc);
 	}
+out:
 	free(d.x);
 	free(d.y);
 	free(d.score);
@@ -843,8 +912,10 @@ static json_t *mode_json(const struct route_eval_mode *m, const struct route_eva
 			 uint64_t docs)
 {
 	const double loss = m->tokens ? m->nll / (double)m->tokens : NAN;
-	return json_pack("{s:s,s:i,s:f,s:f,s:I,s:I,s:I,s:I,s:f,s:f,s:f}", "routing",
-			 m->window ? "window" : "document", "window", m->window, "loss", loss,
+	return json_pack("{s:s,s:s,s:i,s:f,s:f,s:I,s:I,s:I,s:I,s:f,s:f,s:f}", "routing",
+			 m->window ? "window" : "document", "window_router",
+			 !m->window ? "" : m->transformer ? "transformer" : "logreg", "window",
+			 m->window, "loss", loss,
 			 "perplexity", exp(loss), "tokens", (json_int_t)m->tokens, "forwarded",
 			 (json_int_t)m->forwarded, "base_tokens", (json_int_t)m->base_tokens,
 			 "switches", (json_int_t)m->switches, "switches_per_doc",
@@ -923,7 +994,8 @@ static int eval_report(const struct eval_args *a, const struct tokfile *tf, int 
 		char name[32];
 		const double loss = m->tokens ? m->nll / (double)m->tokens : NAN;
 		if (m->window)
-			snprintf(name, sizeof name, "every %d tokens", m->window);
+			snprintf(name, sizeof name, "every %d tokens%s", m->window,
+				 m->transformer ? ", tr." : "");
 		else
 			snprintf(name, sizeof name, "once per document");
 		printf("%-22s %10.4f %10.5f %10llu %12.2f %10.3f %7.2fx\n", name, exp(loss), loss,
@@ -934,7 +1006,8 @@ static int eval_report(const struct eval_args *a, const struct tokfile *tf, int 
 		json_array_append_new(rows, mode_json(m, &modes[0], tf->ndocs));
 	}
 	printf("(forwarded: tokens run through the paths per token scored; cost: wall time\n"
-	       " against routing once per document, base-model features included)\n");
+	       " against routing once per document, base-model features included; tr.: the\n"
+	       " transformer window router)\n");
 	fflush(stdout);
 	char *src = pathset_source(&a->ps);
 	json_t *j = json_pack("{s:s,s:s,s:I,s:i,s:i,s:i,s:I,s:s,s:o}", "corpus", tf->path,
@@ -970,10 +1043,12 @@ static int eval_run(struct eval_args *a)
 		return cli_report(prog, rc);
 	if (a->router_path && (rc = router_read(a->router_path, &doc)) == 0)
 		have_doc = 1;
+	if (!rc && (rc = open_backend(&a->co)))
+		goto out;
 	for (int i = 0; !rc && i < a->nw; i++) {
-		if ((rc = router_read(a->wpaths[i], &win[i])) == 0)
+		if ((rc = wrouter_open_window(a->wpaths[i], a->co.be, &win[i])) == 0)
 			nread = i + 1;
-		if (!rc && win[i].kind != ROUTER_WINDOW)
+		if (!rc && win[i].kind != ROUTER_WINDOW && win[i].kind != ROUTER_TRANSFORMER)
 			rc = err_set(CORE_EFORMAT, a->wpaths[i], "is a %s router, not a window "
 				     "router", router_kind_name(win[i].kind));
 		wp[i] = &win[i];
@@ -985,8 +1060,6 @@ static int eval_run(struct eval_args *a)
 		rc = cli_report(prog, rc);
 		goto out;
 	}
-	if ((rc = open_backend(&a->co)))
-		goto out;
 	if ((rc = open_paths(ps, &a->co, (int)a->batch, "eval")))
 		goto out;
 	if ((rc = lm_open(&base, a->model, a->co.be, (int)a->batch)) == 0)
@@ -1022,12 +1095,12 @@ out:
 	if (have_base)
 		lm_close(&base);
 	pathset_close(ps);
+	for (int i = 0; i < nread; i++) /* a transformer router's model lives on the backend */
+		router_free(&win[i]);
 	if (a->co.be)
 		backend_close(a->co.be);
 	if (have_doc)
 		router_free(&doc);
-	for (int i = 0; i < nread; i++)
-		router_free(&win[i]);
 	tokfile_close(&tf);
 	return rc;
 }

@@ -282,7 +282,7 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 	for (long st = first; st < last; st++) {
 		double ts = now_seconds(), lr;
 		float loss, norm;
-		rc = train_step_on(&k.g, tc, &trainset, st, adam_t0, k.in, k.tg, &loss, &norm, &lr);
+		rc = train_step_on(&k.g, tc, &trainset, NULL, st, adam_t0, k.in, k.tg, &loss, &norm, &lr);
 		if (rc)
 			goto out;
 		double dt = now_seconds() - ts;

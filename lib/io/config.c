@@ -1425,7 +1425,8 @@ void config_defaults(struct run_config *c)
 int config_model_equal(const struct model_config *a, const struct model_config *b)
 {
 	return a->n_layer == b->n_layer && a->n_embd == b->n_embd && a->n_head == b->n_head &&
-	       a->seq_len == b->seq_len && a->vocab_size == b->vocab_size;
+	       a->seq_len == b->seq_len && a->vocab_size == b->vocab_size &&
+	       model_n_out(a) == model_n_out(b);
 }
 
 int config_load(struct run_config *c, const char *path)

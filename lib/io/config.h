@@ -18,7 +18,17 @@ struct model_config {
 	int n_layer, n_embd, n_head;
 	int seq_len;    /* T: context length, also the size of wpe */
 	int vocab_size; /* V */
+	int n_out;      /* rows of lm_head, the classes of the output; 0: vocab_size (a language
+			 * model). Not a config key: a window router (dpc-route fit --transformer)
+			 * is the base model with a head over the P paths, and its checkpoint
+			 * says so in its metadata (dpc-checkpoint(5)). */
 };
+
+/* The classes of the model's output: n_out, or vocab_size for a language model. */
+static inline int model_n_out(const struct model_config *c)
+{
+	return c->n_out > 0 ? c->n_out : c->vocab_size;
+}
 
 struct train_config {
 	int batch_size;          /* B */

@@ -129,7 +129,12 @@ static int read_info(struct st_file *f, struct ckpt_info *info)
 			       fmt ? "'" : "", fmt ? fmt : "missing", fmt ? "'" : "");
 	for (int i = 0; i < 5; i++)
 		ERR_FORWARD(st_meta_long(f, keys[i], 1, INT_MAX, &v[i]));
-	info->model = (struct model_config){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]};
+	info->model = (struct model_config){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], 0};
+	if (st_meta(f, "n_out")) { /* a head over classes, not the vocabulary: a window router */
+		long no;
+		ERR_FORWARD(st_meta_long(f, "n_out", 1, INT_MAX, &no));
+		info->model.n_out = (int)no;
+	}
 	ERR_FORWARD(st_meta_long(f, "step", 0, 1L << 62, &info->step));
 	const char *opt = st_meta(f, "optimizer");
 	info->has_optim = opt && strcmp(opt, "adamw") == 0;
@@ -224,10 +229,12 @@ int ckpt_load(const char *path, struct gpt2 *g, int what, long *step)
 		goto out;
 	if (!config_model_equal(&info.model, &g->cfg)) {
 		rc = err_set(CORE_ESHAPE, path,
-			     "model is L=%d C=%d NH=%d T=%d V=%d, config says L=%d C=%d NH=%d T=%d V=%d",
+			     "model is L=%d C=%d NH=%d T=%d V=%d out=%d, config says L=%d C=%d "
+			     "NH=%d T=%d V=%d out=%d",
 			     info.model.n_layer, info.model.n_embd, info.model.n_head,
-			     info.model.seq_len, info.model.vocab_size, g->cfg.n_layer,
-			     g->cfg.n_embd, g->cfg.n_head, g->cfg.seq_len, g->cfg.vocab_size);
+			     info.model.seq_len, info.model.vocab_size, model_n_out(&info.model),
+			     g->cfg.n_layer, g->cfg.n_embd, g->cfg.n_head, g->cfg.seq_len,
+			     g->cfg.vocab_size, model_n_out(&g->cfg));
 		goto out;
 	}
 	if ((what & CKPT_MOMENTS) && g->forward_only) {
@@ -270,6 +277,10 @@ int ckpt_export_hf(const char *ckpt, const char *dir, struct backend *be)
 	int rc;
 
 	ERR_FORWARD(ckpt_info(ckpt, &info));
+	if (info.model.n_out)
+		return err_set(CORE_EUSAGE, ckpt, "a window router (a head over %d paths), not a "
+			       "language model: GPT-2 has no such head to export",
+			       info.model.n_out);
 	ERR_FORWARD(gpt2_create_forward(&g, &info.model, 1, 1, be));
 	const struct tensor **ts = calloc((size_t)g.nviews, sizeof *ts);
 	struct tensor *views = calloc((size_t)g.nviews, sizeof *views);

@@ -123,7 +123,7 @@ static size_t layout_acts(struct gpt2_acts *a, const struct model_config *c, int
 	TAKE(a->lnf, N * C);
 	TAKE(a->lnf_mean, N);
 	TAKE(a->lnf_rstd, N);
-	TAKE(a->probs, N * c->vocab_size);
+	TAKE(a->probs, N * model_n_out(c));
 	TAKE(a->losses, N);
 	if (a->nla == c->n_layer && !forward_only) {
 		TAKE(a->dres, N * C);
@@ -136,11 +136,13 @@ static size_t layout_acts(struct gpt2_acts *a, const struct model_config *c, int
 
 static int check_config(const struct model_config *c, int B, int T)
 {
-	if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->seq_len < 1 || c->vocab_size < 1)
+	if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->seq_len < 1 ||
+	    c->vocab_size < 1 || c->n_out < 0)
 		return err_set(CORE_ECONFIG, NULL,
 			       "model sizes must be positive (n_layer %d, n_embd %d, n_head %d, "
-			       "seq_len %d, vocab_size %d)",
-			       c->n_layer, c->n_embd, c->n_head, c->seq_len, c->vocab_size);
+			       "seq_len %d, vocab_size %d, n_out %d)",
+			       c->n_layer, c->n_embd, c->n_head, c->seq_len, c->vocab_size,
+			       c->n_out);
 	if (c->n_embd % c->n_head)
 		return err_set(CORE_ECONFIG, NULL, "n_embd %d is not divisible by n_head %d",
 			       c->n_embd, c->n_head);
@@ -155,6 +157,7 @@ static int define_views(struct gpt2 *g, size_t *offs)
 {
 	const int L = g->cfg.n_layer;
 	const int64_t C = g->cfg.n_embd, V = g->cfg.vocab_size, S = g->cfg.seq_len;
+	const int64_t Vo = model_n_out(&g->cfg);
 	static const struct {
 		const char *name;
 		int ndim, mult[2]; /* shape in units of C (0: none) */
@@ -199,7 +202,7 @@ static int define_views(struct gpt2 *g, size_t *offs)
 	int vf = V_LAYER(L, 0);
 	ADD_VIEW(vf, "ln_f.weight", 1, C, 0);
 	ADD_VIEW(vf + 1, "ln_f.bias", 1, C, 0);
-	ADD_VIEW(vf + 2, "lm_head.weight", 2, V, C);
+	ADD_VIEW(vf + 2, "lm_head.weight", 2, Vo, C);
 #undef ADD_VIEW
 	g->nparams = off;
 	return 0;
@@ -388,14 +391,14 @@ int gpt2_init_view(const struct gpt2_layout *l, int i, struct backend *be, float
 static int check_tokens(const struct gpt2 *g, const int32_t *inputs, const int32_t *targets,
 			int N)
 {
-	const int V = g->cfg.vocab_size;
+	const int V = g->cfg.vocab_size, Vo = model_n_out(&g->cfg);
 	for (int n = 0; n < N; n++) {
 		if (inputs[n] < 0 || inputs[n] >= V)
 			return err_set(CORE_EUSAGE, NULL, "token %d at position %d outside 0..%d",
 				       inputs[n], n, V - 1);
-		if (targets && (targets[n] < 0 || targets[n] >= V))
+		if (targets && (targets[n] < 0 || targets[n] >= Vo))
 			return err_set(CORE_EUSAGE, NULL, "target %d at position %d outside 0..%d",
-				       targets[n], n, V - 1);
+				       targets[n], n, Vo - 1);
 	}
 	return 0;
 }
@@ -487,7 +490,7 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 {
 	struct backend *be = g->be;
 	struct gpt2_acts *a = g->acts;
-	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = g->cfg.vocab_size;
+	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = model_n_out(&g->cfg);
 	ERR_FORWARD(forward_to(g, inputs, targets, B, T, L - 1));
 	const int N = B * T;
 	ERR_FORWARD(be->op->matmul_forward(be, a->probs, a->lnf, P(g, V_LAYER(L, 2)), NULL, N, C,
@@ -510,7 +513,7 @@ int gpt2_forward_logits(struct gpt2 *g, const int32_t *inputs, int B, int T, flo
 {
 	struct backend *be = g->be;
 	struct gpt2_acts *a = g->acts;
-	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = g->cfg.vocab_size;
+	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = model_n_out(&g->cfg);
 	ERR_FORWARD(forward_to(g, inputs, NULL, B, T, L - 1));
 	ERR_FORWARD(be->op->matmul_forward(be, a->probs, a->lnf, P(g, V_LAYER(L, 2)), NULL, B * T,
 					   C, V, BACKEND_W_OI));
@@ -523,7 +526,7 @@ int gpt2_decoder_open(struct gpt2_decoder *d, struct gpt2 *g)
 {
 	struct backend *be = g->be;
 	const size_t L = (size_t)g->cfg.n_layer, T = (size_t)g->cfg.seq_len;
-	const size_t C = (size_t)g->cfg.n_embd, V = (size_t)g->cfg.vocab_size;
+	const size_t C = (size_t)g->cfg.n_embd, V = (size_t)model_n_out(&g->cfg);
 	struct {
 		float **p;
 		size_t n;
@@ -571,7 +574,8 @@ int gpt2_decoder_step(struct gpt2_decoder *d, int32_t token, float *logits)
 	struct gpt2 *g = d->g;
 	struct backend *be = g->be;
 	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head, hs = C / NH;
-	const int T = g->cfg.seq_len, V = g->cfg.vocab_size, t = d->pos;
+	const int T = g->cfg.seq_len, V = g->cfg.vocab_size, Vo = model_n_out(&g->cfg);
+	const int t = d->pos;
 	if (t >= T)
 		return err_set(CORE_EUSAGE, NULL, "the decoding cache is full: %d positions", T);
 	if (token < 0 || token >= V)
@@ -623,8 +627,8 @@ int gpt2_decoder_step(struct gpt2_decoder *d, int32_t token, float *logits)
 	if (!logits)
 		return 0;
 	ERR_FORWARD(be->op->matmul_forward(be, d->logits, d->ln, P(g, V_LAYER(L, 2)), NULL, 1, C,
-					   V, BACKEND_W_OI));
-	return be->op->download(be, logits, d->logits, sizeof(float) * (size_t)V);
+					   Vo, BACKEND_W_OI));
+	return be->op->download(be, logits, d->logits, sizeof(float) * (size_t)Vo);
 }
 
 int gpt2_losses(const struct gpt2 *g, float *out)
@@ -687,6 +691,7 @@ int gpt2_backward(struct gpt2 *g)
 	struct backend *be = g->be;
 	struct gpt2_acts *a = g->acts;
 	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = g->cfg.vocab_size;
+	const int Vo = model_n_out(&g->cfg);
 	const int B = a->B, T = a->T, N = B * T;
 	if (g->forward_only)
 		return err_set(CORE_EUSAGE, NULL, "backward on a forward-only model");
@@ -695,10 +700,10 @@ int gpt2_backward(struct gpt2 *g)
 	a->have_targets = 0; /* probs become dlogits below */
 
 	/* loss = mean of N cross-entropies: dlogits = (p - onehot) / N, in place */
-	ERR_FORWARD(be->op->crossentropy_backward(be, a->probs, a->targets, N, V,
+	ERR_FORWARD(be->op->crossentropy_backward(be, a->probs, a->targets, N, Vo,
 						  1.0f / (float)N));
 	ERR_FORWARD(be->op->matmul_backward(be, a->dbuf, G(g, V_LAYER(L, 2)), NULL, a->probs,
-					    a->lnf, P(g, V_LAYER(L, 2)), N, C, V, BACKEND_W_OI,
+					    a->lnf, P(g, V_LAYER(L, 2)), N, C, Vo, BACKEND_W_OI,
 					    0));
 	ERR_FORWARD(be->op->layernorm_backward(be, a->dres, G(g, V_LAYER(L, 0)),
 					       G(g, V_LAYER(L, 1)), a->dbuf,

@@ -31,24 +31,26 @@ double train_lr(const struct train_config *t, long s)
 	return t->lr * (t->min_lr_frac + (1.0 - t->min_lr_frac) * 0.5 * (1.0 + cos(M_PI * p)));
 }
 
-/* Tokens start..start+T-1 as inputs and start+1..start+T as their targets. */
-static void fill_window(const struct tokfile *tf, uint64_t start, int T, int32_t *in,
-			int32_t *tg)
+/* Tokens start..start+T-1 as inputs and start+1..start+T as their targets, or the labels
+ * of those positions (labels not NULL). */
+static void fill_window(const struct tokfile *tf, const int32_t *labels, uint64_t start, int T,
+			int32_t *in, int32_t *tg)
 {
 	for (int t = 0; t < T; t++) {
-		in[t] = (int32_t)tokfile_token(tf, start + (uint64_t)t);
-		tg[t] = (int32_t)tokfile_token(tf, start + (uint64_t)t + 1);
+		const uint64_t k = start + (uint64_t)t;
+		in[t] = (int32_t)tokfile_token(tf, k);
+		tg[t] = labels ? labels[k + 1] : (int32_t)tokfile_token(tf, k + 1);
 	}
 }
 
-void train_sample_batch(const struct tokfile *tf, uint64_t seed, uint64_t stream, long s, int B,
-			int T, int32_t *inputs, int32_t *targets)
+void train_sample_batch(const struct tokfile *tf, const int32_t *labels, uint64_t seed,
+			uint64_t stream, long s, int B, int T, int32_t *inputs, int32_t *targets)
 {
 	uint64_t span = tf->ntokens - (uint64_t)T;
 
 	for (int b = 0; b < B; b++) {
 		uint64_t start = rng_below(seed, stream, (uint64_t)s * (uint64_t)B + (uint64_t)b, span);
-		fill_window(tf, start, T, inputs + (size_t)b * T, targets + (size_t)b * T);
+		fill_window(tf, labels, start, T, inputs + (size_t)b * T, targets + (size_t)b * T);
 	}
 }
 
@@ -87,7 +89,7 @@ int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, do
 	for (uint64_t w = 0; w < nwin; w += (uint64_t)B) {
 		const int rows = nwin - w < (uint64_t)B ? (int)(nwin - w) : B;
 		for (int b = 0; b < rows; b++)
-			fill_window(tf, (w + (uint64_t)b) * (uint64_t)T, T, in + (size_t)b * T,
+			fill_window(tf, NULL, (w + (uint64_t)b) * (uint64_t)T, T, in + (size_t)b * T,
 				    tg + (size_t)b * T);
 		rc = gpt2_forward(g, in, tg, rows, T, NULL);
 		if (!rc)
@@ -249,15 +251,15 @@ static int run_open(struct run *s, const struct train_opts *o, long until, long 
 }
 
 int train_step_on(struct gpt2 *g, const struct train_config *tc, const struct tokfile *data,
-		  long st, long t0, int32_t *in, int32_t *tg, float *loss, float *norm,
-		  double *lr)
+		  const int32_t *labels, long st, long t0, int32_t *in, int32_t *tg, float *loss,
+		  float *norm, double *lr)
 {
 	const int B = tc->batch_size, T = g->cfg.seq_len;
 	const struct adamw_config opt = {tc->beta1, tc->beta2, tc->eps, tc->weight_decay};
 	int rc;
 
 	*lr = train_lr(tc, st);
-	train_sample_batch(data, tc->seed, RNG_STREAM_BATCH, st, B, T, in, tg);
+	train_sample_batch(data, labels, tc->seed, RNG_STREAM_BATCH, st, B, T, in, tg);
 	*loss = NAN;
 	rc = gpt2_forward(g, in, tg, B, T, loss);
 	if (rc == CORE_ENAN)
@@ -278,8 +280,8 @@ int train_step_on(struct gpt2 *g, const struct train_config *tc, const struct to
 static int train_step(struct run *s, const struct train_opts *o, long st, float *loss,
 		      float *norm, double *lr)
 {
-	return train_step_on(&s->g, &o->cfg->train, &s->data, st, 0, s->in, s->tg, loss, norm,
-			     lr);
+	return train_step_on(&s->g, &o->cfg->train, &s->data, NULL, st, 0, s->in, s->tg, loss,
+			     norm, lr);
 }
 
 int train_path_run(const struct train_opts *o, struct train_result *r)

@@ -46,9 +46,11 @@ struct train_result {
  * lr*min_lr_frac at steps; with restart_step R > 0, steps [0, R) and [R, steps) each have
  * that schedule in full (the second's step index counted from R). */
 double train_lr(const struct train_config *t, long s);
-/* Fill inputs/targets [B*T] for step index s from stream (RNG_STREAM_BATCH for training). */
-void train_sample_batch(const struct tokfile *tf, uint64_t seed, uint64_t stream, long s, int B,
-			int T, int32_t *inputs, int32_t *targets);
+/* Fill inputs/targets [B*T] for step index s from stream (RNG_STREAM_BATCH for training).
+ * The targets are the next tokens, or with labels (one per token of tf) the labels of the
+ * next positions: a model that classifies each position (a window router). */
+void train_sample_batch(const struct tokfile *tf, const int32_t *labels, uint64_t seed,
+			uint64_t stream, long s, int B, int T, int32_t *inputs, int32_t *targets);
 /* Mean loss (nats/token) over consecutive windows starting at 0, T, 2T, ... while
  * start + T + 1 <= ntokens, at most max_tokens predicted tokens (0 = all). */
 int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, double *loss,
@@ -59,10 +61,10 @@ int train_check_data(const struct tokfile *tf, const struct model_config *m);
  * clipping by global norm, AdamW with bias correction for step t0 + st + 1 and the learning
  * rate of train_lr(tc, st). t0: the steps the moments had taken before step index 0 (0 for
  * moments that start at zero; a fork's source step when they came with it). in and tg hold
- * B x T tokens. */
+ * B x T tokens; labels: as train_sample_batch. */
 int train_step_on(struct gpt2 *g, const struct train_config *tc, const struct tokfile *data,
-		  long st, long t0, int32_t *in, int32_t *tg, float *loss, float *norm,
-		  double *lr);
+		  const int32_t *labels, long st, long t0, int32_t *in, int32_t *tg, float *loss,
+		  float *norm, double *lr);
 /* Train as the options say: from a fresh init or o->init_path, to step `until`, writing
  * checkpoints and metrics. */
 int train_path_run(const struct train_opts *o, struct train_result *r);

@@ -11,6 +11,7 @@
 #include "common/progress.h"
 #include "common/rng.h"
 #include "route/logreg.h"
+#include "route/wrouter.h"
 
 #include "common/banned.h"
 
@@ -344,7 +345,12 @@ int route_check_routers(struct router *doc, int *have_doc, const char *doc_path,
 		if (win[i].paths != npaths)
 			return err_set(CORE_ESHAPE, wpaths[i], "routes to %d paths, the model has "
 				       "%d", win[i].paths, npaths);
-		if (strcmp(win[i].r.digest, base->digest) || win[i].dim != 2 * base->g.cfg.n_embd)
+		if (win[i].kind == ROUTER_TRANSFORMER && strcmp(win[i].r.digest, base->digest))
+			return err_set(CORE_EFORMAT, wpaths[i], "was fine-tuned from checkpoint %s, "
+				       "but --model '%s' is %s", win[i].r.digest, model,
+				       base->digest);
+		if (win[i].kind != ROUTER_TRANSFORMER && (strcmp(win[i].r.digest, base->digest) ||
+							  win[i].dim != 2 * base->g.cfg.n_embd))
 			return err_set(CORE_EFORMAT, wpaths[i], "was fitted on features of "
 				       "checkpoint %s (%d values), but --model '%s' is %s (%d)",
 				       win[i].r.digest, win[i].dim, model, base->digest,
@@ -612,7 +618,13 @@ static int eval_mode(struct eval_ctx *e, const struct router *doc, const struct 
 			r->base_tokens += (uint64_t)e->prefix;
 			router_route(doc, e->dfeat, 1, &e->win_path[0]);
 			int nwin = 1, nb = 0;
-			if (W) {
+			if (W && wr->kind == ROUTER_TRANSFORMER) {
+				uint64_t fwd = 0;
+				ERR_FORWARD(wrouter_doc_paths(wr->tr, tf, d, e->prefix, W,
+							      &e->win_path[1], &fwd));
+				r->base_tokens += fwd;
+				nwin = (int)boundaries(len, e->prefix, W) + 1;
+			} else if (W) {
 				ERR_FORWARD(route_window_features(e->base, tf, d, wr->r.layer,
 								  e->prefix, wr->context, W,
 								  e->hidden, e->wfeat, &nb));
@@ -674,6 +686,7 @@ int route_evaluate(struct lm *paths, int npaths, struct lm *base, const struct r
 		struct route_eval_mode *r = &modes[i];
 		memset(r, 0, sizeof *r);
 		r->window = i ? windows[i - 1]->window : 0;
+		r->transformer = i && windows[i - 1]->kind == ROUTER_TRANSFORMER;
 		rc = eval_mode(&e, doc, i ? windows[i - 1] : NULL, r, progress, ctx, &done);
 	}
 out:

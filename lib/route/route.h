@@ -107,10 +107,12 @@ int route_fit_logreg(const float *x, const uint32_t *y, const float *score, uint
  * the prefix). A document of score_from tokens or fewer is not scored. */
 struct route_eval_mode {
 	int window;       /* 0 for once per document */
+	int transformer;  /* the window router is a transformer (wrouter.h), not a logreg */
 	double nll;       /* summed over the tokens scored, nats */
 	uint64_t tokens;  /* tokens scored */
 	uint64_t forwarded; /* tokens run through path models (each switch recomputes context) */
-	uint64_t base_tokens; /* tokens run through the base model for routing */
+	uint64_t base_tokens; /* tokens run through the base model (or a transformer window
+			       * router) for routing */
 	uint64_t switches;  /* windows whose path differs from the previous window's */
 	double seconds;
 };

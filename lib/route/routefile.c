@@ -10,6 +10,7 @@
 #include "common/err.h"
 #include "io/safetensors.h"
 #include "route/kmeans.h"
+#include "route/wrouter.h"
 
 #include "common/banned.h"
 
@@ -181,7 +182,7 @@ int features_check_corpus(const struct features *f, const char *fpath,
 
 /* ---- routers ------------------------------------------------------------------------------ */
 
-static const char *const kind_names[] = {"kmeans", "logreg", "window"};
+static const char *const kind_names[] = {"kmeans", "logreg", "window", "transformer"};
 
 const char *router_kind_name(enum router_kind k)
 {
@@ -229,8 +230,12 @@ void router_free(struct router *r)
 {
 	free(r->centroids);
 	free(r->report);
-	if (r->kind != ROUTER_KMEANS)
+	if (r->kind == ROUTER_LOGREG || r->kind == ROUTER_WINDOW)
 		logreg_free(&r->lr);
+	if (r->tr) {
+		wrouter_close(r->tr);
+		free(r->tr);
+	}
 	memset(r, 0, sizeof *r);
 }
 

@@ -59,7 +59,9 @@ int features_check_corpus(const struct features *f, const char *fpath,
 			  const struct tokfile *tf);
 void features_free(struct features *f);
 
-enum router_kind { ROUTER_KMEANS, ROUTER_LOGREG, ROUTER_WINDOW };
+enum router_kind { ROUTER_KMEANS, ROUTER_LOGREG, ROUTER_WINDOW, ROUTER_TRANSFORMER };
+
+struct wrouter; /* wrouter.h: a transformer window router, opened with a backend */
 
 struct router {
 	enum router_kind kind;
@@ -68,6 +70,8 @@ struct router {
 	int window, context; /* ROUTER_WINDOW: re-route every window tokens; context, see route.h */
 	float *centroids;    /* ROUTER_KMEANS: [paths, dim] */
 	struct logreg lr;    /* ROUTER_LOGREG and ROUTER_WINDOW */
+	struct wrouter *tr;  /* ROUTER_TRANSFORMER (wrouter_open_window; r.digest is the base's
+			      * it was fine-tuned from, dim 0); router_free closes it */
 	char *report;        /* JSON text, or NULL */
 };
 

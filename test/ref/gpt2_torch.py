@@ -358,7 +358,8 @@ def param_shapes(m):
               (p + "ln_2.weight", (C,)), (p + "ln_2.bias", (C,)),
               (p + "mlp.c_fc.weight", (C, 4 * C)), (p + "mlp.c_fc.bias", (4 * C,)),
               (p + "mlp.c_proj.weight", (4 * C, C)), (p + "mlp.c_proj.bias", (C,))]
-    s += [("ln_f.weight", (C,)), ("ln_f.bias", (C,)), ("lm_head.weight", (V, C))]
+    # a window router's head is over its paths (metadata n_out), a language model's over V
+    s += [("ln_f.weight", (C,)), ("ln_f.bias", (C,)), ("lm_head.weight", (m.get("n_out") or V, C))]
     return s
 
 

@@ -104,6 +104,8 @@ def load_model(path):
     t, meta = g2.st_read(path)
     try:
         m = {k: int(meta[k]) for k in g2.MODEL_KEYS}
+        if "n_out" in meta:
+            m["n_out"] = int(meta["n_out"])
     except (KeyError, ValueError) as e:
         die(f"cannot read '{path}': metadata lacks model size {e}")
     P = {}
@@ -257,6 +259,40 @@ class Router:
         return best, float(s[best] - rest.max()) if rest.size else math.inf
 
 
+class TransformerRouter:
+    """A transformer window router (lib/route/wrouter.h): a dpc-checkpoint whose head is over
+    the paths; at boundary a it reads the (at most seq_len) tokens before a and routes the
+    window after a to the argmax of its output at position a - 1."""
+
+    def __init__(self, path):
+        _, meta = g2.st_read(path)
+        if meta.get("format") != "dpc-checkpoint" or meta.get("router") != "transformer":
+            die(f"'{path}': not a transformer window router")
+        self.path, self.meta, self.kind = path, meta, "transformer"
+        try:
+            self.paths, self.window = int(meta["n_out"]), int(meta["window"])
+            self.prefix = int(meta["prefix"])
+        except (KeyError, ValueError) as e:
+            die(f"'{path}': metadata lacks or mangles {e}")
+        self.P, self.m = load_model(path)
+
+    def route_at(self, doc, a):
+        """(path, margin) for the window starting at a of the document's tokens doc."""
+        import torch
+        ctx = doc[max(0, a - self.m["seq_len"]):a]
+        with torch.no_grad():
+            _, logp = forward(self.P, torch.from_numpy(ctx[None, :].astype(np.int64)), self.m)
+        s = logp[0, -1].numpy()
+        best = int(np.argmax(s))
+        rest = np.delete(s, best)
+        return best, float(s[best] - rest.max()) if rest.size else math.inf
+
+
+def open_window_router(path):
+    _, meta = g2.st_read(path)
+    return TransformerRouter(path) if meta.get("router") == "transformer" else Router(path)
+
+
 def window_spans(n, prefix, W):
     """[(start, end)] of the windows over [prefix, n): [prefix + m W, prefix + (m + 1) W)."""
     return [(b, min(b + W, n)) for b in range(prefix, n, W)] if W else \
@@ -268,11 +304,11 @@ def evaluate(tok_path, base, doc_router, wrouters, ckpts):
     decisions' smallest margins."""
     toks, offs, _ = read_tokfile(tok_path)
     R = Router(doc_router)
-    WR = [Router(w) for w in wrouters]
+    WR = [open_window_router(w) for w in wrouters]
     if R.kind not in ("kmeans", "logreg"):
         die(f"'{doc_router}' is a {R.kind} router, not a document router")
     for w in WR:
-        if w.kind != "window":
+        if w.kind not in ("window", "transformer"):
             die(f"'{w.path}' is a {w.kind} router, not a window router")
         if w.prefix != R.prefix:
             die(f"'{w.path}' has windows from token {w.prefix}, the document router's "
@@ -283,9 +319,10 @@ def evaluate(tok_path, base, doc_router, wrouters, ckpts):
     N = R.prefix
     P, m = load_model(base)
     C = m["n_embd"]
-    if R.dim != C or any(w.dim != 2 * C for w in WR):
-        die(f"router dimensions {[R.dim] + [w.dim for w in WR]} do not fit the base's C = {C}")
-    layers = sorted({R.layer} | {w.layer for w in WR})
+    LR = [w for w in WR if w.kind == "window"]
+    if R.dim != C or any(w.dim != 2 * C for w in LR):
+        die(f"router dimensions {[R.dim] + [w.dim for w in LR]} do not fit the base's C = {C}")
+    layers = sorted({R.layer} | {w.layer for w in LR})
     hid, _ = run_corpus(P, m, toks, offs, layers=layers, logprob=False)
     lp, _ = scores(ckpts, toks, offs, N)
     feats = prefix_means(hid[R.layer], offs, N)
@@ -302,11 +339,14 @@ def evaluate(tok_path, base, doc_router, wrouters, ckpts):
         nll, tokens, switches, wm = 0.0, 0, 0, []
         for d in range(ndocs):
             s0, n = int(offs[d]), int(offs[d + 1] - offs[d])
-            h = hid[w.layer][s0:s0 + n] if w else None
+            h = hid[w.layer][s0:s0 + n] if w and w.kind == "window" else None
             prev = None
             for k, (a, e) in enumerate(window_spans(n, N, W)):
                 if k == 0:
                     p = choice[d]
+                elif w.kind == "transformer":
+                    p, mg = w.route_at(toks[s0:s0 + n], a)
+                    wm.append((mg, d, a))
                 else:
                     x = np.concatenate([h[max(0, a - w.context):a].mean(0), h[:a].mean(0)])
                     p, mg = w.route(x)

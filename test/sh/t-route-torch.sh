@@ -1,8 +1,10 @@
 # t-route-torch.sh - dpc-route against the independent PyTorch reference
 # (test/ref/route_torch.py): prefix features (two blocks), per-token and per-document scores
 # of three paths, and evaluation with test-time routing (a logistic-regression and a k-means
-# document router, two window routers of different W, context and block), all recomputed
-# from the checkpoints and the token file in float64.
+# document router, two window routers of different W, context and block, and a transformer
+# window router: the base fine-tuned with a head over the paths), all recomputed from the
+# checkpoints and the token file in float64; the transformer router's training labels (the
+# best path for the next L tokens at every position) counted from the scores.
 #
 # The model is configs/gpt-small-test.yaml (L=2 C=32 T=32 V=256): a base trained a few steps
 # on a mixed corpus, and three paths trained further from it, on words, on numbers and on the
@@ -86,9 +88,12 @@ route kmeans -k 3 -o K.st F.st
 route fit --scores S.st --features F.st -o R.st "$TOK"
 route fit --scores S.st --window 12 -m base.safetensors -o W12.st "$TOK"
 route fit --scores S.st --window 40 --context 20 --layer 0 -m base.safetensors -o W40.st "$TOK"
+route fit --scores S.st --window 12 --transformer --target-len 20 --steps 40 -t 2 \
+	-m base.safetensors -o T12.st "$TOK"
+cp out.stdout T12.json
 # shellcheck disable=SC2086
 route eval $PATHS -m base.safetensors --router R.st --window-router W12.st \
-	--window-router W40.st --json E.json "$TOK"
+	--window-router W40.st --window-router T12.st --json E.json "$TOK"
 sed 's/^/    /' out.stdout
 # shellcheck disable=SC2086
 route eval $PATHS -m base.safetensors --router K.st --window-router W40.st \
@@ -104,9 +109,27 @@ ref compare-features F0.st base.safetensors "$TOK" --prefix 8 --layer 0 ||
 echo "scores:"
 # shellcheck disable=SC2086
 ref compare-scores S.st "$TOK" $REFPATHS --prefix 8 || die "scores differ from the reference"
-echo "eval, logreg document router, window routers W=12 and W=40:"
+echo "transformer window router: its labels (L = 20) counted from the scores:"
+"$PY" - "$ROOT/test/ref" S.st "$TOK" T12.json <<'EOF' || die "the transformer router's labels differ"
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import gpt2_torch as g2
+t, _ = g2.st_read(sys.argv[2])
+lp = t["logprob"].astype(np.float64)
+_, offs, _ = g2.read_tokfile(sys.argv[3])
+L, counts = 20, np.zeros(lp.shape[1], dtype=np.int64)
+for d in range(len(offs) - 1):
+    s0, e = int(offs[d]), int(offs[d + 1])
+    for k in range(s0, e):
+        counts[int(np.argmax(lp[k:min(k + L, e)].sum(0)))] += 1
+ours = json.load(open(sys.argv[4]))["report"]["label_counts"]
+print(f"  ours {ours}, counted {counts.tolist()}")
+sys.exit(0 if ours == counts.tolist() else 1)
+EOF
+echo "eval, logreg document router, window routers W=12 and W=40, transformer W=12:"
 # shellcheck disable=SC2086
-ref compare-eval E.json "$TOK" base.safetensors R.st W12.st W40.st $PATHS ||
+ref compare-eval E.json "$TOK" base.safetensors R.st W12.st W40.st T12.st $PATHS ||
 	die "eval (logreg router) differs from the reference"
 echo "eval, k-means document router, window routers W=40 and W=12:"
 # shellcheck disable=SC2086
@@ -127,6 +150,6 @@ grep -q "features differ" neg.out || { cat neg.out; die "the values were not fou
 must_fail "scores compared with paths 0 and 1 swapped" \
 	compare-scores S.st "$TOK" p1.safetensors p0.safetensors p2.safetensors --prefix 8
 must_fail "eval compared with paths 0 and 1 swapped" \
-	compare-eval E.json "$TOK" base.safetensors R.st W12.st W40.st \
+	compare-eval E.json "$TOK" base.safetensors R.st W12.st W40.st T12.st \
 	--path p1.safetensors --path p0.safetensors --path p2.safetensors
 echo "ok"

@@ -2016,7 +2016,7 @@ struct gpt2_step_out {
 };
 
 enum { GS_B = 3, GS_T = 16 };
-static const struct model_config gs_cfg = {2, 32, 4, GS_T, 50};
+static const struct model_config gs_cfg = {2, 32, 4, GS_T, 50, 0};
 static const double gs_lr = 1e-3;
 
 static void gpt2_step_on(struct backend *be, struct gpt2_step_out *o)

@@ -10,7 +10,8 @@
  * Model: tiny config (L=2, C=16, NH=2, T=8, V=32, B=2) with weights larger than GPT-2's
  * init so gradients are well above float noise; a random subset of parameters from every
  * tensor, each by a fourth-order difference of the float loss, and the directional
- * derivative along random directions over all parameters.
+ * derivative along random directions over all parameters. The same with a head over 5
+ * classes instead of the 32 tokens (n_out: a window router's model), its targets classes.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -19,6 +20,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "common/err.h"
 #include "common/rng.h"
 #include "model/gpt2.h"
 
@@ -473,14 +475,17 @@ Test(gpt2_grad, embedding)
 
 /* ---- the whole model ------------------------------------------------------------------ */
 
-static const struct model_config tiny = {2, 16, 2, 8, 32};
+static const struct model_config tiny = {2, 16, 2, 8, 32, 0};
+/* a window router's model: the same blocks, a head over 5 classes */
+static const struct model_config tiny_router = {2, 16, 2, 8, 32, 5};
+static const struct model_config *cur = &tiny; /* the model the tests below build */
 enum { TB = 2, TT = 8 };
 
 /* Weights N(0, 0.15) (LayerNorm weights 1 + N(0, 0.15)) so the gradients stand well clear
  * of float rounding in the loss. */
 static void tiny_model(struct gpt2 *g, int32_t *x, int32_t *y)
 {
-	cr_assert_eq(gpt2_create(g, &tiny, TB, TT, be), 0);
+	cr_assert_eq(gpt2_create(g, cur, TB, TT, be), 0);
 	for (size_t i = 0; i < g->nparams; i++)
 		g->params[i] = 0.15f * rng_normal(3, RNG_STREAM_TEST, i);
 	for (int v = 0; v < g->nviews; v++)
@@ -491,7 +496,8 @@ static void tiny_model(struct gpt2 *g, int32_t *x, int32_t *y)
 		}
 	for (int n = 0; n < TB * TT; n++) {
 		x[n] = (int32_t)rng_below(3, RNG_STREAM_TEST, 100000 + n, tiny.vocab_size);
-		y[n] = (int32_t)rng_below(3, RNG_STREAM_TEST, 200000 + n, tiny.vocab_size);
+		y[n] = (int32_t)rng_below(3, RNG_STREAM_TEST, 200000 + n,
+					  (uint64_t)model_n_out(cur));
 	}
 }
 
@@ -541,8 +547,8 @@ static void whole_model_random_parameters_on(void)
 			double want = model_fd(&g, x, y, &g.params[i], 1e-2f);
 			double d = fabs(grad[i] - want);
 			cr_assert(d <= 2e-4 + 2e-2 * fabs(want),
-				  "model L=2 C=16 NH=2 T=8 V=32 B=2: %s[%zu]: backward %.7g, "
-				  "finite difference %.7g",
+				  "model L=2 C=16 NH=2 T=8 V=32 out=%d B=2: %s[%zu]: backward "
+				  "%.7g, finite difference %.7g", model_n_out(cur),
 				  t->name, i - base, (double)grad[i], want);
 			num += (grad[i] - want) * (grad[i] - want);
 			den += want * want;
@@ -599,6 +605,32 @@ Test(gpt2_grad, whole_model_directional_derivative)
 	each_backend(whole_model_directional_derivative_on);
 }
 
+/* n_out = 5: lm_head is [5, C], the loss a cross-entropy over the 5 classes, and the
+ * gradient still that of the loss (a class >= 5 is refused as a target, a token < 32 taken
+ * as an input). */
+static void router_head_on(void)
+{
+	struct gpt2 g;
+	int32_t x[TB * TT], y[TB * TT];
+	tiny_model(&g, x, y);
+	const struct tensor *h = gpt2_find(&g, "lm_head.weight");
+	cr_assert(h && h->ne[0] == 5 && h->ne[1] == 16, "lm_head is not [5, 16]");
+	float logits[TB * TT * 5];
+	cr_assert_eq(gpt2_forward_logits(&g, x, TB, TT, logits), 0);
+	y[3] = 5;
+	cr_expect_eq(gpt2_forward(&g, x, y, TB, TT, NULL), CORE_EUSAGE, "target 5 of 5 classes");
+	gpt2_free(&g);
+	whole_model_random_parameters_on();
+	whole_model_directional_derivative_on();
+}
+
+Test(gpt2_grad, head_over_classes)
+{
+	cur = &tiny_router;
+	each_backend(router_head_on);
+	cur = &tiny;
+}
+
 static void deterministic_and_shorter_sequences_on(void)
 {
 	struct gpt2 g;
@@ -647,7 +679,7 @@ Test(gpt2_grad, deterministic_and_shorter_sequences)
  * where every op runs in parallel): no reduction depends on the split or the scheduling. */
 static void train_steps(float *out, size_t *n, int threads)
 {
-	struct model_config cfg = {2, 64, 2, 64, 64};
+	struct model_config cfg = {2, 64, 2, 64, 64, 0};
 	struct gpt2 g;
 	int B = 4, T = 64;
 	int32_t x[256], y[256];
