@@ -1308,9 +1308,10 @@ static int sample_open_dipaco(struct sample_args *a, struct sample_route *sr)
 		return rc;
 	if (a->router_path && (rc = router_read(a->router_path, &sr->doc)) == 0)
 		sr->have_doc = 1;
-	if (!rc && a->win_path && (rc = router_read(a->win_path, &sr->win)) == 0) {
+	if (!rc && a->win_path &&
+	    (rc = wrouter_open_window(a->win_path, a->co.be, &sr->win)) == 0) {
 		sr->have_win = 1;
-		if (sr->win.kind != ROUTER_WINDOW)
+		if (sr->win.kind != ROUTER_WINDOW && sr->win.kind != ROUTER_TRANSFORMER)
 			rc = err_set(CORE_EFORMAT, a->win_path, "is a %s router, not a window "
 				     "router", router_kind_name(sr->win.kind));
 	}

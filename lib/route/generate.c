@@ -7,6 +7,7 @@
 #include "common/rng.h"
 #include "route/generate.h"
 #include "route/route.h"
+#include "route/wrouter.h"
 
 #include "common/banned.h"
 
@@ -31,7 +32,17 @@ struct gen {
 	int *work;
 	size_t n, base, fed;
 	int cur;
+	struct gpt2_decoder rdec; /* a transformer window router's cache (not with nocache) */
+	int have_rdec;
 };
+
+/* The last window boundary prefix + m W (m >= 1) at or before n, 0 if none. */
+static uint64_t last_boundary(const struct gen_route *rt, uint64_t n)
+{
+	const uint64_t prefix = (uint64_t)rt->doc->r.prefix;
+	const uint64_t W = rt->win ? (uint64_t)rt->win->window : 0;
+	return W && n >= prefix + W ? prefix + (n - prefix) / W * W : 0;
+}
 
 /* Decide the path for the token at position n; a new path starts with an empty cache. */
 static int gen_route_step(struct gen *g, const struct gen_route *rt, size_t plen,
@@ -39,9 +50,18 @@ static int gen_route_step(struct gen *g, const struct gen_route *rt, size_t plen
 {
 	uint32_t path;
 	uint64_t at;
-	for (size_t j = 0; j < g->n; j++)
-		g->text[j] = (uint32_t)g->hist[j];
-	int rc = route_text_path(rt->base, rt->doc, rt->win, g->text, g->n, &path, &at);
+	const uint64_t b = last_boundary(rt, g->n);
+	int rc;
+	if (g->have_rdec && b && b <= (uint64_t)g->rdec.g->cfg.seq_len &&
+	    (uint64_t)g->rdec.pos < b) {
+		/* the transformer router from its cache: one position per token of the text */
+		rc = wrouter_cached_path(rt->win->tr, &g->rdec, g->hist, b, &path);
+		at = b;
+	} else {
+		for (size_t j = 0; j < g->n; j++)
+			g->text[j] = (uint32_t)g->hist[j];
+		rc = route_text_path(rt->base, rt->doc, rt->win, g->text, g->n, &path, &at);
+	}
 	if (rc < 0)
 		return rc;
 	if (path >= (uint32_t)g->npaths)
@@ -90,6 +110,8 @@ static void gen_free(struct gen *g)
 {
 	for (int p = 0; g->dec && !g->nocache && p < g->npaths; p++)
 		gpt2_decoder_close(&g->dec[p]);
+	if (g->have_rdec)
+		gpt2_decoder_close(&g->rdec);
 	free(g->dec);
 	free(g->hist);
 	free(g->text);
@@ -98,9 +120,10 @@ static void gen_free(struct gen *g)
 	free(g->work);
 }
 
-static int gen_open(struct gen *g, struct lm *paths, int npaths, int routed, size_t plen,
-		    const struct gen_opts *o)
+static int gen_open(struct gen *g, struct lm *paths, int npaths, const struct gen_route *rt,
+		    size_t plen, const struct gen_opts *o)
 {
+	const int routed = rt != NULL;
 	*g = (struct gen){.paths = paths, .npaths = npaths, .nocache = o->nocache,
 			  .V = paths[0].g.cfg.vocab_size, .T = paths[0].g.cfg.seq_len};
 	const size_t cap = plen + (size_t)o->tokens + 1;
@@ -123,6 +146,14 @@ static int gen_open(struct gen *g, struct lm *paths, int npaths, int routed, siz
 			return rc;
 		}
 	}
+	if (!g->nocache && rt && rt->win && rt->win->kind == ROUTER_TRANSFORMER) {
+		int rc = gpt2_decoder_open(&g->rdec, &rt->win->tr->g);
+		if (rc < 0) {
+			gen_free(g);
+			return rc;
+		}
+		g->have_rdec = 1;
+	}
 	return 0;
 }
 
@@ -142,7 +173,7 @@ int route_generate(struct lm *paths, int npaths, const struct gen_route *rt,
 				       paths[p].g.cfg.vocab_size, paths[p].g.cfg.seq_len,
 				       paths[0].g.cfg.vocab_size, paths[0].g.cfg.seq_len);
 	struct gen g;
-	int rc = gen_open(&g, paths, npaths, rt != NULL, plen, o);
+	int rc = gen_open(&g, paths, npaths, rt, plen, o);
 	if (rc < 0)
 		return rc;
 	for (size_t i = 0; i < plen && rc == 0; i++)

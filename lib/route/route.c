@@ -150,6 +150,10 @@ int route_text_path(struct lm *base, const struct router *doc, const struct rout
 {
 	const int prefix = doc->r.prefix, C = base->g.cfg.n_embd;
 	const int W = win ? win->window : 0;
+	if (W && win->kind == ROUTER_TRANSFORMER && n >= (uint64_t)prefix + (uint64_t)W) {
+		*boundary = (uint64_t)prefix + (n - (uint64_t)prefix) / (uint64_t)W * (uint64_t)W;
+		return wrouter_text_path(win->tr, tok, *boundary, path);
+	}
 	/* One document in memory: the text, and one more (placeholder) token so that the
 	 * boundary at n itself is inside it (a boundary's features read positions before it
 	 * only: the placeholder changes nothing). */

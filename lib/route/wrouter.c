@@ -45,6 +45,16 @@ static uint64_t doc_boundaries(uint64_t len, int prefix, int W)
 						    : 0;
 }
 
+/* The largest of row [P] (the lower index on ties). */
+static uint32_t argmax(const float *row, int P)
+{
+	uint32_t best = 0;
+	for (int p = 1; p < P; p++)
+		if (row[p] > row[best])
+			best = (uint32_t)p;
+	return best;
+}
+
 /* The router's path at every boundary of document d into out [doc_boundaries]: the argmax
  * of its output at position b - 1, reading the T = seq_len tokens before b at most (one
  * forward over the document's first T tokens serves every boundary within them; each later
@@ -80,12 +90,7 @@ static int doc_paths(struct gpt2 *g, const struct tokfile *tf, uint64_t d, int p
 			done_to = 0;
 			pos = (uint64_t)T - 1;
 		}
-		const float *row = logits + pos * (uint64_t)P;
-		uint32_t best = 0;
-		for (int p = 1; p < P; p++)
-			if (row[p] > row[best])
-				best = (uint32_t)p;
-		out[m] = best;
+		out[m] = argmax(logits + pos * (uint64_t)P, P);
 	}
 	return 0;
 }
@@ -345,6 +350,33 @@ int wrouter_doc_paths(struct wrouter *w, const struct tokfile *tf, uint64_t d, i
 		      int W, uint32_t *out, uint64_t *forwarded)
 {
 	return doc_paths(&w->g, tf, d, prefix, W, w->logits, w->in, out, forwarded);
+}
+
+int wrouter_text_path(struct wrouter *w, const uint32_t *tok, uint64_t b, uint32_t *path)
+{
+	const uint64_t T = (uint64_t)w->g.cfg.seq_len, from = b > T ? b - T : 0;
+	if (b < 1)
+		return err_set(CORE_EUSAGE, NULL, "a window router reads the text before its "
+			       "boundary: none before position 0");
+	for (uint64_t j = from; j < b; j++)
+		w->in[j - from] = (int32_t)tok[j];
+	ERR_FORWARD(gpt2_forward_logits(&w->g, w->in, 1, (int)(b - from), w->logits));
+	*path = argmax(w->logits + (b - from - 1) * (uint64_t)w->paths, w->paths);
+	return 0;
+}
+
+int wrouter_cached_path(struct wrouter *w, struct gpt2_decoder *dec, const int32_t *tok,
+			uint64_t b, uint32_t *path)
+{
+	if (b < 1 || b > (uint64_t)w->g.cfg.seq_len || (uint64_t)dec->pos >= b)
+		return err_set(CORE_EUSAGE, NULL, "the router's cache holds %d positions: it "
+			       "cannot give the path at boundary %llu", dec->pos,
+			       (unsigned long long)b);
+	while ((uint64_t)dec->pos < b)
+		ERR_FORWARD(gpt2_decoder_step(dec, tok[dec->pos],
+					      (uint64_t)dec->pos + 1 == b ? w->logits : NULL));
+	*path = argmax(w->logits, w->paths);
+	return 0;
 }
 
 void wrouter_close(struct wrouter *w)

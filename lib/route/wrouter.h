@@ -75,6 +75,16 @@ void wrouter_close(struct wrouter *w);
  * the tokens run through the router. */
 int wrouter_doc_paths(struct wrouter *w, const struct tokfile *tf, uint64_t d, int prefix,
 		      int W, uint32_t *out, uint64_t *forwarded);
+/* The path for the window starting at b of a text tok[0..b) (b >= 1): the argmax of the
+ * router's output at position b - 1 reading the seq_len tokens before b at most, one
+ * forward as wrouter_doc_paths does. */
+int wrouter_text_path(struct wrouter *w, const uint32_t *tok, uint64_t b, uint32_t *path);
+/* The same from a key/value cache on the router's model (gpt2_decoder_open on &w->g) that
+ * holds positions [0, dec->pos) of the text: tokens dec->pos .. b - 1 fed, one position
+ * each, and the path from the logits at b - 1. pos < b <= seq_len (beyond, the context is
+ * the last seq_len tokens: wrouter_text_path). */
+int wrouter_cached_path(struct wrouter *w, struct gpt2_decoder *dec, const int32_t *tok,
+			uint64_t b, uint32_t *path);
 /* --window-router FILE as eval and sample take it: a transformer router (opened on be,
  * kind ROUTER_TRANSFORMER, r->tr owned) or a router file (router_read). */
 int wrouter_open_window(const char *path, struct backend *be, struct router *r);

@@ -552,5 +552,82 @@ got=$(tail -n 1 kv.err | sed 's/.*(\([0-9]*\) switches)$/\1/')
 [ "$got" = "$want" ] || die "sample switched $got times, eval of the same text $want"
 echo "sample from the run (seed $seed): cached = full forward; $got switches, as eval routes the text"
 
+# The same with the transformer window router (fit --transformer), made to switch the same
+# way: on T_A, the router's final hidden state (after ln_f) at position b - 1 of every
+# boundary b, the last seq_len tokens before b as eval reads them (the reference's forward);
+# a feature j and the widest gap above its first value; then the head is rewritten so that
+# path A scores 1 (a spare feature k made constant 1 by ln_f) and path B x_j + 1 - theta.
+route fit --scores S.st --window 16 --transformer --steps 20 -t 1 -m base.safetensors \
+	-o TR.st d/router.tok
+cat >mktr.py <<'EOF2'
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import gpt2_torch as g2
+import route_torch as rt
+import torch
+import torch.nn.functional as F
+src, out, a, text, plen = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+t, meta = g2.st_read(src)
+t = dict(t)
+P, m = rt.load_model(src)
+prefix, W, S, C = int(meta["prefix"]), int(meta["window"]), m["seq_len"], m["n_embd"]
+npaths = int(meta["n_out"])
+toks = np.frombuffer(open(text, "rb").read(), np.uint8).astype(np.int64)
+bnd = [b for b in range(prefix + W, len(toks), W) if b >= plen]
+z = []
+with torch.no_grad():
+    for b in bnd:
+        ctx = torch.from_numpy(toks[max(0, b - S):b][None, :])
+        outs, _ = rt.forward(P, ctx, m)
+        x = F.layer_norm(outs[-1], (C,), P["ln_f.weight"], P["ln_f.bias"], 1e-5)
+        z.append(x[0, -1].numpy())
+z = np.array(z)
+best = (-1.0, 0, 0.0)
+for j in range(C):
+    v = np.sort(z[1:, j])
+    v = v[v > z[0, j]]
+    if v.size == 0:
+        continue
+    v = np.concatenate([[z[0, j]], v])
+    g = np.diff(v)
+    i = int(np.argmax(g))
+    if g[i] > best[0]:
+        best = (float(g[i]), j, float(v[i] + g[i] / 2))
+if best[0] <= 0:
+    sys.exit("no feature rises above its value at the first boundary")
+gap, j, theta = best
+k = (j + 1) % C
+b = (a + 1) % npaths
+t["ln_f.weight"] = t["ln_f.weight"].copy()
+t["ln_f.bias"] = t["ln_f.bias"].copy()
+t["ln_f.weight"][k], t["ln_f.bias"][k] = 0.0, 1.0
+head = np.zeros((npaths, C), np.float32)
+head[:, k] = -1.0
+head[a, k] = 1.0
+head[b, j], head[b, k] = 1.0, 1.0 - theta
+t["lm_head.weight"] = head
+g2.st_write(out, t, {kk: v for kk, v in meta.items() if not kk.startswith("crc32")})
+print("transformer router: feature %d, boundaries %d, gap %.4g around %.4g: path %d above, %d below"
+      % (j, len(bnd), gap, theta, b, a))
+EOF2
+"$PY" mktr.py "$ROOT/test/ref" TR.st TS.st "$a" ta.all "$(wc -c <prompt.txt)" ||
+	die "mktr.py failed"
+smp TS.st -s $seed >tk.txt 2>tk.err || die "sample: $(cat tk.err)"
+grep -q '(0 switches)$' tk.err &&
+	die "sample: the transformer router made to switch did not: $(tail -n 1 tk.err)"
+smp TS.st -s $seed --no-cache >tn.txt 2>tn.err || die "sample --no-cache: $(cat tn.err)"
+same_file tk.txt tn.txt
+tail -n 1 tk.err | sed 's/^/    /'
+cat prompt.txt tk.txt >text/sample.txt
+rm -rf tx
+expect_ok "$BIN/dpc-shard" prepare --val-frac 0 --router-frac 0 text tx
+expect_ok "$BIN/dpc-route" eval -q --run R -m base.safetensors --router LR.st \
+	--window-router TS.st --json TT.json tx/train.tok
+want=$(python3 -c 'import json; print(json.load(open("TT.json"))["modes"][1]["switches"])')
+got=$(tail -n 1 tk.err | sed 's/.*(\([0-9]*\) switches)$/\1/')
+[ "$got" = "$want" ] || die "sample switched $got times with the transformer router, eval of the same text $want"
+echo "sample with the transformer router: its cache = full forwards; $got switches, as eval routes the text"
+
 [ -z "$bug" ] || die "known bugs (every other check passed):${bug#;}"
 echo "ok"
