@@ -36,6 +36,9 @@ int lm_open(struct lm *m, const char *path, struct backend *be, int B)
 	if (B < 1)
 		return err_set(CORE_EUSAGE, NULL, "batch of %d windows", B);
 	ERR_FORWARD(ckpt_info(path, &info));
+	if (info.model.n_out)
+		return err_set(CORE_EFORMAT, path, "is a window router (a head over %d paths), "
+			       "not a language model", info.model.n_out);
 	ERR_FORWARD(ckpt_digest(path, m->digest));
 	rc = alloc_batch(m, &info.model, B, path);
 	if (!rc)
