@@ -6,13 +6,18 @@
  * the metadata and shape checks, is read as all three. A failure must keep the error contract
  * naming the input; an accepted file must hold what its metadata says: finite values, shapes
  * from its counts, a router's kind known, positive standard deviations, and routing a row
- * must give paths in range. Seeds: corpus/routefile. */
+ * must give paths in range. Each input is also opened as a transformer window router
+ * (lib/route/wrouter.h: a dpc-checkpoint whose metadata names the router and a head over
+ * its paths, loaded on the ref backend): accepted, its counts are in range and its model's
+ * head has a row per path. Seeds: corpus/routefile. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
+#include "backend/backend.h"
 #include "route/routefile.h"
+#include "route/wrouter.h"
 #include "common/banned.h"
 
 static void all_finite(const float *x, size_t n, const char *what)
@@ -63,6 +68,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			fuzz_fail("routed to path %u / %u of %d", top[0], top[1], r.paths);
 		free(row);
 		router_free(&r);
+	}
+	static struct backend *be;
+	struct wrouter w;
+	if (!be && backend_open(&be, "ref", &(struct backend_params){.threads = 1}) < 0)
+		fuzz_fail("cannot open the ref backend");
+	if ((rc = wrouter_open(&w, path, be)) != 0) {
+		fuzz_check_error("wrouter_open", rc, path);
+	} else {
+		if (w.paths < 1 || w.window < 1 || w.target_len < 1 || w.prefix < 0 ||
+		    model_n_out(&w.g.cfg) != w.paths)
+			fuzz_fail("accepted a transformer router of %d paths (head %d), window %d, "
+				  "target %d, prefix %d", w.paths, model_n_out(&w.g.cfg), w.window,
+				  w.target_len, w.prefix);
+		wrouter_close(&w);
 	}
 	if ((rc = scores_read(path, &s)) != 0) {
 		fuzz_check_error("scores_read", rc, path);

@@ -30,6 +30,7 @@
 #include "route/kmeans.h"
 #include "route/logreg.h"
 #include "route/route.h"
+#include "route/wrouter.h"
 #include "common/banned.h"
 
 TestSuite(kmeans, .timeout = 120);
@@ -1252,6 +1253,39 @@ Test(rows, window_labels_by_hand)
 	cr_expect_eq(route_window_count(&tf, 2, 10), 0);
 	/* W = 1 on d1 (5 tokens): boundaries 3 and 4 */
 	cr_expect_eq(route_window_count(&tf, 2, 1), 6 + 2 + 0 + 9);
+}
+
+/* The transformer window router's labels with L = 3: at token k, the path of the largest
+ * sum over [k, min(k + 3, the document's end)), worked out by hand from the fixture. */
+Test(rows, transformer_labels_by_hand)
+{
+	struct tokfile tf;
+	struct scores s;
+	float lp[R_TOK * R_P], doc[R_DOCS * R_P];
+	rows_fixture(&tf, &s, lp, doc);
+	int32_t y[R_TOK];
+	wrouter_labels(&s, &tf, 3, y);
+	static const struct {
+		int k, path;
+		const char *why;
+	} want[] = {
+		{0, 0, "[0, 3) all -3: a tie, the lower path"},
+		{3, 0, "[3, 6): -2, -2.5, -2.9"},
+		{4, 0, "[4, 7): -2, -2, -2.8: the tie to the lower path"},
+		{5, 2, "[5, 8): -3, -4, -2.7"},
+		{6, 2, "[6, 9): -3, -4.5, -2.8"},
+		{7, 2, "[7, 9) cut at the end: -2, -4, -1.9"},
+		{8, 0, "[8, 9): a tie (path 1 if it ran on into d1)"},
+		{9, 1, "d1 [9, 12): -3, -1, -3"},
+		{13, 0, "d1's last token: a tie"},
+		{21, 1, "d3 [21, 24): -3, -0.3, -3"},
+		{23, 2, "[23, 26): -3, -2.1, -1.4"},
+		{26, 2, "[26, 28): -2, -1.5, -1.2"},
+		{27, 1, "[27, 28): -1, -0.5, -1"},
+	};
+	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+		cr_expect_eq(y[want[i].k], want[i].path, "token %d: path %d, by hand %d (%s)",
+			     want[i].k, y[want[i].k], want[i].path, want[i].why);
 }
 
 Test(rows, doc_rows_by_hand)
