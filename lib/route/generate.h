@@ -5,8 +5,11 @@
  * rng_uniform(seed, RNG_STREAM_SAMPLE, i) for the i-th generated token, so a seed fixes the
  * text. The path is decided before the token at position n is drawn when n is the prompt's
  * length, when n reaches the document router's prefix, and at every window boundary
- * prefix + m W of a window router (route_text_path on the text so far); a decision that
- * changes the path feeds the context to the new one. The context is the last seq_len tokens:
+ * prefix + m W of a window router (route_text_path on the text so far; a transformer window
+ * router from a key/value cache on its model while the boundary lies within its context,
+ * one forward over the seq_len tokens before the boundary beyond, so that re-routing costs
+ * one router position per token, not a pass over the whole text); a decision that changes
+ * the path feeds the context to the new one. The context is the last seq_len tokens:
  * when the text outgrows it, the oldest half is dropped and the rest fed again.
  */
 #ifndef CORE_ROUTE_GENERATE_H
