@@ -163,6 +163,21 @@ FORK_TEXT = {"peak": "re-warm to the peak", "half": "re-warm to half the peak",
              "base": "go on at the base's rate"}
 
 
+def trsteps(run):
+    """The training steps of the transformer window routers (their fit's report)."""
+    j = load_json(os.path.join(run, "routing", "transformer64-s0-dipaco-km.json"))
+    return j["report"]["steps"]
+
+
+def transformer_accuracy(run):
+    accs = []
+    for W in (64, 128):
+        for s in (0, 1):
+            j = load_json(os.path.join(run, "routing", "transformer%d-s%d-dipaco-km.json" % (W, s)))
+            accs.append("%.3f" % j["report"]["boundary_accuracy"])
+    return ", ".join(accs[:2]) + " (every 64) and " + ", ".join(accs[2:]) + " (every 128)"
+
+
 def read_sweep(run):
     """The sweep's short runs: [(method, outer lr, momentum, rescale, fork rate, loss, tokens)]."""
     rows = []
@@ -235,14 +250,18 @@ def main():
     es_last = load_json(os.path.join(run, "eval", "dipaco-es-last.json"))
     base_final = load_json(os.path.join(run, "eval", "base-final.json"))
     base_unseen = load_json(os.path.join(run, "eval", "base-unseen.json"))
+    reroute = {s: load_json(os.path.join(run, "eval", "dipaco-km-reroute-%s.json" % s))
+               for s in ("final", "unseen")}
     sweep = read_sweep(run)
     check_scored([(n + "-final", r["final"]) for n, r in runs.items()] +
                  [("dipaco-km-disc-final", kmdisc), ("dipaco-es-last", es_last),
-                  ("base-final", base_final)], "the validation split")
+                  ("base-final", base_final), ("dipaco-km-reroute-final", reroute["final"])],
+                 "the validation split")
     check_scored([(fn[:-5], load_json(os.path.join(run, "eval", fn)))
                   for r in runs.values() for fn in r["curve_files"]], "the quarter split")
     check_scored([(n + "-unseen", r["unseen"]) for n, r in runs.items()] +
-                 [("base-unseen", base_unseen)], "the unseen text")
+                 [("base-unseen", base_unseen), ("dipaco-km-reroute-unseen", reroute["unseen"])],
+                 "the unseen text")
     if sweep and len(set(x[6] for x in sweep)) > 1:
         die("the sweep's runs are scored on different numbers of tokens, so they cannot be compared")
 
@@ -342,6 +361,37 @@ def main():
         "evaluation not included." % (
             " (* marks a stage that was resumed after an interruption)"
             if any(r["resumed"] for r in runs.values()) else ""))
+    out("")
+
+    # Re-routing: the linear window router against the paper's transformer.
+    RR = ["once per document", "every 64, linear", "every 64, transformer (seed 0)",
+          "every 64, transformer (seed 1)", "every 128, linear",
+          "every 128, transformer (seed 0)", "every 128, transformer (seed 1)"]
+    rf, ru = reroute["final"]["modes"], reroute["unseen"]["modes"]
+    if len(rf) != len(RR) or len(ru) != len(RR):
+        die("%s/eval/dipaco-km-reroute-*.json: %d and %d modes, expected %d" % (
+            run, len(rf), len(ru), len(RR)))
+    out("## Re-routing: the linear window router and the paper's transformer")
+    out("")
+    out("The k-means DiPaCo 2x2's final paths, each piece routed first by the k-means router, then "
+        "again every W bytes by a window router fitted on the router split's scores: the linear "
+        "one (a logistic regression on two means of the base's last block) or the paper's "
+        "(its section 7.2.2: the base fine-tuned with a head over the 4 paths, predicting at "
+        "every position the best path for the next W bytes; `dpc-route fit --transformer`, %d "
+        "steps, two seeds)." % trsteps(run))
+    out("")
+    out("| routing | val loss | ppl | switches per piece | cost (wall, vs once per doc) "
+        "| unseen text |")
+    out("|---|--:|--:|--:|--:|--:|")
+    for label, m, u in zip(RR, rf, ru):
+        out("| %s | %.4f | %.3f | %.2f | %.2fx | %.4f |" % (
+            label, m["loss"], m["perplexity"], m["switches_per_doc"], m["cost_vs_document"],
+            u["loss"]))
+    tr_spread = {64: abs(rf[2]["loss"] - rf[3]["loss"]), 128: abs(rf[5]["loss"] - rf[6]["loss"])}
+    out("")
+    out("The transformer's two fits differ by %.4f (every 64) and %.4f (every 128) nats: the "
+        "noise floor of its fit; DiPaCo's across 4 seeds is %.4f." % (
+            tr_spread[64], tr_spread[128], noise_d))
     out("")
 
     # The sweep.
@@ -458,6 +508,11 @@ def main():
     claim("reroute", "re-routing every 64 tokens beating once per document",
           "DiPaCo 2x2: %.4f vs %s (the others, once per doc minus re-routed: %s)" % (
               w, lv("dipaco-km"), "; ".join(others)), L["dipaco-km"] - w)
+    tr64 = (rf[2]["loss"] + rf[3]["loss"]) / 2
+    claim("transformer-reroute", "the paper's transformer window router re-routing better than "
+          "the linear one (every 64; the mean of its 2 fits)",
+          "transformer %.4f, linear %.4f (once per doc %.4f)" % (tr64, rf[1]["loss"], rf[0]["loss"]),
+          rf[1]["loss"] - tr64, floor=tr_spread[64])
     claim("head", "a path-specific level helping",
           "with %s, without %s" % (lv("dipaco-head"), lv("dipaco-km")), L["dipaco-km"] - L["dipaco-head"],
           testable=capacity)
@@ -551,6 +606,10 @@ def main():
         "reroute": "The window router switched paths %.2f times per 1024-byte piece; a piece of "
                    "Brown is one text of one genre, and each switch restarts the context on the "
                    "new path." % runs["dipaco-km"]["win"]["switches_per_doc"],
+        "transformer-reroute": "The transformer router's in-sample accuracy at the router split's "
+                               "boundaries was %s (its fit's report); a piece of Brown is one text "
+                               "of one genre, so the best path rarely changes within it." % (
+                                   transformer_accuracy(run)),
         "head": "The path-specific level gives each path %s parameters of its own, trained by one "
                 "path's steps instead of two." % fmt_count(
                     [m for m in runs["dipaco-head"]["topo"]["module_list"]

@@ -396,6 +396,24 @@ done
 	"$bin/dpc-route" fit -q --scores "$r/scores-dipaco-km.safetensors" \
 		--features "$r/features-router.safetensors" -o "$r/disc-dipaco-km.safetensors" \
 		"$router" >"$r/disc-dipaco-km.json"
+# The paper's window router (its section 7.2.2) beside the linear one, for DiPaCo 2x2: the
+# base fine-tuned with a head over the paths, every 64 and 128 tokens, two seeds each (the
+# spread of its fit); and a linear one every 128.
+trsteps=300
+[ "$quick" = 1 ] && trsteps=20
+stage "fitting the transformer window routers of DiPaCo 2x2 (every 64 and 128 tokens, 2 seeds, $trsteps steps)"
+[ -s "$r/window128-dipaco-km.safetensors" ] ||
+	"$bin/dpc-route" fit -q --scores "$r/scores-dipaco-km.safetensors" --window 128 -m "$base" \
+		-o "$r/window128-dipaco-km.safetensors" "$router" >"$r/window128-dipaco-km.json"
+for W in 64 128; do
+	for s in 0 1; do
+		f=$r/transformer$W-s$s-dipaco-km
+		[ -s "$f.safetensors" ] ||
+			"$bin/dpc-route" fit -q --transformer --seed $s --steps $trsteps -t 2 \
+				--scores "$r/scores-dipaco-km.safetensors" --window $W -m "$base" \
+				-o "$f.safetensors" "$router" >"$f.json"
+	done
+done
 
 # The document router each run is evaluated with at phase t: its own shards' router (the
 # one-path runs need none; DiLoCo's 4 paths are one model after each outer step, so the
@@ -436,6 +454,21 @@ evaluate dipaco-km-disc-final "$run/dipaco-km" "$phases" "$val" "$r/disc-dipaco-
 # the early-stopped run's own paths at the last phase: what early stopping changed, alone
 evaluate dipaco-es-last "$run/dipaco-es" "$phases" "$val" "$(router_of dipaco-es "$phases")" \
 	"$r/window-dipaco-es.safetensors"
+# the window routers side by side on the k-means run's paths: once per document, then linear
+# and transformer every 64, then every 128 (as reproduce-report.py reads them)
+for s in final unseen; do
+	in=$val
+	[ $s = unseen ] && in=$unseen
+	[ -s "$run/eval/dipaco-km-reroute-$s.json" ] ||
+		"$bin/dpc-route" eval -q --run "$run/dipaco-km" --phase "$phases" -m "$base" \
+			--router "$r/kmeans.safetensors" --window-router "$r/window-dipaco-km.safetensors" \
+			--window-router "$r/transformer64-s0-dipaco-km.safetensors" \
+			--window-router "$r/transformer64-s1-dipaco-km.safetensors" \
+			--window-router "$r/window128-dipaco-km.safetensors" \
+			--window-router "$r/transformer128-s0-dipaco-km.safetensors" \
+			--window-router "$r/transformer128-s1-dipaco-km.safetensors" \
+			--score-from $prefix --json "$run/eval/dipaco-km-reroute-$s.json" "$in" >/dev/null
+done
 # the base itself, as a run of one phase for dpc-route eval: on the validation and unseen text
 for s in final unseen; do
 	in=$val
