@@ -218,6 +218,8 @@ static int write_makefile(const struct rundir *r, const char *bin)
 {
 	char path[RUNDIR_PATH_MAX], *text;
 
+	/* The graph follows the draw of paths: its record first. */
+	ERR_FORWARD(rundir_write_sample(r));
 	ERR_FORWARD(rundir_file(r, "Makefile", path, sizeof path));
 	ERR_FORWARD(plan_makefile(r, bin, &text));
 	int rc = file_write_atomic(path, text, strlen(text));
@@ -392,6 +394,7 @@ static int do_tasks(struct rundir *r, const char *bin)
 	char *text;
 
 	(void)bin;
+	ERR_FORWARD(rundir_write_sample(r));
 	ERR_FORWARD(plan_tasks(r, &text));
 	int bad = fputs(text, stdout) == EOF || fflush(stdout) != 0;
 	free(text);
@@ -488,7 +491,8 @@ static void print_table(const struct rundir *r, const struct phase_sum *ps)
 		const struct phase_sum *s = &ps[t - 1];
 		if (!s->paths && !s->modules)
 			continue;
-		printf("%5ld %3d/%-3d", t, s->paths, r->topo.npaths);
+		/* of the paths the phase trains (dipaco.paths_per_phase) */
+		printf("%5ld %3d/%-3d", t, s->paths, r->sample.N);
 		if (s->vals)
 			printf(" %9.4f %9.4f %9.4f", s->val_min, s->val_sum / s->vals, s->val_max);
 		else
