@@ -349,3 +349,33 @@ n=$(grep -c '^dpc-route: early stopping: path [0-7] at phase [1-3] ' out.stderr 
 [ "$n" = 8 ] || { cat out.stderr; die "early stopping reported $n paths, expected 8"; }
 grep -q '^once per document ' out.stdout || { cat out.stdout; die "no evaluation table"; }
 echo "dpc-route eval --early-stop --run: the 8 paths, each at its best phase"
+
+# ---- the record and its readers: a path the draw did not pick is refused; a record that is
+# not the config's draw is an error naming it, for every reader; the Slurm plan follows it ---
+notp=$(python3 -c "import json; print(min(set(range(8)) - set(json.load(open('mk/sampled.json'))['phases'][0])))")
+expect_fail 2 "^dpc-train-path: '.*mk/sampled\.json': phase 1 does not train path $notp \(it trains 4 of the 8 paths, dipaco\.paths_per_phase\)$" \
+	"$BIN/dpc-train-path" -q --run mk --phase 1 --path "$notp"
+cp -r mk bad
+sed 's/"seed": 5/"seed": 6/' mk/sampled.json >bad/sampled.json
+for cmd in "dpc-outer tasks bad" "dpc-outer makefile bad" "dpc-outer metrics bad" \
+	"dpc-outer step bad --phase 1" "dpc-train-path --run bad --phase 1 --path 0" \
+	"dpc-route score -q --run bad -o S.st d/val.tok"; do
+	# shellcheck disable=SC2086
+	expect_fail 2 "^dpc-[a-z-]+: 'bad/sampled\.json': is not the config's draw of paths \(dipaco\.paths_per_phase 4 of 8 paths, train\.seed 5, 3 phases\); it belongs to another config$" \
+		"$BIN"/$cmd
+done
+rm -rf bad
+echo "a path outside the draw refused; a record not the config's draw refused by every reader"
+expect_ok "$BIN/dpc-outer" init -c s8.yaml sl
+expect_ok "$BIN/dpc-shard" split -q --random 8 d/train.tok sl/shards
+sh "$ROOT/scripts/dipaco-slurm.sh" --bin "$BIN" --dry-run sl >slurm.out 2>&1 ||
+	{ cat slurm.out; die "dipaco-slurm.sh --dry-run failed"; }
+"$PY" - sl/sampled.json slurm.out <<'EOF' || die "the Slurm jobs are not the draw's tasks"
+import json, re, sys
+rec = json.load(open(sys.argv[1]))["phases"]
+trains = {(int(t), int(p)) for t, p in re.findall(r"^JOB[0-9_]+\ttrain (\d+) (\d+)", open(sys.argv[2]).read(), re.M)}
+want = {(t + 1, p) for t, ps in enumerate(rec) for p in ps}
+if trains != want:
+    sys.exit(f"FAILED: Slurm train jobs {sorted(trains)}, drawn {sorted(want)}")
+EOF
+echo "dipaco-slurm.sh --dry-run: one train job for each drawn (phase, path), no other"
