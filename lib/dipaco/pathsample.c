@@ -88,7 +88,7 @@ int pathsample_text(const struct path_sample *s, char **out, size_t *len)
 	*out = NULL;
 	if (!fp)
 		return err_set(CORE_ENOMEM, NULL, "out of memory");
-	fprintf(fp, "{\"paths\": %d, \"paths_per_phase\": %d, \"seed\": %" PRIu64 ", \"order\": [",
+	fprintf(fp, "{\"paths\": %d, \"paths_per_phase\": %d, \"seed\": %" PRIu64 ",\n \"order\": [",
 		s->P, s->N, s->seed);
 	for (int i = 0; i < s->P; i++)
 		fprintf(fp, "%s%d", i ? ", " : "", s->order ? s->order[i] : i);

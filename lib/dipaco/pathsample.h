@@ -49,7 +49,8 @@ long pathsample_last(const struct path_sample *s, long t, int p);
 int pathsample_phase(const struct path_sample *s, long t, int *out);
 /* The run's record of the draw (dpc-rundir(5), RUNDIR/sampled.json), one JSON object:
  * {"paths": P, "paths_per_phase": N, "seed": S, "order": [pi], "phases": [[phase 1's
- * paths], ...]} with one phase a line; malloc'd text, its length in *len. */
+ * paths], ...]} with the order and each phase on a line of its own; malloc'd text, its
+ * length in *len. */
 int pathsample_text(const struct path_sample *s, char **out, size_t *len);
 
 #endif
