@@ -3,7 +3,8 @@
 #   - the key's refusals (0, more than P): one line naming the config file and the key, exit 2;
 #   - the run under make -j2, then killed with SIGKILL mid-phase (after --until 1) and rerun:
 #     every checkpoint bit-identical to the uninterrupted run's; under mpirun --mpi 2 too;
-#   - an independent reader (numpy, struct, json; safetensors read by hand) checks the record
+#   - an independent reader (numpy, struct, json; safetensors read by test/ref's own reader,
+#     not by our C code) checks the record
 #     against the documented draw and its guarantee (every window of ceil(P/N) phases trains
 #     every path), that only sampled paths have checkpoints, that every module no sampled path
 #     used is unchanged (parameters and outer momentum, byte for byte) while every other one
@@ -24,15 +25,9 @@ for p in dpc-outer dpc-shard dpc-train-path dpc-route; do
 done
 export OMP_NUM_THREADS=1
 
-make_corpus c.jsonl 80
-expect_ok "$BIN/dpc-shard" prepare --val-frac 0.1 --router-frac 0 c.jsonl d
-cat >s8.yaml <<'EOF'
-model:
-  n_layer: 2
-  n_embd: 32
-  n_head: 2
-  seq_len: 32
-  vocab_size: 256
+# the model of configs/gpt-small-test.yaml (L=2 C=32 NH=2 T=32 V=256), our own schedule
+sed -n '/^model:/,/^  vocab_size:/p' "$ROOT/configs/gpt-small-test.yaml" >s8.yaml
+cat >>s8.yaml <<'EOF'
 train:
   batch_size: 2
   steps: 90
@@ -57,12 +52,16 @@ levels:
     modules: 2
 EOF
 
+make_corpus c.jsonl 80
+expect_ok "$BIN/dpc-shard" prepare --val-frac 0.1 --router-frac 0 c.jsonl d
+
 # ---- refusals: N < 1 and N > P, in the file and as an override ----------------------------
 sed 's/paths_per_phase: 4/paths_per_phase: 9/' s8.yaml >nine.yaml
 expect_fail 2 "^dpc-outer: 'nine\.yaml': dipaco\.paths_per_phase \(9\) is more than the 8 paths of the run$" \
 	"$BIN/dpc-outer" init -c nine.yaml bad
 sed 's/paths_per_phase: 4/paths_per_phase: 0/' s8.yaml >zero.yaml
-expect_fail 2 "^dpc-outer: 'zero\.yaml': line 19: dipaco\.paths_per_phase: 0 is outside \[1, 65536\]$" \
+line=$(grep -n paths_per_phase zero.yaml | cut -d: -f1)
+expect_fail 2 "^dpc-outer: 'zero\.yaml': line $line: dipaco\.paths_per_phase: 0 is outside \[1, 65536\]$" \
 	"$BIN/dpc-outer" init -c zero.yaml bad
 expect_fail 2 "^dpc-outer: override 'dipaco\.paths_per_phase=0': dipaco\.paths_per_phase: 0 is outside \[1, 65536\]$" \
 	"$BIN/dpc-outer" init -c s8.yaml -s dipaco.paths_per_phase=0 bad
@@ -120,28 +119,17 @@ else
 	echo "skipped: the mpirun part (no mpirun; apt-get install openmpi-bin)"
 fi
 
-# ---- the independent reader ------------------------------------------------------------------
+# ---- the independent reader (Python, numpy) ---------------------------------------------------
 "$PY" - mk "$ROOT/test/ref" <<'EOF' || die "the reader's checks failed"
 import json, math, os, struct, sys
 import numpy as np
 
 run, refdir = sys.argv[1], sys.argv[2]
 sys.path.insert(0, refdir)
-from gpt2_torch import rng_below  # Philox4x32-10 of rng.h, checked there against Random123
-
-def st(path):
-    """safetensors by hand: name -> (array, raw bytes), and the metadata."""
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    meta = head.pop("__metadata__", {})
-    out = {}
-    for k, e in head.items():
-        assert e["dtype"] == "F32", (path, k)
-        a, b = e["data_offsets"]
-        buf = raw[8 + n + a:8 + n + b]
-        out[k] = (np.frombuffer(buf, dtype="<f4").reshape(e["shape"]), buf)
-    return out, meta
+# test/ref's own readers (numpy, struct, json, zlib; written from the formats' pages, not
+# from our C code): Philox4x32-10 of rng.h, checked there against Random123's known answers,
+# and safetensors with every crc32 checked
+from gpt2_torch import rng_below, st_read as st
 
 def config(path):
     flat, sec = {}, None
@@ -213,7 +201,7 @@ for t in range(1, T + 1):
         if not used:
             kept += 1
             for k in cur:
-                if cur[k][1] != prev[k][1]:
+                if cur[k].tobytes() != prev[k].tobytes():
                     fail.append(f"{m} phase {t}: no sampled path uses it, yet '{k}' changed")
             continue
         moved += 1
@@ -223,23 +211,23 @@ for t in range(1, T + 1):
         a_all = np.array([ntok[p] for p in used], dtype=np.float64) / sum(ntok[p] for p in us)
         s = math.sqrt(len(used))
         for k in (k for k in cur if not k.startswith(MOM)):
-            p0 = prev[k][0].astype(np.float64)
-            b0 = prev[MOM + k][0].astype(np.float64)
+            p0 = prev[k].astype(np.float64)
+            b0 = prev[MOM + k].astype(np.float64)
             def step(w):
-                g = s * sum(wi * (p0 - th[k][0].astype(np.float64)) for wi, th in zip(w, thetas))
+                g = s * sum(wi * (p0 - th[k].astype(np.float64)) for wi, th in zip(w, thetas))
                 b = mu * b0 + g
                 return p0 - lr * (g + mu * b), b
             want_p, want_b = step(a)
-            for name, got, ref in ((k, cur[k][0], want_p), (MOM + k, cur[MOM + k][0], want_b)):
+            for name, got, ref in ((k, cur[k], want_p), (MOM + k, cur[MOM + k], want_b)):
                 err = np.abs(got - ref) - (1e-6 + 1e-5 * np.abs(ref))
                 if err.max() > 0:
                     fail.append(f"{m} phase {t} '{name}': off the outer step by {err.max():.3g}")
-            if np.array_equal(cur[k][0], prev[k][0]) or np.array_equal(cur[MOM + k][0], prev[MOM + k][0]):
+            if np.array_equal(cur[k], prev[k]) or np.array_equal(cur[MOM + k], prev[MOM + k]):
                 fail.append(f"{m} phase {t} '{k}': a sampled path uses it, yet it did not move")
             # weights not renormalised over the sampled paths: this check would see it
             if len(used) < len(us):
                 wp, _ = step(a_all)
-                if np.abs(wp - cur[k][0]).max() > 1e-4:
+                if np.abs(wp - cur[k]).max() > 1e-4:
                     wrong_weights_seen += 1
 if kept == 0 or moved == 0:
     fail.append(f"{kept} modules kept and {moved} moved: the run does not test both")
