@@ -315,7 +315,8 @@ def case(p, t, own):
         print(f"  from {what}: {w}, second loss off by {gap:.2g}")
         if gap < 1e-4:
             ok = False
-            print("FAILED: this check cannot tell those moments apart")
+            print("FAILED: the trainer's second loss is that of this wrong start too (or "
+                  "the check cannot tell the two apart)")
     return ok
 
 a = next(p for p in range(8) if p in ph[0] and p not in ph[1] and p in ph[2])
