@@ -521,6 +521,9 @@ static int keep_module(struct fold *F)
 			for (size_t off = 0; off < nv && !rc; off += CHUNK) {
 				const size_t n = nv - off < CHUNK ? nv - off : CHUNK;
 				rc = stream_read(&sp, off, F->M0, n, &F->d->bytes_read);
+				if (!rc && !all_finite(F->M0, n))
+					rc = err_set(CORE_ENAN, F->prev.path, "tensor '%s' holds a "
+						     "non-finite value", sp.e->name);
 				if (!rc)
 					rc = st_writer_put(F->w, F->M0, sizeof(float) * n);
 			}
