@@ -433,7 +433,7 @@ static int append_file(FILE *fp, const char *path, int *count)
 struct phase_sum {
 	int paths, modules, vals;
 	double val_min, val_max, val_sum, train_sum, tps_sum, cos_sum, grad_sum;
-	int coss;
+	int coss, grads; /* grads: the modules stepped (not kept by path sampling) */
 };
 
 static double jnum(json_t *o, const char *key)
@@ -471,7 +471,11 @@ static void tally(struct phase_sum *ps, long T, const char *text, size_t len)
 			} else if (!strcmp(ev, "outer")) {
 				double c = jnum(o, "mean_pairwise_cosine");
 				s->modules++;
-				s->grad_sum += jnum(o, "outer_grad_norm_rescaled");
+				/* a module no sampled path used was kept, not stepped: no gradient */
+				if (json_array_size(json_object_get(o, "paths")) > 0) {
+					s->grad_sum += jnum(o, "outer_grad_norm_rescaled");
+					s->grads++;
+				}
 				if (isfinite(c)) {
 					s->cos_sum += c;
 					s->coss++;
@@ -503,7 +507,7 @@ static void print_table(const struct rundir *r, const struct phase_sum *ps)
 			printf(" %10.4f", s->cos_sum / s->coss);
 		else
 			printf(" %10s", "-");
-		printf(" %10.4f\n", s->modules ? s->grad_sum / s->modules : NAN);
+		printf(" %10.4f\n", s->grads ? s->grad_sum / s->grads : NAN);
 	}
 }
 
