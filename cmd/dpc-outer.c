@@ -218,6 +218,8 @@ static int write_makefile(const struct rundir *r, const char *bin)
 {
 	char path[RUNDIR_PATH_MAX], *text;
 
+	/* The graph follows the draw of paths: its record first. */
+	ERR_FORWARD(rundir_write_sample(r));
 	ERR_FORWARD(rundir_file(r, "Makefile", path, sizeof path));
 	ERR_FORWARD(plan_makefile(r, bin, &text));
 	int rc = file_write_atomic(path, text, strlen(text));
@@ -392,6 +394,7 @@ static int do_tasks(struct rundir *r, const char *bin)
 	char *text;
 
 	(void)bin;
+	ERR_FORWARD(rundir_write_sample(r));
 	ERR_FORWARD(plan_tasks(r, &text));
 	int bad = fputs(text, stdout) == EOF || fflush(stdout) != 0;
 	free(text);
@@ -430,7 +433,7 @@ static int append_file(FILE *fp, const char *path, int *count)
 struct phase_sum {
 	int paths, modules, vals;
 	double val_min, val_max, val_sum, train_sum, tps_sum, cos_sum, grad_sum;
-	int coss;
+	int coss, grads; /* grads: the modules stepped (not kept by path sampling) */
 };
 
 static double jnum(json_t *o, const char *key)
@@ -468,7 +471,11 @@ static void tally(struct phase_sum *ps, long T, const char *text, size_t len)
 			} else if (!strcmp(ev, "outer")) {
 				double c = jnum(o, "mean_pairwise_cosine");
 				s->modules++;
-				s->grad_sum += jnum(o, "outer_grad_norm_rescaled");
+				/* a module no sampled path used was kept, not stepped: no gradient */
+				if (json_array_size(json_object_get(o, "paths")) > 0) {
+					s->grad_sum += jnum(o, "outer_grad_norm_rescaled");
+					s->grads++;
+				}
 				if (isfinite(c)) {
 					s->cos_sum += c;
 					s->coss++;
@@ -488,7 +495,8 @@ static void print_table(const struct rundir *r, const struct phase_sum *ps)
 		const struct phase_sum *s = &ps[t - 1];
 		if (!s->paths && !s->modules)
 			continue;
-		printf("%5ld %3d/%-3d", t, s->paths, r->topo.npaths);
+		/* of the paths the phase trains (dipaco.paths_per_phase) */
+		printf("%5ld %3d/%-3d", t, s->paths, r->sample.N);
 		if (s->vals)
 			printf(" %9.4f %9.4f %9.4f", s->val_min, s->val_sum / s->vals, s->val_max);
 		else
@@ -499,7 +507,7 @@ static void print_table(const struct rundir *r, const struct phase_sum *ps)
 			printf(" %10.4f", s->cos_sum / s->coss);
 		else
 			printf(" %10s", "-");
-		printf(" %10.4f\n", s->modules ? s->grad_sum / s->modules : NAN);
+		printf(" %10.4f\n", s->grads ? s->grad_sum / s->grads : NAN);
 	}
 }
 

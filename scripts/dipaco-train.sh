@@ -92,7 +92,9 @@ echo "dipaco-train.sh: $run: $paths paths, $modules modules, $phases phases" >&2
 # log file alike: tasks done of the phases asked for, and the time since the start.
 last=$phases
 [ "$until" -gt 0 ] && [ "$until" -lt "$phases" ] && last=$until
-total=$((last * (paths + modules))) start=$(date +%s)
+# (the task graph's count: with dipaco.paths_per_phase a phase trains only some paths)
+total=$("$bin/dpc-outer" tasks "$run" | awk -v last="$last" '$2 <= last' | wc -l)
+total=$((total)) start=$(date +%s)
 count_done() {
 	n=0 t=1
 	while [ "$t" -le "$last" ]; do

@@ -21,6 +21,8 @@ enum rng_stream {
 	RNG_STREAM_HOLDOUT = 8, /* rows held out when fitting a router */
 	RNG_STREAM_BASELINE = 9, /* shuffles of the random-shards baseline of a routing report */
 	RNG_STREAM_SAMPLE = 10, /* drawing tokens when sampling text */
+	RNG_STREAM_PATHS = 11,  /* the order in which a run cycles through its paths
+				 * (dipaco.paths_per_phase, pathsample.h) */
 	RNG_STREAM_TEST = 100   /* tests and benchmarks */
 };
 

@@ -60,6 +60,17 @@ void outer_apply(float *theta_out, float *buf, const float *prev, const double *
 	}
 }
 
+/* The paths a job folds: j->paths, or every path of the module. */
+static int job_npaths(const struct outer_job *j)
+{
+	return j->paths ? j->npaths : j->topo->modules[j->module].npaths;
+}
+
+static int job_path(const struct outer_job *j, int k)
+{
+	return j->paths ? j->paths[k] : j->topo->modules[j->module].paths[k];
+}
+
 void outer_diag_free(struct outer_diag *d)
 {
 	free(d->delta_norm);
@@ -236,7 +247,7 @@ static int fold_one_piece(const struct fold *F, struct slot *sl, const struct st
 			  uint64_t *bytes)
 {
 	const struct outer_job *j = F->j;
-	const int P = j->topo->modules[j->module].npaths;
+	const int P = job_npaths(j);
 	struct st_file *prev = (struct st_file *)&F->prev;
 	const size_t nb = sizeof(float) * n, ob = sizeof(float) * off;
 	int rc;
@@ -290,7 +301,7 @@ static int fold_by_piece(struct fold *F, double scale, int nthreads)
 	const int R = nthreads > 1 ? 4 * nthreads : 1;
 	const struct outer_job *j = F->j;
 	const struct topology *t = j->topo;
-	const int P = t->modules[j->module].npaths;
+	const int P = job_npaths(j);
 	const struct st_entry **te = calloc((size_t)P, sizeof *te);
 	struct slot *slots = calloc((size_t)R, sizeof *slots);
 	uint32_t *crcs = malloc(sizeof *crcs * (size_t)(2 + P) * (size_t)R);
@@ -430,11 +441,11 @@ static int fold_by_path(struct fold *F, double scale, double *read_s)
 				     v->name);
 		base += nv;
 	}
-	for (int k = 0; k < md->npaths && !rc; k++) {
+	for (int k = 0; k < job_npaths(j) && !rc; k++) {
 		struct st_file pf;
 		rc = wait_for(j->path_ckpts[k], j->wait_seconds, &F->d->wait_seconds);
 		if (!rc)
-			rc = pathckpt_open(&pf, j->path_ckpts[k], md->paths[k], j->phase,
+			rc = pathckpt_open(&pf, j->path_ckpts[k], job_path(j, k), j->phase,
 					   j->config_hash, NULL, NULL, 0);
 		if (rc)
 			break;
@@ -488,11 +499,46 @@ out:
 	return rc;
 }
 
+/* No path to fold (dipaco.paths_per_phase drew none of the module's): its parameters and
+ * its momentum go to phase t unchanged, piece by piece, each tensor's crc checked. Not
+ * outer_apply with a zero gradient: that would decay the momentum (buf = mu buf) and move
+ * the parameters by it, as if a step had happened. */
+static int keep_module(struct fold *F)
+{
+	const struct outer_job *j = F->j;
+	const struct topology *t = j->topo;
+	int rc = module_writer_open(&F->w, j->out_path, t, j->module, j->phase, j->config_hash,
+				    NULL);
+
+	for (int i = 0; i < t->layout.n && !rc; i++) {
+		if (!topo_owns(t, j->module, i))
+			continue;
+		const struct tensor *v = &t->layout.views[i];
+		const size_t nv = (size_t)tensor_numel(v);
+		for (int mom = 0; mom < 2 && !rc; mom++) {
+			struct stream sp;
+			rc = stream_open(&sp, &F->prev, mom ? MODULE_MOMENTUM_PREFIX : "", v);
+			for (size_t off = 0; off < nv && !rc; off += CHUNK) {
+				const size_t n = nv - off < CHUNK ? nv - off : CHUNK;
+				rc = stream_read(&sp, off, F->M0, n, &F->d->bytes_read);
+				if (!rc && !all_finite(F->M0, n))
+					rc = err_set(CORE_ENAN, F->prev.path, "tensor '%s' holds a "
+						     "non-finite value", sp.e->name);
+				if (!rc)
+					rc = st_writer_put(F->w, F->M0, sizeof(float) * n);
+			}
+			if (!rc)
+				rc = stream_check(&sp);
+		}
+	}
+	return rc;
+}
+
 int outer_step_module(const struct outer_job *j, struct outer_diag *d)
 {
 	const struct topology *t = j->topo;
 	const struct topo_module *md = &t->modules[j->module];
-	const int P = md->npaths;
+	const int P = job_npaths(j);
 	const double scale = j->params.rescale ? sqrt((double)P) : 1.0;
 	double t0 = now_seconds(), read_s = 0.0;
 	size_t maxv = 0;
@@ -504,8 +550,8 @@ int outer_step_module(const struct outer_job *j, struct outer_diag *d)
 	for (int i = 0; i < t->layout.n; i++)
 		if (topo_owns(t, j->module, i) && (size_t)tensor_numel(&t->layout.views[i]) > maxv)
 			maxv = (size_t)tensor_numel(&t->layout.views[i]);
-	d->delta_norm = calloc((size_t)P, sizeof *d->delta_norm);
-	F.paths = calloc((size_t)P, sizeof *F.paths);
+	d->delta_norm = calloc((size_t)(P ? P : 1), sizeof *d->delta_norm);
+	F.paths = calloc((size_t)(P ? P : 1), sizeof *F.paths);
 	/* By piece needs every path checkpoint open at once; beyond the descriptors this
 	 * process may hold, path by path gives the same bits. */
 	struct rlimit nofile;
@@ -528,12 +574,15 @@ int outer_step_module(const struct outer_job *j, struct outer_diag *d)
 	for (int k = 0; k < P && by_piece && !rc; k++) {
 		rc = wait_for(j->path_ckpts[k], 0, &d->wait_seconds);
 		if (!rc)
-			rc = pathckpt_open(&F.paths[k], j->path_ckpts[k], md->paths[k], j->phase,
+			rc = pathckpt_open(&F.paths[k], j->path_ckpts[k], job_path(j, k), j->phase,
 					   j->config_hash, NULL, NULL, 0);
 		if (!rc)
 			F.nopen++;
 	}
-	if (!rc && by_piece) {
+	if (!rc && P == 0) {
+		rc = keep_module(&F);
+		read_s = now_seconds() - t0;
+	} else if (!rc && by_piece) {
 		rc = module_writer_open(&F.w, j->out_path, t, j->module, j->phase, j->config_hash, NULL);
 		if (!rc)
 			rc = fold_by_piece(&F, scale, j->threads > 0 ? j->threads : omp_get_max_threads());

@@ -10,6 +10,12 @@
  * in double from float inputs, each stored result rounded to float once. With lr 1 and mu 0
  * the step returns sum_i a_i theta_i; with one path it returns theta_1 bit for bit.
  *
+ * When a phase trains only some paths (dipaco.paths_per_phase), i runs over the paths of
+ * the module that it trained, P_le counts those and the caller's a_i are renormalised over
+ * them; with none, the module keeps its parameters and its momentum: phase t's file holds
+ * phase t-1's tensors byte for byte (only the metadata's phase differs), not a step with a
+ * zero gradient, which would still decay buf and move theta by lr mu^2 buf.
+ *
  * Paths are folded into the sum one at a time in the order given, so the result does not
  * depend on when each path checkpoint appeared (--wait), on the thread count or on how the
  * inputs are read. With every path present (and descriptors for all of them), each tensor is
@@ -55,7 +61,10 @@ struct outer_job {
 	int module;                     /* module id in topo */
 	long phase;                     /* t: averages phase t's paths into phase t's module */
 	const char *prev_path;          /* the module's checkpoint of phase t - 1 */
-	const char *const *path_ckpts;  /* one per path of the module, in its path order */
+	const int *paths;               /* the paths folded, ascending, some of the module's
+					 * (dipaco.paths_per_phase); NULL: all of them */
+	int npaths;                     /* with paths: how many (0: the module is kept) */
+	const char *const *path_ckpts;  /* one per path folded, in that order */
 	const double *weights;          /* a_i, same order */
 	const char *out_path;           /* the module's checkpoint of phase t */
 	const char *config_hash;        /* every input must carry this config_hash */

@@ -48,6 +48,8 @@ struct diag_ctx {
 	const struct rundir *r;
 	long t;
 	int m;
+	const int *paths; /* the paths folded (those phase t trained) */
+	int npaths;
 	const double *weights;
 	const char *path;
 	char *line;
@@ -60,9 +62,9 @@ static int write_diag(void *ctx, const struct outer_diag *d)
 	const struct topo_module *md = &topo->modules[x->m];
 	json_t *norms = json_array(), *users = json_array(), *ws = json_array();
 
-	for (int k = 0; k < md->npaths; k++) {
+	for (int k = 0; k < x->npaths; k++) {
 		json_array_append_new(norms, num(d->delta_norm[k]));
-		json_array_append_new(users, json_integer(md->paths[k]));
+		json_array_append_new(users, json_integer(x->paths[k]));
 		json_array_append_new(ws, num(x->weights[k]));
 	}
 	json_t *j = json_pack(
@@ -99,11 +101,12 @@ int outertask_step(const struct rundir *r, long t, int m, double wait, int threa
 	char **ckpts = calloc((size_t)md->npaths, sizeof *ckpts);
 	double *tokens = calloc((size_t)md->npaths, sizeof *tokens);
 	double *weights = calloc((size_t)md->npaths, sizeof *weights);
+	int *ids = calloc((size_t)md->npaths, sizeof *ids), n = 0;
 	struct outer_diag d = {0};
 	int rc = 0;
 
 	*res = (struct outer_task_result){0};
-	if (!ckpts || !tokens || !weights) {
+	if (!ckpts || !tokens || !weights || !ids) {
 		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
 		goto out;
 	}
@@ -131,18 +134,24 @@ int outertask_step(const struct rundir *r, long t, int m, double wait, int threa
 		res->skipped = 1;
 		goto out;
 	}
+	/* The paths of m that phase t trained (all of them without dipaco.paths_per_phase),
+	 * their weights renormalised over them. */
 	for (int k = 0; k < md->npaths; k++) {
-		ckpts[k] = malloc(RUNDIR_PATH_MAX);
-		if (!ckpts[k]) {
+		if (!pathsample_trains(&r->sample, t, md->paths[k]))
+			continue;
+		ids[n] = md->paths[k];
+		ckpts[n] = malloc(RUNDIR_PATH_MAX);
+		if (!ckpts[n]) {
 			rc = err_set(CORE_ENOMEM, NULL, "out of memory");
 			goto out;
 		}
-		rc = rundir_path_ckpt(r, t, md->paths[k], ".safetensors", ckpts[k], RUNDIR_PATH_MAX);
+		rc = rundir_path_ckpt(r, t, ids[n], ".safetensors", ckpts[n], RUNDIR_PATH_MAX);
 		if (rc)
 			goto out;
-		tokens[k] = r->have_shards ? r->shard_tokens[md->paths[k]] : 0;
+		tokens[n] = r->have_shards ? r->shard_tokens[ids[n]] : 0;
+		n++;
 	}
-	outer_weights(weights, tokens, md->npaths, dc->reweight && r->have_shards);
+	outer_weights(weights, tokens, n, dc->reweight && r->have_shards);
 	if (dc->reweight && !r->have_shards) {
 		rc = err_set(CORE_ENOTFOUND, r->dir, "dipaco.reweight needs the shard manifest "
 			     "(shards/shards.json, or phase-TTTT/shards/shards.json after a "
@@ -153,14 +162,14 @@ int outertask_step(const struct rundir *r, long t, int m, double wait, int threa
 	if (rc)
 		goto out;
 	struct outer_job j = {
-		.topo = topo, .module = m, .phase = t, .prev_path = prev,
-		.path_ckpts = (const char *const *)ckpts, .weights = weights, .out_path = out,
+		.topo = topo, .module = m, .phase = t, .prev_path = prev, .paths = ids,
+		.npaths = n, .path_ckpts = (const char *const *)ckpts, .weights = weights, .out_path = out,
 		.config_hash = r->config_hash,
 		.params = {dc->outer_lr, dc->outer_momentum, dc->nesterov, dc->rescale,
 			   dc->reweight},
 		.wait_seconds = wait, .threads = threads,
 	};
-	struct diag_ctx dx = {r, t, m, weights, diag_path, NULL};
+	struct diag_ctx dx = {r, t, m, ids, n, weights, diag_path, NULL};
 	j.before_commit = write_diag;
 	j.ctx = &dx;
 	rc = outer_step_module(&j, &d);
@@ -173,6 +182,7 @@ out:
 	for (int k = 0; ckpts && k < md->npaths; k++)
 		free(ckpts[k]);
 	free(ckpts);
+	free(ids);
 	free(tokens);
 	free(weights);
 	return rc;

@@ -22,7 +22,8 @@ struct outer_task_result {
 };
 
 /* The outer step of module m after phase t (outer.h's outer_step_module on the paths that
- * use m, weighted by their shard tokens when dipaco.reweight), waiting up to wait seconds
+ * use m and that phase t trained, weighted by their shard tokens renormalised over them
+ * when dipaco.reweight; none: the module is kept as it was), waiting up to wait seconds
  * for path checkpoints, on threads threads (0: all). What a killed attempt left is removed
  * first; a module file that exists but is not this step's output is an error naming it. */
 int outertask_step(const struct rundir *r, long t, int m, double wait, int threads,

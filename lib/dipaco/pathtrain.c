@@ -63,15 +63,16 @@ int pathtrain_assemble(const struct rundir *r, long phase, int p, struct gpt2 *g
 	return rc;
 }
 
-/* The moments and step of path p's checkpoint of phase t-1 (its own AdamW state). */
-static int load_moments(const struct rundir *r, long phase, int p, struct gpt2 *g)
+/* The moments of path p's checkpoint of phase `own`, its own AdamW state (own = t-1, or
+ * with dipaco.paths_per_phase the last phase it trained in). */
+static int load_moments(const struct rundir *r, long own, int p, struct gpt2 *g)
 {
 	char path[RUNDIR_PATH_MAX];
 	struct st_file f;
-	long step = 0, want = (phase - 1) * r->tau;
+	long step = 0, want = own * r->tau;
 
-	ERR_FORWARD(rundir_path_ckpt(r, phase - 1, p, ".safetensors", path, sizeof path));
-	ERR_FORWARD(pathckpt_open(&f, path, p, phase - 1, r->config_hash, &step, NULL, 0));
+	ERR_FORWARD(rundir_path_ckpt(r, own, p, ".safetensors", path, sizeof path));
+	ERR_FORWARD(pathckpt_open(&f, path, p, own, r->config_hash, &step, NULL, 0));
 	st_close(&f);
 	if (step != want)
 		return err_set(CORE_EFORMAT, path, "is at step %ld, expected step %ld", step, want);
@@ -201,6 +202,12 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 			       r->topo.npaths - 1);
 	if (r->tau < 1)
 		return err_set(CORE_ECONFIG, r->dir, "the config gives 0 inner steps per phase");
+	if (!pathsample_trains(&r->sample, phase, p)) {
+		ERR_FORWARD(rundir_file(r, RUNDIR_SAMPLED, out, sizeof out));
+		return err_set(CORE_EUSAGE, out, "phase %ld does not train path %d (it trains %d "
+			       "of the %d paths, dipaco.paths_per_phase)", phase, p, r->sample.N,
+			       r->sample.P);
+	}
 	ERR_FORWARD(rundir_path_ckpt(r, phase, p, ".safetensors", out, sizeof out));
 	ERR_FORWARD(rundir_path_ckpt(r, phase, p, ".jsonl", mpath, sizeof mpath));
 	snprintf(part, sizeof part, "%s.part", mpath);
@@ -236,7 +243,8 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 	if (rc)
 		goto out;
 
-	/* The model: modules of phase t-1, moments of the path's own phase t-1. */
+	/* The model: modules of phase t-1, moments of the path's own latest checkpoint (phase
+	 * t-1 unless it sat phases out), else the fork's or zero. */
 	rc = gpt2_create(&k.g, &c->model, B, T, be);
 	if (rc)
 		goto out;
@@ -244,14 +252,18 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 	rc = pathtrain_assemble(r, phase - 1, p, &k.g);
 	char fork[RUNDIR_PATH_MAX];
 	long adam_t0 = 0;
+	const long own = pathsample_last(&r->sample, phase, p);
 	if (!rc)
 		rc = fork_moments(r, fork, sizeof fork, &adam_t0);
-	if (!rc && phase > 1)
-		rc = load_moments(r, phase, p, &k.g);
+	if (!rc && own > 0)
+		rc = load_moments(r, own, p, &k.g);
 	else if (!rc && fork[0])
 		rc = ckpt_load(fork, &k.g, CKPT_MOMENTS, NULL);
 	if (rc)
 		goto out;
+	/* Batches and the learning rate follow the global step, but the bias correction counts
+	 * the steps these moments took: none in the phases the path sat out. */
+	adam_t0 -= (phase - 1 - own) * r->tau;
 	if (dc->early_stop_every > 0) {
 		rc = be->op->alloc(be, (void **)&k.best, sizeof(float) * k.g.nparams);
 		if (rc)

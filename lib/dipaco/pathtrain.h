@@ -7,6 +7,14 @@
  * phase-t/paths/path-p.safetensors: a complete GPT-2 checkpoint with its moments and step
  * t*tau, plus metadata phase, path, shard_tokens.
  *
+ * With dipaco.paths_per_phase (pathsample.h) only the paths phase t draws train (another is
+ * CORE_EUSAGE naming RUNDIR/sampled.json), and a path that sat phases out takes its moments
+ * from its own latest checkpoint, of phase s = pathsample_last (the fork's moments or zero
+ * when s = 0), still with phase t-1's modules; AdamW's bias correction then counts the
+ * steps those moments took: step (t-1)*tau + 1 + i is bias-corrected as step
+ * s*tau + 1 + i (plus the fork's step), while batches and learning rate stay those of the
+ * global step.
+ *
  * The path's validation set (config_holds_out: dipaco.holdout, or early_stop_every > 0):
  * the last holdout_frac of the shard's tokens are not trained on; the parameters written are
  * evaluated on them (heldout_loss). Within-phase early stopping (dipaco.early_stop_every >

@@ -33,8 +33,10 @@ static void train_deps(FILE *fp, const struct rundir *r, const struct rundir *re
 			      sizeof buf);
 		fprintf(fp, " %s", rel_name(buf));
 	}
-	if (t > 1) {
-		rundir_path_ckpt(rel, t - 1, p, ".safetensors", buf, sizeof buf);
+	/* Its own latest checkpoint: of phase t-1, or of the last phase it was sampled in. */
+	const long own = pathsample_last(&r->sample, t, p);
+	if (own > 0) {
+		rundir_path_ckpt(rel, own, p, ".safetensors", buf, sizeof buf);
 		fprintf(fp, " %s", rel_name(buf));
 	}
 	/* Which shards phase t trains on depends on what the run directory holds (a re-sharding):
@@ -52,6 +54,8 @@ static void outer_deps(FILE *fp, const struct rundir *rel, long t, int m)
 	rundir_module(rel, t - 1, m, ".safetensors", buf, sizeof buf);
 	fprintf(fp, " %s", rel_name(buf));
 	for (int k = 0; k < md->npaths; k++) {
+		if (!pathsample_trains(&rel->sample, t, md->paths[k]))
+			continue;
 		rundir_path_ckpt(rel, t, md->paths[k], ".safetensors", buf, sizeof buf);
 		fprintf(fp, " %s", rel_name(buf));
 	}
@@ -82,6 +86,8 @@ int plan_tasks(const struct rundir *r, char **out)
 		return err_set(CORE_ENOMEM, NULL, "cannot build the task list");
 	for (long t = 1; t <= r->cfg.dipaco.phases; t++) {
 		for (int p = 0; p < r->topo.npaths; p++) {
+			if (!pathsample_trains(&r->sample, t, p))
+				continue;
 			rundir_path_ckpt(&rel, t, p, ".safetensors", buf, sizeof buf);
 			fprintf(fp, "train %ld %d %s", t, p, rel_name(buf));
 			train_deps(fp, r, &rel, t, p);
@@ -127,6 +133,8 @@ int plan_makefile(const struct rundir *r, const char *bin, char **out)
 	for (long t = 1; t <= T; t++) {
 		fprintf(fp, "# phase %ld\n", t);
 		for (int p = 0; p < r->topo.npaths; p++) {
+			if (!pathsample_trains(&r->sample, t, p))
+				continue;
 			rundir_path_ckpt(&rel, t, p, ".safetensors", buf, sizeof buf);
 			fprintf(fp, "%s:", rel_name(buf));
 			train_deps(fp, r, &rel, t, p);

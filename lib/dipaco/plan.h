@@ -3,10 +3,13 @@
  * starts as soon as the modules it uses are updated", with no scheduler of our own.
  *
  * Tasks: train (phase t >= 1, path p) reads the modules path p uses from phase t-1, its own
- * checkpoint of phase t-1 (t >= 2) and its shard, and writes phase-t/paths/path-p; outer
- * (phase t, module m) reads m of phase t-1 and the phase-t checkpoints of m's paths, and
- * writes phase-t/modules/m. Phase 0's modules come from dpc-outer init. Every output is
- * written atomically, so "its file exists" is "the task is done".
+ * latest checkpoint (of phase t-1; with dipaco.paths_per_phase, of the last phase before t
+ * it trained in, none when it never has) and its shard, and writes phase-t/paths/path-p;
+ * outer (phase t, module m) reads m of phase t-1 and the phase-t checkpoints of m's paths
+ * (those phase t trains: possibly none), and writes phase-t/modules/m. With
+ * dipaco.paths_per_phase only the paths phase t trains (r->sample) have train tasks. Phase
+ * 0's modules come from dpc-outer init. Every output is written atomically, so "its file
+ * exists" is "the task is done".
  */
 #ifndef CORE_PLAN_H
 #define CORE_PLAN_H

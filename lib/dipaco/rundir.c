@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <dirent.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,6 +183,48 @@ int rundir_read_shards(struct rundir *r, long phase, int need)
 	return rc;
 }
 
+/* RUNDIR_SAMPLED, when it exists, against the config's draw: the same bytes. */
+static int check_sample(const struct rundir *r)
+{
+	char path[RUNDIR_PATH_MAX], *have = NULL, *want = NULL;
+	size_t nhave = 0, nwant = 0;
+
+	ERR_FORWARD(rundir_file(r, RUNDIR_SAMPLED, path, sizeof path));
+	int rc = file_read_all(path, 0, &have, &nhave);
+	if (rc == CORE_ENOTFOUND)
+		return 0;
+	ERR_FORWARD(rc);
+	if (pathsample_all(&r->sample))
+		rc = err_set(CORE_ECONFIG, path, "exists, but the config trains every path in "
+			     "every phase (no dipaco.paths_per_phase below the %d paths)",
+			     r->topo.npaths);
+	else if (!(rc = pathsample_text(&r->sample, &want, &nwant)) &&
+		 (nhave != nwant || memcmp(have, want, nwant)))
+		rc = err_set(CORE_ECONFIG, path, "is not the config's draw of paths "
+			     "(dipaco.paths_per_phase %d of %d paths, train.seed %" PRIu64 ", %ld "
+			     "phases); it belongs to another config", r->sample.N, r->sample.P,
+			     r->sample.seed, r->sample.phases);
+	free(have);
+	free(want);
+	return rc;
+}
+
+int rundir_write_sample(const struct rundir *r)
+{
+	char path[RUNDIR_PATH_MAX], *text = NULL;
+	size_t n = 0;
+
+	if (pathsample_all(&r->sample))
+		return 0;
+	ERR_FORWARD(rundir_file(r, RUNDIR_SAMPLED, path, sizeof path));
+	if (access(path, F_OK) == 0) /* rundir_open checked it */
+		return 0;
+	ERR_FORWARD(pathsample_text(&r->sample, &text, &n));
+	int rc = file_write_atomic(path, text, n);
+	free(text);
+	return rc;
+}
+
 int rundir_open(struct rundir *r, const char *dir, int need_shards)
 {
 	char path[RUNDIR_PATH_MAX];
@@ -215,7 +258,12 @@ int rundir_open(struct rundir *r, const char *dir, int need_shards)
 	}
 	config_hash_all(&r->cfg, r->config_hash);
 	r->tau = config_inner_steps(&r->cfg);
-	rc = rundir_read_shards(r, 1, need_shards);
+	rc = pathsample_init(&r->sample, r->topo.npaths, r->cfg.dipaco.paths_per_phase,
+			     r->cfg.train.seed, r->cfg.dipaco.phases);
+	if (!rc)
+		rc = check_sample(r);
+	if (!rc)
+		rc = rundir_read_shards(r, 1, need_shards);
 	if (rc)
 		rundir_close(r);
 	return rc;
@@ -223,6 +271,7 @@ int rundir_open(struct rundir *r, const char *dir, int need_shards)
 
 void rundir_close(struct rundir *r)
 {
+	pathsample_free(&r->sample);
 	topo_free(&r->topo);
 	free(r->shard_tokens);
 	free(r->dir);

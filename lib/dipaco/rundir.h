@@ -14,6 +14,8 @@
  *                                           whose AdamW moments phase 1's paths start from
  *   RUNDIR/phase-TTTT/paths/path-PPP.safetensors  path p trained in phase t (t >= 1)
  *   RUNDIR/phase-TTTT/paths/path-PPP.jsonl  that training's metrics
+ *   RUNDIR/sampled.json                     which paths train in each phase, with
+ *                                           dipaco.paths_per_phase (pathsample.h)
  *   RUNDIR/Makefile                         the task graph (dpc-outer makefile)
  *   RUNDIR/metrics.jsonl                    every phase's metrics in order (dpc-outer metrics)
  */
@@ -22,6 +24,7 @@
 
 #include <stddef.h>
 
+#include "dipaco/pathsample.h"
 #include "dipaco/topology.h"
 #include "io/config.h"
 
@@ -35,14 +38,21 @@ struct rundir {
 	long tau;           /* inner steps per phase */
 	int have_shards;    /* a shard manifest read (rundir_read_shards) */
 	double *shard_tokens; /* [npaths], from that manifest */
+	struct path_sample sample; /* which paths train in which phase (every path, every
+				    * phase, without dipaco.paths_per_phase) */
 };
 
 /* The copy of the fork's checkpoint whose moments phase 1 starts from (dpc-outer init
  * --from CKPT --moments), relative to RUNDIR. */
 #define RUNDIR_FORK_MOMENTS "phase-0000/moments.safetensors"
 
-/* Load dir/config.yaml (validated) and build its topology; the shard manifest too when it
- * exists (need_shards: it must). */
+/* The record of the paths each phase trains (dipaco.paths_per_phase), relative to RUNDIR. */
+#define RUNDIR_SAMPLED "sampled.json"
+
+/* Load dir/config.yaml (validated) and build its topology and its draw of paths; the shard
+ * manifest too when it exists (need_shards: it must). A RUNDIR_SAMPLED that is not the
+ * config's draw byte for byte (or exists in a run without sampling) is CORE_ECONFIG naming
+ * it. */
 int rundir_open(struct rundir *r, const char *dir, int need_shards);
 void rundir_close(struct rundir *r);
 
@@ -79,6 +89,9 @@ long rundir_last_phase(const struct rundir *r);
 /* Remove what a killed attempt at writing out left: its temporary files out.tmp.* (see
  * atomicio.h). Only the task that owns out may call it: a run gives every output one task. */
 void rundir_clean_stale(const char *out);
+/* Write RUNDIR_SAMPLED (atomically) when the run samples its paths and it does not exist
+ * yet: dpc-outer init, makefile and tasks do, the first to need it. */
+int rundir_write_sample(const struct rundir *r);
 /* mkdir -p of phase-TTTT/paths and phase-TTTT/modules. */
 int rundir_make_phase(const struct rundir *r, long phase);
 

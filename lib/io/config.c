@@ -45,6 +45,11 @@ enum {
 	CFG_HI = 2,      /* value <= hi (or < hi with CFG_HI_OPEN) */
 	CFG_LO_OPEN = 4,
 	CFG_HI_OPEN = 8,
+	/* An optional key (CFG_INT or CFG_LONG, default "0" outside its range): 0 means the
+	 * file does not set it. A file cannot say 0 (the range refuses it), and while the key
+	 * holds 0 the canonical text (dump, hash, YAML) leaves it out, so the configs of runs
+	 * made before the key existed keep their text and their hash. */
+	CFG_UNSET = 16,
 };
 #define CFG_RANGE (CFG_LO | CFG_HI)
 
@@ -137,6 +142,10 @@ static const struct cfg_key run_keys[] = {
 	  "the best parameters to the outer step (implies holdout); 0 disables" },
 	{ "dipaco", "holdout_frac", CFG_DOUBLE, D(holdout_frac), 0, CFG_RANGE, 0, 0.5, "0.05",
 	  NULL, "share of each shard's tokens held out (holdout, early_stop_every)" },
+	{ "dipaco", "paths_per_phase", CFG_INT, D(paths_per_phase), 0, CFG_RANGE | CFG_UNSET, 1,
+	  65536, "0", NULL,
+	  "train only this many of the P paths in each phase, drawn from train.seed so that "
+	  "every path trains in every ceil(P/N) consecutive phases; absent: every path" },
 };
 
 #undef M
@@ -535,9 +544,22 @@ static void schema_defaults(const struct cfg_schema *s, void *base)
 
 	memset(base, 0, s->struct_size);
 	/* The unit test checks that every default parses; a failure here cannot happen. */
-	for (size_t i = 0; i < s->n; i++)
-		set_value(&w, &s->keys[i], base, s->keys[i].def, strlen(s->keys[i].def),
-			  s->keys[i].type == CFG_STRING ? VAL_QUOTED : VAL_PLAIN);
+	for (size_t i = 0; i < s->n; i++) {
+		struct cfg_key k = s->keys[i];
+		if (k.flags & CFG_UNSET) /* "absent" is outside the range a file may give */
+			k.flags &= ~(unsigned)CFG_RANGE;
+		set_value(&w, &k, base, k.def, strlen(k.def),
+			  k.type == CFG_STRING ? VAL_QUOTED : VAL_PLAIN);
+	}
+}
+
+/* An optional key that the config does not set (CFG_UNSET). */
+static int key_unset(const struct cfg_key *k, const void *base)
+{
+	if (!(k->flags & CFG_UNSET))
+		return 0;
+	const void *f = cfield(base, k);
+	return k->type == CFG_LONG ? *(const long *)f == 0 : *(const int *)f == 0;
 }
 
 /* ---- levels: names, group words, canonical owns ------------------------------------------ */
@@ -1216,6 +1238,9 @@ static int schema_check_ranges(const struct cfg_schema *s, const void *base, con
 		const void *f = cfield(base, k);
 		double v;
 
+		if (key_unset(k, base))
+			continue;
+
 		switch (k->type) {
 		case CFG_INT:
 			v = *(const int *)f;
@@ -1406,7 +1431,8 @@ static void schema_emit(const struct cfg_schema *s, const void *base, const char
 			struct sink *o)
 {
 	for (size_t i = 0; i < s->n; i++)
-		if (!only_section || !strcmp(s->keys[i].section, only_section))
+		if ((!only_section || !strcmp(s->keys[i].section, only_section)) &&
+		    !key_unset(&s->keys[i], base))
 			sink_line(o, &s->keys[i], base);
 }
 
@@ -1585,6 +1611,10 @@ static int dipaco_check(const struct run_config *c, const struct where *w)
 			    d->early_stop_every);
 	if (d->holdout && !(d->holdout_frac > 0))
 		return fail(w, "dipaco.holdout needs dipaco.holdout_frac > 0");
+	const long P = d->paths ? d->paths : R;
+	if (d->paths_per_phase > P)
+		return fail(w, "dipaco.paths_per_phase (%d) is more than the %ld paths of the run",
+			    d->paths_per_phase, P);
 	return 0;
 }
 
@@ -1643,6 +1673,8 @@ size_t config_yaml(const struct run_config *c, char *buf, size_t n)
 
 	for (size_t i = 0; i < run_schema.n; i++) {
 		const struct cfg_key *key = &run_schema.keys[i];
+		if (key_unset(key, c))
+			continue;
 		if (strcmp(key->section, section)) {
 			section = key->section;
 			sink_str(&o, section);

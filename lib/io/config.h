@@ -77,6 +77,8 @@ struct dipaco_config {
 	long early_stop_every;/* evaluate the held-out slice every this many inner steps and
 			       * publish the best (implies holdout); 0 off */
 	double holdout_frac;  /* share of a shard's tokens held out */
+	int paths_per_phase;  /* N: paths trained per phase (pathsample.h); 0: absent, every
+			       * path */
 	int nlevels;          /* 0 in the struct after config_defaults; see config_levels */
 	struct level_config levels[CONFIG_MAX_LEVELS];
 };

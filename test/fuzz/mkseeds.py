@@ -63,6 +63,14 @@ def main():
             os.makedirs(os.path.join(ROOT, "config"), exist_ok=True)
             shutil.copy(os.path.join("configs", f), os.path.join(ROOT, "config", f))
 
+    # path sampling (dipaco.paths_per_phase): 8 paths of a 4 x 2 topology, 4 a phase
+    out("config", "dipaco-sample.yaml",
+        "model:\n  n_layer: 2\n  n_embd: 32\n  n_head: 2\n  seq_len: 32\n"
+        "train:\n  steps: 90\n  seed: 5\n"
+        "dipaco:\n  phases: 3\n  inner_steps: 30\n  paths_per_phase: 4\n"
+        "levels:\n  - name: lower\n    owns: embed h.0\n    modules: 4\n"
+        "  - name: upper\n    owns: h.1 head\n    modules: 2\n")
+    out("override", "sample", "@levels\0dipaco.paths=8\0dipaco.paths_per_phase=3")
     out("override", "train", "train.lr=0.001\0train.steps=10\0train.warmup_steps=2\0train.seed=7")
     out("override", "model", "model.n_layer=2\0model.n_embd=64\0model.n_head=4\0model.seq_len=32")
     out("override", "levels", "@levels\0model.n_layer=4\0dipaco.paths=8\0dipaco.phases=2")

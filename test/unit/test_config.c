@@ -1255,7 +1255,7 @@ Test(config, yaml_round_trip)
 		"train.lr=0.000123456789", "train.eps=5e-324", "train.seed=18446744073709551615",
 		"dipaco.outer_lr=0.1", "dipaco.outer_momentum=0.99999999999999989",
 		"dipaco.nesterov=false", "dipaco.rescale=false", "dipaco.reweight=false",
-		"dipaco.paths=9", "dipaco.holdout=true", "dipaco.early_stop_every=25",
+		"dipaco.paths=9", "dipaco.paths_per_phase=4", "dipaco.holdout=true", "dipaco.early_stop_every=25",
 		"dipaco.holdout_frac=0.5",
 		"dipaco.phases=3", "dipaco.inner_steps=7",
 	};
@@ -1272,6 +1272,51 @@ Test(config, yaml_round_trip)
 }
 
 /* ---- dump and hashes ---------------------------------------------------------------------- */
+
+/* dipaco.paths_per_phase is optional: absent, the canonical text (so the hash and the
+ * config.yaml of a run) is what it was before the key existed; 0 and more than P are
+ * refused, naming the file and the key. */
+Test(config, paths_per_phase_is_optional)
+{
+	struct run_config c;
+	char buf[8192], yaml[8192], h_absent[17], h_set[17];
+
+	config_defaults(&c);
+	cr_assert_eq(config_load(&c, "configs/dipaco-2x2.yaml"), 0, "%s", err_detail());
+	cr_expect_eq(c.dipaco.paths_per_phase, 0);
+	config_dump(&c, buf, sizeof buf);
+	config_yaml(&c, yaml, sizeof yaml);
+	cr_expect(!strstr(buf, "paths_per_phase") && !strstr(yaml, "paths_per_phase"),
+		  "an absent key is written out:\n%s", buf);
+	/* the hash is FNV-1a of the dump, which ends with holdout_frac then the levels */
+	cr_expect(strstr(buf, "dipaco.holdout_frac: 0.050000000000000003\nlevels.0:") != NULL,
+		  "%s", buf);
+	config_hash_all(&c, h_absent);
+	cr_assert_eq(config_set(&c, "dipaco.paths_per_phase=4"), 0, "%s", err_detail());
+	cr_expect_eq(c.dipaco.paths_per_phase, 4);
+	cr_expect_eq(config_validate(&c, "x.yaml"), 0, "4 of 4 paths: %s", err_detail());
+	config_dump(&c, buf, sizeof buf);
+	cr_expect(strstr(buf, "dipaco.paths_per_phase: 4\n") != NULL, "%s", buf);
+	config_hash_all(&c, h_set);
+	cr_expect_str_neq(h_absent, h_set);
+
+	config_defaults(&c);
+	cr_expect_eq(config_set(&c, "dipaco.paths_per_phase=0"), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "override 'dipaco.paths_per_phase=0': "
+			 "dipaco.paths_per_phase: 0 is outside [1, 65536]");
+	cr_expect_eq(load_text(&c, "dipaco:\n  paths_per_phase: 0\n"), CORE_ECONFIG);
+	cr_expect(strstr(err_detail(), "line 2: dipaco.paths_per_phase: 0 is outside [1, 65536]"),
+		  "%s", err_detail());
+	config_defaults(&c);
+	cr_assert_eq(config_load(&c, "configs/dipaco-2x2.yaml"), 0, "%s", err_detail());
+	cr_assert_eq(config_set(&c, "dipaco.paths_per_phase=5"), 0, "%s", err_detail());
+	cr_expect_eq(config_validate(&c, "x.yaml"), CORE_ECONFIG);
+	cr_expect_str_eq(err_file(), "x.yaml");
+	cr_expect_str_eq(err_detail(), "dipaco.paths_per_phase (5) is more than the 4 paths of "
+			 "the run");
+	cr_assert_eq(config_set(&c, "dipaco.paths=8"), 0, "%s", err_detail());
+	cr_expect_eq(config_validate(&c, "x.yaml"), 0, "5 of 8 paths: %s", err_detail());
+}
 
 /* The defaults' canonical text, written by hand (%.17g of each double worked out once). */
 static const char tiny_dump[] =
@@ -1423,9 +1468,17 @@ Test(config, schema_rows_are_sound)
 		cr_expect(k->offset < sizeof(struct run_config), "row %zu: offset", i);
 		memset(scratch, 0, sizeof scratch);
 		enum val_style st = k->type == CFG_STRING ? VAL_QUOTED : VAL_PLAIN;
-		cr_expect_eq(set_value(&w, k, scratch, k->def, strlen(k->def), st), 0,
-			     "row %zu (%s.%s): default '%s' rejected: %s", i, k->section, k->key,
-			     k->def, err_detail());
+		/* An optional key's default is "absent": 0, which a file cannot say. */
+		if (k->flags & CFG_UNSET)
+			cr_expect(strcmp(k->def, "0") == 0 && (k->flags & CFG_LO) && k->lo >= 1 &&
+					  (k->type == CFG_INT || k->type == CFG_LONG) &&
+					  set_value(&w, k, scratch, k->def, 1, st) != 0,
+				  "row %zu (%s.%s): an optional key's default must be 0, outside its "
+				  "range", i, k->section, k->key);
+		else
+			cr_expect_eq(set_value(&w, k, scratch, k->def, strlen(k->def), st), 0,
+				     "row %zu (%s.%s): default '%s' rejected: %s", i, k->section,
+				     k->key, k->def, err_detail());
 		if (k->type == CFG_INT && (k->flags & CFG_HI))
 			cr_expect(k->hi <= INT_MAX && k->lo >= INT_MIN, "row %zu: int bounds", i);
 		for (size_t j = 0; j < i; j++) {
@@ -1560,7 +1613,10 @@ Test(config, man_page_agrees_with_table)
 		char want[512], range[96];
 		format_range(k, range, sizeof range);
 		/* ".B model.n_layer" then "int, range [1, 1024], default 4." */
-		if (k->type == CFG_BOOL) /* a range says nothing about true and false */
+		if (k->flags & CFG_UNSET) /* "default 0" would be a value a file cannot give */
+			snprintf(want, sizeof want, ".B %s.%s\n%s, range %s, absent by default.\n",
+				 k->section, k->key, test_type_name(k->type), range);
+		else if (k->type == CFG_BOOL) /* a range says nothing about true and false */
 			snprintf(want, sizeof want, ".B %s.%s\nbool, default %s.\n", k->section,
 				 k->key, k->def);
 		else

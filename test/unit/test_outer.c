@@ -826,6 +826,68 @@ Test(outer, heavy_ball_over_three_phases)
 						  .rescale = 0, .reweight = 0});
 }
 
+/* A phase that trained none of a module's paths (dipaco.paths_per_phase): the module of
+ * phase 2 after a step in phase 1 (so its momentum is not zero) comes out of an empty job as
+ * its own parameters and momentum, bit for bit, as a verifying module of phase 2. */
+Test(outer, a_module_no_path_trained_is_kept)
+{
+	struct fx f;
+	float *vals[MAXP] = {0};
+	struct mstate s;
+	char prev[512], out[512];
+	const struct outer_params o = {.lr = 0.7, .momentum = 0.9, .nesterov = 1, .rescale = 1,
+				       .reweight = 1};
+	const int m = 0, none[1] = {0};
+
+	fx_init(&f, cfg_mixed4);
+	write_init_modules(&f);
+	module_file(prev, sizeof prev, &f, m, 0);
+	mstate_init(&s, &f, m, prev);
+	for (int p = 0; p < f.t.npaths; p++) {
+		vals[p] = malloc(sizeof *vals[p] * f.g.nparams);
+		cr_assert(vals[p]);
+		write_path(&f, p, 1, vals[p]);
+	}
+	module_file(out, sizeof out, &f, m, 1);
+	step_and_check(&f, m, 1, prev, out, vals, o, &s);
+	module_file(prev, sizeof prev, &f, m, 1);
+	module_file(out, sizeof out, &f, m, 2);
+	struct outer_job j = {
+		.topo = &f.t, .module = m, .phase = 2, .prev_path = prev, .paths = none,
+		.npaths = 0, .out_path = out, .config_hash = f.hash, .params = o,
+	};
+	struct outer_diag d;
+	cr_assert_eq(outer_step_module(&j, &d), 0, "%s", err_detail());
+	cr_expect_eq(d.npaths, 0);
+	cr_expect(d.update_norm == 0.0 && d.grad_norm == 0.0);
+	outer_diag_free(&d);
+	struct st_file sf;
+	cr_assert_eq(module_open(&sf, out, &f.t, m, 2, f.hash, 1), 0, "%s", err_detail());
+	st_close(&sf);
+	const size_t n = f.t.modules[m].nparams;
+	float *a = malloc(sizeof *a * n), *b = malloc(sizeof *b * n);
+	cr_assert(a && b);
+	for (int mom = 0; mom < 2; mom++) {
+		const char *prefix = mom ? MODULE_MOMENTUM_PREFIX : "";
+		read_module_values(&f, prev, m, prefix, a, NULL);
+		read_module_values(&f, out, m, prefix, b, NULL);
+		cr_expect_eq(memcmp(a, b, sizeof *a * n), 0, "%s changed", mom ? "momentum" :
+			     "parameters");
+		if (mom) {
+			int nonzero = 0;
+			for (size_t k = 0; k < n; k++)
+				nonzero |= a[k] != 0.0f;
+			cr_expect(nonzero, "phase 1's momentum is zero: the test shows nothing");
+		}
+	}
+	free(a);
+	free(b);
+	mstate_free(&s);
+	for (int p = 0; p < f.t.npaths; p++)
+		free(vals[p]);
+	fx_free(&f);
+}
+
 /* ==== 4. one path, lr 1, mu 0: the path's tensors bit for bit =============================== */
 
 Test(outer, one_path_lr1_mu0_returns_the_path_bit_for_bit)
