@@ -49,16 +49,20 @@ CONFIGS = [
     ("dipaco-moments", "DiPaCo 2x2, the base's AdamW state", "k-means shards; the paths start "
      "from the base's AdamW moments (`dpc-outer init --moments`) instead of zero ones, the bias "
      "correction counting on from the base's step"),
+    ("dipaco-sampled", "DiPaCo 4x2, 4 of 8 paths a phase", "8 paths (4 + 2 modules) on k-means "
+     "shards (k = 8), 4 of them trained each phase (`dipaco.paths_per_phase: 4`, the paper's "
+     "section 2.6.2, drawn so that every 2 phases train all 8): the compute of DiPaCo 2x2 "
+     "spread over twice the paths"),
 ]
 DENSE_SEEDS = ("dense-s", "dense-s-seed2", "dense-s-seed3", "dense-s-seed4")
 DIPACO_SEEDS = ("dipaco-km", "dipaco-km-seed2", "dipaco-km-seed3", "dipaco-km-seed4")
 ROUTED = ("flat-moe", "dipaco-km", "dipaco-top2", "dipaco-disc", "dipaco-paper", "dipaco-head",
-          "dipaco-avg", "dipaco-es", "dipaco-moments")
+          "dipaco-avg", "dipaco-es", "dipaco-moments", "dipaco-sampled")
 
 # one colour per configuration, the same in every plot
 COLOURS = ["#1f77b4", "#7f7f7f", "#a0a0a0", "#c0c0c0", "#000000", "#505050", "#ff7f0e",
            "#8c564b", "#d62728", "#e377c2", "#f4a6a6", "#fbd0d0", "#2ca02c", "#9467bd",
-           "#bcbd22", "#17becf", "#8c8c00", "#006d6d", "#b15928"]
+           "#bcbd22", "#17becf", "#8c8c00", "#006d6d", "#b15928", "#6a3d9a"]
 # a dash and point type per level of the outer-step plot
 LEVEL_STYLE = {"all": (1, 7), "lower": (1, 7), "upper": (2, 5), "head": (3, 9)}
 
@@ -212,12 +216,14 @@ def main():
         wall = read_text(os.path.join(d, "wall")).split()
         rT = int(cv["phases"])
         P = topo["paths"]
+        # with path sampling only paths_per_phase of the P paths train in a phase
+        trained = int(cv.get("paths_per_phase", P)) or P
         tokens_per_path = cv["steps"] * cv["batch_size"] * cv["seq_len"]
         # per token, forward and backward: 6 N, and 12 L C T for attention (PaLM's count)
         per_token = 6 * topo["params_per_path"] + 12 * cv["n_layer"] * cv["n_embd"] * cv["seq_len"]
         runs[name] = dict(
             label=label, what=what, cv=cv, topo=topo, paths=pev, outer=oev, T=rT, P=P,
-            tokens=P * tokens_per_path, flops=P * tokens_per_path * per_token,
+            tokens=trained * tokens_per_path, flops=trained * tokens_per_path * per_token,
             per_token=per_token, wall=int(wall[0]), resumed=wall[3] == "yes",
             workers="%s x %s" % (wall[1], wall[2]),
             forked=not name.startswith("dense-4s"))
@@ -513,6 +519,9 @@ def main():
           "the linear one (every 64; the mean of its 2 fits)",
           "transformer %.4f, linear %.4f (once per doc %.4f)" % (tr64, rf[1]["loss"], rf[0]["loss"]),
           rf[1]["loss"] - tr64, floor=tr_spread[64])
+    claim("sampled", "8 paths at 4 a phase beating DiPaCo 2x2 at the same compute",
+          "4 of 8 %s, 2x2 %s" % (lv("dipaco-sampled"), lv("dipaco-km")),
+          L["dipaco-km"] - L["dipaco-sampled"], testable=capacity)
     claim("head", "a path-specific level helping",
           "with %s, without %s" % (lv("dipaco-head"), lv("dipaco-km")), L["dipaco-km"] - L["dipaco-head"],
           testable=capacity)
@@ -606,6 +615,9 @@ def main():
         "reroute": "The window router switched paths %.2f times per 1024-byte piece; a piece of "
                    "Brown is one text of one genre, and each switch restarts the context on the "
                    "new path." % runs["dipaco-km"]["win"]["switches_per_doc"],
+        "sampled": "Each of the 8 paths trains every other phase, so it sees half the steps of a "
+                   "2x2 path on a shard half the size, and each module is updated by fewer paths "
+                   "per phase.",
         "transformer-reroute": "The transformer router's in-sample accuracy at the router split's "
                                "boundaries was %s (its fit's report); a piece of Brown is one text "
                                "of one genre, so the best path rarely changes within it." % (

@@ -215,10 +215,14 @@ for s in train router val; do
 done
 [ -s "$r/kmeans.safetensors" ] ||
 	"$bin/dpc-route" kmeans -k 4 -o "$r/kmeans.safetensors" "$r/features-train.safetensors" >/dev/null
+# and to 8 paths, for the run that trains 4 of 8 paths a phase
+[ -s "$r/kmeans8.safetensors" ] ||
+	"$bin/dpc-route" kmeans -k 8 -o "$r/kmeans8.safetensors" "$r/features-train.safetensors" >/dev/null
 # The k-means shards of a run, top-1 and top-2 (scripts/dipaco-train.sh splits the training
 # tokens into the run's shards, its report in RUNDIR/routing.txt)
 km1="--router $r/kmeans.safetensors --features $r/features-train.safetensors --top 1"
 km2="--router $r/kmeans.safetensors --features $r/features-train.safetensors --top 2"
+km8="--router $r/kmeans8.safetensors --features $r/features-train.safetensors --top 1"
 # The curves' validation set: a quarter of the validation documents, drawn once.
 [ -s "$r/val-quarter/shards.json" ] ||
 	"$bin/dpc-shard" split -q --random 4 --seed 1 "$val" "$r/val-quarter" >/dev/null
@@ -349,6 +353,8 @@ done
 	train dipaco-es dipaco-2x2.yaml 2 1 --from "$base" $km1 $model $fork $dipaco_sets -s dipaco.holdout=true
 	stage "DiPaCo 2x2 starting from the base's AdamW moments"
 	train dipaco-moments dipaco-2x2.yaml 2 1 --from "$base" --moments $km1 $model $fork $dipaco_sets
+	stage "DiPaCo 4x2: 8 paths on k-means shards (k = 8), 4 trained each phase (path sampling)"
+	train dipaco-sampled dipaco-4x2-sampled.yaml 2 1 --from "$base" $km8 $model $fork $dipaco_sets
 }
 
 # resharded NAME TOP: a run re-sharded after phase T/2 by a discriminative router fitted on
@@ -379,7 +385,7 @@ resharded dipaco-disc 1
 stage "DiPaCo 2x2 as the paper's recipe: k-means, top-2 shards, one discriminative re-sharding"
 resharded dipaco-paper 2
 
-routed="flat-moe dipaco-km dipaco-km-seed2 dipaco-km-seed3 dipaco-km-seed4 dipaco-top2 dipaco-head dipaco-avg dipaco-disc dipaco-paper dipaco-es dipaco-moments"
+routed="flat-moe dipaco-km dipaco-km-seed2 dipaco-km-seed3 dipaco-km-seed4 dipaco-top2 dipaco-head dipaco-avg dipaco-disc dipaco-paper dipaco-es dipaco-moments dipaco-sampled"
 stage "scoring the router split with every routed run's final paths"
 for c in $routed; do
 	[ -s "$r/scores-$c.safetensors" ] ||
@@ -422,6 +428,7 @@ router_of() {
 	case $1 in
 	dense-*) echo "" ;;
 	dipaco-disc | dipaco-paper) [ "$2" -gt "$half" ] && echo "$r/disc-$1-$hp.safetensors" || echo "$r/kmeans.safetensors" ;;
+	dipaco-sampled) echo "$r/kmeans8.safetensors" ;;
 	*) echo "$r/kmeans.safetensors" ;;
 	esac
 }
