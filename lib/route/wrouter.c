@@ -56,42 +56,43 @@ static uint32_t argmax(const float *row, int P)
 }
 
 /* The router's path at every boundary of document d into out [doc_boundaries]: the argmax
- * of its output at position b - 1, reading the T = seq_len tokens before b at most (one
- * forward over the document's first T tokens serves every boundary within them; each later
- * boundary gets its own forward over the T tokens before it). logits: T * paths floats,
- * in: T ints. */
-static int doc_paths(struct gpt2 *g, const struct tokfile *tf, uint64_t d, int prefix, int W,
-		     float *logits, int32_t *in, uint32_t *out, uint64_t *forwarded)
+ * of its output at position b - 1, reading the T = seq_len tokens before b at most. One
+ * forward over the document's first T tokens serves every boundary within them; the later
+ * boundaries' windows (the T tokens before each) go B to a forward, B <= the model's batch.
+ * logits: B * T * paths floats, in: B * T ints. */
+static int doc_paths(struct gpt2 *g, int B, const struct tokfile *tf, uint64_t d, int prefix,
+		     int W, float *logits, int32_t *in, uint32_t *out, uint64_t *forwarded)
 {
-	const int T = g->cfg.seq_len, P = model_n_out(&g->cfg);
+	const uint64_t T = (uint64_t)g->cfg.seq_len;
+	const int P = model_n_out(&g->cfg);
 	const uint64_t s0 = tf->offsets[d], len = tf->offsets[d + 1] - s0;
 	const uint64_t nb = doc_boundaries(len, prefix, W);
-	uint64_t done_to = 0; /* the forward held covers positions [0, done_to) */
+#define BOUNDARY(m) ((uint64_t)prefix + ((m) + 1) * (uint64_t)W)
+	uint64_t m = 0;
 
-	for (uint64_t m = 0; m < nb; m++) {
-		const uint64_t b = (uint64_t)prefix + (m + 1) * (uint64_t)W;
-		uint64_t from = 0, pos;
-		if (b <= (uint64_t)T) {
-			if (done_to < b) {
-				const uint64_t n = len < (uint64_t)T ? len : (uint64_t)T;
-				for (uint64_t j = 0; j < n; j++)
-					in[j] = (int32_t)tokfile_token(tf, s0 + j);
-				ERR_FORWARD(gpt2_forward_logits(g, in, 1, (int)n, logits));
-				*forwarded += n;
-				done_to = n;
-			}
-			pos = b - 1;
-		} else {
-			from = b - (uint64_t)T;
-			for (int j = 0; j < T; j++)
-				in[j] = (int32_t)tokfile_token(tf, s0 + from + (uint64_t)j);
-			ERR_FORWARD(gpt2_forward_logits(g, in, 1, T, logits));
-			*forwarded += (uint64_t)T;
-			done_to = 0;
-			pos = (uint64_t)T - 1;
-		}
-		out[m] = argmax(logits + pos * (uint64_t)P, P);
+	if (nb && BOUNDARY(0) <= T) {
+		const uint64_t n = len < T ? len : T;
+		for (uint64_t j = 0; j < n; j++)
+			in[j] = (int32_t)tokfile_token(tf, s0 + j);
+		ERR_FORWARD(gpt2_forward_logits(g, in, 1, (int)n, logits));
+		*forwarded += n;
+		for (; m < nb && BOUNDARY(m) <= T; m++)
+			out[m] = argmax(logits + (BOUNDARY(m) - 1) * (uint64_t)P, P);
 	}
+	while (m < nb) {
+		int k = 0;
+		for (; k < B && m + (uint64_t)k < nb; k++) {
+			const uint64_t from = BOUNDARY(m + (uint64_t)k) - T;
+			for (uint64_t j = 0; j < T; j++)
+				in[(uint64_t)k * T + j] = (int32_t)tokfile_token(tf, s0 + from + j);
+		}
+		ERR_FORWARD(gpt2_forward_logits(g, in, k, (int)T, logits));
+		*forwarded += (uint64_t)k * T;
+		for (int i = 0; i < k; i++)
+			out[m + (uint64_t)i] = argmax(logits + ((uint64_t)i * T + T - 1) * (uint64_t)P, P);
+		m += (uint64_t)k;
+	}
+#undef BOUNDARY
 	return 0;
 }
 
@@ -106,15 +107,16 @@ static int boundary_accuracy(struct gpt2 *g, const struct tokfile *tf, const int
 		uint64_t nb = doc_boundaries(tf->offsets[d + 1] - tf->offsets[d], prefix, W);
 		maxb = nb > maxb ? nb : maxb;
 	}
-	float *logits = malloc(sizeof *logits * (size_t)T * (size_t)P);
-	int32_t *in = malloc(sizeof *in * (size_t)T);
+	const int B = g->B;
+	float *logits = malloc(sizeof *logits * (size_t)B * (size_t)T * (size_t)P);
+	int32_t *in = malloc(sizeof *in * (size_t)B * (size_t)T);
 	uint32_t *paths = malloc(sizeof *paths * (maxb + 1));
 	int rc = logits && in && paths ? 0 : err_set(CORE_ENOMEM, tf->path, "out of memory");
 	*n = 0;
 	for (uint64_t d = 0; d < tf->ndocs && !rc; d++) {
 		const uint64_t s0 = tf->offsets[d];
 		const uint64_t nb = doc_boundaries(tf->offsets[d + 1] - s0, prefix, W);
-		if ((rc = doc_paths(g, tf, d, prefix, W, logits, in, paths, &fwd)) < 0)
+		if ((rc = doc_paths(g, B, tf, d, prefix, W, logits, in, paths, &fwd)) < 0)
 			break;
 		for (uint64_t m = 0; m < nb; m++) {
 			const uint64_t b = (uint64_t)prefix + (m + 1) * (uint64_t)W;
@@ -329,15 +331,15 @@ int wrouter_open(struct wrouter *w, const char *path, struct backend *be)
 		rc = err_set(CORE_EFORMAT, path, "a head over %d classes for %d paths",
 			     model_n_out(&info.model), w->paths);
 	if (!rc)
-		rc = gpt2_create_forward(&w->g, &info.model, 1, info.model.seq_len, be);
+		rc = gpt2_create_forward(&w->g, &info.model, WROUTER_BATCH, info.model.seq_len, be);
 	if (!rc) {
 		w->have_model = 1;
 		rc = ckpt_load(path, &w->g, CKPT_PARAMS, NULL);
 	}
 	const size_t T = (size_t)info.model.seq_len;
 	if (!rc) {
-		w->logits = malloc(sizeof *w->logits * T * (size_t)w->paths);
-		w->in = malloc(sizeof *w->in * T);
+		w->logits = malloc(sizeof *w->logits * WROUTER_BATCH * T * (size_t)w->paths);
+		w->in = malloc(sizeof *w->in * WROUTER_BATCH * T);
 		if (!w->logits || !w->in)
 			rc = err_set(CORE_ENOMEM, path, "out of memory");
 	}
@@ -349,7 +351,7 @@ int wrouter_open(struct wrouter *w, const char *path, struct backend *be)
 int wrouter_doc_paths(struct wrouter *w, const struct tokfile *tf, uint64_t d, int prefix,
 		      int W, uint32_t *out, uint64_t *forwarded)
 {
-	return doc_paths(&w->g, tf, d, prefix, W, w->logits, w->in, out, forwarded);
+	return doc_paths(&w->g, WROUTER_BATCH, tf, d, prefix, W, w->logits, w->in, out, forwarded);
 }
 
 int wrouter_text_path(struct wrouter *w, const uint32_t *tok, uint64_t b, uint32_t *path)

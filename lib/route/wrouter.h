@@ -29,6 +29,7 @@
 #include "route/routefile.h"
 
 #define WROUTER_KIND "transformer"
+#define WROUTER_BATCH 8 /* windows per forward when evaluating (wrouter_doc_paths) */
 
 /* labels[k] for every token k of tf: the path (0..s->paths-1) of the largest sum of
  * s->logprob over tokens k .. min(k + L, end of k's document) - 1, summed in double in
@@ -59,8 +60,8 @@ struct wrouter {
 	int paths, window, target_len, prefix;
 	char base_digest[LM_DIGEST_CHARS + 1];
 	char *report;
-	float *logits; /* [seq_len, paths] */
-	int32_t *in;   /* [seq_len] */
+	float *logits; /* [WROUTER_BATCH, seq_len, paths] */
+	int32_t *in;   /* [WROUTER_BATCH, seq_len] */
 };
 
 /* 1 if path is a transformer window router (a dpc-checkpoint with router "transformer"),
@@ -71,8 +72,8 @@ void wrouter_close(struct wrouter *w);
 /* The router's path at every boundary prefix + m W (m >= 1) before the end of document d
  * of tf, into out [one per boundary]: the argmax of its output at position b - 1, reading
  * at most the seq_len tokens before b (one forward over the document's first seq_len tokens
- * serves the boundaries within them, each later one its own forward). *forwarded grows by
- * the tokens run through the router. */
+ * serves the boundaries within them; the later ones' windows go WROUTER_BATCH to a
+ * forward). *forwarded grows by the tokens run through the router. */
 int wrouter_doc_paths(struct wrouter *w, const struct tokfile *tf, uint64_t d, int prefix,
 		      int W, uint32_t *out, uint64_t *forwarded);
 /* The path for the window starting at b of a text tok[0..b) (b >= 1): the argmax of the
