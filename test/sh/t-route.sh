@@ -458,7 +458,10 @@ smp() { # ROUTER [options]: 400 tokens after the prompt, re-routed by window rou
 # eval finds 0.06 switches per document at W = 16, and whether the sample meets one hangs on
 # the rounding of the kernel that ran). Sampling is stateless (each draw from the seed and
 # the position), so a constant router to the path A the document router gives the prompt
-# yields a text T_A that any router deciding A at each boundary reproduces. On T_A's window
+# yields a text T_A that any router deciding A at each boundary reproduces. (A is the
+# document router's: eval scores the text's first window with that path and counts a
+# switch where the window router leaves it, which sample, whose text starts after the
+# prompt, does not count.) On T_A's window
 # features (the independent reference's, test/ref/route_torch.py), the router picks a
 # feature j and the widest gap between its values at the boundaries: B when z_j is above
 # the gap's middle, A below. Some boundary lies above, so the sample switches there: the
@@ -518,8 +521,10 @@ if mode == "split":
 t["bias"] = bias.astype(np.float32)
 g2.st_write(out, t, {k: v for k, v in meta.items() if not k.startswith("crc32")})
 EOF2
-smp W16.st -s 1 >s0.txt 2>s0.err || die "sample: $(cat s0.err)"
-a=$(tail -n 1 s0.err | sed 's/.*path@position: \([0-9]*\)@.*/\1/')
+"$BIN/dpc-route" sample --run R -m base.safetensors --router LR.st -n 1 - \
+	<prompt.txt >s0.txt 2>s0.err || die "sample: $(cat s0.err)"
+a=$(sed -n 's/.*path@position: \([0-9]*\)@.*/\1/p' s0.err)
+[ -n "$a" ] || die "sample printed no path: $(cat s0.err)"
 "$PY" mkwin.py "$ROOT/test/ref" const W16.st WA.st "$a" || die "mkwin.py const failed"
 smp WA.st -s 1 >ta.txt 2>ta.err || die "sample: $(cat ta.err)"
 grep -q '(0 switches)$' ta.err || die "sample with a constant window router switched: $(tail -n 1 ta.err)"
