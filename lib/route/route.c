@@ -231,18 +231,11 @@ int route_doc_rows(const struct scores *s, const struct features *f, const struc
 	return 0;
 }
 
-/* Boundaries of a document of len tokens: prefix + m W < len for m >= 1. */
-static uint64_t boundaries(uint64_t len, int prefix, int W)
-{
-	return len > (uint64_t)prefix + (uint64_t)W ? (len - (uint64_t)prefix - 1) / (uint64_t)W
-						    : 0;
-}
-
 uint64_t route_window_count(const struct tokfile *tf, int prefix, int W)
 {
 	uint64_t rows = 0;
 	for (uint64_t d = 0; d < tf->ndocs; d++)
-		rows += boundaries(tf->offsets[d + 1] - tf->offsets[d], prefix, W);
+		rows += router_boundaries(tf->offsets[d + 1] - tf->offsets[d], prefix, W);
 	return rows;
 }
 
@@ -251,24 +244,12 @@ uint64_t route_window_count(const struct tokfile *tf, int prefix, int W)
 static void doc_window_labels(const struct scores *s, const struct tokfile *tf, uint64_t d,
 			      int W, uint32_t *y, float *score)
 {
-	const size_t P = (size_t)s->paths;
 	const uint64_t s0 = tf->offsets[d], len = tf->offsets[d + 1] - s0;
-	const uint64_t nb = boundaries(len, s->prefix, W);
+	const uint64_t nb = router_boundaries(len, s->prefix, W);
 	for (uint64_t m = 0; m < nb; m++) {
 		const uint64_t b = (uint64_t)s->prefix + (m + 1) * (uint64_t)W;
 		const uint64_t e = b + (uint64_t)W < len ? b + (uint64_t)W : len;
-		uint32_t best = 0;
-		double bv = -INFINITY;
-		for (size_t p = 0; p < P; p++) {
-			double v = 0;
-			for (uint64_t j = b; j < e; j++)
-				v += s->logprob[(s0 + j) * P + p];
-			if (score)
-				score[m * P + p] = (float)v;
-			if (v > bv)
-				bv = v, best = (uint32_t)p;
-		}
-		y[m] = best;
+		y[m] = scores_best_path(s, s0 + b, s0 + e, score ? score + m * (size_t)s->paths : NULL);
 	}
 }
 
@@ -276,7 +257,7 @@ void route_window_labels(const struct scores *s, const struct tokfile *tf, int W
 {
 	for (uint64_t d = 0, n = 0; d < tf->ndocs; d++) {
 		doc_window_labels(s, tf, d, W, y + n, NULL);
-		n += boundaries(tf->offsets[d + 1] - tf->offsets[d], s->prefix, W);
+		n += router_boundaries(tf->offsets[d + 1] - tf->offsets[d], s->prefix, W);
 	}
 }
 
@@ -627,7 +608,7 @@ static int eval_mode(struct eval_ctx *e, const struct router *doc, const struct 
 				ERR_FORWARD(wrouter_doc_paths(wr->tr, tf, d, e->prefix, W,
 							      &e->win_path[1], &fwd));
 				r->base_tokens += fwd;
-				nwin = (int)boundaries(len, e->prefix, W) + 1;
+				nwin = (int)router_boundaries(len, e->prefix, W) + 1;
 			} else if (W) {
 				ERR_FORWARD(route_window_features(e->base, tf, d, wr->r.layer,
 								  e->prefix, wr->context, W,

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -319,6 +320,29 @@ void router_route(const struct router *r, const float *x, int topn, uint32_t *ou
 }
 
 /* ---- scores ------------------------------------------------------------------------------- */
+
+uint64_t router_boundaries(uint64_t len, int prefix, int W)
+{
+	return len > (uint64_t)prefix + (uint64_t)W ? (len - (uint64_t)prefix - 1) / (uint64_t)W
+						    : 0;
+}
+
+uint32_t scores_best_path(const struct scores *s, uint64_t j0, uint64_t j1, float *score)
+{
+	const size_t P = (size_t)s->paths;
+	uint32_t best = 0;
+	double bv = -INFINITY;
+	for (size_t p = 0; p < P; p++) {
+		double v = 0;
+		for (uint64_t j = j0; j < j1; j++)
+			v += s->logprob[j * P + p];
+		if (score)
+			score[p] = (float)v;
+		if (v > bv)
+			bv = v, best = (uint32_t)p;
+	}
+	return best;
+}
 
 int scores_write(const char *path, const struct scores *s)
 {

@@ -81,6 +81,9 @@ int router_read(const char *path, struct router *r);
 void router_free(struct router *r);
 /* The topn (1 or 2) best paths for a feature row, best first. */
 void router_route(const struct router *r, const float *x, int topn, uint32_t *out);
+/* How many boundaries b = prefix + m W (m >= 1, b < len) a window router of window W
+ * decides at in a document of len tokens. */
+uint64_t router_boundaries(uint64_t len, int prefix, int W);
 
 struct scores {
 	char *corpus, *source;
@@ -96,5 +99,8 @@ int scores_write(const char *path, const struct scores *s);
 int scores_read(const char *path, struct scores *s);
 int scores_check_corpus(const struct scores *s, const char *spath, const struct tokfile *tf);
 void scores_free(struct scores *s);
+/* The path of the highest log-likelihood of the scored tokens [j0, j1) of the corpus (ties
+ * to the lower path); with score not NULL, each path's sum into score [paths]. */
+uint32_t scores_best_path(const struct scores *s, uint64_t j0, uint64_t j1, float *score);
 
 #endif

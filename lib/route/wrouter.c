@@ -17,32 +17,13 @@
 
 void wrouter_labels(const struct scores *s, const struct tokfile *tf, int L, int32_t *labels)
 {
-	const size_t P = (size_t)s->paths;
 	for (uint64_t d = 0; d < tf->ndocs; d++) {
-		const uint64_t s0 = tf->offsets[d], e = tf->offsets[d + 1];
-		for (uint64_t k = s0; k < e; k++) {
+		const uint64_t e = tf->offsets[d + 1];
+		for (uint64_t k = tf->offsets[d]; k < e; k++) {
 			const uint64_t end = k + (uint64_t)L < e ? k + (uint64_t)L : e;
-			int32_t best = 0;
-			double bv = -INFINITY;
-			for (size_t p = 0; p < P; p++) {
-				double v = 0.0;
-				for (uint64_t j = k; j < end; j++)
-					v += s->logprob[j * P + p];
-				if (v > bv) {
-					bv = v;
-					best = (int32_t)p;
-				}
-			}
-			labels[k] = best;
+			labels[k] = (int32_t)scores_best_path(s, k, end, NULL);
 		}
 	}
-}
-
-/* Boundaries prefix + m W (m >= 1) before a document's end (route.c's rule). */
-static uint64_t doc_boundaries(uint64_t len, int prefix, int W)
-{
-	return len > (uint64_t)prefix + (uint64_t)W ? (len - (uint64_t)prefix - 1) / (uint64_t)W
-						    : 0;
 }
 
 /* The largest of row [P] (the lower index on ties). */
@@ -55,7 +36,7 @@ static uint32_t argmax(const float *row, int P)
 	return best;
 }
 
-/* The router's path at every boundary of document d into out [doc_boundaries]: the argmax
+/* The router's path at every boundary of document d into out [router_boundaries]: the argmax
  * of its output at position b - 1, reading the T = seq_len tokens before b at most. One
  * forward over the document's first T tokens serves every boundary within them; the later
  * boundaries' windows (the T tokens before each) go B to a forward, B <= the model's batch.
@@ -66,7 +47,7 @@ static int doc_paths(struct gpt2 *g, int B, const struct tokfile *tf, uint64_t d
 	const uint64_t T = (uint64_t)g->cfg.seq_len;
 	const int P = model_n_out(&g->cfg);
 	const uint64_t s0 = tf->offsets[d], len = tf->offsets[d + 1] - s0;
-	const uint64_t nb = doc_boundaries(len, prefix, W);
+	const uint64_t nb = router_boundaries(len, prefix, W);
 #define BOUNDARY(m) ((uint64_t)prefix + ((m) + 1) * (uint64_t)W)
 	uint64_t m = 0;
 
@@ -104,7 +85,7 @@ static int boundary_accuracy(struct gpt2 *g, const struct tokfile *tf, const int
 	const int T = g->cfg.seq_len, P = model_n_out(&g->cfg);
 	uint64_t maxb = 0, ok = 0, fwd = 0;
 	for (uint64_t d = 0; d < tf->ndocs; d++) {
-		uint64_t nb = doc_boundaries(tf->offsets[d + 1] - tf->offsets[d], prefix, W);
+		uint64_t nb = router_boundaries(tf->offsets[d + 1] - tf->offsets[d], prefix, W);
 		maxb = nb > maxb ? nb : maxb;
 	}
 	const int B = g->B;
@@ -115,7 +96,7 @@ static int boundary_accuracy(struct gpt2 *g, const struct tokfile *tf, const int
 	*n = 0;
 	for (uint64_t d = 0; d < tf->ndocs && !rc; d++) {
 		const uint64_t s0 = tf->offsets[d];
-		const uint64_t nb = doc_boundaries(tf->offsets[d + 1] - s0, prefix, W);
+		const uint64_t nb = router_boundaries(tf->offsets[d + 1] - s0, prefix, W);
 		if ((rc = doc_paths(g, B, tf, d, prefix, W, logits, in, paths, &fwd)) < 0)
 			break;
 		for (uint64_t m = 0; m < nb; m++) {
