@@ -472,9 +472,33 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
 	echo "ok"
 	exit 0
 fi
+cat >gap.py <<'EOF2'
+import sys
+import numpy as np
+
+def widest_gap(z):
+    """z [boundaries, features]: the feature j and threshold theta (the middle of the widest
+    gap between its values at the boundaries, above its value at the first) that put the
+    first boundary below and some later one above, and the gap's width."""
+    best = (-1.0, 0, 0.0)
+    for j in range(z.shape[1]):
+        v = np.sort(z[1:, j])
+        v = v[v > z[0, j]]
+        if v.size == 0:
+            continue
+        v = np.concatenate([[z[0, j]], v])
+        g = np.diff(v)
+        k = int(np.argmax(g))
+        if g[k] > best[0]:
+            best = (float(g[k]), j, float(v[k] + g[k] / 2))
+    if best[0] <= 0:
+        sys.exit("no feature rises above its value at the first boundary")
+    return best
+EOF2
 cat >mkwin.py <<'EOF2'
 import sys
 import numpy as np
+from gap import widest_gap
 sys.path.insert(0, sys.argv[1])
 import gpt2_torch as g2
 import route_torch as rt
@@ -499,20 +523,7 @@ if mode == "split":
     # path the text starts with: it must stay A), then every W tokens
     bnd = [b for b in range(prefix + W, len(toks), W) if b >= plen]
     z = np.array([np.concatenate([h[max(0, b - ctx):b].mean(0), h[:b].mean(0)]) for b in bnd])
-    best = (-1.0, 0, 0.0)
-    for j in range(D):
-        v = np.sort(z[1:, j])
-        v = v[v > z[0, j]]  # thresholds above the first boundary's value only
-        if v.size == 0:
-            continue
-        v = np.concatenate([[z[0, j]], v])
-        g = np.diff(v)
-        k = int(np.argmax(g))
-        if g[k] > best[0]:
-            best = (float(g[k]), j, float(v[k] + g[k] / 2))
-    if best[0] <= 0:
-        sys.exit("no feature rises above its value at the first boundary")
-    gap, j, theta = best
+    gap, j, theta = widest_gap(z)
     b = (a + 1) % P
     t["weight"][b, j] = 1.0
     bias[b] = -theta
@@ -572,6 +583,7 @@ import gpt2_torch as g2
 import route_torch as rt
 import torch
 import torch.nn.functional as F
+from gap import widest_gap
 src, out, a, text, plen = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
 t, meta = g2.st_read(src)
 t = dict(t)
@@ -587,21 +599,7 @@ with torch.no_grad():
         outs, _ = rt.forward(P, ctx, m)
         x = F.layer_norm(outs[-1], (C,), P["ln_f.weight"], P["ln_f.bias"], 1e-5)
         z.append(x[0, -1].numpy())
-z = np.array(z)
-best = (-1.0, 0, 0.0)
-for j in range(C):
-    v = np.sort(z[1:, j])
-    v = v[v > z[0, j]]
-    if v.size == 0:
-        continue
-    v = np.concatenate([[z[0, j]], v])
-    g = np.diff(v)
-    i = int(np.argmax(g))
-    if g[i] > best[0]:
-        best = (float(g[i]), j, float(v[i] + g[i] / 2))
-if best[0] <= 0:
-    sys.exit("no feature rises above its value at the first boundary")
-gap, j, theta = best
+gap, j, theta = widest_gap(np.array(z))
 k = (j + 1) % C
 b = (a + 1) % npaths
 t["ln_f.weight"] = t["ln_f.weight"].copy()
