@@ -83,31 +83,35 @@ int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c
 	if (rc)
 		goto out;
 
-	char sstep[32], sl[16], sc[16], sh[16], st[16], sv[16], hm[17], ha[17];
+	char sstep[32], sl[16], sc[16], sh[16], st[16], sv[16], so[16], hm[17], ha[17];
 	snprintf(sstep, sizeof sstep, "%ld", step);
 	snprintf(sl, sizeof sl, "%d", g->cfg.n_layer);
 	snprintf(sc, sizeof sc, "%d", g->cfg.n_embd);
 	snprintf(sh, sizeof sh, "%d", g->cfg.n_head);
 	snprintf(st, sizeof st, "%d", g->cfg.seq_len);
 	snprintf(sv, sizeof sv, "%d", g->cfg.vocab_size);
+	snprintf(so, sizeof so, "%d", g->cfg.n_out);
 	config_hash_model(c, hm);
 	config_hash_all(c, ha);
 	enum { NFIXED = 12, NEXTRA_MAX = 8 };
-	struct st_kv meta[NFIXED + NEXTRA_MAX] = {
+	struct st_kv meta[NFIXED + 1 + NEXTRA_MAX] = {
 		{"format", CKPT_FORMAT}, {"kind", "path"}, {"step", sstep},
 		{"optimizer", with_optim ? "adamw" : "none"},
 		{"n_layer", sl}, {"n_embd", sc}, {"n_head", sh}, {"seq_len", st},
 		{"vocab_size", sv}, {"config_hash_model", hm}, {"config_hash", ha},
 		{"config", dump},
 	};
+	int nmeta = NFIXED;
+	if (g->cfg.n_out) /* a head over classes (read_info reads it back) */
+		meta[nmeta++] = (struct st_kv){"n_out", so};
 	if (nextra < 0 || nextra > NEXTRA_MAX) {
 		rc = err_set(CORE_EUSAGE, path, "%d extra metadata pairs (at most %d)", nextra,
 			     NEXTRA_MAX);
 		goto out;
 	}
 	for (int i = 0; i < nextra; i++)
-		meta[NFIXED + i] = extra[i];
-	rc = st_write(path, ts, n, meta, NFIXED + nextra);
+		meta[nmeta++] = extra[i];
+	rc = st_write(path, ts, n, meta, nmeta);
 out:
 	for (int w = 0; w < NBUF; w++)
 		free(staged[w]);
@@ -227,7 +231,10 @@ int ckpt_load(const char *path, struct gpt2 *g, int what, long *step)
 	rc = read_info(&f, &info);
 	if (rc)
 		goto out;
-	if (!config_model_equal(&info.model, &g->cfg)) {
+	struct model_config shape = info.model;
+	if (what & CKPT_BODY) /* the head's rows aside */
+		shape.n_out = g->cfg.n_out;
+	if (!config_model_equal(&shape, &g->cfg)) {
 		rc = err_set(CORE_ESHAPE, path,
 			     "model is L=%d C=%d NH=%d T=%d V=%d out=%d, config says L=%d C=%d "
 			     "NH=%d T=%d V=%d out=%d",
@@ -235,6 +242,10 @@ int ckpt_load(const char *path, struct gpt2 *g, int what, long *step)
 			     info.model.seq_len, info.model.vocab_size, model_n_out(&info.model),
 			     g->cfg.n_layer, g->cfg.n_embd, g->cfg.n_head, g->cfg.seq_len,
 			     g->cfg.vocab_size, model_n_out(&g->cfg));
+		goto out;
+	}
+	if ((what & CKPT_BODY) && (what & ~CKPT_BODY)) {
+		rc = err_set(CORE_EUSAGE, path, "ckpt_load: CKPT_BODY goes alone");
 		goto out;
 	}
 	if ((what & CKPT_MOMENTS) && g->forward_only) {
@@ -246,16 +257,18 @@ int ckpt_load(const char *path, struct gpt2 *g, int what, long *step)
 		rc = err_set(CORE_EFORMAT, path, "checkpoint has no optimizer state");
 		goto out;
 	}
+	const int body = (what & CKPT_BODY) != 0;
 	for (int w = 0; w < NBUF && !rc; w++) {
 		float *host = NULL;
-		if (!(what & (w == BUF_PARAMS ? CKPT_PARAMS : CKPT_MOMENTS)))
+		if (!(what & (w == BUF_PARAMS ? CKPT_PARAMS | CKPT_BODY : CKPT_MOMENTS)))
 			continue;
 		free(staged);
-		rc = host_buffer(g, w, 0, &host, &staged);
+		rc = host_buffer(g, w, body, &host, &staged); /* the head kept: fetched first */
 		for (int i = 0; i < g->nviews && !rc; i++) {
 			struct tensor t;
 			view_over(g, i, host, w, &t);
-			rc = st_read(&f, t.name, &t);
+			if (!body || strcmp(t.name, "lm_head.weight"))
+				rc = st_read(&f, t.name, &t);
 		}
 		if (!rc && staged)
 			rc = be->op->upload(be, model_buffer(g, w), staged,

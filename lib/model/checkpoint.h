@@ -36,8 +36,9 @@ int ckpt_digest(const char *path, char out[CKPT_DIGEST_CHARS + 1]);
 /* The train section the checkpoint was written with: its "config" metadata (one
  * "section.key: value" line per key, config_dump's canonical text) over the defaults. */
 int ckpt_train_config(const char *path, struct train_config *out);
-/* What ckpt_load reads. */
-enum { CKPT_PARAMS = 1, CKPT_MOMENTS = 2 };
+/* What ckpt_load reads. CKPT_BODY: the parameters but lm_head.weight (g keeps its own),
+ * from a file whose head may have another row count (a base model into a window router). */
+enum { CKPT_PARAMS = 1, CKPT_MOMENTS = 2, CKPT_BODY = 4 };
 /* Load the parameters and/or the AdamW moments (what) into g, whose shape must match the
  * file's; verifies the whole file first. Through host memory: the backend's own when it is
  * host memory, else one staging buffer the size of the parameters. */

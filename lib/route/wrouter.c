@@ -113,13 +113,11 @@ static int boundary_accuracy(struct gpt2 *g, const struct tokfile *tf, const int
 }
 
 /* The router's model: base's config with a head over the paths, initialised from the seed,
- * then every tensor but lm_head (the last view, so the same leading floats in both layouts)
- * copied from the base. */
+ * then every tensor but lm_head read from the base. */
 static int router_model(const char *base_path, int paths, const struct train_config *tc,
 			struct backend *be, struct gpt2 *g, struct model_config *mc)
 {
 	struct ckpt_info info;
-	struct gpt2 b;
 	ERR_FORWARD(ckpt_info(base_path, &info));
 	if (info.model.n_out)
 		return err_set(CORE_EUSAGE, base_path, "is a window router, not a base model");
@@ -128,16 +126,7 @@ static int router_model(const char *base_path, int paths, const struct train_con
 	ERR_FORWARD(gpt2_create(g, mc, tc->batch_size, mc->seq_len, be));
 	int rc = gpt2_init_params(g, tc->seed);
 	if (!rc)
-		rc = gpt2_create_forward(&b, &info.model, 1, 1, be);
-	if (rc) {
-		gpt2_free(g);
-		return rc;
-	}
-	const size_t head = (size_t)mc->n_embd * (size_t)paths;
-	rc = ckpt_load(base_path, &b, CKPT_PARAMS, NULL);
-	if (!rc)
-		rc = be->op->copy(be, g->params, b.params, sizeof(float) * (g->nparams - head));
-	gpt2_free(&b);
+		rc = ckpt_load(base_path, g, CKPT_BODY, NULL);
 	if (rc)
 		gpt2_free(g);
 	return rc;
@@ -198,17 +187,16 @@ static int save_router(const char *out, const struct gpt2 *g, const struct model
 		       const char *digest, const char *report)
 {
 	struct run_config rc;
-	char sp[16], sw[16], sl[16], spre[16];
+	char sw[16], sl[16], spre[16];
 	config_defaults(&rc);
 	rc.model = *mc;
-	rc.model.n_out = 0; /* the config's model is the base's; n_out is its own key */
+	rc.model.n_out = 0; /* the config's model is the base's; ckpt_save writes g's n_out */
 	rc.train = o->train;
-	snprintf(sp, sizeof sp, "%d", s->paths);
 	snprintf(sw, sizeof sw, "%d", o->window);
 	snprintf(sl, sizeof sl, "%d", o->target_len);
 	snprintf(spre, sizeof spre, "%d", s->prefix);
 	const struct st_kv extra[] = {
-		{"n_out", sp}, {"router", WROUTER_KIND}, {"window", sw}, {"target_len", sl},
+		{"router", WROUTER_KIND}, {"window", sw}, {"target_len", sl},
 		{"prefix", spre}, {"base_digest", digest}, {"report", report},
 	};
 	return ckpt_save(out, g, &rc, o->train.steps, 0, extra, (int)(sizeof extra / sizeof extra[0]));

@@ -14,7 +14,7 @@
  * from the train seed.
  *
  * The router file is a dpc-checkpoint (dpc-checkpoint(5)) of that model, parameters only,
- * with metadata n_out (P), router "transformer", paths, window (W), target_len (L), prefix
+ * with metadata n_out (P), router "transformer", window (W), target_len (L), prefix
  * (the scores' prefix: the first boundary is prefix + W), base_digest (ckpt_digest of the
  * base) and report (what fitting it printed, JSON text).
  */
