@@ -36,21 +36,14 @@ struct gen {
 	int have_rdec;
 };
 
-/* The last window boundary prefix + m W (m >= 1) at or before n, 0 if none. */
-static uint64_t last_boundary(const struct gen_route *rt, uint64_t n)
-{
-	const uint64_t prefix = (uint64_t)rt->doc->r.prefix;
-	const uint64_t W = rt->win ? (uint64_t)rt->win->window : 0;
-	return W && n >= prefix + W ? prefix + (n - prefix) / W * W : 0;
-}
-
 /* Decide the path for the token at position n; a new path starts with an empty cache. */
 static int gen_route_step(struct gen *g, const struct gen_route *rt, size_t plen,
 			  const struct gen_sink *sink, long *switches)
 {
 	uint32_t path;
 	uint64_t at;
-	const uint64_t b = last_boundary(rt, g->n);
+	const uint64_t b = router_last_boundary(g->n, rt->doc->r.prefix,
+						 rt->win ? rt->win->window : 0);
 	int rc;
 	if (g->have_rdec && b && b <= (uint64_t)g->rdec.g->cfg.seq_len &&
 	    (uint64_t)g->rdec.pos < b) {

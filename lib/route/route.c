@@ -117,7 +117,7 @@ int route_window_features(struct lm *base, const struct tokfile *tf, uint64_t d,
 	const uint64_t len = tf->offsets[d + 1] - tf->offsets[d];
 	const size_t C = (size_t)base->g.cfg.n_embd;
 	*nb = 0;
-	if (len <= (uint64_t)prefix + (uint64_t)W)
+	if (!router_boundaries(len, prefix, W))
 		return 0;
 	ERR_FORWARD(lm_doc_hidden(base, tf, d, layer, hidden, NULL));
 	/* running sums: cum over [0, done), lag over [0, lagged); each position added once to
@@ -151,7 +151,7 @@ int route_text_path(struct lm *base, const struct router *doc, const struct rout
 	const int prefix = doc->r.prefix, C = base->g.cfg.n_embd;
 	const int W = win ? win->window : 0;
 	if (W && win->kind == ROUTER_TRANSFORMER && n >= (uint64_t)prefix + (uint64_t)W) {
-		*boundary = (uint64_t)prefix + (n - (uint64_t)prefix) / (uint64_t)W * (uint64_t)W;
+		*boundary = router_last_boundary(n, prefix, W);
 		return wrouter_text_path(win->tr, tok, *boundary, path);
 	}
 	/* One document in memory: the text, and one more (placeholder) token so that the
@@ -180,7 +180,7 @@ int route_text_path(struct lm *base, const struct router *doc, const struct rout
 					   hidden, feat, &nb);
 		if (rc == 0 && nb > 0) {
 			router_route(win, feat + (size_t)(nb - 1) * 2 * (size_t)C, 1, path);
-			*boundary = (uint64_t)prefix + (uint64_t)nb * (uint64_t)W;
+			*boundary = router_boundary(prefix, W, (uint64_t)nb - 1);
 			goto out;
 		}
 		if (rc < 0)
@@ -247,7 +247,7 @@ static void doc_window_labels(const struct scores *s, const struct tokfile *tf, 
 	const uint64_t s0 = tf->offsets[d], len = tf->offsets[d + 1] - s0;
 	const uint64_t nb = router_boundaries(len, s->prefix, W);
 	for (uint64_t m = 0; m < nb; m++) {
-		const uint64_t b = (uint64_t)s->prefix + (m + 1) * (uint64_t)W;
+		const uint64_t b = router_boundary(s->prefix, W, m);
 		const uint64_t e = b + (uint64_t)W < len ? b + (uint64_t)W : len;
 		y[m] = scores_best_path(s, s0 + b, s0 + e, score ? score + m * (size_t)s->paths : NULL);
 	}

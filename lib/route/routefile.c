@@ -327,6 +327,17 @@ uint64_t router_boundaries(uint64_t len, int prefix, int W)
 						    : 0;
 }
 
+uint64_t router_boundary(int prefix, int W, uint64_t m)
+{
+	return (uint64_t)prefix + (m + 1) * (uint64_t)W;
+}
+
+uint64_t router_last_boundary(uint64_t n, int prefix, int W)
+{
+	const uint64_t nb = W ? router_boundaries(n + 1, prefix, W) : 0;
+	return nb ? router_boundary(prefix, W, nb - 1) : 0;
+}
+
 uint32_t scores_best_path(const struct scores *s, uint64_t j0, uint64_t j1, float *score)
 {
 	const size_t P = (size_t)s->paths;

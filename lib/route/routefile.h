@@ -81,9 +81,12 @@ int router_read(const char *path, struct router *r);
 void router_free(struct router *r);
 /* The topn (1 or 2) best paths for a feature row, best first. */
 void router_route(const struct router *r, const float *x, int topn, uint32_t *out);
-/* How many boundaries b = prefix + m W (m >= 1, b < len) a window router of window W
- * decides at in a document of len tokens. */
+/* A window router of window W decides at the boundaries b = prefix + m W (m >= 1) before a
+ * document's end: how many a document of len tokens has; boundary m (from 0:
+ * prefix + (m + 1) W); the last at or before position n (0 when none, or W = 0). */
 uint64_t router_boundaries(uint64_t len, int prefix, int W);
+uint64_t router_boundary(int prefix, int W, uint64_t m);
+uint64_t router_last_boundary(uint64_t n, int prefix, int W);
 
 struct scores {
 	char *corpus, *source;

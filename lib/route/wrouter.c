@@ -48,22 +48,21 @@ static int doc_paths(struct gpt2 *g, int B, const struct tokfile *tf, uint64_t d
 	const int P = model_n_out(&g->cfg);
 	const uint64_t s0 = tf->offsets[d], len = tf->offsets[d + 1] - s0;
 	const uint64_t nb = router_boundaries(len, prefix, W);
-#define BOUNDARY(m) ((uint64_t)prefix + ((m) + 1) * (uint64_t)W)
 	uint64_t m = 0;
 
-	if (nb && BOUNDARY(0) <= T) {
+	if (nb && router_boundary(prefix, W, 0) <= T) {
 		const uint64_t n = len < T ? len : T;
 		for (uint64_t j = 0; j < n; j++)
 			in[j] = (int32_t)tokfile_token(tf, s0 + j);
 		ERR_FORWARD(gpt2_forward_logits(g, in, 1, (int)n, logits));
 		*forwarded += n;
-		for (; m < nb && BOUNDARY(m) <= T; m++)
-			out[m] = argmax(logits + (BOUNDARY(m) - 1) * (uint64_t)P, P);
+		for (uint64_t b; m < nb && (b = router_boundary(prefix, W, m)) <= T; m++)
+			out[m] = argmax(logits + (b - 1) * (uint64_t)P, P);
 	}
 	while (m < nb) {
 		int k = 0;
 		for (; k < B && m + (uint64_t)k < nb; k++) {
-			const uint64_t from = BOUNDARY(m + (uint64_t)k) - T;
+			const uint64_t from = router_boundary(prefix, W, m + (uint64_t)k) - T;
 			for (uint64_t j = 0; j < T; j++)
 				in[(uint64_t)k * T + j] = (int32_t)tokfile_token(tf, s0 + from + j);
 		}
@@ -73,7 +72,6 @@ static int doc_paths(struct gpt2 *g, int B, const struct tokfile *tf, uint64_t d
 			out[m + (uint64_t)i] = argmax(logits + ((uint64_t)i * T + T - 1) * (uint64_t)P, P);
 		m += (uint64_t)k;
 	}
-#undef BOUNDARY
 	return 0;
 }
 
@@ -100,7 +98,7 @@ static int boundary_accuracy(struct gpt2 *g, const struct tokfile *tf, const int
 		if ((rc = doc_paths(g, B, tf, d, prefix, W, logits, in, paths, &fwd)) < 0)
 			break;
 		for (uint64_t m = 0; m < nb; m++) {
-			const uint64_t b = (uint64_t)prefix + (m + 1) * (uint64_t)W;
+			const uint64_t b = router_boundary(prefix, W, m);
 			ok += paths[m] == (uint32_t)labels[s0 + b];
 		}
 		*n += nb;

@@ -1317,3 +1317,27 @@ Test(rows, doc_rows_by_hand)
 	free(y);
 	free(sc);
 }
+
+Test(rows, window_boundaries_by_hand)
+{
+	/* prefix 8, W 16: boundaries at 24, 40, 56, ... before the end */
+	static const struct {
+		uint64_t n, count, last;
+	} want[] = {{0, 0, 0}, {23, 0, 0}, {24, 0, 24}, {25, 1, 24}, {39, 1, 24},
+		    {40, 1, 40}, {41, 2, 40}, {100, 5, 88}};
+	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+		cr_expect_eq(router_boundaries(want[i].n, 8, 16), want[i].count,
+			     "a document of %llu tokens: %llu boundaries, by hand %llu",
+			     (unsigned long long)want[i].n,
+			     (unsigned long long)router_boundaries(want[i].n, 8, 16),
+			     (unsigned long long)want[i].count);
+		cr_expect_eq(router_last_boundary(want[i].n, 8, 16), want[i].last,
+			     "position %llu: last boundary %llu, by hand %llu",
+			     (unsigned long long)want[i].n,
+			     (unsigned long long)router_last_boundary(want[i].n, 8, 16),
+			     (unsigned long long)want[i].last);
+	}
+	cr_expect_eq(router_boundary(8, 16, 0), 24);
+	cr_expect_eq(router_boundary(8, 16, 4), 88);
+	cr_expect_eq(router_last_boundary(100, 8, 0), 0, "no window router, no boundary");
+}
