@@ -93,7 +93,8 @@ echo "dipaco-train.sh: $run: $paths paths, $modules modules, $phases phases" >&2
 last=$phases
 [ "$until" -gt 0 ] && [ "$until" -lt "$phases" ] && last=$until
 # (the task graph's count: with dipaco.paths_per_phase a phase trains only some paths)
-total=$("$bin/dpc-outer" tasks "$run" | awk -v last="$last" '$2 <= last' | wc -l)
+tasks=$("$bin/dpc-outer" tasks "$run") || exit 1
+total=$(printf '%s\n' "$tasks" | awk -v last="$last" '$2 <= last' | wc -l)
 total=$((total)) start=$(date +%s)
 count_done() {
 	n=0 t=1
