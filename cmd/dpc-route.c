@@ -634,7 +634,18 @@ struct fit_args {
 	int transformer;
 	long target_len, steps, batch;
 	double lr;
+	int linear_key, tr_key; /* the last option given of each mode's own (0: none) */
 };
+
+/* The long name of fit's option key. */
+static const char *fit_opt_name(int key)
+{
+	for (int i = 0; fit_tables[i]; i++)
+		for (const struct cli_opt *o = fit_tables[i]; o->name; o++)
+			if (o->key == key)
+				return o->name;
+	return "?";
+}
 
 static int fit_parse(struct fit_args *a, int argc, char **argv)
 {
@@ -651,6 +662,10 @@ static int fit_parse(struct fit_args *a, int argc, char **argv)
 			return -rc;
 		if (rc)
 			continue;
+		if (strchr("LclHMCNi", c))
+			a->linear_key = c;
+		if (strchr("EPRB", c))
+			a->tr_key = c;
 		switch (c) {
 		case 'S': a->scores_path = optarg; break;
 		case 'F': a->feat_path = optarg; break;
@@ -686,13 +701,19 @@ static int fit_parse(struct fit_args *a, int argc, char **argv)
 		return rc;
 	if (!a->scores_path)
 		return cli_usage_error(prog, "fit: --scores FILE is required");
+	if (a->transformer && (!a->window || !a->model || a->feat_path))
+		return cli_usage_error(prog, "fit: --transformer is a window router: it takes "
+				       "--window W and --model BASE, not --features");
 	if (a->window ? !a->model || a->feat_path : !a->feat_path || a->model)
 		return cli_usage_error(prog, "fit: a document router takes --features, a window "
 				       "router --window W and --model BASE (see %s fit --help)",
 				       prog);
-	if (a->transformer && !a->window)
-		return cli_usage_error(prog, "fit: --transformer is a window router: it needs "
-				       "--window W and --model BASE");
+	if (a->transformer && a->linear_key)
+		return cli_usage_error(prog, "fit: --%s is for the linear routers, not "
+				       "--transformer", fit_opt_name(a->linear_key));
+	if (!a->transformer && a->tr_key)
+		return cli_usage_error(prog, "fit: --%s is for --transformer only",
+				       fit_opt_name(a->tr_key));
 	a->in = argv[optind];
 	a->fo.max_iter = (int)a->iters;
 	if (a->fo.min_share < 0)
@@ -1048,9 +1069,6 @@ static int eval_run(struct eval_args *a)
 	for (int i = 0; !rc && i < a->nw; i++) {
 		if ((rc = wrouter_open_window(a->wpaths[i], a->co.be, &win[i])) == 0)
 			nread = i + 1;
-		if (!rc && win[i].kind != ROUTER_WINDOW && win[i].kind != ROUTER_TRANSFORMER)
-			rc = err_set(CORE_EFORMAT, a->wpaths[i], "is a %s router, not a window "
-				     "router", router_kind_name(win[i].kind));
 		wp[i] = &win[i];
 	}
 	if (!rc && have_doc && doc.kind == ROUTER_WINDOW)
@@ -1309,12 +1327,8 @@ static int sample_open_dipaco(struct sample_args *a, struct sample_route *sr)
 	if (a->router_path && (rc = router_read(a->router_path, &sr->doc)) == 0)
 		sr->have_doc = 1;
 	if (!rc && a->win_path &&
-	    (rc = wrouter_open_window(a->win_path, a->co.be, &sr->win)) == 0) {
+	    (rc = wrouter_open_window(a->win_path, a->co.be, &sr->win)) == 0)
 		sr->have_win = 1;
-		if (sr->win.kind != ROUTER_WINDOW && sr->win.kind != ROUTER_TRANSFORMER)
-			rc = err_set(CORE_EFORMAT, a->win_path, "is a %s router, not a window "
-				     "router", router_kind_name(sr->win.kind));
-	}
 	if (!rc && sr->have_doc && sr->doc.kind == ROUTER_WINDOW)
 		rc = err_set(CORE_EFORMAT, a->router_path, "is a window router; --router takes "
 			     "a document router (kmeans or logreg)");

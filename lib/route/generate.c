@@ -32,8 +32,8 @@ struct gen {
 	int *work;
 	size_t n, base, fed;
 	int cur;
-	struct gpt2_decoder rdec; /* a transformer window router's cache (not with nocache) */
-	int have_rdec;
+	struct gpt2_decoder rdec; /* a transformer window router's cache (not with nocache; its
+				   * g NULL when there is none) */
 };
 
 /* Decide the path for the token at position n; a new path starts with an empty cache. */
@@ -45,7 +45,7 @@ static int gen_route_step(struct gen *g, const struct gen_route *rt, size_t plen
 	const uint64_t b = router_last_boundary(g->n, rt->doc->r.prefix,
 						 rt->win ? rt->win->window : 0);
 	int rc;
-	if (g->have_rdec && b && b <= (uint64_t)g->rdec.g->cfg.seq_len &&
+	if (g->rdec.g && b && b <= (uint64_t)g->rdec.g->cfg.seq_len &&
 	    (uint64_t)g->rdec.pos < b) {
 		/* the transformer router from its cache: one position per token of the text */
 		rc = wrouter_cached_path(rt->win->tr, &g->rdec, g->hist, b, &path);
@@ -103,8 +103,7 @@ static void gen_free(struct gen *g)
 {
 	for (int p = 0; g->dec && !g->nocache && p < g->npaths; p++)
 		gpt2_decoder_close(&g->dec[p]);
-	if (g->have_rdec)
-		gpt2_decoder_close(&g->rdec);
+	gpt2_decoder_close(&g->rdec);
 	free(g->dec);
 	free(g->hist);
 	free(g->text);
@@ -145,7 +144,6 @@ static int gen_open(struct gen *g, struct lm *paths, int npaths, const struct ge
 			gen_free(g);
 			return rc;
 		}
-		g->have_rdec = 1;
 	}
 	return 0;
 }

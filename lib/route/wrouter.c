@@ -267,7 +267,8 @@ static int read_meta(struct wrouter *w, const char *path)
 	ERR_FORWARD(st_open(&f, path, 0));
 	int rc = 0;
 	for (int i = 0; i < 4 && !rc; i++)
-		rc = st_meta_long(&f, keys[i], i == 3 ? 0 : 1, INT32_MAX, &v[i]);
+		rc = st_meta_long(&f, keys[i], i == 3 ? 0 : 1, i == 0 ? ROUTE_MAX_PATHS : INT32_MAX,
+				  &v[i]);
 	const char *dg = st_meta(&f, "base_digest"), *rep = st_meta(&f, "report");
 	if (!rc && (!dg || strlen(dg) != LM_DIGEST_CHARS))
 		rc = err_set(CORE_EFORMAT, path, "no base_digest of %d hex digits",
@@ -278,7 +279,8 @@ static int read_meta(struct wrouter *w, const char *path)
 		w->target_len = (int)v[2];
 		w->prefix = (int)v[3];
 		snprintf(w->base_digest, sizeof w->base_digest, "%s", dg);
-		w->report = rep ? strdup(rep) : NULL;
+		if (rep && !(w->report = strdup(rep)))
+			rc = err_set(CORE_ENOMEM, path, "out of memory");
 	}
 	st_close(&f);
 	return rc;
@@ -299,10 +301,8 @@ int wrouter_open(struct wrouter *w, const char *path, struct backend *be)
 			     model_n_out(&info.model), w->paths);
 	if (!rc)
 		rc = gpt2_create_forward(&w->g, &info.model, WROUTER_BATCH, info.model.seq_len, be);
-	if (!rc) {
-		w->have_model = 1;
+	if (!rc)
 		rc = ckpt_load(path, &w->g, CKPT_PARAMS, NULL);
-	}
 	const size_t T = (size_t)info.model.seq_len;
 	if (!rc) {
 		w->logits = malloc(sizeof *w->logits * WROUTER_BATCH * T * (size_t)w->paths);
@@ -350,8 +350,7 @@ int wrouter_cached_path(struct wrouter *w, struct gpt2_decoder *dec, const int32
 
 void wrouter_close(struct wrouter *w)
 {
-	if (w->have_model)
-		gpt2_free(&w->g);
+	gpt2_free(&w->g);
 	free(w->report);
 	free(w->logits);
 	free(w->in);
@@ -363,8 +362,14 @@ int wrouter_open_window(const char *path, struct backend *be, struct router *r)
 	int is = wrouter_is(path);
 	if (is < 0)
 		return is;
-	if (!is)
-		return router_read(path, r);
+	if (!is) {
+		ERR_FORWARD(router_read(path, r));
+		if (r->kind == ROUTER_WINDOW)
+			return 0;
+		const char *kind = router_kind_name(r->kind);
+		router_free(r);
+		return err_set(CORE_EFORMAT, path, "is a %s router, not a window router", kind);
+	}
 	memset(r, 0, sizeof *r);
 	struct wrouter *w = calloc(1, sizeof *w);
 	if (!w)
@@ -377,9 +382,7 @@ int wrouter_open_window(const char *path, struct backend *be, struct router *r)
 	*r = (struct router){.kind = ROUTER_TRANSFORMER, .paths = w->paths, .window = w->window,
 			     .r = {.layer = -1, .prefix = w->prefix}, .tr = w};
 	memcpy(r->r.digest, w->base_digest, sizeof r->r.digest);
-	if (w->report && !(r->report = strdup(w->report))) {
-		router_free(r);
-		return err_set(CORE_ENOMEM, path, "out of memory");
-	}
+	r->report = w->report; /* the router's now */
+	w->report = NULL;
 	return 0;
 }

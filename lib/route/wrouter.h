@@ -55,8 +55,7 @@ int wrouter_fit(const char *base_path, const struct scores *s, const struct tokf
 /* A window router opened for evaluation and sampling: its model (forward only, batch 1)
  * and what its file says. */
 struct wrouter {
-	struct gpt2 g;
-	int have_model;
+	struct gpt2 g; /* zeroed until opened */
 	int paths, window, target_len, prefix;
 	char base_digest[LM_DIGEST_CHARS + 1];
 	char *report;
@@ -87,7 +86,8 @@ int wrouter_text_path(struct wrouter *w, const uint32_t *tok, uint64_t b, uint32
 int wrouter_cached_path(struct wrouter *w, struct gpt2_decoder *dec, const int32_t *tok,
 			uint64_t b, uint32_t *path);
 /* --window-router FILE as eval and sample take it: a transformer router (opened on be,
- * kind ROUTER_TRANSFORMER, r->tr owned) or a router file (router_read). */
+ * kind ROUTER_TRANSFORMER, r->tr owned) or a linear window router file (router_read);
+ * another kind of router is CORE_EFORMAT naming the file. */
 int wrouter_open_window(const char *path, struct backend *be, struct router *r);
 
 #endif

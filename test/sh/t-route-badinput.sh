@@ -183,6 +183,18 @@ refused 1 "^dpc-route: 'S\.st': scores 'd/router\.tok' .*not 'd/val\.tok'" \
 	x.st "$RT" fit -q --scores S.st --window 16 -m A.safetensors -o x.st d/val.tok
 echo "features and scores of another corpus: refused"
 
+# ---- fit: each mode's options, not the other's -------------------------------------------
+refused 2 "^dpc-route: fit: --transformer is a window router: it takes --window W and --model BASE, not --features$" \
+	x.st "$RT" fit -q --scores S.st --transformer --features Fr.st -o x.st d/router.tok
+refused 2 "^dpc-route: fit: --l2 is for the linear routers, not --transformer$" \
+	x.st "$RT" fit -q --scores S.st --transformer --window 16 -m A.safetensors --l2 1 \
+	-o x.st d/router.tok
+refused 2 "^dpc-route: fit: --steps is for --transformer only$" \
+	x.st "$RT" fit -q --scores S.st --window 16 -m A.safetensors --steps 5 -o x.st d/router.tok
+refused 2 "^dpc-route: fit: --lr is for --transformer only$" \
+	x.st "$RT" fit -q --scores S.st --features Fr.st --lr 0.1 -o x.st d/router.tok
+echo "fit: an option of the other router kind: refused"
+
 # ---- an empty shard: three genres' router on one genre -------------------------------------
 refused 1 "^dpc-shard: 'dg/train\.tok': shard [0-2] of 3 would be empty" \
 	s.out "$SH" split -q --router K3.st -m A.safetensors dg/train.tok s.out
