@@ -252,13 +252,15 @@ int router_read(const char *path, struct router *r)
 	kind = st_meta(&f, "kind");
 	rc = read_recipe(&f, &r->r);
 	if (!rc) {
+		/* the kinds a router file holds: a transformer router is a checkpoint */
+		enum { FILE_KINDS = ROUTER_WINDOW + 1 };
 		int k = 0;
-		while (k < 3 && !(kind && strcmp(kind, kind_names[k]) == 0))
+		while (k < FILE_KINDS && !(kind && strcmp(kind, kind_names[k]) == 0))
 			k++;
-		if (k == 3)
+		if (k == FILE_KINDS)
 			rc = err_set(CORE_EFORMAT, path, "router kind '%.20s' unknown (kmeans, logreg, "
 				     "window)", kind ? kind : "none");
-		r->kind = (enum router_kind)(k % 3);
+		r->kind = (enum router_kind)(k % FILE_KINDS);
 	}
 	if (!rc && !(rc = st_meta_long(&f, "paths", 1, ROUTE_MAX_PATHS, &v)))
 		r->paths = (int)v;
