@@ -82,9 +82,10 @@ static const struct cli_opt search_opts[] = {
 };
 static const struct cli_opt sim_opts[] = {
 	{"simulate", OPT_SIMULATE, 0, CLI_FLAG, NULL,
-	 "fit an alpha-beta model to Linear exchanges measured\n"
-	 "here and predict Linear and 2DH for W up to --max-world,\n"
-	 "for this host's links and for the cluster below"},
+	 "fit an alpha-beta model to the exchanges measured\n"
+	 "here (each level to its 2DH phase where there are\n"
+	 "nodes) and predict Linear and 2DH for W up to\n"
+	 "--max-world, for these links and the cluster below"},
 	{"intra", OPT_INTRA, 0, CLI_ARG, "US:GBPS",
 	 "cluster: latency and bandwidth within a node (2:150)"},
 	{"inter", OPT_INTER, 0, CLI_ARG, "US:GBPS", "cluster: across nodes (5:25, HDR InfiniBand)"},
@@ -181,23 +182,35 @@ static void machine(char *buf, size_t n, struct dist *d)
 
 /* ---- --simulate: the alpha-beta model of Linear and 2DH at scale ------------------------ */
 
-/* The median over reps of the slowest rank's time of one exchange of S bytes per rank. */
+/* The median over reps of the slowest rank's time of one exchange of S bytes per rank, and
+ * in phase (when not NULL) the medians of the slowest rank's 2DH phases: copies, within the
+ * node, across nodes (dist_stats; zeros unless 2DH runs two levels). */
 static int time_a2a(struct dist *d, enum dist_a2a a, void *snd, void *rcv, size_t S, int reps,
-		    double *sec)
+		    double *sec, double phase[3])
 {
 	const int W = dist_size(d);
 	const size_t row = 64, rows = S / (size_t)W / row;
 	struct dist_span sp = {.base = snd, .rows = (int64_t)rows}, rp = {.base = rcv,
 									  .rows = (int64_t)rows};
-	double t[32];
+	double t[4][32];
 	for (int i = 0; i <= reps; i++) {
+		struct dist_stats st;
 		ERR_FORWARD(dist_barrier(d));
+		dist_stats_reset(d);
 		double t0 = dist_time();
 		ERR_FORWARD(dist_alltoall(d, a, &sp, &rp, 1, (int64_t)rows, row));
-		t[i] = dist_time() - t0;
-		ERR_FORWARD(dist_allreduce_f64(d, &t[i], 1, DIST_MAX));
+		double v[4] = {dist_time() - t0};
+		dist_stats(d, &st);
+		v[1] = st.h2d_copy_seconds;
+		v[2] = st.h2d_intra_seconds;
+		v[3] = st.h2d_inter_seconds;
+		ERR_FORWARD(dist_allreduce_f64(d, v, 4, DIST_MAX));
+		for (int k = 0; k < 4; k++)
+			t[k][i] = v[k];
 	}
-	*sec = stats_median(t + 1, reps, NULL, NULL);
+	*sec = stats_median(t[0] + 1, reps, NULL, NULL);
+	for (int k = 0; phase && k < 3; k++)
+		phase[k] = stats_median(t[k + 1] + 1, reps, NULL, NULL);
 	return 0;
 }
 
@@ -205,6 +218,14 @@ struct simopts {
 	struct dist_net cluster;
 	int maxw;
 };
+
+/* GB/s of seconds per byte, 0 for a rate too high to measure (a fit clamped at 0) */
+static double gbps(double sec_per_byte) { return sec_per_byte > 0 ? 1e-9 / sec_per_byte : 0; }
+
+static json_t *link_json(const struct dist_link *l)
+{
+	return json_pack("{s:f, s:f}", "alpha_us", 1e6 * l->alpha, "gbps", gbps(l->beta));
+}
 
 static void sim_table(const char *what, const struct dist_net *net, int maxw, int q)
 {
@@ -229,14 +250,12 @@ static void sim_table(const char *what, const struct dist_net *net, int maxw, in
 			json_array_append_new(pts, json_pack("{s:I, s:f, s:f}", "W", (json_int_t)n,
 							     "linear_ms", 1e3 * l, "2dh_ms", 1e3 * h));
 		}
-		json_t *j = json_pack("{s:s, s:s, s:f, s:i, s:{s:f, s:f}, s:{s:f, s:f}, s:f, s:o, "
-				      "s:o}", "run", "simulate", "model", what, "mib_per_rank",
-				      mib[i], "local_size", net->m, "intra", "alpha_us",
-				      1e6 * net->intra.alpha, "gbps", 1e-9 / net->intra.beta,
-				      "inter", "alpha_us", 1e6 * net->inter.alpha, "gbps",
-				      1e-9 / net->inter.beta, "copy_gbps", 1e-9 / net->copy,
-				      "crossover_W", cross ? json_integer(cross) : json_null(),
-				      "points", pts);
+		json_t *j = json_pack("{s:s, s:s, s:f, s:i, s:o, s:o, s:f, s:o, s:o}", "run",
+				      "simulate", "model", what, "mib_per_rank", mib[i],
+				      "local_size", net->m, "intra", link_json(&net->intra),
+				      "inter", link_json(&net->inter), "copy_gbps",
+				      gbps(net->copy), "crossover_W",
+				      cross ? json_integer(cross) : json_null(), "points", pts);
 		if (q == 0)
 			cli_print_json(j, JSON_COMPACT);
 		else
@@ -244,54 +263,109 @@ static void sim_table(const char *what, const struct dist_net *net, int maxw, in
 	}
 }
 
-/* Fit one link level to Linear exchanges measured here, check the model against Linear and
- * 2DH measured at this W, then predict this host's links and the cluster's up to maxw. */
+/* Per byte of a stride copy from 2DH's copy phases, t_i = 2 S_i c: least squares in the
+ * relative error, c = mean(t_i / (2 S_i)). */
+static double fit_copy(const double *S, const double *t, int k)
+{
+	double c = 0;
+	for (int i = 0; i < k; i++)
+		c += t[i] / (2.0 * S[i]) / k;
+	return c;
+}
+
+/* Fit the link levels to exchanges measured here, check the model against Linear and 2DH
+ * measured at this W, then predict these links and the cluster's up to maxw. Nodes of
+ * 1 < m < W (real hosts, or --local-size): each level is fitted to its own 2DH phase (the
+ * exchange within the node, the one across nodes) and the copy rate to its copies; one node
+ * (or nodes of one rank): one level from Linear, serving as both, and the copy rate of the
+ * backend. */
 static int simulate(struct dist *d, struct backend *be, const struct simopts *so)
 {
 	const int W = dist_size(d), q = dist_rank(d), m = dist_local_size(d);
-	static const double kib[] = {64, 256, 1024, 4096, 16384};
-	const int ns = (int)(sizeof kib / sizeof kib[0]);
-	double S[8], tl[8], th[8];
-	int rc = 0;
+	const int two = m > 1 && m < W;
+	static const double kib[] = {4, 16, 64, 256, 1024, 4096, 16384};
+	double S[8], tl[8], th[8], ph[8][3] = {{0}}, pc[8], pi[8], po[8];
+	int rc = 0, ns = 0;
 
 	if (W >= 2) {
-		const size_t maxb = (size_t)(kib[ns - 1] * 1024);
+		const size_t maxb = (size_t)(kib[6] * 1024);
 		void *a = NULL, *b = NULL;
 		if (backend_alloc_zero(be, &a, maxb) < 0 || backend_alloc_zero(be, &b, maxb) < 0)
 			rc = err_set(CORE_ENOMEM, NULL, "cannot allocate the exchange buffers");
-		for (int i = 0; i < ns && rc == 0; i++) {
-			S[i] = kib[i] * 1024;
-			rc = time_a2a(d, DIST_A2A_LINEAR, a, b, (size_t)S[i], 9, &tl[i]);
+		/* sizes of at least one 64-byte row per peer */
+		for (int i = 0; i < 7 && rc == 0; i++) {
+			if (kib[i] * 1024 < 64.0 * W)
+				continue;
+			S[ns] = kib[i] * 1024;
+			rc = time_a2a(d, DIST_A2A_LINEAR, a, b, (size_t)S[ns], 9, &tl[ns], NULL);
 			if (rc == 0)
-				rc = time_a2a(d, DIST_A2A_2DH, a, b, (size_t)S[i], 9, &th[i]);
+				rc = time_a2a(d, DIST_A2A_2DH, a, b, (size_t)S[ns], 9, &th[ns], ph[ns]);
+			pc[ns] = ph[ns][0];
+			pi[ns] = ph[ns][1];
+			po[ns] = ph[ns][2];
+			ns++;
 		}
 		be->op->free(be, a);
 		be->op->free(be, b);
 		if (rc < 0)
 			return rc;
 		struct dist_net here = {.m = m};
-		if (dist_model_fit(S, tl, ns, W, &here.intra) < 0)
-			return err_set(CORE_EUSAGE, NULL, "the exchange times do not determine a link");
-		here.inter = here.intra;
-		const double gbps = probe_copy_gbps(be, (size_t)(64 << 20), 5);
-		here.copy = 2.0 / (gbps * 1e9);
-		if (q == 0) {
-			/* On one host both levels are the same memory: Linear's messages share it
-			 * (the fitted line, (W-1)(alpha + S/W beta)), where the model's two levels
-			 * would run side by side. */
-			fprintf(stderr, "measured at W=%d (nodes of %d, %s): one link level fitted, "
-				"alpha %.2f us, %.2f GB/s; stride copy %.2f GB/s (bytes copied)\n",
-				W, m, dist_layout_source(d), 1e6 * here.intra.alpha,
-				1e-9 / here.intra.beta, 1e-9 / here.copy);
-			fprintf(stderr, "  %10s %12s %12s %12s %12s\n", "KiB/rank", "linear ms",
-				"fitted", "2dh ms", "model");
-			for (int i = 0; i < ns; i++)
-				fprintf(stderr, "  %10.0f %12.3f %12.3f %12.3f %12.3f\n", kib[i],
-					1e3 * tl[i], 1e3 * (W - 1) * (here.intra.alpha +
-								S[i] / W * here.intra.beta),
-					1e3 * th[i], 1e3 * dist_model_2dh(&here, W, S[i]));
+		if (two) {
+			if (dist_model_fit(S, pi, ns, m, &here.intra) < 0 ||
+			    dist_model_fit(S, po, ns, W / m, &here.inter) < 0)
+				return err_set(CORE_EUSAGE, NULL, "the exchange times do not "
+					       "determine the links");
+			here.copy = fit_copy(S, pc, ns);
+		} else {
+			if (dist_model_fit(S, tl, ns, W, &here.intra) < 0)
+				return err_set(CORE_EUSAGE, NULL, "the exchange times do not "
+					       "determine a link");
+			here.inter = here.intra;
+			const double gbps = probe_copy_gbps(be, (size_t)(64 << 20), 5);
+			here.copy = 2.0 / (gbps * 1e9);
 		}
-		sim_table("this host's links", &here, so->maxw, q);
+		json_t *pts = json_array();
+		if (q == 0) {
+			if (two)
+				fprintf(stderr, "measured at W=%d (nodes of %d, %s): two link levels "
+					"fitted to 2DH's phases: within a node alpha %.2f us, %.2f GB/s; "
+					"across nodes alpha %.2f us, %.2f GB/s; stride copy %.2f GB/s "
+					"(bytes copied)\n", W, m, dist_layout_source(d),
+					1e6 * here.intra.alpha, gbps(here.intra.beta),
+					1e6 * here.inter.alpha, gbps(here.inter.beta), gbps(here.copy));
+			else
+				/* On one host both levels are the same memory: Linear's messages share
+				 * it (the fitted line, (W-1)(alpha + S/W beta)), where the model's two
+				 * levels would run side by side. */
+				fprintf(stderr, "measured at W=%d (nodes of %d, %s): one link level "
+					"fitted, alpha %.2f us, %.2f GB/s; stride copy %.2f GB/s (bytes "
+					"copied)\n", W, m, dist_layout_source(d), 1e6 * here.intra.alpha,
+					gbps(here.intra.beta), gbps(here.copy));
+			fprintf(stderr, "  %10s %12s %12s %12s %12s\n", "KiB/rank", "linear ms",
+				"model", "2dh ms", "model");
+		}
+		for (int i = 0; i < ns; i++) {
+			const double lm = two ? dist_model_linear(&here, W, S[i])
+					      : (W - 1) * (here.intra.alpha + S[i] / W * here.intra.beta);
+			const double hm = dist_model_2dh(&here, W, S[i]);
+			if (q == 0)
+				fprintf(stderr, "  %10.0f %12.3f %12.3f %12.3f %12.3f\n", S[i] / 1024,
+					1e3 * tl[i], 1e3 * lm, 1e3 * th[i], 1e3 * hm);
+			json_array_append_new(pts, json_pack("{s:f, s:f, s:f, s:f, s:f, s:[f, f, f]}",
+				"kib_per_rank", S[i] / 1024, "linear_ms", 1e3 * tl[i],
+				"linear_model_ms", 1e3 * lm, "2dh_ms", 1e3 * th[i], "2dh_model_ms",
+				1e3 * hm, "2dh_phases_ms", 1e3 * pc[i], 1e3 * pi[i], 1e3 * po[i]));
+		}
+		json_t *j = json_pack("{s:s, s:i, s:i, s:s, s:i, s:o, s:o, s:f, s:o}", "run",
+				      "simulate-fit", "W", W, "local_size", m, "layout",
+				      dist_layout_source(d), "levels", two ? 2 : 1, "intra",
+				      link_json(&here.intra), "inter", link_json(&here.inter),
+				      "copy_gbps", gbps(here.copy), "points", pts);
+		if (q == 0)
+			cli_print_json(j, JSON_COMPACT);
+		else
+			json_decref(j);
+		sim_table(two ? "the measured nodes' links" : "this host's links", &here, so->maxw, q);
 	} else if (q == 0) {
 		fprintf(stderr, "one rank: nothing to measure (run under mpirun -np W >= 2 to fit "
 			"this host's links); the cluster model only\n");

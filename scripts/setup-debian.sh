@@ -2,7 +2,7 @@
 # Installs, with apt-get, everything this project needs on Debian 12, as root.
 #   sh scripts/setup-debian.sh          build + quickstart (compiler, libraries, npm for Brown)
 #   sh scripts/setup-debian.sh --test   build + tests (Criterion, g++, PyTorch, groff, Open MPI's
-#                                       mpirun and headers, gnuplot; no npm)
+#                                       mpirun and headers, gnuplot, iproute2 for the emulated cluster; no npm)
 #   sh scripts/setup-debian.sh --reproduce   build + scripts/reproduce.sh (npm for Brown, python3
 #                                       and gnuplot for the results page, git for its commit line)
 # Idempotent: packages already installed are left as they are. npm is wanted only when no npm
@@ -13,7 +13,7 @@ pkgs="gcc make pkg-config libc6-dev libopenblas-dev libopenblas0-openmp libdnnl-
 libjansson-dev liblbfgs-dev ca-certificates"
 if [ "${1:-}" = "--test" ]; then
 	pkgs="$pkgs g++ libcriterion-dev python3-torch python3-numpy groff-base openmpi-bin libopenmpi-dev procps
-	gnuplot-nox"
+	gnuplot-nox iproute2"
 elif [ "${1:-}" = "--reproduce" ]; then
 	pkgs="$pkgs python3 gnuplot-nox git"
 	command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"

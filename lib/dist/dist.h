@@ -156,10 +156,14 @@ int dist_alltoall_start(struct dist *d, enum dist_a2a a, const struct dist_span 
 int dist_wait(struct dist *d, int64_t ticket);
 
 /* Exchange accounting since the last dist_stats_reset: seconds spent inside All-to-All
- * exchanges (blocking ones and those of the communication thread), and their number. */
+ * exchanges (blocking ones and those of the communication thread), and their number; and
+ * of 2DH exchanges with two levels (nodes of 1 < m < W), the seconds of its phases: the two
+ * stride copies, the exchange within the node and the one across nodes (what moe-profile
+ * --simulate fits each link level to). */
 struct dist_stats {
 	double comm_seconds;
 	int64_t exchanges;
+	double h2d_copy_seconds, h2d_intra_seconds, h2d_inter_seconds;
 };
 void dist_stats(const struct dist *d, struct dist_stats *s);
 void dist_stats_reset(struct dist *d);

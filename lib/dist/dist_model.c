@@ -30,19 +30,24 @@ int dist_model_fit(const double *S, const double *t, int k, int n, struct dist_l
 {
 	if (n < 2 || k < 2)
 		return -1;
-	/* t / (n - 1) = alpha + (S / n) beta: a straight line in x = S / n. */
-	double sx = 0, sy = 0, sxx = 0, sxy = 0;
+	/* t / (n - 1) = alpha + (S / n) beta: a straight line in x = S / n, each point weighted
+	 * by 1 / y^2 */
+	double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
 	for (int i = 0; i < k; i++) {
 		const double x = S[i] / n, y = t[i] / (n - 1);
-		sx += x;
-		sy += y;
-		sxx += x * x;
-		sxy += x * y;
+		if (!(y > 0))
+			continue;
+		const double w = 1.0 / (y * y);
+		sw += w;
+		sx += w * x;
+		sy += w * y;
+		sxx += w * x * x;
+		sxy += w * x * y;
 	}
-	const double den = k * sxx - sx * sx;
-	if (!(den > 0))
+	const double den = sw * sxx - sx * sx;
+	if (!(den > 1e-12 * sw * sxx))
 		return -1;
-	double beta = (k * sxy - sx * sy) / den, alpha = (sy - beta * sx) / k;
+	double beta = (sw * sxy - sx * sy) / den, alpha = (sy - beta * sx) / sw;
 	out->alpha = alpha > 0 ? alpha : 0;
 	out->beta = beta > 0 ? beta : 0;
 	return 0;

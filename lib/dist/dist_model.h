@@ -36,10 +36,13 @@ struct dist_net {
 double dist_model_linear(const struct dist_net *net, int n, double S);
 double dist_model_2dh(const struct dist_net *net, int n, double S);
 
-/* Least-squares fit of one link level from Linear exchanges measured on n ranks of one
- * level (every peer alike): t_i = (n - 1)(alpha + S_i/n beta) for k >= 2 sizes S_i.
- * Returns -1 (and leaves *out) when the sizes do not determine both (all equal, n < 2),
- * else 0; a negative alpha or beta from noisy data is clamped at 0. */
+/* Least-squares fit of one link level from exchanges measured on n ranks of one level
+ * (every peer alike): t_i = (n - 1)(alpha + S_i/n beta) for k >= 2 sizes S_i, in the
+ * relative error (each residual over t_i: sizes spanning decades weigh alike, so that alpha
+ * comes from the small messages and beta from the large ones, instead of both from the
+ * largest). Returns -1 (and leaves *out) when the sizes do not determine both (fewer than
+ * two distinct sizes with t_i > 0, n < 2), else 0; a negative alpha or beta from noisy data
+ * is clamped at 0. */
 int dist_model_fit(const double *S, const double *t, int k, int n, struct dist_link *out);
 
 /* The smallest n = m * 2^j <= nmax at which 2DH is predicted faster than Linear for S bytes

@@ -782,6 +782,7 @@ static int a2a_2dh(struct dist *d, const struct job *j)
 			       dist_span_peer_stride(r, nb, rb), &rt));
 
 	/* phase 1 */
+	double t0 = dist_time();
 	for (int l2 = 0; l2 < m; l2++)
 		for (int jn = 0; jn < N; jn++)
 			dist_piece_copy(&j->send, W, jn * m + l2, A + ((size_t)l2 * N + jn) * S, nb,
@@ -795,13 +796,16 @@ static int a2a_2dh(struct dist *d, const struct job *j)
 		int p = (l + i) % m;
 		MPI_RET(MPI_Isend(A + (size_t)p * N * S, N, pt, p, TAG_A2A, d->intra, &req[k++]));
 	}
+	double t1 = dist_time();
 	memcpy(B + (size_t)l * N * S, A + (size_t)l * N * S, (size_t)N * S);
 	ERR_FORWARD(wait_all(d, k, req));
 	/* phase 3 */
+	double t2 = dist_time();
 	for (int jn = 0; jn < N; jn++)
 		for (int l2 = 0; l2 < m; l2++)
 			memcpy(A + ((size_t)jn * m + l2) * S, B + ((size_t)l2 * N + jn) * S, S);
 	/* phase 4 */
+	double t3 = dist_time();
 	k = 0;
 	for (int i = 1; i < N; i++) {
 		int p = (v - i + N) % N;
@@ -815,6 +819,12 @@ static int a2a_2dh(struct dist *d, const struct job *j)
 	for (int l2 = 0; l2 < m; l2++)
 		dist_piece_copy(r, W, v * m + l2, A + ((size_t)v * m + l2) * S, nb, n, rb, 1);
 	ERR_FORWARD(wait_all(d, k, req));
+	double t4 = dist_time();
+	pthread_mutex_lock(&d->mu);
+	d->st.h2d_copy_seconds += (t1 - t0) + (t3 - t2);
+	d->st.h2d_intra_seconds += t2 - t1;
+	d->st.h2d_inter_seconds += t4 - t3;
+	pthread_mutex_unlock(&d->mu);
 	return 0;
 }
 
