@@ -17,24 +17,49 @@
 # stage whose output is already there is not run again (a new DIR measures everything).
 #
 #   sh scripts/bench-moe-dist.sh [--quick] [--out DIR]
+#   sh scripts/bench-moe-dist.sh --cluster HxR [--link RATE] [--quick] [--out DIR] [-o PAGE]
 #
 # --quick: small sizes, a few minutes. The full run takes ~10 minutes on a quiet 2-core
 # machine. Programs come from $BIN (default build/bin).
+#
+# --cluster HxR (as root): the same questions where links cost, on an emulated cluster of H
+# hosts of R ranks (scripts/netns-cluster.sh; default link 1gbit each way, --link RATE in tc's
+# words), made here and removed at exit:
+#  C1. at 2 hosts and at H: our Linear and 2DH against MPI_Alltoall, 1 KiB to 64 MiB per rank;
+#      moe-profile --simulate (the alpha-beta model, each level fitted to its 2DH phase);
+#  C2. the model fitted at 2 hosts predicts Linear and 2DH at H hosts: checked against the
+#      times measured there, size by size (the direction: which of the two is faster);
+#  C3. at H hosts, the layer (T=1024 per rank, M=512, H=256, E=H*R, k=2; --quick: T=256,
+#      M=256, H=256): the share of its step spent in exchanges at plan r=1 d=1; moe-profile's
+#      dictionary over capacity factors 1..4.4, then every static plan {r, d, a} and the
+#      dictionary on a trace whose factor wanders between 1 and 4.4 (Tutel's fig. 1 shape);
+#  then the results page PAGE (default results/moe-cluster.md; --quick: DIR/moe-cluster.md),
+#  written by scripts/moe-cluster-report.py from DIR.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 BIN=${BIN:-$here/../build/bin}
 quick=0
 out=""
+cluster="" link=1gbit page=""
+need() { [ "$2" -ge 2 ] || { echo "bench-moe-dist.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	--quick) quick=1 ;;
-	--out) out=$2; shift ;;
-	-h|--help) sed -n '/^#   sh /p' "$0" | sed 's/^#   sh/usage: sh/'; exit 0 ;;
+	--out) need "$1" $#; out=$2; shift ;;
+	--cluster) need "$1" $#; cluster=$2; shift
+		echo "$cluster" | grep -Eq '^[1-9][0-9]*x[1-9][0-9]*$' ||
+			{ echo "bench-moe-dist.sh: --cluster wants HxR (hosts x ranks per host), not '$cluster'" >&2; exit 2; } ;;
+	--link) need "$1" $#; link=$2; shift ;;
+	-o) need "$1" $#; page=$2; shift ;;
+	-h|--help) sed -n '2,/^set -eu/p' "$0" | sed 's/^# \{0,1\}//; /^set -eu/d'; exit 0 ;;
 	*) echo "bench-moe-dist.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 	esac
 	shift
 done
+if [ -z "$cluster" ] && { [ "$link" != 1gbit ] || [ -n "$page" ]; }; then
+	echo "bench-moe-dist.sh: --link and -o are for --cluster" >&2; exit 2
+fi
 command -v mpirun >/dev/null 2>&1 || { echo "bench-moe-dist.sh: no mpirun (apt-get install openmpi-bin)" >&2; exit 1; }
 [ -x "$BIN/moe-bench" ] && [ -x "$BIN/moe-profile" ] || { echo "bench-moe-dist.sh: no programs in $BIN (run make)" >&2; exit 1; }
 [ -n "$out" ] || out=$(mktemp -d "${TMPDIR:-/tmp}/bench-moe-dist.XXXXXX")
@@ -45,6 +70,66 @@ mpi() {
 	n=$1; shift
 	mpirun --quiet --oversubscribe --bind-to none -x OMP_WAIT_POLICY -np "$n" "$@"
 }
+
+if [ -n "$cluster" ]; then
+	nh=${cluster%x*} R=${cluster#*x}
+	[ "$nh" -ge 2 ] && [ "$R" -ge 2 ] ||
+		{ echo "bench-moe-dist.sh: --cluster wants 2 hosts or more of 2 ranks or more (2DH has two levels), not $cluster" >&2; exit 2; }
+	name=bmd$$
+	nc() { sh "$here/netns-cluster.sh" --name "$name" "$@"; }
+	trap 'nc down >/dev/null 2>&1 || true' EXIT
+	trap 'exit 1' INT TERM HUP
+	# mpc N ARGS...: ARGS on N ranks of the cluster (R per host, by its hostfile)
+	mpc() { n=$1; shift; nc run -- mpirun --quiet --bind-to none -x OMP_WAIT_POLICY -np "$n" "$@"; }
+	echo "bench-moe-dist.sh: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); cluster $cluster, links of $link; raw output in $out"
+	printf 'cluster=%s\nlink=%s\nquick=%s\ncpu=%s\ncores=%s\n' "$cluster" "$link" "$quick" \
+		"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" "$(nproc)" >"$out/settings"
+	if [ $quick = 1 ]; then
+		T=256 M=256 H=256 iters=3 piters=3 f_win=64 steps=20
+	else
+		T=1024 M=512 H=256 iters=5 piters=5 f_win=256 steps=40
+	fi
+	hosts=2
+	[ "$nh" -eq 2 ] || hosts="2 $nh"
+	for h in $hosts; do
+		W=$((h * R))
+		echo "== C1. $h hosts of $R ranks: All-to-All and the alpha-beta fit"
+		[ -s "$out/a2a-h$h.json" ] && [ -s "$out/sim-h$h.json" ] && continue
+		nc up -H "$h" -R "$R" --link "$link" >/dev/null
+		[ -s "$out/a2a-h$h.json" ] ||
+			mpc "$W" "$BIN/moe-bench" --only=alltoall -E "$W" -M 1024 -t 1 -n 5 -w 1 \
+				>"$out/a2a-h$h.json.part" 2>"$out/a2a-h$h.txt"
+		[ -s "$out/a2a-h$h.json" ] || mv "$out/a2a-h$h.json.part" "$out/a2a-h$h.json"
+		mpc "$W" "$BIN/moe-profile" --simulate -t 1 >"$out/sim-h$h.json.part" 2>"$out/sim-h$h.txt"
+		mv "$out/sim-h$h.json.part" "$out/sim-h$h.json"
+		sed -n '1,9p' "$out/sim-h$h.txt"
+	done
+	W=$((nh * R))
+	shape="-T $T -M $M -H $H -E $W -k 2 -t 1"
+	echo "== C3. the layer on $nh hosts of $R ranks ($shape)"
+	if ! [ -s "$out/share.json" ] || ! [ -s "$out/dict.txt" ] || ! [ -s "$out/dict-run.json" ]; then
+		nc up -H "$nh" -R "$R" --link "$link" >/dev/null
+		# shellcheck disable=SC2086
+		[ -s "$out/share.json" ] || { mpc "$W" "$BIN/moe-bench" $shape -c 1.0 --r 1 --d 1 \
+			-n "$iters" -w 1 >"$out/share.json.part" 2>"$out/share.txt" &&
+			mv "$out/share.json.part" "$out/share.json"; }
+		# shellcheck disable=SC2086
+		[ -s "$out/dict.txt" ] || mpc "$W" "$BIN/moe-profile" $shape --factors 1:4.4 -R "$f_win" \
+			-n "$piters" -w 1 -f -o "$out/dict.txt" --trials "$out/trials.tsv" \
+			>"$out/profile.json" 2>"$out/profile.txt"
+		awk -v n="$steps" 'BEGIN { for (i = 0; i < n; i++) { s = sin(i * 0.37) * cos(i * 0.11);
+			printf "%.3f\n", 1 + 3.4 * (s < 0 ? -s : s) } }' >"$out/trace.txt"
+		# shellcheck disable=SC2086
+		[ -s "$out/dict-run.json" ] || { mpc "$W" "$BIN/moe-bench" $shape --trace "$out/trace.txt" \
+			--dict "$out/dict.txt" -n "$steps" -w 2 >"$out/dict-run.json.part" 2>"$out/dict-run.txt" &&
+			mv "$out/dict-run.json.part" "$out/dict-run.json"; }
+		tail -n 1 "$out/dict-run.txt"
+	fi
+	nc down >/dev/null
+	[ -n "$page" ] || { if [ $quick = 1 ]; then page=$out/moe-cluster.md; else page=$here/../results/moe-cluster.md; fi; }
+	/usr/bin/python3 "$here/moe-cluster-report.py" "$out" "$page"
+	exit 0
+fi
 
 if [ $quick = 1 ]; then
 	T=1024 M=256 H=512 iters=3 f_win=256 piters=3

@@ -28,8 +28,10 @@
 # The layout: host I is namespaces NAME-hI (network) and RUN/hI.uts (hostname NAME-hI),
 # address 10.77.0.(I+1)/24 on its eth0, a veth whose peer hI sits on bridge br0 inside a
 # switch namespace NAME-sw. Each direction of each link is shaped by a tbf qdisc at RATE (the
-# host's egress on eth0, its ingress on the switch's hI), so a host sends and receives at
-# RATE in all, as a NIC does, whatever its ranks do. Every address lives inside namespaces
+# host's egress on eth0, its ingress on the switch's hI; a burst of 0.1 ms at RATE, at least
+# two frames), so a host sends and receives at RATE in all, as a NIC does, whatever its ranks
+# do. TCP through the kernel on shared cores may not fill RATE: bench-moe-dist.sh --cluster
+# reports the rate reached. Every address lives inside namespaces
 # made here; traffic goes only between them. RUN is /run/dpc-cluster/NAME: the hostfile
 # (hosts), the launch agent (agent: `agent HOST CMD` runs CMD in HOST's namespaces, Open MPI's
 # plm_rsh_agent) and the settings. The filesystem is the machine's, shared by every host.
@@ -140,10 +142,13 @@ do_up() {
 	need_tools
 	teardown
 	trap 'teardown; exit 1' INT TERM HUP
-	# the burst: 1 ms at the rate, at least 64 KiB (several jumbo frames); queues of 100 ms
+	# the burst: 0.1 ms at the rate, at least two frames, so that the link stays a wire (with
+	# 1 ms, the first 125 KB of every message at 1 Gbit/s passed at memory speed and the
+	# alpha-beta fit bent round them); queues of 100 ms
 	bits=$(echo "$link" | awk '{ v = $0 + 0; u = substr($0, length($0) - 3, 1);
 		m = u == "k" ? 1e3 : u == "m" ? 1e6 : u == "g" ? 1e9 : 1; print v * m }')
-	burst=$(awk -v b="$bits" 'BEGIN { x = b / 8 / 1000; if (x < 65536) x = 65536; printf "%d", x }')
+	burst=$(awk -v b="$bits" -v f="$mtu" 'BEGIN { x = b / 8 / 10000; if (x < 2 * f) x = 2 * f
+		printf "%d", x }')
 	mkdir -p "$state"
 	ip netns add "$sw" 2>"$state/err" ||
 		{ e=$(head -1 "$state/err"); teardown; die "cannot make network namespaces here (ip netns add: $e)"; }

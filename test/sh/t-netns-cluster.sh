@@ -53,6 +53,10 @@ expect_fail 2 "^netns-cluster.sh: -H wants a positive integer, not '0' \(see --h
 expect_fail 2 "^netns-cluster.sh: --link wants a rate such as 100mbit or 1gbit, not '5'" nc up --link 5
 expect_fail 2 "^netns-cluster.sh: unknown subcommand 'start'" nc start
 expect_fail 1 "^netns-cluster.sh: no cluster '$name' \(run 'netns-cluster.sh up' first\)$" nc run -- true
+if command -v setpriv >/dev/null 2>&1; then
+	expect_fail 1 "^netns-cluster.sh: needs root \(network namespaces\), not uid 65534$" \
+		setpriv --reuid=65534 --regid=65534 --clear-groups sh "$nc" --name "$name" up
+fi
 nothing_left "after the refusals"
 
 expect_ok nc up -H 2 -R 2 --link 200mbit
