@@ -54,8 +54,13 @@ expect_fail 2 "^netns-cluster.sh: --link wants a rate such as 100mbit or 1gbit, 
 expect_fail 2 "^netns-cluster.sh: unknown subcommand 'start'" nc start
 expect_fail 1 "^netns-cluster.sh: no cluster '$name' \(run 'netns-cluster.sh up' first\)$" nc run -- true
 if command -v setpriv >/dev/null 2>&1; then
+	# a copy the other user can read (the checkout and the scratch directory may be private)
+	ncopy=$(mktemp /tmp/netns-cluster.XXXXXX)
+	cp "$nc" "$ncopy"
+	chmod 644 "$ncopy"
 	expect_fail 1 "^netns-cluster.sh: needs root \(network namespaces\), not uid 65534$" \
-		setpriv --reuid=65534 --regid=65534 --clear-groups sh "$nc" --name "$name" up
+		setpriv --reuid=65534 --regid=65534 --clear-groups sh "$ncopy" --name "$name" up
+	rm -f "$ncopy"
 fi
 nothing_left "after the refusals"
 
@@ -118,22 +123,21 @@ ids=$(ns_ids)
 expect_ok nc down
 nothing_left "after down" "$ids"
 
-# kill -9 of a half-made up, then down; and an up over the leftovers of a killed one
-sh "$nc" --name "$name" up -H 6 -R 1 >/dev/null 2>&1 &
-pid=$!
-i=0
-while [ $i -lt 500 ] && ! ip netns list | grep -q "^$name-h1"; do sleep 0.01; i=$((i + 1)); done
-kill -9 "$pid" 2>/dev/null || true
-wait "$pid" 2>/dev/null || true
+# kill_up HOST: an up of 6 hosts, killed with SIGKILL once host HOST exists
+kill_up() {
+	sh "$nc" --name "$name" up -H 6 -R 1 >/dev/null 2>&1 &
+	pid=$!
+	i=0
+	while [ $i -lt 500 ] && ! ip netns list | grep -q "^$name-h$1"; do sleep 0.01; i=$((i + 1)); done
+	kill -9 "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+}
+# kill -9 of a half-made up, then an up over its leftovers; again, then down
+kill_up 1
 ip netns list | grep -q "^$name-" || die "the killed up had made nothing to clean (too fast?)"
 expect_ok nc up -H 2 -R 1
 [ "$(ip netns list | grep -c "^$name-")" -eq 3 ] || die "up over a killed up: not 2 hosts and a switch"
-sh "$nc" --name "$name" up -H 6 -R 1 >/dev/null 2>&1 &
-pid=$!
-i=0
-while [ $i -lt 500 ] && ! ip netns list | grep -q "^$name-h3"; do sleep 0.01; i=$((i + 1)); done
-kill -9 "$pid" 2>/dev/null || true
-wait "$pid" 2>/dev/null || true
+kill_up 3
 expect_ok nc down
 nothing_left "after kill -9 of up and down"
 echo "down leaves nothing, also after kill -9 of a half-made up"
