@@ -121,6 +121,13 @@ teardown() {
 		rmdir "$state" 2>/dev/null || true
 	fi
 	rmdir /run/dpc-cluster 2>/dev/null || true
+	# ip netns add makes /run/netns a mount point of its own on first use; with no namespace
+	# left in it, undo that too (ip makes it again when needed), so that nothing of ours stays
+	# mounted (a chroot's /run could not be removed)
+	if [ -d /run/netns ] && [ -z "$(ls -A /run/netns 2>/dev/null)" ] &&
+		awk '$2 == "/run/netns" { f = 1 } END { exit !f }' /proc/mounts; then
+		umount /run/netns 2>/dev/null || true
+	fi
 }
 
 do_up() {

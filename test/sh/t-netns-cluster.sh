@@ -21,6 +21,7 @@ done
 name=t$$
 ip netns add "$name-probe" 2>/dev/null || skip "skipped: this machine cannot make network namespaces"
 ip netns delete "$name-probe"
+sh "$nc" --name "$name" down >/dev/null # also ip's mount of /run/netns, which the probe made
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 nc() { sh "$nc" --name "$name" "$@"; }
@@ -39,6 +40,11 @@ nothing_left() {
 	! ip netns list | grep -q "^$name-" || die "$1: namespaces left: $(ip netns list | grep "^$name-")"
 	! grep -q "/run/dpc-cluster/$name/" /proc/mounts || die "$1: a hostname mount is left"
 	[ ! -e "/run/dpc-cluster/$name" ] || die "$1: /run/dpc-cluster/$name is left"
+	# ip's own mount of /run/netns, where no other namespace needs it
+	if [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
+		! awk '$2 == "/run/netns" { f = 1 } END { exit !f }' /proc/mounts ||
+			die "$1: /run/netns is left mounted with no namespace in it"
+	fi
 	for id in ${2:-}; do
 		for p in /proc/[0-9]*/ns/net /proc/[0-9]*/ns/uts; do
 			case $(readlink "$p" 2>/dev/null) in
