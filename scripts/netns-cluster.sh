@@ -82,6 +82,13 @@ load() {
 	. "$state/settings"
 }
 
+# nsx NS CMD...: CMD in network namespace NS. Not `ip -n` or `tc -n`: those also remount /
+# as a slave in a mount namespace of their own, which fails in a chroot (/ is no mount point)
+nsx() {
+	ns=$1; shift
+	nsenter --net="/run/netns/$ns" -- "$@"
+}
+
 # host_exec I CMD...: CMD in host I's namespaces
 host_exec() {
 	i=$1; shift
@@ -159,21 +166,21 @@ do_up() {
 	mkdir -p "$state"
 	ip netns add "$sw" 2>"$state/err" ||
 		{ e=$(head -1 "$state/err"); teardown; die "cannot make network namespaces here (ip netns add: $e)"; }
-	ip -n "$sw" link set lo up
-	ip -n "$sw" link add br0 type bridge
-	ip -n "$sw" link set br0 mtu "$mtu" up
+	nsx "$sw" ip link set lo up
+	nsx "$sw" ip link add br0 type bridge
+	nsx "$sw" ip link set br0 mtu "$mtu" up
 	: >"$state/hosts"
 	i=0
 	while [ $i -lt "$H" ]; do
 		h=$name-h$i
 		ip netns add "$h"
 		ip link add eth0 mtu "$mtu" netns "$h" type veth peer name "h$i" mtu "$mtu" netns "$sw"
-		ip -n "$sw" link set "h$i" master br0 up
-		ip -n "$h" link set lo up
-		ip -n "$h" addr add "10.77.$((i / 250)).$((i % 250 + 1))/16" dev eth0
-		ip -n "$h" link set eth0 up
-		tc -n "$h" qdisc add dev eth0 root tbf rate "$link" burst "$burst" latency 100ms
-		tc -n "$sw" qdisc add dev "h$i" root tbf rate "$link" burst "$burst" latency 100ms
+		nsx "$sw" ip link set "h$i" master br0 up
+		nsx "$h" ip link set lo up
+		nsx "$h" ip addr add "10.77.$((i / 250)).$((i % 250 + 1))/16" dev eth0
+		nsx "$h" ip link set eth0 up
+		nsx "$h" tc qdisc add dev eth0 root tbf rate "$link" burst "$burst" latency 100ms
+		nsx "$sw" tc qdisc add dev "h$i" root tbf rate "$link" burst "$burst" latency 100ms
 		: >"$state/h$i.uts"
 		unshare --uts="$state/h$i.uts" hostname "$h"
 		echo "$h slots=$R" >>"$state/hosts"
@@ -240,7 +247,7 @@ do_status() {
 		h=$name-h$i
 		if [ -e "/run/netns/$h" ]; then
 			np=$(ip netns pids "$h" | wc -l)
-			tx=$(ip -n "$h" -s link show eth0 | awk '/TX:/ { getline; print $1 }')
+			tx=$(nsx "$h" ip -s link show eth0 | awk '/TX:/ { getline; print $1 }')
 			echo "  $h: up, $np processes, $tx bytes sent"
 		else
 			echo "  $h: down"

@@ -71,8 +71,8 @@ fi
 nothing_left "after the refusals"
 
 expect_ok nc up -H 2 -R 2 --link 200mbit
-tc -n "$name-h0" qdisc show dev eth0 | grep -q "tbf .*rate 200Mbit" || die "no tbf on host 0's link"
-tc -n "$name-sw" qdisc show dev h1 | grep -q "tbf .*rate 200Mbit" || die "no tbf towards host 1"
+nsenter --net="/run/netns/$name-h0" tc qdisc show dev eth0 | grep -q "tbf .*rate 200Mbit" || die "no tbf on host 0's link"
+nsenter --net="/run/netns/$name-sw" tc qdisc show dev h1 | grep -q "tbf .*rate 200Mbit" || die "no tbf towards host 1"
 expect_fail 2 "^netns-cluster.sh: --host 2: the cluster has hosts 0 to 1" nc run --host 2 -- true
 
 # 4 ranks, 2 per host by the hostfile, each on its own host's name
