@@ -263,8 +263,8 @@ static void sim_table(const char *what, const struct dist_net *net, int maxw, in
 	}
 }
 
-/* Per byte of a stride copy from 2DH's copy phases, t_i = 2 S_i c: least squares in the
- * relative error, c = mean(t_i / (2 S_i)). */
+/* Per byte of a stride copy from 2DH's copy phases, t_i = 2 S_i c: the mean over sizes of
+ * t_i / (2 S_i), each size weighing alike. */
 static double fit_copy(const double *S, const double *t, int k)
 {
 	double c = 0;

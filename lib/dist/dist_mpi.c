@@ -763,7 +763,9 @@ static int a2a_linear(struct dist *d, const struct job *j)
  * m = 1 (every rank a node) leaves phases 1-3 nothing to aggregate and m = W (one node)
  * leaves phase 4 nothing to send: either way the exchange is one message per pair of ranks,
  * which LINEAR sends without the copies. */
-static int a2a_2dh(struct dist *d, const struct job *j)
+/* ph: the seconds of its copies, of the exchange within the node and of the one across
+ * (left as they are when there is one level), for exchange() to count. */
+static int a2a_2dh(struct dist *d, const struct job *j, double ph[3])
 {
 	const struct dist_span *r = &j->recv;
 	const int W = d->W, m = d->m, N = W / m, v = d->q / m, l = d->q % m, nb = j->nblk;
@@ -819,12 +821,9 @@ static int a2a_2dh(struct dist *d, const struct job *j)
 	for (int l2 = 0; l2 < m; l2++)
 		dist_piece_copy(r, W, v * m + l2, A + ((size_t)v * m + l2) * S, nb, n, rb, 1);
 	ERR_FORWARD(wait_all(d, k, req));
-	double t4 = dist_time();
-	pthread_mutex_lock(&d->mu);
-	d->st.h2d_copy_seconds += (t1 - t0) + (t3 - t2);
-	d->st.h2d_intra_seconds += t2 - t1;
-	d->st.h2d_inter_seconds += t4 - t3;
-	pthread_mutex_unlock(&d->mu);
+	ph[0] = (t1 - t0) + (t3 - t2);
+	ph[1] = t2 - t1;
+	ph[2] = dist_time() - t3;
 	return 0;
 }
 
@@ -856,13 +855,13 @@ static int a2a_mpi(struct dist *d, const struct job *j)
 /* One exchange, on whichever thread runs it, timed into the statistics. */
 static int exchange(struct dist *d, const struct job *j)
 {
-	double t0 = dist_time();
+	double t0 = dist_time(), ph[3] = {0, 0, 0};
 	int rc = 0;
 
 	if (j->nblk > 0 && j->n > 0 && j->row_bytes > 0) {
 		switch (j->a) {
 		case DIST_A2A_LINEAR: rc = a2a_linear(d, j); break;
-		case DIST_A2A_2DH: rc = a2a_2dh(d, j); break;
+		case DIST_A2A_2DH: rc = a2a_2dh(d, j, ph); break;
 		case DIST_A2A_MPI: rc = a2a_mpi(d, j); break;
 		}
 	}
@@ -870,6 +869,9 @@ static int exchange(struct dist *d, const struct job *j)
 	pthread_mutex_lock(&d->mu);
 	d->st.comm_seconds += t;
 	d->st.exchanges++;
+	d->st.h2d_copy_seconds += ph[0];
+	d->st.h2d_intra_seconds += ph[1];
+	d->st.h2d_inter_seconds += ph[2];
 	pthread_mutex_unlock(&d->mu);
 	return rc;
 }
