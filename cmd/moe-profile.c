@@ -182,35 +182,80 @@ static void machine(char *buf, size_t n, struct dist *d)
 
 /* ---- --simulate: the alpha-beta model of Linear and 2DH at scale ------------------------ */
 
-/* The median over reps of the slowest rank's time of one exchange of S bytes per rank, and
- * in phase (when not NULL) the medians of the slowest rank's 2DH phases: copies, within the
- * node, across nodes (dist_stats; zeros unless 2DH runs two levels). */
-static int time_a2a(struct dist *d, enum dist_a2a a, void *snd, void *rcv, size_t S, int reps,
-		    double *sec, double phase[3])
+/* One timed exchange of S bytes per rank after a barrier: in v[0] the slowest rank's seconds,
+ * in v[1..3] the slowest rank's 2DH phases (copies, within the node, across nodes;
+ * dist_stats, zeros unless 2DH runs two levels). */
+static int time_one(struct dist *d, enum dist_a2a a, struct dist_span *sp,
+		    struct dist_span *rp, int64_t rows, double v[4])
 {
-	const int W = dist_size(d);
-	const size_t row = 64, rows = S / (size_t)W / row;
-	struct dist_span sp = {.base = snd, .rows = (int64_t)rows}, rp = {.base = rcv,
-									  .rows = (int64_t)rows};
-	double t[4][32];
+	struct dist_stats st;
+	ERR_FORWARD(dist_barrier(d));
+	dist_stats_reset(d);
+	double t0 = dist_time();
+	ERR_FORWARD(dist_alltoall(d, a, sp, rp, 1, rows, 64));
+	v[0] = dist_time() - t0;
+	dist_stats(d, &st);
+	v[1] = st.h2d_copy_seconds;
+	v[2] = st.h2d_intra_seconds;
+	v[3] = st.h2d_inter_seconds;
+	return dist_allreduce_f64(d, v, 4, DIST_MAX);
+}
+
+/* Timed reps per size in --simulate (a pair of exchanges each, plus one to warm up) */
+#define SIM_REPS 21
+
+struct pair_times {
+	double linear, h2d;   /* medians of the slowest rank's seconds */
+	double phase[3];      /* medians of 2DH's phases (time_one) */
+	int h2d_faster, reps; /* the reps in which 2DH beat the Linear exchange next to it */
+};
+
+/* Linear and 2DH on S bytes per rank, in pairs: each rep times both, one after the other, the
+ * order alternating, so that a slow spell of the machine (other ranks on the cores) falls
+ * on both alike and each pair's comparison is fair. A first pair warms up and is dropped;
+ * reps <= 31. */
+static int time_pair(struct dist *d, void *snd, void *rcv, size_t S, int reps,
+		     struct pair_times *pt)
+{
+	const int64_t rows = (int64_t)(S / (size_t)dist_size(d) / 64);
+	struct dist_span sp = {.base = snd, .rows = rows}, rp = {.base = rcv, .rows = rows};
+	double t[5][32];
+	pt->h2d_faster = 0;
+	pt->reps = reps;
 	for (int i = 0; i <= reps; i++) {
-		struct dist_stats st;
-		ERR_FORWARD(dist_barrier(d));
-		dist_stats_reset(d);
-		double t0 = dist_time();
-		ERR_FORWARD(dist_alltoall(d, a, &sp, &rp, 1, (int64_t)rows, row));
-		double v[4] = {dist_time() - t0};
-		dist_stats(d, &st);
-		v[1] = st.h2d_copy_seconds;
-		v[2] = st.h2d_intra_seconds;
-		v[3] = st.h2d_inter_seconds;
-		ERR_FORWARD(dist_allreduce_f64(d, v, 4, DIST_MAX));
+		double l[4], h[4];
+		for (int k = 0; k < 2; k++) {
+			const int lin = (k == 0) == (i % 2 == 0);
+			ERR_FORWARD(time_one(d, lin ? DIST_A2A_LINEAR : DIST_A2A_2DH, &sp, &rp, rows,
+					     lin ? l : h));
+		}
+		t[0][i] = l[0];
 		for (int k = 0; k < 4; k++)
-			t[k][i] = v[k];
+			t[k + 1][i] = h[k];
+		pt->h2d_faster += i > 0 && h[0] < l[0];
 	}
-	*sec = stats_median(t[0] + 1, reps, NULL, NULL);
-	for (int k = 0; phase && k < 3; k++)
-		phase[k] = stats_median(t[k + 1] + 1, reps, NULL, NULL);
+	pt->linear = stats_median(t[0] + 1, reps, NULL, NULL);
+	pt->h2d = stats_median(t[1] + 1, reps, NULL, NULL);
+	for (int k = 0; k < 3; k++)
+		pt->phase[k] = stats_median(t[k + 2] + 1, reps, NULL, NULL);
+	return 0;
+}
+
+/* The median over reps of the slowest rank's time of a barrier entered right after another:
+ * what synchronising the W ranks once costs here (the skew of their start, plus the
+ * barrier's own messages), zero bytes moved. */
+static int time_sync(struct dist *d, int reps, double *sec)
+{
+	double t[32];
+	for (int i = 0; i <= reps; i++) {
+		ERR_FORWARD(dist_barrier(d));
+		double t0 = dist_time();
+		ERR_FORWARD(dist_barrier(d));
+		double v = dist_time() - t0;
+		ERR_FORWARD(dist_allreduce_f64(d, &v, 1, DIST_MAX));
+		t[i] = v;
+	}
+	*sec = stats_median(t + 1, reps, NULL, NULL);
 	return 0;
 }
 
@@ -283,26 +328,28 @@ static int simulate(struct dist *d, struct backend *be, const struct simopts *so
 {
 	const int W = dist_size(d), q = dist_rank(d), m = dist_local_size(d);
 	const int two = m > 1 && m < W;
-	static const double kib[] = {4, 16, 64, 256, 1024, 4096, 16384};
-	double S[8], tl[8], th[8], ph[8][3] = {{0}}, pc[8], pi[8], po[8];
+	static const double kib[] = {1, 4, 16, 64, 256, 1024, 4096, 16384};
+	double S[8], tl[8], th[8], pc[8], pi[8], po[8], sync = 0;
+	struct pair_times pt[8];
 	int rc = 0, ns = 0;
 
 	if (W >= 2) {
-		const size_t maxb = (size_t)(kib[6] * 1024);
+		const size_t maxb = (size_t)(kib[7] * 1024);
 		void *a = NULL, *b = NULL;
 		if (backend_alloc_zero(be, &a, maxb) < 0 || backend_alloc_zero(be, &b, maxb) < 0)
 			rc = err_set(CORE_ENOMEM, NULL, "cannot allocate the exchange buffers");
 		/* sizes of at least one 64-byte row per peer */
-		for (int i = 0; i < 7 && rc == 0; i++) {
+		rc = time_sync(d, SIM_REPS, &sync);
+		for (int i = 0; i < 8 && rc == 0; i++) {
 			if (kib[i] * 1024 < 64.0 * W)
 				continue;
 			S[ns] = kib[i] * 1024;
-			rc = time_a2a(d, DIST_A2A_LINEAR, a, b, (size_t)S[ns], 9, &tl[ns], NULL);
-			if (rc == 0)
-				rc = time_a2a(d, DIST_A2A_2DH, a, b, (size_t)S[ns], 9, &th[ns], ph[ns]);
-			pc[ns] = ph[ns][0];
-			pi[ns] = ph[ns][1];
-			po[ns] = ph[ns][2];
+			rc = time_pair(d, a, b, (size_t)S[ns], SIM_REPS, &pt[ns]);
+			tl[ns] = pt[ns].linear;
+			th[ns] = pt[ns].h2d;
+			pc[ns] = pt[ns].phase[0];
+			pi[ns] = pt[ns].phase[1];
+			po[ns] = pt[ns].phase[2];
 			ns++;
 		}
 		be->op->free(be, a);
@@ -341,26 +388,31 @@ static int simulate(struct dist *d, struct backend *be, const struct simopts *so
 					"fitted, alpha %.2f us, %.2f GB/s; stride copy %.2f GB/s (bytes "
 					"copied)\n", W, m, dist_layout_source(d), 1e6 * here.intra.alpha,
 					gbps(here.intra.beta), gbps(here.copy));
-			fprintf(stderr, "  %10s %12s %12s %12s %12s\n", "KiB/rank", "linear ms",
-				"model", "2dh ms", "model");
+			fprintf(stderr, "a barrier after a barrier: %.1f us (median of %d)\n",
+				1e6 * sync, SIM_REPS);
+			fprintf(stderr, "  %10s %12s %12s %12s %12s %12s\n", "KiB/rank", "linear ms",
+				"model", "2dh ms", "model", "2dh faster");
 		}
 		for (int i = 0; i < ns; i++) {
 			const double lm = two ? dist_model_linear(&here, W, S[i])
 					      : (W - 1) * (here.intra.alpha + S[i] / W * here.intra.beta);
 			const double hm = dist_model_2dh(&here, W, S[i]);
 			if (q == 0)
-				fprintf(stderr, "  %10.0f %12.3f %12.3f %12.3f %12.3f\n", S[i] / 1024,
-					1e3 * tl[i], 1e3 * lm, 1e3 * th[i], 1e3 * hm);
-			json_array_append_new(pts, json_pack("{s:f, s:f, s:f, s:f, s:f, s:[f, f, f]}",
-				"kib_per_rank", S[i] / 1024, "linear_ms", 1e3 * tl[i],
+				fprintf(stderr, "  %10.0f %12.3f %12.3f %12.3f %12.3f %9d/%-2d\n",
+					S[i] / 1024, 1e3 * tl[i], 1e3 * lm, 1e3 * th[i], 1e3 * hm,
+					pt[i].h2d_faster, pt[i].reps);
+			json_array_append_new(pts, json_pack("{s:f, s:f, s:f, s:f, s:f, s:[f, f, f], "
+				"s:i, s:i}", "kib_per_rank", S[i] / 1024, "linear_ms", 1e3 * tl[i],
 				"linear_model_ms", 1e3 * lm, "2dh_ms", 1e3 * th[i], "2dh_model_ms",
-				1e3 * hm, "2dh_phases_ms", 1e3 * pc[i], 1e3 * pi[i], 1e3 * po[i]));
+				1e3 * hm, "2dh_phases_ms", 1e3 * pc[i], 1e3 * pi[i], 1e3 * po[i],
+				"2dh_faster_reps", pt[i].h2d_faster, "reps", pt[i].reps));
 		}
-		json_t *j = json_pack("{s:s, s:i, s:i, s:s, s:i, s:o, s:o, s:f, s:o}", "run",
+		json_t *j = json_pack("{s:s, s:i, s:i, s:s, s:i, s:o, s:o, s:f, s:f, s:o}", "run",
 				      "simulate-fit", "W", W, "local_size", m, "layout",
 				      dist_layout_source(d), "levels", two ? 2 : 1, "intra",
 				      link_json(&here.intra), "inter", link_json(&here.inter),
-				      "copy_gbps", gbps(here.copy), "points", pts);
+				      "copy_gbps", gbps(here.copy), "sync_us", 1e6 * sync,
+				      "points", pts);
 		if (q == 0)
 			cli_print_json(j, JSON_COMPACT);
 		else

@@ -3,7 +3,8 @@
 # outputs and gradients and switching plans allocates nothing; ranks that disagree on the
 # layer, and a dictionary measured for another world, fail with one line on every rank and
 # exit 2, none hanging; moe-profile writes a dictionary moe-bench --dict reads, and refuses
-# to overwrite it. Every mpirun is under a time limit.
+# to overwrite it; moe-profile --simulate times every size in pairs and reports them. Every
+# mpirun is under a time limit.
 set -eu
 . "$TESTDIR/lib.sh"
 command -v mpirun >/dev/null 2>&1 || skip "skipped: no mpirun (apt-get install openmpi-bin)"
@@ -47,4 +48,22 @@ sed 's/^world 2$/world 4/' d.txt >d4.txt
 one_line_each 2 2 "^moe-bench: 'd4.txt': measured for W=4 ranks, this run has W=2$" \
 	"$BIN/moe-bench" $shape --dict d4.txt
 one_line_each 2 2 "^moe-bench: .*r=3 is not a parallelism degree" "$BIN/moe-bench" $shape --r 3
-echo "test_moe_dist at 2 and 4 ranks; moe-profile and moe-bench --dict; bad input refused"
+# --simulate on 4 ranks in given nodes of 2: every size from 1 KiB timed in 21 pairs, the
+# count of pairs 2DH won within them, a barrier's time, and 2DH's phases within its total.
+expect_ok run 4 "$BIN/moe-profile" --simulate --local-size 2 -t 1
+/usr/bin/python3 - out.stdout <<'EOF' || die "moe-profile --simulate: the fit line is wrong"
+import json, sys
+fit = [j for j in map(json.loads, open(sys.argv[1])) if j.get("run") == "simulate-fit"]
+assert len(fit) == 1, "one simulate-fit line"
+f = fit[0]
+assert f["W"] == 4 and f["local_size"] == 2 and f["levels"] == 2, f
+assert f["sync_us"] > 0, f["sync_us"]
+sizes = [p["kib_per_rank"] for p in f["points"]]
+assert sizes == [1, 4, 16, 64, 256, 1024, 4096, 16384], sizes
+for p in f["points"]:
+    assert p["reps"] == 21 and 0 <= p["2dh_faster_reps"] <= 21, p
+    assert p["linear_ms"] > 0 and p["2dh_ms"] > 0, p
+    # the phases are medians of the same exchanges: their sum is within the total's spread
+    assert sum(p["2dh_phases_ms"]) <= 3 * p["2dh_ms"], p
+EOF
+echo "test_moe_dist at 2 and 4 ranks; moe-profile and moe-bench --dict and --simulate; bad input refused"
