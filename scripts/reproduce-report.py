@@ -411,6 +411,15 @@ def main():
             "one's best, and for dense S. The best of each (**bold**) is what the full runs use." % (
                 "1 phase" if T // 4 == 1 else "%d phases" % (T // 4), tau))
         out("")
+        src = os.path.join(run, "sweep", "from")
+        if os.path.exists(src):
+            with open(src) as f:
+                line = f.readline().strip()
+            out("This sweep was not run with the rows below: its scores were taken from an "
+                "earlier run of the same settings (`reproduce.sh --sweep-from`): %s. Its runs "
+                "forked from that run's base, which may differ in its last bits from this one's "
+                "where the CPU differs; the settings it chose are what carried over." % line)
+            out("")
         for meth in ("diloco", "dipaco", "dense"):
             rows = sorted([x for x in sweep if x[0] == meth], key=lambda x: x[5])
             if not rows:

@@ -13,6 +13,13 @@
 #                       written beside it as PAGE's name without .md, then -loss-steps.png,
 #                       -loss-flops.png and -outer.png
 #     --no-setup        skip apt-get and make (the programs are built, the tools there)
+#     --sweep-from DIR  take the sweep's scores from DIR (its settings file and sweep-*.json,
+#                       as a run's eval/ holds them, and a line in DIR/source saying where
+#                       they were measured) instead of running the sweep: the full runs start
+#                       at once, with the settings that sweep chose, and the page says where
+#                       the sweep came from. results/brown-sweep is one, measured with the
+#                       defaults; the sweep is about a third of the run's time. DIR, as
+#                       RUNDIR, is relative to the repository's top
 #
 # The protocol (DiPaCo, arXiv 2403.10616, Algorithm 1 and section 4; DiLoCo, 2311.08105):
 #   base          dense S (4 blocks of width 128, 0.87M parameters) trained on all the
@@ -61,7 +68,7 @@ set -eu
 cd "$(dirname "$0")/.."
 top=$(pwd)
 bin=$top/build/bin
-tau="" phases="" quick=0 setup=1 page=""
+tau="" phases="" quick=0 setup=1 page="" sweep_from=""
 need() { [ "$2" -ge 2 ] || { echo "reproduce.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
 die() { echo "reproduce.sh: $*" >&2; exit 1; }
 posint() { case $2 in '' | *[!0-9]* | 0*) echo "reproduce.sh: $1 wants a positive integer, not '$2'" >&2; exit 2 ;; esac; }
@@ -72,6 +79,7 @@ while [ $# -gt 0 ]; do
 	--quick) quick=1; shift ;;
 	-o) need "$1" $#; page=$2; shift 2 ;;
 	--no-setup) setup=0; shift ;;
+	--sweep-from) need "$1" $#; sweep_from=$2; shift 2 ;;
 	-h | --help) sed -n '2,/^set -eu/p' "$0" | sed 's/^# \{0,1\}//; /^set -eu/d'; exit 0 ;;
 	-*) echo "reproduce.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
 	*) break ;;
@@ -84,6 +92,18 @@ if [ "$quick" = 1 ]; then
 fi
 : "${tau:=32}" "${phases:=16}"
 [ $((phases % 4)) = 0 ] || { echo "reproduce.sh: --phases must be a multiple of 4 (the sweep runs T/4, the re-sharding is after T/2), not $phases" >&2; exit 2; }
+want="inner_steps=$tau phases=$phases quick=$quick protocol=3"
+if [ -n "$sweep_from" ]; then
+	sf=$sweep_from
+	[ -d "$sf" ] || { echo "reproduce.sh: --sweep-from '$sf': not a directory" >&2; exit 2; }
+	[ -s "$sf/settings" ] && [ -s "$sf/source" ] ||
+		{ echo "reproduce.sh: --sweep-from '$sf': no settings or source file there" >&2; exit 2; }
+	[ "$(cat "$sf/settings")" = "$want" ] ||
+		{ echo "reproduce.sh: --sweep-from '$sf': measured with '$(cat "$sf/settings")', not '$want'" >&2; exit 2; }
+	ls "$sf"/sweep-*.json >/dev/null 2>&1 ||
+		{ echo "reproduce.sh: --sweep-from '$sf': no sweep-*.json there" >&2; exit 2; }
+	sweep_from=$(cd "$sf" && pwd)
+fi
 d_page=results/brown.md
 [ "$quick" = 1 ] && d_page=$run/brown.md
 : "${page:=$d_page}"
@@ -144,12 +164,22 @@ sh scripts/brown-1k.sh "$bin"
 train=$chunked/train.tok val=$chunked/val.tok router=$chunked/router.tok
 mkdir -p "$run/routing" "$run/eval" "$run/sweep"
 # What produced this run, for the page; a run made with other settings is not mixed in.
-want="inner_steps=$tau phases=$phases quick=$quick protocol=3"
 if [ -e "$run/settings" ]; then
 	[ "$(cat "$run/settings")" = "$want" ] ||
 		die "$run was made with '$(cat "$run/settings")', not '$want' (use another RUNDIR)"
 else
 	echo "$want" >"$run/settings"
+fi
+# A sweep taken from elsewhere: its scores stand in for the sweep's runs (each run is skipped
+# when its score is there), and where they came from goes to the page. Scores the run has
+# already are kept.
+if [ -n "$sweep_from" ]; then
+	for f in "$sweep_from"/sweep-*.json; do
+		b=${f##*/}
+		[ -e "$run/eval/$b" ] && continue
+		cp "$f" "$run/eval/$b.tmp" && mv "$run/eval/$b.tmp" "$run/eval/$b"
+	done
+	cp "$sweep_from/source" "$run/sweep/from"
 fi
 # Unseen text: the licences of /usr/share/common-licenses (base-files), one document each,
 # cut into 1024-byte pieces as Brown is.
