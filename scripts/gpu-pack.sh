@@ -19,7 +19,8 @@ pack=${1:-$here/.gpu}
 cd "$here"
 
 make -j"$(nproc)" all build/test/test_backend build/test/test_moe >/dev/null
-grep -q 'cpu, ref, cuda' build/libcore.a 2>/dev/null ||
+# the built backends, as the programs name them ("unknown device ... (built: cpu, ref, cuda)")
+build/bin/moe-bench --device none 2>&1 | grep -q 'built:.*cuda' ||
 	{ echo "gpu-pack.sh: this build has no cuda backend (is nvcc on PATH or in /usr/local/cuda?)" >&2; exit 1; }
 [ -s data/brown/train.tok ] && [ -s data/brown/val.tok ] ||
 	{ echo "gpu-pack.sh: data/brown/*.tok missing: run sh scripts/get-brown.sh first" >&2; exit 1; }
