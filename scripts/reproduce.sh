@@ -144,7 +144,7 @@ t0=$(date +%s)
 n=0
 stage() {
 	n=$((n + 1))
-	echo "reproduce [$n/30, $(($(date +%s) - t0)) s] $*" >&2
+	echo "reproduce [$n/32, $(($(date +%s) - t0)) s] $*" >&2
 }
 
 stage "setup: packages and build"
