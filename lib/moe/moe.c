@@ -387,9 +387,11 @@ int moe_route_gate(struct moe_layer *l, const float *wg, const float *x, int64_t
 				  .used = l->used_host};
 
 	/* 1-2. Gating: logits = x wg, then softmax, top-k, scores and the auxiliary loss. */
+	const int eval = step == MOE_STEP_EVAL;
 	const struct backend_moe_gate g = {
-		.T = T, .E = E, .k = k, .noise = cfg->gate_noise, .seed = cfg->seed,
-		.step = step, .load_importance = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE,
+		.T = T, .E = E, .k = k, .noise = eval ? 0.0f : cfg->gate_noise, .seed = cfg->seed,
+		.step = eval ? 0 : step,
+		.load_importance = !eval && cfg->loss == MOE_LOSS_LOAD_IMPORTANCE,
 	};
 	ERR_FORWARD(be->op->matmul_forward(be, l->logits.p, x, wg, NULL, (int)T, (int)cfg->M, E,
 					   BACKEND_W_IO));
@@ -567,9 +569,14 @@ int moe_gate_backward(struct moe_layer *l, const float *wg, const float *x, cons
 	struct backend *be = l->be;
 	const struct moe_routing *r = &l->r;
 	const int64_t T = r->T;
+	const int eval = r->noise_step == MOE_STEP_EVAL;
+	if (eval && cfg->loss == MOE_LOSS_LOAD_IMPORTANCE)
+		return err_set(CORE_EUSAGE, NULL, "the load-importance loss of an evaluation "
+			       "forward (no gate noise) has no gradient");
 	const struct backend_moe_gate gate = {
-		.T = T, .E = cfg->E, .k = r->k, .noise = cfg->gate_noise, .seed = cfg->seed,
-		.step = r->noise_step, .load_importance = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE,
+		.T = T, .E = cfg->E, .k = r->k, .noise = eval ? 0.0f : cfg->gate_noise,
+		.seed = cfg->seed, .step = eval ? 0 : r->noise_step,
+		.load_importance = cfg->loss == MOE_LOSS_LOAD_IMPORTANCE,
 	};
 	ERR_FORWARD(grow(l, &l->dlogits, sizeof(float) * (size_t)(T * cfg->E)));
 	ERR_FORWARD(be->op->moe_gate_backward(be, &gate, l->logits.p, l->probs.p, l->clean.p,
@@ -589,6 +596,9 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 
 	if (!l->have_forward)
 		return err_set(CORE_EUSAGE, NULL, "moe_backward without a forward");
+	if (r->noise_step == MOE_STEP_EVAL && cfg->loss == MOE_LOSS_LOAD_IMPORTANCE)
+		return err_set(CORE_EUSAGE, NULL, "the load-importance loss of an evaluation "
+			       "forward (no gate noise) has no gradient");
 	double t0 = stage_clock(l), t1;
 	ERR_FORWARD(grow(l, &l->dscore, sizeof(float) * (size_t)(k * T)));
 	ERR_FORWARD(grow(l, &l->dlogits, sizeof(float) * (size_t)(T * E)));

@@ -149,7 +149,11 @@ int moe_layer_init(struct moe_layer **out, const struct moe_config *cfg, struct 
 void moe_layer_free(struct moe_layer *l);
 
 /* Forward for T <= cfg->T tokens: y = MoE(x). k in 1..E (0 = config default); capacity
- * setting as in 4.; step indexes the gate-noise draws. Saves what backward needs. */
+ * setting as in 4.; step indexes the gate-noise draws, or is MOE_STEP_EVAL: an evaluation
+ * call (Tutel's eval mode), with no gate noise, where the load-importance loss, which needs
+ * the noise, gives way to GShard's value and cannot be backpropagated (moe_backward refuses).
+ * Saves what backward needs. */
+#define MOE_STEP_EVAL UINT64_MAX
 int moe_forward(struct moe_layer *l, const struct moe_params *p, const float *x, float *y,
 		int64_t T, int k, double capacity_setting, uint64_t step);
 /* Steps 1-5 only (gating, capacity, locations) for T tokens, with the same arguments as
