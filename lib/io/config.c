@@ -50,6 +50,7 @@ enum {
 	 * holds 0 the canonical text (dump, hash, YAML) leaves it out, so the configs of runs
 	 * made before the key existed keep their text and their hash. */
 	CFG_UNSET = 16,
+	CFG_MOE = 32, /* a key of the moe section: not written while moe.experts is 0 */
 };
 #define CFG_RANGE (CFG_LO | CFG_HI)
 
@@ -70,11 +71,16 @@ struct cfg_schema {
 	size_t n;
 	size_t struct_size;
 	int levels; /* the struct is a run_config, and the file may have a levels: section */
+	int gated;  /* CFG_MOE keys are unset while the int at offset gate is 0 */
+	size_t gate;
 };
 
 #define M(field) offsetof(struct run_config, model.field)
 #define T(field) offsetof(struct run_config, train.field)
 #define D(field) offsetof(struct run_config, dipaco.field)
+#define E(field) offsetof(struct run_config, model.moe.field)
+
+static const char *const moe_loss_choices[] = { "gshard", "load-importance", NULL };
 
 /* Defaults are configs/gpt-tiny.yaml's values; man/dpc-config.5 lists the same rows. */
 static const struct cfg_key run_keys[] = {
@@ -146,14 +152,37 @@ static const struct cfg_key run_keys[] = {
 	  65536, "0", NULL,
 	  "train only this many of the P paths in each phase, drawn from train.seed so that "
 	  "every path trains in every ceil(P/N) consecutive phases; absent: every path" },
+	{ "moe", "experts", CFG_INT, E(experts), 0, CFG_RANGE | CFG_MOE, 0, 65536, "0", NULL,
+	  "experts E of every MoE block; 0: none, the dense GPT-2 (no moe key is then written)" },
+	{ "moe", "top_k", CFG_INT, E(top_k), 0, CFG_RANGE | CFG_MOE, 1, 65536, "2", NULL,
+	  "experts each token is sent to, k <= E" },
+	{ "moe", "every", CFG_INT, E(every), 0, CFG_RANGE | CFG_MOE, 1, 1024, "2", NULL,
+	  "the MLP of every this many blocks is MoE: blocks b with (b + 1) % every == 0" },
+	{ "moe", "blocks", CFG_STRING, E(blocks), MOE_BLOCKS_CHARS, CFG_MOE, 0, 0, "", NULL,
+	  "the MoE blocks as a list instead of every ('1,3', '0-3,6'); empty: from every" },
+	{ "moe", "capacity_factor", CFG_DOUBLE, E(capacity_factor), 0, CFG_RANGE | CFG_MOE,
+	  -1000, 1000, "1.0", NULL,
+	  "Tutel's capacity setting x: > 0 C = k * int(x * ceil(N / E)) slots per expert over "
+	  "the N tokens of a batch; 0: as many as the step needs (nothing dropped); < 0: that, "
+	  "at most |x|'s" },
+	{ "moe", "bpr", CFG_BOOL, E(bpr), 0, CFG_MOE, 0, 0, "false", NULL,
+	  "batch-prioritized routing: slots go to the tokens of highest gate value first" },
+	{ "moe", "gate_noise", CFG_DOUBLE, E(gate_noise), 0, CFG_RANGE | CFG_MOE, 0, 100, "0",
+	  NULL, "noise s/E * N(0,1) on the gate's logits at training steps (not at evaluation)" },
+	{ "moe", "aux_loss", CFG_ENUM, E(aux_loss), 0, CFG_MOE, 0, 0, "gshard", moe_loss_choices,
+	  "the load-balancing loss: gshard, or load-importance (needs gate_noise > 0)" },
+	{ "moe", "aux_weight", CFG_DOUBLE, E(aux_weight), 0, CFG_RANGE | CFG_MOE, 0, 100, "0.01",
+	  NULL, "weight of the MoE blocks' summed auxiliary losses in the training objective" },
 };
 
 #undef M
 #undef T
 #undef D
+#undef E
 
 static const struct cfg_schema run_schema = {
-	run_keys, sizeof run_keys / sizeof run_keys[0], sizeof(struct run_config), 1
+	run_keys, sizeof run_keys / sizeof run_keys[0], sizeof(struct run_config), 1, 1,
+	offsetof(struct run_config, model.moe.experts)
 };
 
 /* ---- messages ---------------------------------------------------------------------------- */
@@ -553,9 +582,12 @@ static void schema_defaults(const struct cfg_schema *s, void *base)
 	}
 }
 
-/* An optional key that the config does not set (CFG_UNSET). */
-static int key_unset(const struct cfg_key *k, const void *base)
+/* An optional key that the config does not set (CFG_UNSET), or a key of the moe section of
+ * a dense model (CFG_MOE). */
+static int key_unset(const struct cfg_schema *s, const struct cfg_key *k, const void *base)
 {
+	if (k->flags & CFG_MOE) /* the schema's gate: moe.experts */
+		return s->gated && *(const int *)((const char *)base + s->gate) == 0;
 	if (!(k->flags & CFG_UNSET))
 		return 0;
 	const void *f = cfield(base, k);
@@ -1238,7 +1270,7 @@ static int schema_check_ranges(const struct cfg_schema *s, const void *base, con
 		const void *f = cfield(base, k);
 		double v;
 
-		if (key_unset(k, base))
+		if (key_unset(s, k, base))
 			continue;
 
 		switch (k->type) {
@@ -1432,7 +1464,7 @@ static void schema_emit(const struct cfg_schema *s, const void *base, const char
 {
 	for (size_t i = 0; i < s->n; i++)
 		if ((!only_section || !strcmp(s->keys[i].section, only_section)) &&
-		    !key_unset(&s->keys[i], base))
+		    !key_unset(s, &s->keys[i], base))
 			sink_line(o, &s->keys[i], base);
 }
 
@@ -1448,11 +1480,89 @@ void config_defaults(struct run_config *c)
 	schema_defaults(&run_schema, c);
 }
 
+static int moe_equal(const struct model_moe *a, const struct model_moe *b)
+{
+	if (a->experts == 0 || b->experts == 0)
+		return a->experts == b->experts;
+	return a->experts == b->experts && a->top_k == b->top_k && a->every == b->every &&
+	       !strcmp(a->blocks, b->blocks) && a->capacity_factor == b->capacity_factor &&
+	       a->bpr == b->bpr && a->gate_noise == b->gate_noise && a->aux_loss == b->aux_loss &&
+	       a->aux_weight == b->aux_weight;
+}
+
 int config_model_equal(const struct model_config *a, const struct model_config *b)
 {
 	return a->n_layer == b->n_layer && a->n_embd == b->n_embd && a->n_head == b->n_head &&
 	       a->seq_len == b->seq_len && a->vocab_size == b->vocab_size &&
-	       model_n_out(a) == model_n_out(b);
+	       model_n_out(a) == model_n_out(b) && moe_equal(&a->moe, &b->moe);
+}
+
+/* moe.blocks: "b" or "lo-hi" items, comma-separated, each block in 0..L-1, none twice. */
+static int moe_blocks_list(const struct model_config *c, unsigned char *mask, int L)
+{
+	const char *s = c->moe.blocks;
+	int n = 0;
+
+	while (*s) {
+		char *end;
+		long lo, hi;
+		if (*s < '0' || *s > '9')
+			goto bad;
+		lo = strtol(s, &end, 10);
+		hi = lo;
+		s = end;
+		if (*s == '-') {
+			if (s[1] < '0' || s[1] > '9')
+				goto bad;
+			hi = strtol(s + 1, &end, 10);
+			s = end;
+		}
+		if (*s && *s != ',')
+			goto bad;
+		if (*s == ',' && !s[1])
+			goto bad;
+		s += *s == ',';
+		if (lo > hi)
+			return err_set(CORE_ECONFIG, NULL, "moe.blocks: '%ld-%ld' is not a range",
+				       lo, hi);
+		if (hi >= L)
+			return err_set(CORE_ECONFIG, NULL, "moe.blocks: block %ld, but model.n_layer "
+				       "is %d (blocks 0..%d)", hi, L, L - 1);
+		for (long b = lo; b <= hi; b++) {
+			if (mask && mask[b])
+				return err_set(CORE_ECONFIG, NULL, "moe.blocks: block %ld named twice",
+					       b);
+			if (mask)
+				mask[b] = 1;
+			n++;
+		}
+	}
+	return n;
+bad:
+	return err_set(CORE_ECONFIG, NULL, "moe.blocks: '%.*s' is not a list of blocks and "
+		       "ranges ('1,3', '0-3,6')", MOE_BLOCKS_CHARS, c->moe.blocks);
+}
+
+int model_moe_blocks(const struct model_config *c, unsigned char *mask)
+{
+	const int L = c->n_layer;
+	if (c->moe.experts <= 0 || L < 1)
+		return 0;
+	unsigned char *m = calloc((size_t)L, 1);
+	if (!m)
+		return err_set(CORE_ENOMEM, NULL, "out of memory");
+	int n = 0;
+	if (c->moe.blocks[0]) {
+		n = moe_blocks_list(c, m, L);
+	} else {
+		for (int b = 0; b < L && c->moe.every > 0; b++)
+			if ((b + 1) % c->moe.every == 0)
+				m[b] = 1, n++;
+	}
+	if (n >= 0 && mask)
+		memcpy(mask, m, (size_t)L);
+	free(m);
+	return n;
 }
 
 int config_load(struct run_config *c, const char *path)
@@ -1618,6 +1728,27 @@ static int dipaco_check(const struct run_config *c, const struct where *w)
 	return 0;
 }
 
+static int moe_check(const struct run_config *c, const struct where *w)
+{
+	const struct model_moe *m = &c->model.moe;
+	if (m->experts == 0)
+		return 0;
+	if (m->top_k > m->experts)
+		return fail(w, "moe.top_k (%d) is more than moe.experts (%d)", m->top_k,
+			    m->experts);
+	if (m->aux_loss == 1 && (!(m->gate_noise > 0) || m->experts < 2))
+		return fail(w, "moe.aux_loss load-importance needs moe.gate_noise > 0 and "
+			    "moe.experts >= 2");
+	int n = model_moe_blocks(&c->model, NULL);
+	if (n < 0)
+		return fail(w, "%s", err_detail());
+	if (n == 0)
+		return fail(w, "moe.every (%d) leaves no MoE block among the %d blocks (every "
+			    "block b with (b + 1) %% every == 0 is one)", m->every,
+			    c->model.n_layer);
+	return 0;
+}
+
 int config_validate(const struct run_config *c, const char *path)
 {
 	struct where w = { path, NULL, 0 };
@@ -1627,6 +1758,7 @@ int config_validate(const struct run_config *c, const char *path)
 	if (c->model.n_embd % c->model.n_head != 0)
 		return fail(&w, "model.n_embd (%d) must be a multiple of model.n_head (%d)",
 			    c->model.n_embd, c->model.n_head);
+	ERR_FORWARD(moe_check(c, &w));
 	ERR_FORWARD(levels_check_each(c, &w));
 	if (c->dipaco.nlevels > 0)
 		ERR_FORWARD(levels_check_owners(c, &w));
@@ -1655,6 +1787,7 @@ void config_hash_model(const struct run_config *c, char out[17])
 	struct sink o = { NULL, 0, 0, 1, FNV_OFFSET };
 
 	schema_emit(&run_schema, c, "model", &o);
+	schema_emit(&run_schema, c, "moe", &o); /* nothing for a dense model */
 	hash_hex(o.h, out);
 }
 
@@ -1673,7 +1806,7 @@ size_t config_yaml(const struct run_config *c, char *buf, size_t n)
 
 	for (size_t i = 0; i < run_schema.n; i++) {
 		const struct cfg_key *key = &run_schema.keys[i];
-		if (key_unset(key, c))
+		if (key_unset(&run_schema, key, c))
 			continue;
 		if (strcmp(key->section, section)) {
 			section = key->section;

@@ -14,6 +14,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The Mixture-of-Experts blocks of the model (dpc-config(5), MOE): the MLP of each such block
+ * is an MoE layer (lib/moe/moe.h) of `experts` GELU experts of hidden size 4C, gated from the
+ * block's ln_2 output over all B x T tokens of the batch at once. experts = 0: none, the dense
+ * GPT-2 (no moe key is then written in a config's dump or counted in its hashes). */
+#define MOE_BLOCKS_CHARS 128 /* moe.blocks, with its nul */
+struct model_moe {
+	int experts;            /* E; 0: no MoE block */
+	int top_k;              /* k in 1..E */
+	int every;              /* blocks b with (b + 1) % every == 0 (1: all), unless blocks */
+	char blocks[MOE_BLOCKS_CHARS]; /* "1,3" or "0-3,6": the MoE blocks; "": from every */
+	double capacity_factor; /* Tutel's capacity setting (moe.h, 4.): > 0, 0, < 0 */
+	int bpr;                /* batch-prioritized routing */
+	double gate_noise;      /* s >= 0, training steps only */
+	int aux_loss;           /* 0 gshard, 1 load-importance (moe.h's enum moe_loss) */
+	double aux_weight;      /* the auxiliary losses' weight in the training objective */
+};
+
 struct model_config {
 	int n_layer, n_embd, n_head;
 	int seq_len;    /* T: context length, also the size of wpe */
@@ -22,7 +39,13 @@ struct model_config {
 			 * model). Not a config key: a window router (dpc-route fit --transformer)
 			 * is the base model with a head over the P paths, and its checkpoint
 			 * says so in its metadata (dpc-checkpoint(5)). */
+	struct model_moe moe;
 };
+
+/* Which blocks are MoE: mask[b] = 1 for each (mask has n_layer entries; NULL: only count).
+ * Returns their number (0 for a dense model), or CORE_ECONFIG when moe.blocks is malformed
+ * or names a block outside 0..n_layer-1 (the detail says which). */
+int model_moe_blocks(const struct model_config *c, unsigned char *mask);
 
 /* The classes of the model's output: n_out, or vocab_size for a language model. */
 static inline int model_n_out(const struct model_config *c)

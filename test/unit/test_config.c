@@ -277,7 +277,7 @@ static const struct bad_case bad_cases[] = {
 	  "line 3: more than one yaml document; a config is one document" },
 	/* sections */
 	{ "modle:\n  n_layer: 4\n", "line 1: unknown section 'modle' (did you mean 'model'?)" },
-	{ "model:\n  n_layer: 4\nfoo:\n  bar: 1\n", "line 3: unknown section 'foo'" },
+	{ "model:\n  n_layer: 4\nxyzzy:\n  bar: 1\n", "line 3: unknown section 'xyzzy'" },
 	{ "lr: 0.1\n", "line 1: unknown section 'lr' (did you mean 'train.lr'?)" },
 	{ "model: 4\n", "line 1: section 'model' must be a mapping of keys, found a scalar" },
 	{ "model:\n  - 4\n",
@@ -1318,6 +1318,81 @@ Test(config, paths_per_phase_is_optional)
 	cr_expect_eq(config_validate(&c, "x.yaml"), 0, "5 of 8 paths: %s", err_detail());
 }
 
+/* The moe section: absent from the dump and hashes of a dense model (moe.experts 0, whatever
+ * its other keys), part of the model hash otherwise; the blocks it names; its refusals. */
+Test(config, moe_section)
+{
+	struct run_config c;
+	char buf[8192], h_dense[17], h[17], h2[17];
+	unsigned char mask[8];
+
+	config_defaults(&c);
+	config_hash_model(&c, h_dense);
+	config_dump(&c, buf, sizeof buf);
+	cr_expect(!strstr(buf, "moe."), "a dense model's dump has moe lines:\n%s", buf);
+	cr_assert_eq(config_set(&c, "moe.top_k=3"), 0, "%s", err_detail());
+	config_hash_model(&c, h);
+	cr_expect_str_eq(h, h_dense, "moe.top_k changed a dense model's hash");
+	cr_expect_eq(model_moe_blocks(&c.model, mask), 0);
+
+	config_defaults(&c);
+	cr_assert_eq(load_text(&c, "model:\n  n_layer: 4\nmoe:\n  experts: 8\n  blocks: 0-1,3\n"
+				   "  capacity_factor: -2.5\n  bpr: true\n"), 0, "%s", err_detail());
+	cr_expect_eq(config_validate(&c, NULL), 0, "%s", err_detail());
+	cr_expect_eq(model_moe_blocks(&c.model, mask), 3);
+	cr_expect(mask[0] && mask[1] && !mask[2] && mask[3], "blocks 0-1,3: %d%d%d%d", mask[0],
+		  mask[1], mask[2], mask[3]);
+	config_dump(&c, buf, sizeof buf);
+	cr_expect(strstr(buf, "\nmoe.experts: 8\nmoe.top_k: 2\nmoe.every: 2\nmoe.blocks: \"0-1,3\"\n"
+			  "moe.capacity_factor: -2.5\nmoe.bpr: true\n") != NULL, "%s", buf);
+	round_trip(&c, "an moe section");
+	config_hash_model(&c, h);
+	cr_expect_str_neq(h, h_dense);
+	cr_assert_eq(config_set(&c, "moe.top_k=3"), 0, "%s", err_detail());
+	config_hash_model(&c, h2);
+	cr_expect_str_neq(h, h2, "moe.top_k of an MoE model is not in the model hash");
+	/* every: blocks b with (b + 1) % every == 0 */
+	cr_assert_eq(config_set(&c, "moe.blocks="), 0, "%s", err_detail());
+	cr_expect_eq(model_moe_blocks(&c.model, mask), 2);
+	cr_expect(!mask[0] && mask[1] && !mask[2] && mask[3]);
+	cr_assert_eq(config_set(&c, "moe.every=1"), 0, "%s", err_detail());
+	cr_expect_eq(model_moe_blocks(&c.model, mask), 4);
+
+	static const struct {
+		const char *set, *detail;
+	} bad[] = {
+		{"moe.top_k=9", "moe.top_k (9) is more than moe.experts (8)"},
+		{"moe.blocks=4", "moe.blocks: block 4, but model.n_layer is 4 (blocks 0..3)"},
+		{"moe.blocks=1,,2", "moe.blocks: '1,,2' is not a list of blocks and ranges ('1,3', "
+				    "'0-3,6')"},
+		{"moe.blocks=1,", "moe.blocks: '1,' is not a list of blocks and ranges ('1,3', "
+				  "'0-3,6')"},
+		{"moe.blocks=-1", "moe.blocks: '-1' is not a list of blocks and ranges ('1,3', "
+				  "'0-3,6')"},
+		{"moe.blocks=3-1", "moe.blocks: '3-1' is not a range"},
+		{"moe.blocks=0-2,1", "moe.blocks: block 1 named twice"},
+		{"moe.every=8", "moe.every (8) leaves no MoE block among the 4 blocks (every block b "
+				"with (b + 1) % every == 0 is one)"},
+		{"moe.aux_loss=load-importance", "moe.aux_loss load-importance needs moe.gate_noise > "
+						 "0 and moe.experts >= 2"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		config_defaults(&c);
+		cr_assert_eq(load_text(&c, "model:\n  n_layer: 4\nmoe:\n  experts: 8\n"), 0);
+		cr_assert_eq(config_set(&c, bad[i].set), 0, "%s: %s", bad[i].set, err_detail());
+		cr_expect_eq(config_validate(&c, "m.yaml"), CORE_ECONFIG, "%s accepted", bad[i].set);
+		cr_expect_str_eq(err_file(), "m.yaml");
+		cr_expect_str_eq(err_detail(), bad[i].detail, "%s", bad[i].set);
+	}
+	config_defaults(&c);
+	cr_expect_eq(config_set(&c, "moe.aux_loss=switch"), CORE_ECONFIG);
+	cr_expect_str_eq(err_detail(), "override 'moe.aux_loss=switch': moe.aux_loss: 'switch' is "
+			 "not one of gshard, load-importance");
+	cr_assert_eq(config_set(&c, "moe.aux_loss=load-importance"), 0);
+	cr_expect_eq(config_validate(&c, NULL), 0, "a dense model checks no moe rule: %s",
+		     err_detail());
+}
+
 /* The defaults' canonical text, written by hand (%.17g of each double worked out once). */
 static const char tiny_dump[] =
 	"model.n_layer: 4\n"
@@ -1533,7 +1608,7 @@ static const struct cfg_key extra_keys[] = {
 };
 
 static const struct cfg_schema extra_schema = { extra_keys, 4, sizeof(struct extra_config),
-						0 };
+						0, 0, 0 };
 
 static int load_extra(struct extra_config *e, const char *text)
 {
