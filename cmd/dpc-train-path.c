@@ -175,13 +175,30 @@ static int run_info(const char *ckpt)
 							 "dtype", dtype_name(e->type), "shape",
 							 shape, "numel", numel));
 	}
+	json_t *model = json_pack("{s:i,s:i,s:i,s:i,s:i}", "n_layer", info.model.n_layer,
+				  "n_embd", info.model.n_embd, "n_head", info.model.n_head,
+				  "seq_len", info.model.seq_len, "vocab_size", info.model.vocab_size);
+	const struct model_moe *mo = &info.model.moe;
+	unsigned char *is = mo->experts ? calloc((size_t)info.model.n_layer, 1) : NULL;
+	if (is && model_moe_blocks(&info.model, is) >= 0) {
+		/* an MoE model: its MoE blocks and routing (dpc-config(5), "Section moe") */
+		json_t *blocks = json_array();
+		for (int b = 0; b < info.model.n_layer; b++)
+			if (is[b])
+				json_array_append_new(blocks, json_integer(b));
+		json_object_set_new(model, "moe",
+				    json_pack("{s:i,s:i,s:o,s:f,s:b,s:f,s:s,s:f}", "experts",
+					      mo->experts, "top_k", mo->top_k, "blocks", blocks,
+					      "capacity_factor", mo->capacity_factor, "bpr", mo->bpr,
+					      "gate_noise", mo->gate_noise, "aux_loss",
+					      mo->aux_loss ? "load-importance" : "gshard",
+					      "aux_weight", mo->aux_weight));
+	}
+	free(is);
 	json_t *j = json_pack("{s:s,s:I,s:o,s:I,s:I,s:o,s:s?,s:o}", "checkpoint", ckpt, "step",
 			      (json_int_t)info.step, "metadata", meta, "params", params,
-			      "optimizer_floats", moments, "model",
-			      json_pack("{s:i,s:i,s:i,s:i,s:i}", "n_layer", info.model.n_layer,
-					"n_embd", info.model.n_embd, "n_head", info.model.n_head,
-					"seq_len", info.model.seq_len, "vocab_size",
-					info.model.vocab_size), "config", config, "tensors", tensors);
+			      "optimizer_floats", moments, "model", model, "config", config,
+			      "tensors", tensors);
 	st_close(&f);
 	rc = cli_print_json(j, JSON_INDENT(1));
 	return rc ? cli_report(prog, rc) : 0;

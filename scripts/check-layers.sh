@@ -6,7 +6,7 @@
 # Prints one line per broken rule, naming the file, the line and the rule, and exits 1 if
 # there is any; exits 0 silently otherwise. The rules:
 #  1. lib/ is in folders by layer, lowest first:
-#        common io backend dist model moe dipaco route cli
+#        common io backend dist moe model dipaco route cli
 #     a file of one layer includes headers ("layer/name.h") of its own layer or of layers
 #     below it only, and every folder of lib/ is one of these layers;
 #  2. lib/backend/NAME/ (one backend's implementation: cpu, ref, cuda) and backend_impl.h
@@ -23,7 +23,7 @@ set -eu
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 [ -d "$root/lib" ] || { echo "check-layers.sh: '$root/lib': no such directory" >&2; exit 2; }
 cd "$root"
-layers="common io backend dist model moe dipaco route cli"
+layers="common io backend dist moe model dipaco route cli"
 
 rank() {
 	r=0

@@ -121,6 +121,40 @@ out:
 	return rc;
 }
 
+/* The "section.key: value" lines of a "config" metadata text (config_dump's) that start with
+ * prefix, applied to c as overrides "section.key=value" (a value in double quotes loses
+ * them). */
+static int meta_config(const char *text, const char *prefix, const char *path,
+		       struct run_config *c)
+{
+	char line[256];
+	const size_t np = strlen(prefix);
+
+	for (const char *p = text; p && *p;) {
+		const char *nl = strchr(p, '\n'), *end = nl ? nl : p + strlen(p);
+		size_t n = (size_t)(end - p);
+		if (n < sizeof line && strncmp(p, prefix, np) == 0) {
+			memcpy(line, p, n);
+			line[n] = '\0';
+			char *colon = strstr(line, ": ");
+			if (colon) {
+				*colon = '=';
+				memmove(colon + 1, colon + 2, strlen(colon + 2) + 1);
+				size_t vl = strlen(colon + 1);
+				if (vl >= 2 && colon[1] == '"' && colon[vl] == '"') {
+					colon[vl] = '\0';
+					memmove(colon + 1, colon + 2, vl - 1);
+				}
+				if (config_set(c, line) < 0)
+					return err_set(CORE_EFORMAT, path, "its config metadata: %s",
+						       err_detail());
+			}
+		}
+		p = nl ? nl + 1 : NULL;
+	}
+	return 0;
+}
+
 static int read_info(struct st_file *f, struct ckpt_info *info)
 {
 	const char *fmt = st_meta(f, "format");
@@ -133,7 +167,15 @@ static int read_info(struct st_file *f, struct ckpt_info *info)
 			       fmt ? "'" : "", fmt ? fmt : "missing", fmt ? "'" : "");
 	for (int i = 0; i < 5; i++)
 		ERR_FORWARD(st_meta_long(f, keys[i], 1, INT_MAX, &v[i]));
-	info->model = (struct model_config){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], 0};
+	info->model = (struct model_config){.n_layer = (int)v[0], .n_embd = (int)v[1], .n_head = (int)v[2],
+					     .seq_len = (int)v[3], .vocab_size = (int)v[4]};
+	const char *text = st_meta(f, "config");
+	if (text && strstr(text, "\nmoe.experts: ")) { /* an MoE model: its moe section */
+		struct run_config c;
+		config_defaults(&c);
+		ERR_FORWARD(meta_config(text, "moe.", f->path, &c));
+		info->model.moe = c.model.moe;
+	}
 	if (st_meta(f, "n_out")) { /* a head over classes, not the vocabulary: a window router */
 		long no;
 		ERR_FORWARD(st_meta_long(f, "n_out", 1, INT_MAX, &no));
@@ -189,31 +231,13 @@ int ckpt_train_config(const char *path, struct train_config *out)
 {
 	struct st_file f;
 	struct run_config c;
-	char line[256];
 
 	ERR_FORWARD(st_open(&f, path, 0));
 	const char *text = st_meta(&f, "config");
 	int rc = text ? 0 : err_set(CORE_EFORMAT, path, "no 'config' metadata");
 	config_defaults(&c);
-	/* "train.key: value" lines, each as the override "train.key=value" */
-	for (const char *p = text; rc == 0 && p && *p;) {
-		const char *nl = strchr(p, '\n'), *end = nl ? nl : p + strlen(p);
-		size_t n = (size_t)(end - p);
-		if (n < sizeof line && strncmp(p, "train.", 6) == 0) {
-			memcpy(line, p, n);
-			line[n] = '\0';
-			char *colon = strstr(line, ": ");
-			if (colon) {
-				*colon = '=';
-				memmove(colon + 1, colon + 2, strlen(colon + 2) + 1);
-				rc = config_set(&c, line);
-				if (rc < 0)
-					rc = err_set(CORE_EFORMAT, path, "its config metadata: %s",
-						     err_detail());
-			}
-		}
-		p = nl ? nl + 1 : NULL;
-	}
+	if (rc == 0)
+		rc = meta_config(text, "train.", path, &c);
 	st_close(&f);
 	*out = c.train;
 	return rc;
@@ -294,6 +318,9 @@ int ckpt_export_hf(const char *ckpt, const char *dir, struct backend *be)
 		return err_set(CORE_EUSAGE, ckpt, "a window router (a head over %d paths), not a "
 			       "language model: GPT-2 has no such head to export",
 			       info.model.n_out);
+	if (info.model.moe.experts)
+		return err_set(CORE_EUSAGE, ckpt, "a Mixture-of-Experts model (%d experts): "
+			       "GPT-2 has no MoE blocks to export them as", info.model.moe.experts);
 	ERR_FORWARD(gpt2_create_forward(&g, &info.model, 1, 1, be));
 	const struct tensor **ts = calloc((size_t)g.nviews, sizeof *ts);
 	struct tensor *views = calloc((size_t)g.nviews, sizeof *views);

@@ -5,6 +5,9 @@
  *                    f = gelu(LN2(x2) Wfc + bfc); x' = x2 + f Wp + bp.
  * Final: logits = LNf(x_L) lm_head^T; loss = mean_n -log softmax(logits_n)[target_n].
  *
+ * An MoE block (cfg.moe) replaces the MLP: x' = x2 + MoE(LN2(x2)), lib/moe's layer over the
+ * N = B T rows of LN2's output, its parameters views of the flat buffer like any other.
+ *
  * Memory: every activation the backward needs is kept once (no separate copy of the branch
  * outputs: the residual add is fused into the LayerNorm that follows, and the bias of the
  * projection with it). The backward runs on three reusable buffers: the residual-stream
@@ -19,18 +22,38 @@
 
 #include "common/err.h"
 #include "common/rng.h"
+#include "moe/moe.h"
 
 #include "common/banned.h"
 
-/* Parameter tensors of one block, in Hugging Face order. */
+/* Parameter tensors of one block, in Hugging Face order; an MoE block has the first eight
+ * and then its MoE layer's five. */
 enum {
 	P_LN1_W, P_LN1_B, P_ATTN_W, P_ATTN_B, P_APROJ_W, P_APROJ_B,
 	P_LN2_W, P_LN2_B, P_FC_W, P_FC_B, P_MPROJ_W, P_MPROJ_B, P_PER_LAYER
 };
+enum { P_GATE_W = P_FC_W, P_E1_W, P_E1_B, P_E2_W, P_E2_B, P_PER_MOE };
 /* Views: wte, wpe, blocks, ln_f.weight, ln_f.bias, lm_head.weight. */
 #define V_WTE 0
 #define V_WPE 1
-#define V_LAYER(l, p) (2 + (l) * P_PER_LAYER + (p))
+#define V_LAYER(l, p) (g->layer_view[(l)] + (p))
+
+/* One MoE block: its layer (its own in a training model; one shared by every block in a
+ * forward-only model) and its parameters and gradients as views of the flat buffers. */
+struct moe_block {
+	struct moe_layer *layer;
+	struct moe_params p, gr;
+	int ran; /* a forward has routed through it */
+	struct gpt2_moe_step last;
+};
+
+struct gpt2_moe {
+	unsigned char *is;        /* [L]: 1 for an MoE block */
+	struct moe_block *blk;    /* [L] */
+	struct moe_layer *shared; /* forward-only models: every block's */
+	struct moe_layer *dec;    /* decoding: one token at a time, every block's */
+	struct moe_config cfg;    /* T = B x T, M = C, H = 4C */
+};
 
 struct layer_acts {
 	float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [N], [N] */
@@ -75,6 +98,127 @@ static float *P(struct gpt2 *g, int view) { return g->views[view].data; }
 static float *G(struct gpt2 *g, int view)
 {
 	return g->grads + ((float *)g->views[view].data - g->params);
+}
+
+/* ---- the MoE blocks ------------------------------------------------------------------------ */
+
+static int moe_is(const struct gpt2 *g, int l) { return g->moe && g->moe->is[l]; }
+
+int gpt2_block_is_moe(const struct gpt2 *g, int l)
+{
+	return l >= 0 && l < g->cfg.n_layer && moe_is(g, l);
+}
+
+static void moe_close(struct gpt2 *g)
+{
+	struct gpt2_moe *m = g->moe;
+	if (!m)
+		return;
+	for (int l = 0; m->blk && l < g->cfg.n_layer; l++)
+		moe_layer_free(m->blk[l].layer);
+	moe_layer_free(m->shared);
+	moe_layer_free(m->dec);
+	free(m->blk);
+	free(m->is);
+	free(m);
+	g->moe = NULL;
+}
+
+/* The MoE blocks' layers (each its own in a training model, which keeps every block's
+ * routing for the backward; one for all in a forward-only model) and their parameters and
+ * gradients as views; N: the most tokens of one call. Block l draws its gate noise from key l
+ * (moe_config.seed), so the noise does not depend on the other blocks. */
+static int moe_open(struct gpt2 *g, int N)
+{
+	const struct model_config *c = &g->cfg;
+	const int L = c->n_layer;
+	struct gpt2_moe *m = calloc(1, sizeof *m);
+
+	if (!(g->moe = m) || !(m->is = calloc((size_t)L, 1)) ||
+	    !(m->blk = calloc((size_t)L, sizeof *m->blk)))
+		return CORE_ENOMEM;
+	ERR_FORWARD(model_moe_blocks(c, m->is));
+	moe_config_default(&m->cfg, N, c->n_embd, 4 * (int64_t)c->n_embd, c->moe.experts);
+	m->cfg.k = c->moe.top_k;
+	m->cfg.capacity_setting = c->moe.capacity_factor;
+	m->cfg.bpr = c->moe.bpr;
+	m->cfg.gate_noise = (float)c->moe.gate_noise;
+	m->cfg.act = MOE_ACT_GELU;
+	m->cfg.loss = c->moe.aux_loss ? MOE_LOSS_LOAD_IMPORTANCE : MOE_LOSS_GSHARD;
+	for (int l = 0; l < L; l++) {
+		struct moe_block *b = &m->blk[l];
+		if (!m->is[l])
+			continue;
+		b->p = (struct moe_params){g->be, P(g, V_LAYER(l, P_GATE_W)),
+					   P(g, V_LAYER(l, P_E1_W)), P(g, V_LAYER(l, P_E1_B)),
+					   P(g, V_LAYER(l, P_E2_W)), P(g, V_LAYER(l, P_E2_B))};
+		if (g->forward_only)
+			continue;
+		b->gr = (struct moe_params){g->be, G(g, V_LAYER(l, P_GATE_W)),
+					    G(g, V_LAYER(l, P_E1_W)), G(g, V_LAYER(l, P_E1_B)),
+					    G(g, V_LAYER(l, P_E2_W)), G(g, V_LAYER(l, P_E2_B))};
+		struct moe_config bc = m->cfg;
+		bc.seed = (uint64_t)l;
+		ERR_FORWARD(moe_layer_init(&b->layer, &bc, g->be));
+	}
+	if (g->forward_only)
+		ERR_FORWARD(moe_layer_init(&m->shared, &m->cfg, g->be));
+	return 0;
+}
+
+/* y = MoE_l(x) over N rows on layer (the block's, the shared one or the decoder's) with the
+ * capacity setting; the step's routing is kept for gpt2_moe_step and its aux loss summed. */
+static int moe_block_forward(struct gpt2 *g, int l, struct moe_layer *layer, const float *x,
+			     float *y, int N, double setting)
+{
+	struct moe_block *b = &g->moe->blk[l];
+	const uint64_t step = g->gate_step >= 0 ? (uint64_t)g->gate_step : MOE_STEP_EVAL;
+
+	ERR_FORWARD(moe_forward(layer, &b->p, x, y, N, 0, setting, step));
+	const struct moe_routing *r = moe_layer_routing(layer);
+	int64_t need = 0;
+	for (int e = 0; e < r->E; e++)
+		need = r->count[e] > need ? r->count[e] : need;
+	b->last = (struct gpt2_moe_step){.tokens = N, .C = r->C, .need = need,
+					 .dropped = r->dropped, .k = r->k, .E = r->E,
+					 .aux_loss = r->aux_loss};
+	b->ran = 1;
+	g->aux_loss += r->aux_loss;
+	return 0;
+}
+
+int gpt2_moe_step(const struct gpt2 *g, int block, struct gpt2_moe_step *out)
+{
+	if (!gpt2_block_is_moe(g, block))
+		return err_set(CORE_EUSAGE, NULL, "block %d is not an MoE block", block);
+	if (!g->moe->blk[block].ran)
+		return err_set(CORE_EUSAGE, NULL, "block %d has not routed a batch yet", block);
+	*out = g->moe->blk[block].last;
+	return 0;
+}
+
+int gpt2_moe_route_digest(const struct gpt2 *g, int block, uint64_t *out)
+{
+	struct gpt2_moe_step st;
+	ERR_FORWARD(gpt2_moe_step(g, block, &st));
+	const struct gpt2_moe *m = g->moe;
+	const struct moe_routing *r =
+		moe_layer_routing(m->shared ? m->shared : m->blk[block].layer);
+	const size_t n = (size_t)r->k * (size_t)r->T;
+	int32_t *h = malloc(2 * n * sizeof *h);
+	if (!h)
+		return err_set(CORE_ENOMEM, NULL, "out of memory");
+	int rc = g->be->op->download(g->be, h, r->idx, n * sizeof *h);
+	if (rc == 0)
+		rc = g->be->op->download(g->be, h + n, r->loc, n * sizeof *h);
+	uint64_t x = 0xcbf29ce484222325ull;
+	for (size_t i = 0; rc == 0 && i < 2 * n; i++) {
+		x ^= (uint32_t)h[i];
+		x *= 0x100000001b3ull;
+	}
+	free(h);
+	*out = x;
+	return rc;
 }
 
 static void free_acts(struct gpt2_acts *a, struct backend *be)
@@ -152,12 +296,13 @@ static int check_config(const struct model_config *c, int B, int T)
 	return 0;
 }
 
-/* Names, shapes and offsets of the views (HF order) and which get weight decay. */
-static int define_views(struct gpt2 *g, size_t *offs)
+/* Names, shapes and offsets (*offs, allocated) of the views (HF order), which get weight decay
+ * (matrices, not biases), and each block's first view (g->layer_view). */
+static int define_views(struct gpt2 *g, size_t **offsp)
 {
 	const int L = g->cfg.n_layer;
 	const int64_t C = g->cfg.n_embd, V = g->cfg.vocab_size, S = g->cfg.seq_len;
-	const int64_t Vo = model_n_out(&g->cfg);
+	const int64_t Vo = model_n_out(&g->cfg), E = g->cfg.moe.experts;
 	static const struct {
 		const char *name;
 		int ndim, mult[2]; /* shape in units of C (0: none) */
@@ -175,36 +320,69 @@ static int define_views(struct gpt2 *g, size_t *offs)
 		[P_MPROJ_W] = {"mlp.c_proj.weight", 2, {4, 1}},
 		[P_MPROJ_B] = {"mlp.c_proj.bias", 1, {1, 0}},
 	};
-	size_t off = 0;
+	/* an MoE block's MoE layer, after the block's first eight (moe.h's wg, w1, b1, w2, b2) */
+	static const struct {
+		const char *name;
+		int ndim;
+	} moe[P_PER_MOE - P_GATE_W] = {
+		{"moe.gate.weight", 2}, {"moe.fc1.weight", 3}, {"moe.fc1.bias", 2},
+		{"moe.fc2.weight", 3}, {"moe.fc2.bias", 2},
+	};
+	const int64_t moe_ne[P_PER_MOE - P_GATE_W][3] = {
+		{C, E, 0}, {E, C, 4 * C}, {E, 4 * C, 0}, {E, 4 * C, C}, {E, C, 0},
+	};
+	size_t off = 0, *offs;
 	char name[TENSOR_NAME_MAX];
+	unsigned char *is = calloc((size_t)L, 1);
+	int nmoe = is ? model_moe_blocks(&g->cfg, is) : CORE_ENOMEM;
 
-	g->nviews = 2 + L * P_PER_LAYER + 3;
+	if (nmoe < 0) {
+		free(is);
+		return nmoe;
+	}
+	g->nviews = 2 + L * P_PER_LAYER + nmoe * (P_PER_MOE - P_PER_LAYER) + 3;
 	g->views = calloc((size_t)g->nviews, sizeof *g->views);
 	g->decay_mask = calloc((size_t)g->nviews, 1);
-	if (!g->views || !g->decay_mask)
+	g->layer_view = calloc((size_t)L + 1, sizeof *g->layer_view);
+	offs = *offsp = calloc((size_t)g->nviews, sizeof *offs);
+	if (!g->views || !g->decay_mask || !g->layer_view || !offs) {
+		free(is);
 		return CORE_ENOMEM;
-#define ADD_VIEW(idx, nm, nd, e0, e1)                                                          \
+	}
+#define ADD_VIEW(idx, nm, nd, e0, e1, e2)                                                      \
 	do {                                                                                   \
-		int64_t ne_[2] = {(e0), (e1)};                                                 \
+		int64_t ne_[3] = {(e0), (e1), (e2)};                                           \
+		size_t len_ = strlen(nm);                                                      \
 		tensor_view(&g->views[idx], DT_F32, (nd), ne_, NULL, (nm));                    \
 		offs[idx] = off;                                                               \
 		off += (size_t)tensor_numel(&g->views[idx]);                                   \
-		g->decay_mask[idx] = (nd) == 2; /* weight decay on matrices only */            \
+		/* weight decay on matrices only (an MoE block's biases are [E, n]) */         \
+		g->decay_mask[idx] = (nd) >= 2 && !(len_ > 5 && !strcmp(nm + len_ - 5, ".bias")); \
 	} while (0)
-	ADD_VIEW(V_WTE, "wte.weight", 2, V, C);
-	ADD_VIEW(V_WPE, "wpe.weight", 2, S, C);
-	for (int l = 0; l < L; l++)
-		for (int p = 0; p < P_PER_LAYER; p++) {
+	ADD_VIEW(V_WTE, "wte.weight", 2, V, C, 0);
+	ADD_VIEW(V_WPE, "wpe.weight", 2, S, C, 0);
+	int v = 2;
+	for (int l = 0; l < L; l++) {
+		g->layer_view[l] = v;
+		for (int p = 0; p < (is[l] ? P_GATE_W : P_PER_LAYER); p++) {
 			snprintf(name, sizeof name, "h.%d.%s", l, block[p].name);
-			ADD_VIEW(V_LAYER(l, p), name, block[p].ndim, block[p].mult[0] * C,
-				 block[p].mult[1] * C);
+			ADD_VIEW(v, name, block[p].ndim, block[p].mult[0] * C, block[p].mult[1] * C,
+				 0);
+			v++;
 		}
-	int vf = V_LAYER(L, 0);
-	ADD_VIEW(vf, "ln_f.weight", 1, C, 0);
-	ADD_VIEW(vf + 1, "ln_f.bias", 1, C, 0);
-	ADD_VIEW(vf + 2, "lm_head.weight", 2, Vo, C);
+		for (int p = 0; is[l] && p < P_PER_MOE - P_GATE_W; p++) {
+			snprintf(name, sizeof name, "h.%d.%s", l, moe[p].name);
+			ADD_VIEW(v, name, moe[p].ndim, moe_ne[p][0], moe_ne[p][1], moe_ne[p][2]);
+			v++;
+		}
+	}
+	g->layer_view[L] = v;
+	ADD_VIEW(v, "ln_f.weight", 1, C, 0, 0);
+	ADD_VIEW(v + 1, "ln_f.bias", 1, C, 0, 0);
+	ADD_VIEW(v + 2, "lm_head.weight", 2, Vo, C, 0);
 #undef ADD_VIEW
 	g->nparams = off;
+	free(is);
 	return 0;
 }
 
@@ -258,17 +436,19 @@ static int create(struct gpt2 *g, const struct model_config *cfg, int B, int T,
 	g->B = B;
 	g->T = T;
 	g->forward_only = forward_only;
-	const size_t nv = 2 + (size_t)cfg->n_layer * P_PER_LAYER + 3;
-	offs = calloc(nv, sizeof *offs);
+	g->gate_step = -1;
 	g->acts = calloc(1, sizeof *g->acts);
-	if (!offs || !g->acts)
+	if (!g->acts)
 		goto nomem;
+	if ((rc = define_views(g, &offs)) < 0)
+		goto fail;
 	struct gpt2_acts *a = g->acts;
+	const size_t nv = (size_t)g->nviews;
 	a->nla = forward_only && cfg->n_layer > 2 ? 2 : cfg->n_layer;
 	a->layer = calloc((size_t)a->nla, sizeof *a->layer);
 	a->segs = calloc(nv, sizeof *a->segs);
 	a->seg_decays = calloc(nv, 1);
-	if (!a->layer || !a->segs || !a->seg_decays || define_views(g, offs) < 0)
+	if (!a->layer || !a->segs || !a->seg_decays)
 		goto nomem;
 	rc = alloc_buffers(g, B, T);
 	if (rc < 0)
@@ -278,6 +458,8 @@ static int create(struct gpt2 *g, const struct model_config *cfg, int B, int T,
 		g->views[i].be = be;
 	}
 	build_segments(g);
+	if (cfg->moe.experts > 0 && (rc = moe_open(g, B * T)) < 0)
+		goto fail;
 	free(offs);
 	return 0;
 nomem:
@@ -313,8 +495,10 @@ void gpt2_free(struct gpt2 *g)
 		be->op->free(be, g->v);
 		free_acts(g->acts, be);
 	}
+	moe_close(g);
 	free(g->views);
 	free(g->decay_mask);
+	free(g->layer_view);
 	memset(g, 0, sizeof *g);
 }
 
@@ -328,9 +512,9 @@ static int init_tensor(struct backend *be, int L, const char *nm, int ndim, floa
 #define ENDS(s) (len >= strlen(s) && strcmp(nm + len - strlen(s), (s)) == 0)
 	if (ENDS("ln_1.weight") || ENDS("ln_2.weight") || ENDS("ln_f.weight"))
 		return be->op->fill(be, x, n, 1.0f);
-	if (ndim == 1)
+	if (ndim == 1 || ENDS(".bias")) /* an MoE block's biases are [E, n] */
 		return be->op->memset(be, x, 0, sizeof(float) * n);
-	if (ENDS("attn.c_proj.weight") || ENDS("mlp.c_proj.weight"))
+	if (ENDS("attn.c_proj.weight") || ENDS("mlp.c_proj.weight") || ENDS("moe.fc2.weight"))
 		return be->op->fill_normal(be, x, n, 0.0f, res_std, seed, RNG_STREAM_INIT, base);
 	return be->op->fill_normal(be, x, n, 0.0f, 0.02f, seed, RNG_STREAM_INIT, base);
 #undef ENDS
@@ -355,16 +539,18 @@ int gpt2_layout(const struct model_config *cfg, struct gpt2_layout *out)
 	memset(&g, 0, sizeof g);
 	ERR_FORWARD(check_config(cfg, 1, 1));
 	g.cfg = *cfg;
-	const size_t nv = 2 + (size_t)cfg->n_layer * P_PER_LAYER + 3;
-	out->offs = calloc(nv, sizeof *out->offs);
-	if (!out->offs || define_views(&g, out->offs) < 0) {
+	int rc = define_views(&g, &out->offs);
+	if (rc < 0) {
 		free(out->offs);
 		free(g.views);
 		free(g.decay_mask);
+		free(g.layer_view);
 		memset(out, 0, sizeof *out);
-		return err_set(CORE_ENOMEM, NULL, "cannot describe the model");
+		return rc == CORE_ENOMEM ? err_set(CORE_ENOMEM, NULL, "cannot describe the model")
+					 : rc;
 	}
 	free(g.decay_mask);
+	free(g.layer_view);
 	out->views = g.views;
 	out->n = g.nviews;
 	out->nparams = g.nparams;
@@ -431,6 +617,20 @@ static int forward_blocks(struct gpt2 *g, int B, int T, int last)
 		ERR_FORWARD(be->op->residual_layernorm_forward(be, la->res2, la->ln2, la->ln2_mean,
 							       la->ln2_rstd, x, W(P_APROJ_B),
 							       W(P_LN2_W), W(P_LN2_B), N, C));
+		if (moe_is(g, l)) {
+			struct gpt2_moe *m = g->moe;
+			/* evaluation drops nothing (setting 0), so that its loss does not depend on
+			 * how the windows are batched; training uses the configured capacity */
+			ERR_FORWARD(moe_block_forward(g, l, m->shared ? m->shared : m->blk[l].layer,
+						      la->ln2, la->res3, N,
+						      g->gate_step >= 0 ? m->cfg.capacity_setting
+									: 0.0));
+			/* x' = x2 + moe (its biases inside), fused with the next LayerNorm */
+			ERR_FORWARD(be->op->residual_layernorm_forward(be, la->res3, nout, nmean,
+								       nrstd, la->res2, NULL, nw,
+								       nb, N, C));
+			continue;
+		}
 		ERR_FORWARD(be->op->matmul_forward(be, la->fch, la->ln2, W(P_FC_W), NULL, N, C,
 						   4 * C, BACKEND_W_IO));
 		ERR_FORWARD(be->op->bias_act_forward(be, la->fch, la->fch_gelu, W(P_FC_B), N,
@@ -459,6 +659,7 @@ static int forward_to(struct gpt2 *g, const int32_t *inputs, const int32_t *targ
 	const int N = B * T;
 	ERR_FORWARD(check_tokens(g, inputs, targets, N));
 	a->have_targets = 0;
+	g->aux_loss = 0.0f;
 	ERR_FORWARD(be->op->upload(be, a->inputs, inputs, sizeof(int32_t) * (size_t)N));
 	if (targets)
 		ERR_FORWARD(be->op->upload(be, a->targets, targets, sizeof(int32_t) * (size_t)N));
@@ -536,6 +737,11 @@ int gpt2_decoder_open(struct gpt2_decoder *d, struct gpt2 *g)
 
 	memset(d, 0, sizeof *d);
 	d->g = g;
+	if (g->moe && !g->moe->dec) {
+		struct moe_config dc = g->moe->cfg;
+		dc.T = 1;
+		ERR_FORWARD(moe_layer_init(&g->moe->dec, &dc, be));
+	}
 	for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
 		if (backend_alloc_zero(be, (void **)b[i].p, sizeof(float) * b[i].n) < 0) {
 			gpt2_decoder_close(d);
@@ -612,6 +818,15 @@ int gpt2_decoder_step(struct gpt2_decoder *d, int32_t token, float *logits)
 		ERR_FORWARD(be->op->residual_layernorm_forward(be, res, d->ln, d->stat, d->stat + 1,
 							       x, W(P_APROJ_B), W(P_LN2_W),
 							       W(P_LN2_B), 1, C));
+		if (moe_is(g, l)) {
+			/* one token routed alone: setting 0, so none of its choices is dropped */
+			ERR_FORWARD(moe_forward(g->moe->dec, &g->moe->blk[l].p, d->ln, x, 1, 0, 0.0,
+						MOE_STEP_EVAL));
+			ERR_FORWARD(be->op->residual_layernorm_forward(be, x, d->ln, d->stat,
+								       d->stat + 1, res, NULL, nw,
+								       nb, 1, C));
+			continue;
+		}
 		ERR_FORWARD(be->op->matmul_forward(be, d->fch, d->ln, W(P_FC_W), NULL, 1, C, 4 * C,
 						   BACKEND_W_IO));
 		ERR_FORWARD(be->op->bias_act_forward(be, d->fch, d->fch_act, W(P_FC_B), 1, 4 * C,
@@ -660,14 +875,23 @@ static int backward_block(struct gpt2 *g, int l, int B, int T)
 	const float *x = l == 0 ? a->encoded : a->layer[l - 1].res3;
 #define W(p) P(g, V_LAYER(l, p))
 #define DW(p) G(g, V_LAYER(l, p))
-	/* x' = x2 + gelu(fch) Wp + bp: dres flows to x2 unchanged */
-	ERR_FORWARD(be->op->matmul_backward(be, a->dbig, DW(P_MPROJ_W), DW(P_MPROJ_B), a->dres,
-					    la->fch_gelu, W(P_MPROJ_W), N, 4 * C, C,
-					    BACKEND_W_IO, 0));
-	ERR_FORWARD(be->op->act_backward(be, a->dbig, DW(P_FC_B), la->fch, N, 4 * C,
-					 BACKEND_ACT_GELU));
-	ERR_FORWARD(be->op->matmul_backward(be, a->dbuf, DW(P_FC_W), NULL, a->dbig, la->ln2,
-					    W(P_FC_W), N, C, 4 * C, BACKEND_W_IO, 0));
+	if (moe_is(g, l)) {
+		/* x' = x2 + moe(ln2): the layer's backward from dres, with the auxiliary loss's
+		 * gradient at its weight */
+		struct moe_block *b = &g->moe->blk[l];
+		ERR_FORWARD(moe_backward(b->layer, &b->p, la->ln2, a->dres, a->dbuf, &b->gr,
+					 (float)g->cfg.moe.aux_weight));
+	} else {
+		/* x' = x2 + gelu(fch) Wp + bp: dres flows to x2 unchanged */
+		ERR_FORWARD(be->op->matmul_backward(be, a->dbig, DW(P_MPROJ_W), DW(P_MPROJ_B),
+						    a->dres, la->fch_gelu, W(P_MPROJ_W), N, 4 * C,
+						    C, BACKEND_W_IO, 0));
+		ERR_FORWARD(be->op->act_backward(be, a->dbig, DW(P_FC_B), la->fch, N, 4 * C,
+						 BACKEND_ACT_GELU));
+		ERR_FORWARD(be->op->matmul_backward(be, a->dbuf, DW(P_FC_W), NULL, a->dbig,
+						    la->ln2, W(P_FC_W), N, C, 4 * C, BACKEND_W_IO,
+						    0));
+	}
 	ERR_FORWARD(be->op->layernorm_backward(be, a->dres, DW(P_LN2_W), DW(P_LN2_B), a->dbuf,
 					       la->res2, W(P_LN2_W), la->ln2_mean, la->ln2_rstd,
 					       N, C, 1));

@@ -13,6 +13,18 @@
  * h.{i}.mlp.c_proj.weight [4C,C], h.{i}.mlp.c_proj.bias [C], ln_f.weight, ln_f.bias,
  * lm_head.weight [V,C] (untied; logits = x lm_head^T)). Gradients and the two AdamW moments
  * are buffers of the same layout, so checkpoint I/O is a loop over the views.
+ *
+ * Mixture-of-Experts blocks (cfg->moe, dpc-config(5) MOE): in a block whose MLP is MoE the four
+ * mlp.* views give way to h.{i}.moe.gate.weight [C,E], h.{i}.moe.fc1.weight [E,C,4C],
+ * h.{i}.moe.fc1.bias [E,4C], h.{i}.moe.fc2.weight [E,4C,C], h.{i}.moe.fc2.bias [E,C] (lib/moe's
+ * wg, w1, b1, w2, b2), and the block computes x' = x2 + MoE(LN2(x2)) with GELU experts, all
+ * B x T tokens of the batch gated together (moe.h). The forward's loss stays the mean
+ * cross-entropy; the auxiliary losses' sum over MoE blocks goes to g->aux_loss, and the
+ * backward's objective is loss + moe.aux_weight * aux_loss. A training step sets
+ * g->gate_step >= 0: the gates draw their noise and the capacity is moe.capacity_factor's.
+ * Otherwise (-1, the default: evaluation, features, decoding) there is no noise and nothing
+ * is dropped (capacity setting 0), so that a loss does not depend on how windows are batched
+ * and decoding one token at a time gives the full forward's logits.
  */
 #ifndef CORE_GPT2_H
 #define CORE_GPT2_H
@@ -31,6 +43,7 @@ struct adamw_config {
 };
 
 struct gpt2_acts; /* activation buffers, private to gpt2.c */
+struct gpt2_moe;  /* the MoE blocks' layers, private to gpt2.c */
 
 struct gpt2 {
 	struct model_config cfg;
@@ -43,7 +56,28 @@ struct gpt2 {
 	int B, T;                  /* activation capacity */
 	int forward_only;          /* gpt2_create_forward: no grads, moments or backward */
 	struct gpt2_acts *acts;
+	int *layer_view;           /* [n_layer + 1]: block l's first view; [n_layer]: ln_f's */
+	struct gpt2_moe *moe;      /* NULL for a dense model */
+	int64_t gate_step;         /* >= 0: the training step whose gate noise the MoE blocks
+				    * draw; -1 (the default): evaluation, no noise */
+	float aux_loss;            /* the MoE blocks' auxiliary losses at the last forward, summed */
 };
+
+/* Per MoE block, what its last forward routed (for the capacity trace): N tokens, C slots,
+ * the largest expert count max_e n_e and the dropped choices. CORE_EUSAGE when block is not
+ * an MoE block or no forward has run. */
+struct gpt2_moe_step {
+	int64_t tokens, C, need, dropped;
+	int k, E;
+	float aux_loss;
+};
+int gpt2_moe_step(const struct gpt2 *g, int block, struct gpt2_moe_step *out);
+/* A digest (FNV-1a 64) of block's last routing: every choice's expert and slot, so that two
+ * forwards routed the same way have the same digest (a test of finite differences skips a
+ * perturbation that changed the routing: the loss is not differentiable there). */
+int gpt2_moe_route_digest(const struct gpt2 *g, int block, uint64_t *out);
+/* 1 when block l's MLP is an MoE layer. */
+int gpt2_block_is_moe(const struct gpt2 *g, int l);
 
 /* Allocate, on be, parameters, grads, moments (zeroed) and activations for batches up to
  * B x T. */

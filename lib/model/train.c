@@ -261,7 +261,9 @@ int train_step_on(struct gpt2 *g, const struct train_config *tc, const struct to
 	*lr = train_lr(tc, st);
 	train_sample_batch(data, labels, tc->seed, RNG_STREAM_BATCH, st, B, T, in, tg);
 	*loss = NAN;
+	g->gate_step = st; /* the MoE blocks' gate noise of this step (none at evaluation) */
 	rc = gpt2_forward(g, in, tg, B, T, loss);
+	g->gate_step = -1;
 	if (rc == CORE_ENAN)
 		return err_set(CORE_ENAN, data->path, "training loss is %s at step %ld",
 			       isnan(*loss) ? "NaN" : "infinite", st + 1);
@@ -326,9 +328,15 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 		}
 		r->loss = loss;
 		r->final_step = st + 1;
-		rc = metrics_event(&s.mx, "train", "step", 'i', (long long)(st + 1), "loss", 'f',
-				   (double)loss, "lr", 'f', lr, "grad_norm", 'f', (double)norm,
-				   "tokens_per_s", 'f', (double)B * T / dt, NULL);
+		if (s.g.moe) /* the objective's other part: the MoE blocks' auxiliary losses */
+			rc = metrics_event(&s.mx, "train", "step", 'i', (long long)(st + 1), "loss",
+					   'f', (double)loss, "aux_loss", 'f', (double)s.g.aux_loss,
+					   "lr", 'f', lr, "grad_norm", 'f', (double)norm,
+					   "tokens_per_s", 'f', (double)B * T / dt, NULL);
+		else
+			rc = metrics_event(&s.mx, "train", "step", 'i', (long long)(st + 1), "loss",
+					   'f', (double)loss, "lr", 'f', lr, "grad_norm", 'f',
+					   (double)norm, "tokens_per_s", 'f', (double)B * T / dt, NULL);
 		if (rc)
 			goto out;
 

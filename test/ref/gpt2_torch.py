@@ -9,6 +9,13 @@ GPT-2 with pre-LayerNorm blocks (eps 1e-5), causal multi-head attention (c_attn 
 [q | k | v], each C wide, head h = columns h*hs .. (h+1)*hs of each), tanh-GELU MLP of width
 4C, final LayerNorm, untied lm_head, Hugging Face Conv1D layout y = x W + b with W [in, out];
 logits = x lm_head^T.
+Mixture-of-Experts blocks (dpc-config(5) MOE, the moe.* keys of the checkpoint's config dump):
+the MLP of such a block is the MoE layer of lib/moe/moe.h written from its comment (softmax
+gate, top-k with ties to the lower expert, renormalised scores for k > 1, GShard's auxiliary
+loss, Tutel's capacity, locations first choices first, tokens in order or batch-prioritized,
+dropped choices contributing nothing), GELU experts of width 4C, over all B x T tokens; the
+training objective adds moe.aux_weight times the blocks' summed auxiliary losses. Gate noise
+and the load-importance loss are not modelled (the reference refuses them).
 
 Subcommands (run with /usr/bin/python3, which has torch 1.13 and numpy):
   loss CKPT TOKENS [--max-tokens N]          mean loss over the --eval windows, JSON on stdout
@@ -338,26 +345,69 @@ def load_config(path, sets, ckpt_meta=None):
     return cfg, model
 
 
+MOE_KEYS = {"experts": int, "top_k": int, "every": int, "blocks": str,
+            "capacity_factor": float, "bpr": lambda v: str(v).lower() == "true",
+            "gate_noise": float, "aux_loss": str, "aux_weight": float}
+
+
+def moe_from_flat(flat, path):
+    """The moe section (a dict, with "is": the MoE blocks) of a flat config, or None."""
+    if int(flat.get("moe.experts", 0) or 0) == 0:
+        return None
+    mo = {}
+    for k, conv in MOE_KEYS.items():
+        if f"moe.{k}" not in flat:
+            die(f"'{path}': moe.{k} is not set", 2)
+        mo[k] = conv(flat[f"moe.{k}"])
+    if mo["gate_noise"] != 0 or mo["aux_loss"] != "gshard":
+        die(f"'{path}': the reference models neither gate noise nor the load-importance loss", 2)
+    return mo
+
+
+def moe_blocks(mo, L):
+    """The MoE blocks of dpc-config(5): the moe.blocks list, else (b + 1) % every == 0."""
+    if mo is None:
+        return set()
+    if mo["blocks"]:
+        out = set()
+        for item in str(mo["blocks"]).split(","):
+            lo, _, hi = item.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+        return out
+    return {b for b in range(L) if (b + 1) % mo["every"] == 0}
+
+
 def model_from_meta(meta, path):
     try:
-        return {k: int(meta[k]) for k in MODEL_KEYS}
+        m = {k: int(meta[k]) for k in MODEL_KEYS}
     except (KeyError, ValueError) as e:
         die(f"cannot read '{path}': metadata lacks model size {e}")
+    mo = moe_from_flat(flatten_config_text(meta.get("config", "")), path)
+    if mo is not None:
+        m["moe"] = mo
+    return m
 
 
 # ---- the model --------------------------------------------------------------------------------
 def param_shapes(m):
     """HF GPT-2 names and shapes, in the order of lib/model/gpt2.h."""
     L, C, T, V = m["n_layer"], m["n_embd"], m["seq_len"], m["vocab_size"]
+    moe = moe_blocks(m.get("moe"), L)
     s = [("wte.weight", (V, C)), ("wpe.weight", (T, C))]
     for i in range(L):
         p = f"h.{i}."
         s += [(p + "ln_1.weight", (C,)), (p + "ln_1.bias", (C,)),
               (p + "attn.c_attn.weight", (C, 3 * C)), (p + "attn.c_attn.bias", (3 * C,)),
               (p + "attn.c_proj.weight", (C, C)), (p + "attn.c_proj.bias", (C,)),
-              (p + "ln_2.weight", (C,)), (p + "ln_2.bias", (C,)),
-              (p + "mlp.c_fc.weight", (C, 4 * C)), (p + "mlp.c_fc.bias", (4 * C,)),
-              (p + "mlp.c_proj.weight", (4 * C, C)), (p + "mlp.c_proj.bias", (C,))]
+              (p + "ln_2.weight", (C,)), (p + "ln_2.bias", (C,))]
+        if i in moe:  # lib/moe's wg [M,E], w1 [E,M,H], b1 [E,H], w2 [E,H,M], b2 [E,M]
+            E = m["moe"]["experts"]
+            s += [(p + "moe.gate.weight", (C, E)), (p + "moe.fc1.weight", (E, C, 4 * C)),
+                  (p + "moe.fc1.bias", (E, 4 * C)), (p + "moe.fc2.weight", (E, 4 * C, C)),
+                  (p + "moe.fc2.bias", (E, C))]
+        else:
+            s += [(p + "mlp.c_fc.weight", (C, 4 * C)), (p + "mlp.c_fc.bias", (4 * C,)),
+                  (p + "mlp.c_proj.weight", (4 * C, C)), (p + "mlp.c_proj.bias", (C,))]
     # a window router's head is over its paths (metadata n_out), a language model's over V
     s += [("ln_f.weight", (C,)), ("ln_f.bias", (C,)), ("lm_head.weight", (m.get("n_out") or V, C))]
     return s
@@ -375,7 +425,8 @@ def init_params(m, seed):
         elif ".ln_" in name or name.startswith("ln_f"):
             a = np.ones(n, np.float32)
         else:
-            std = 0.02 / math.sqrt(2 * m["n_layer"]) if name.endswith("c_proj.weight") else 0.02
+            resid = name.endswith("c_proj.weight") or name.endswith("moe.fc2.weight")
+            std = 0.02 / math.sqrt(2 * m["n_layer"]) if resid else 0.02
             idx = np.arange(base, base + n, dtype=np.uint64)
             a = (np.float32(std) * rng_normal(seed, RNG_STREAM_INIT, idx)).astype(np.float32)
         out[name] = a.reshape(shape)
@@ -383,12 +434,74 @@ def init_params(m, seed):
     return out
 
 
-def forward(P, idx, targets, m, mutate=None):
-    """Mean cross-entropy (and per-token losses) of tokens idx [B,T] against targets."""
+def moe_capacity(counts, N, E, k, x):
+    """lib/moe/moe.h 4.: C from the setting x and the counts n_e (Python integers)."""
+    need = max(counts)
+    if x > 0:
+        return k * int(x * (-(-N // E)))
+    if x == 0:
+        return need
+    return min(need, k * int(abs(x) * (-(-N // E))))
+
+
+def moe_forward(h, P, p, mo, gelu, mutate=None, train=True):
+    """An MoE block's MLP on h [B,T,C] (every token of the batch routed together): the output
+    and the GShard auxiliary loss, both differentiable (the routing itself is not), and the
+    routing's capacity C and dropped choices."""
+    import torch
+    C = h.shape[-1]
+    x = h.reshape(-1, C)
+    N, E, k = x.shape[0], mo["experts"], mo["top_k"]
+    probs = (x @ P[p + "moe.gate.weight"]).softmax(-1)
+    # top-k, descending, ties to the lower expert (a stable sort keeps index order)
+    order = torch.sort(probs.detach(), dim=-1, descending=True, stable=True).indices
+    idx = order[:, :k]
+    sel = probs.gather(1, idx)
+    if k == 1 or mutate == "moe_no_renorm":
+        score = sel
+    else:
+        score = sel / sel.sum(1, keepdim=True).clamp(min=float(np.finfo(np.float32).eps))
+    mask1 = torch.zeros(N, E, dtype=probs.dtype)
+    mask1[torch.arange(N), idx[:, 0]] = 1.0
+    aux = E * (mask1.mean(0) * probs.mean(0)).sum()
+    ix = idx.numpy()
+    counts = [int((ix == e).sum()) for e in range(E)]
+    # evaluation drops nothing (capacity setting 0): its loss does not depend on the batching
+    cap = moe_capacity(counts, N, E, k, mo["capacity_factor"] if train else 0.0)
+    if mutate == "moe_capacity_plus_one":
+        cap += 1
+    tokens = range(N)
+    if mo["bpr"] and mutate != "moe_no_bpr":  # the highest first gate first, ties in order
+        top = probs.detach()[torch.arange(N), idx[:, 0]].numpy()
+        tokens = sorted(range(N), key=lambda t: -top[t])
+    keep = np.zeros((N, k), dtype=bool)
+    fill = [0] * E
+    for r in range(k):
+        for t in tokens:
+            e = ix[t, r]
+            keep[t, r] = fill[e] < cap
+            fill[e] += 1
+    y = torch.zeros_like(x)
+    for e in range(E):
+        t, r = np.nonzero((ix == e) & keep)
+        if len(t) == 0:
+            continue
+        t, r = torch.from_numpy(t), torch.from_numpy(r)
+        a = gelu(x[t] @ P[p + "moe.fc1.weight"][e] + P[p + "moe.fc1.bias"][e])
+        out = a @ P[p + "moe.fc2.weight"][e] + P[p + "moe.fc2.bias"][e]
+        y = y.index_add(0, t, score[t, r].unsqueeze(1) * out)
+    return y.view(h.shape), aux, {"C": cap, "dropped": int((~keep).sum())}
+
+
+def forward(P, idx, targets, m, mutate=None, aux_out=None, train=False):
+    """Mean cross-entropy (and per-token losses) of tokens idx [B,T] against targets; each MoE
+    block's (auxiliary loss, routing) is appended to aux_out when given. train: a training
+    step's forward (the configured capacity), else an evaluation's (nothing dropped)."""
     import torch
     import torch.nn.functional as F
     B, T = idx.shape
     C, NH, L = m["n_embd"], m["n_head"], m["n_layer"]
+    moe = moe_blocks(m.get("moe"), L)
     hs = C // NH
     eps = 1e-6 if mutate == "ln_eps" else 1e-5
     gelu = (lambda z: F.gelu(z)) if mutate == "gelu_exact" else \
@@ -410,6 +523,12 @@ def forward(P, idx, targets, m, mutate=None):
         y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
         x = x + lin(y, P[p + "attn.c_proj.weight"], P[p + "attn.c_proj.bias"])
         h = F.layer_norm(x, (C,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], eps)
+        if i in moe:
+            y, aux, route = moe_forward(h, P, p, m["moe"], gelu, mutate, train)
+            x = x + y
+            if aux_out is not None:
+                aux_out.append((aux, route))
+            continue
         h = gelu(lin(h, P[p + "mlp.c_fc.weight"], P[p + "mlp.c_fc.bias"]))
         x = x + lin(h, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
     x = F.layer_norm(x, (C,), P["ln_f.weight"], P["ln_f.bias"], eps)
@@ -465,8 +584,14 @@ def train_step(P, M, V, step, toks, cfg, m, dtype, mutate=None, at=None):
         params[n].requires_grad_(True)
     starts = batch_starts(cfg, len(toks), T, sched)
     x, y = get_batch(toks, starts, T)
-    loss, _ = forward(params, x, y, m, mutate)
-    loss.backward()
+    auxes = []
+    loss, _ = forward(params, x, y, m, mutate, auxes, train=True)
+    aux = sum(a for a, _ in auxes) if auxes else None
+    objective = loss
+    if aux is not None:  # the MoE blocks' auxiliary losses at their weight
+        w = 0.0 if mutate == "moe_no_aux" else m["moe"]["aux_weight"]
+        objective = loss + w * aux
+    objective.backward()
     grads = [params[n].grad for n in names]
     if mutate == "kbias_grad":  # a reduction bug: a real gradient lands in the key bias
         for i in range(m["n_layer"]):
@@ -481,8 +606,11 @@ def train_step(P, M, V, step, toks, cfg, m, dtype, mutate=None, at=None):
         for g in grads:
             g.mul_(scale)
     lr = lr_at(cfg, sched, mutate)
-    decay = [params[n] for n in names if params[n].dim() == 2 or mutate == "decay_all"]
-    nodecay = [params[n] for n in names if not (params[n].dim() == 2 or mutate == "decay_all")]
+    # weight decay on matrices (an MoE block's are [C,E] and [E,in,out]), not on biases
+    def decays(n):
+        return (params[n].dim() >= 2 and not n.endswith(".bias")) or mutate == "decay_all"
+    decay = [params[n] for n in names if decays(n)]
+    nodecay = [params[n] for n in names if not decays(n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
                              {"params": nodecay, "weight_decay": 0.0}], lr=lr,
                             betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
@@ -499,6 +627,9 @@ def train_step(P, M, V, step, toks, cfg, m, dtype, mutate=None, at=None):
     newV = {n: opt.state[params[n]]["exp_avg_sq"].to(torch.float32).numpy() for n in names}
     info = {"step": sched, "loss": float(loss), "grad_norm": norm, "clip_scale": scale, "lr": lr,
             "batch_starts": starts}
+    if aux is not None:
+        info["aux_loss"] = float(aux)
+        info["moe_routes"] = [r for _, r in auxes]
     return newP, newM, newV, info
 
 
@@ -525,10 +656,12 @@ def write_ckpt(path, P, M, V, step, m, cfg=None):
     tensors.update({f"optim.exp_avg.{n}": a for n, a in M.items()})
     tensors.update({f"optim.exp_avg_sq.{n}": a for n, a in V.items()})
     meta = {"format": "dpc-checkpoint", "kind": "path", "step": str(step),
-            "writer": "test/ref/gpt2_torch.py", **{k: str(v) for k, v in m.items()}}
-    if cfg:
-        meta["config"] = "\n".join([f"model.{k}: {v}" for k, v in m.items()]
-                                   + [f"train.{k}: {v}" for k, v in cfg.items()]) + "\n"
+            "writer": "test/ref/gpt2_torch.py", **{k: str(v) for k, v in m.items() if k != "moe"}}
+    moe = [f"moe.{k}: {v}" for k, v in (m.get("moe") or {}).items()]
+    if cfg or moe:
+        meta["config"] = "\n".join([f"model.{k}: {v}" for k, v in m.items() if k != "moe"]
+                                   + [f"train.{k}: {v}" for k, v in (cfg or {}).items()]
+                                   + moe) + "\n"
     st_write(path, tensors, meta)
 
 
@@ -723,6 +856,10 @@ def cmd_compare(a):
 
 MUTANTS = ["gelu_exact", "ln_eps", "no_causal", "no_clip", "decay_all", "lr_off_by_one",
            "bias_corr_t", "kbias_grad"]
+# an MoE model's: one more slot per expert (detected where the capacity drops choices), the
+# auxiliary loss left out of the objective, scores not renormalised over the k choices, slots
+# in token order although batch-prioritized routing is on
+MOE_MUTANTS = ["moe_capacity_plus_one", "moe_no_aux", "moe_no_renorm", "moe_no_bpr"]
 
 
 def cmd_selfcheck(a):
@@ -756,6 +893,11 @@ def cmd_selfcheck(a):
     for mu in a.mutants.split(","):
         if mu == "no_clip" and info["clip_scale"] == 1.0:
             print(f"  {mu:14s} not exercised (the gradient was not clipped)")
+            continue
+        if mu not in MUTANTS + MOE_MUTANTS:
+            die(f"--mutants: unknown variant '{mu}'", 2)
+        if mu in MOE_MUTANTS and "moe" not in m:
+            print(f"  {mu:14s} not exercised (the model has no MoE block)")
             continue
         st = {}
         with contextlib.redirect_stdout(io.StringIO()):
@@ -903,7 +1045,7 @@ def main():
     p.add_argument("-c", "--config")
     p.add_argument("-s", "--set", action="append")
     p.add_argument("--fp64", action="store_true")
-    p.add_argument("--mutate", choices=MUTANTS)
+    p.add_argument("--mutate", choices=MUTANTS + MOE_MUTANTS)
     p.add_argument("--at", type=int, help="step index of the batch and the learning rate "
                    "(default: the checkpoint's step)")
 

@@ -2018,7 +2018,8 @@ struct gpt2_step_out {
 };
 
 enum { GS_B = 3, GS_T = 16 };
-static const struct model_config gs_cfg = {2, 32, 4, GS_T, 50, 0};
+static const struct model_config gs_cfg = {.n_layer = 2, .n_embd = 32, .n_head = 4,
+					   .seq_len = GS_T, .vocab_size = 50, .n_out = 0};
 static const double gs_lr = 1e-3;
 
 static void gpt2_step_on(struct backend *be, struct gpt2_step_out *o)

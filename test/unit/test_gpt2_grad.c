@@ -475,9 +475,11 @@ Test(gpt2_grad, embedding)
 
 /* ---- the whole model ------------------------------------------------------------------ */
 
-static const struct model_config tiny = {2, 16, 2, 8, 32, 0};
+static const struct model_config tiny = {.n_layer = 2, .n_embd = 16, .n_head = 2,
+					 .seq_len = 8, .vocab_size = 32, .n_out = 0};
 /* a window router's model: the same blocks, a head over 5 classes */
-static const struct model_config tiny_router = {2, 16, 2, 8, 32, 5};
+static const struct model_config tiny_router = {.n_layer = 2, .n_embd = 16, .n_head = 2,
+						.seq_len = 8, .vocab_size = 32, .n_out = 5};
 static const struct model_config *cur = &tiny; /* the model the tests below build */
 enum { TB = 2, TT = 8 };
 
@@ -679,7 +681,8 @@ Test(gpt2_grad, deterministic_and_shorter_sequences)
  * where every op runs in parallel): no reduction depends on the split or the scheduling. */
 static void train_steps(float *out, size_t *n, int threads)
 {
-	struct model_config cfg = {2, 64, 2, 64, 64, 0};
+	struct model_config cfg = {.n_layer = 2, .n_embd = 64, .n_head = 2,
+				   .seq_len = 64, .vocab_size = 64, .n_out = 0};
 	struct gpt2 g;
 	int B = 4, T = 64;
 	int32_t x[256], y[256];

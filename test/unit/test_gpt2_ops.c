@@ -538,7 +538,8 @@ Test(gpt2_ops, sums_in_double)
 
 static void parameters_follow_hugging_face_names_order_and_shapes_on(void)
 {
-	struct model_config cfg = {2, 16, 2, 8, 32, 0};
+	struct model_config cfg = {.n_layer = 2, .n_embd = 16, .n_head = 2,
+				   .seq_len = 8, .vocab_size = 32, .n_out = 0};
 	struct gpt2 g;
 	cr_assert_eq(gpt2_create(&g, &cfg, 2, 8, be), 0);
 	const int C = 16, V = 32, S = 8;
@@ -623,9 +624,11 @@ Test(gpt2_ops, parameters_follow_hugging_face_names_order_and_shapes)
 static void rejects_bad_config_and_tokens_on(void)
 {
 	struct gpt2 g;
-	struct model_config bad = {2, 15, 2, 8, 32, 0};
+	struct model_config bad = {.n_layer = 2, .n_embd = 15, .n_head = 2,
+				   .seq_len = 8, .vocab_size = 32, .n_out = 0};
 	cr_assert_lt(gpt2_create(&g, &bad, 2, 8, be), 0, "n_embd 15 with 2 heads accepted");
-	struct model_config cfg = {1, 8, 2, 4, 16, 0};
+	struct model_config cfg = {.n_layer = 1, .n_embd = 8, .n_head = 2,
+				   .seq_len = 4, .vocab_size = 16, .n_out = 0};
 	cr_assert_lt(gpt2_create(&g, &cfg, 1, 5, be), 0, "T 5 > seq_len 4 accepted");
 	cr_assert_eq(gpt2_create(&g, &cfg, 1, 4, be), 0);
 	int32_t tok[4] = {1, 2, 16, 3}, ok[4] = {1, 2, 3, 4};

@@ -1,0 +1,133 @@
+# t-torch-moe.sh - the MoE GPT (dpc-config(5) MOE) against the independent PyTorch reference
+# (test/ref/gpt2_torch.py, whose MoE block is written from lib/moe/moe.h's comment): for three
+# MoE configurations, (a) the --eval loss of a checkpoint, (b) one training step from a
+# checkpoint with non-trivial AdamW moments: the step's loss, auxiliary loss and grad norm,
+# then every parameter, update and moment (the moments carry each step's gradient:
+# exp_avg = b1 m + (1 - b1) g), with the tolerances of t-torch-reference.sh:
+#   drops      E=4 top-2 in both blocks, capacity 1 (the routing drops choices: the count is
+#              printed and must be > 0), plus the selfcheck: the comparison fails for an
+#              expert with one slot more, the auxiliary loss left out of the objective and
+#              unrenormalised scores;
+#   no drops   E=3 top-1 in block 1 only (moe.blocks), capacity 0 (nothing dropped: checked);
+#   bpr        E=4 top-2 in block 0 only (moe.blocks), capacity 0.5 with batch-prioritized
+#              routing (the slots go to the highest gates first; the selfcheck fails slots
+#              in token order).
+# Evaluation drops nothing (capacity setting 0, gpt2.h), so (a) does not depend on how the two
+# sides batch their windows.
+# Skips (77) without PyTorch in /usr/bin/python3 or without the programs.
+set -eu
+. "$TESTDIR/lib.sh"
+
+PY=/usr/bin/python3
+ROOT=$(cd "$TESTDIR/../.." && pwd)
+REF="$ROOT/test/ref/gpt2_torch.py"
+need_torch
+for p in dpc-train-path dpc-shard; do
+	[ -x "$BIN/$p" ] || skip "skipped: $BIN/$p not built yet"
+done
+
+# The words of t-torch-reference.sh: a small fixed byte-level corpus.
+"$PY" - >docs.jsonl <<'EOF'
+import json, random
+words = ("the of and to in a is that for it as was with be by on not he this are or his "
+         "from at which but have an they you were her she there one all we their been has "
+         "model path module router shard token level expert capacity gate").split()
+rng = random.Random(2)
+for d in range(40):
+    sents = []
+    for _ in range(rng.randint(3, 12)):
+        w = [rng.choice(words) for _ in range(rng.randint(4, 16))]
+        sents.append(" ".join(w).capitalize() + rng.choice(".!?,;"))
+    print(json.dumps({"id": f"doc{d:02d}", "text": " ".join(sents)}))
+EOF
+expect_ok "$BIN/dpc-shard" prepare --val-frac 0 --router-frac 0 docs.jsonl data
+TOK=data/train.tok
+
+cat >base.yaml <<'EOF'
+model:
+  n_layer: 2
+  n_embd: 32
+  n_head: 2
+  seq_len: 32
+  vocab_size: 256
+train:
+  batch_size: 4
+  steps: 4
+  lr: 1.0e-2
+  warmup_steps: 2
+  min_lr_frac: 0.1
+  weight_decay: 0.1
+  beta1: 0.9
+  beta2: 0.95
+  eps: 1.0e-8
+  grad_clip: 0.5
+  eval_every: 0
+  eval_batches: 2
+  checkpoint_every: 0
+  seed: 1
+EOF
+
+# case NAME MUTANTS MOE-OVERRIDES...: (a) and (b) for one configuration; MUTANTS (comma-
+# separated, or -) are run through the reference's selfcheck, which must detect each.
+case_moe() {
+	name=$1 mutants=$2
+	shift 2
+	sets=""
+	for s in "$@"; do sets="$sets -s $s"; done
+	echo "== $name: $*"
+	# shellcheck disable=SC2086
+	expect_ok "$BIN/dpc-train-path" -c base.yaml $sets -d "$TOK" -t 1 -q -o "$name-ck3.st" -u 3
+	expect_ok "$BIN/dpc-train-path" --eval "$name-ck3.st" -d "$TOK"
+	cp out.stdout "$name-eval-ours.json"
+	"$PY" "$REF" loss "$name-ck3.st" "$TOK" >"$name-eval-ref.json" || die "$name: reference loss failed"
+	"$PY" - "$name-eval-ours.json" "$name-eval-ref.json" <<'EOF' || die "$name: (a) evaluation loss differs"
+import json, sys
+o = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+r = json.loads(open(sys.argv[2]).read())
+rel = abs(o["loss"] - r["loss"]) / abs(r["loss"])
+print(f"(a) eval: ours {o['loss']:.9g}, reference {r['loss']:.9g} over {r['tokens']} tokens: "
+      f"rel diff {rel:.3e} (limit 1e-5)")
+sys.exit(0 if rel <= 1e-5 and o["tokens"] == r["tokens"] else 1)
+EOF
+	# shellcheck disable=SC2086
+	expect_ok "$BIN/dpc-train-path" -c base.yaml $sets -d "$TOK" -t 1 -q -i "$name-ck3.st" -u 4 \
+		-o "$name-ours4.st" -m "$name-metrics.jsonl"
+	# shellcheck disable=SC2086
+	"$PY" "$REF" step "$name-ck3.st" "$TOK" "$name-ref4.st" -c base.yaml $sets \
+		>"$name-step-ref.json" || die "$name: reference step failed"
+	"$PY" - "$name-metrics.jsonl" "$name-step-ref.json" "$name" <<'EOF' || die "$name: (b) step scalars differ"
+import json, sys
+ours = [json.loads(l) for l in open(sys.argv[1]) if '"event":"train"' in l][-1]
+ref = json.loads(open(sys.argv[2]).read())
+ok = True
+for key in ("loss", "aux_loss", "grad_norm", "lr"):
+    rel = abs(ours[key] - ref[key]) / max(abs(ref[key]), 1e-30)
+    ok &= rel <= 1e-5
+    print(f"(b) {key:9s} ours {ours[key]:.9g} reference {ref[key]:.9g} rel diff {rel:.3e}")
+drops = [r["dropped"] for r in ref["moe_routes"]]
+print(f"    the reference's routing: capacity {[r['C'] for r in ref['moe_routes']]}, dropped {drops}")
+if sys.argv[3] == "drops" and not sum(drops):
+    ok = False
+    print("    nothing dropped: the case does not test drops")
+if sys.argv[3] == "nodrops" and sum(drops):
+    ok = False
+    print("    capacity 0 dropped choices")
+sys.exit(0 if ok else 1)
+EOF
+	"$PY" "$REF" compare "$name-ours4.st" "$name-ref4.st" --base "$name-ck3.st" --all >"$name-cmp.out" 2>&1 ||
+		{ cat "$name-cmp.out"; die "$name: (b) parameters after one step differ from the reference"; }
+	tail -n 1 "$name-cmp.out"
+	if [ "$mutants" != - ]; then
+		# shellcheck disable=SC2086
+		"$PY" "$REF" selfcheck "$name-ck3.st" "$TOK" -c base.yaml $sets --mutants "$mutants" \
+			>"$name-self.out" 2>&1 || { cat "$name-self.out"; die "$name: selfcheck failed"; }
+		grep -E 'moe_|fp32|selfcheck' "$name-self.out"
+	fi
+}
+
+case_moe drops moe_capacity_plus_one,moe_no_aux,moe_no_renorm moe.experts=4 moe.top_k=2 \
+	moe.every=1 moe.capacity_factor=1.0
+case_moe nodrops - moe.experts=3 moe.top_k=1 moe.blocks=1 moe.capacity_factor=0
+case_moe bpr moe_capacity_plus_one,moe_no_bpr moe.experts=4 moe.top_k=2 moe.blocks=0 \
+	moe.capacity_factor=0.5 moe.bpr=true moe.aux_weight=0.1
+echo "t-torch-moe: ok"
