@@ -337,6 +337,21 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 			rc = metrics_event(&s.mx, "train", "step", 'i', (long long)(st + 1), "loss",
 					   'f', (double)loss, "lr", 'f', lr, "grad_norm", 'f',
 					   (double)norm, "tokens_per_s", 'f', (double)B * T / dt, NULL);
+		for (int b = 0; rc == 0 && s.g.moe && b < s.g.cfg.n_layer; b++) {
+			/* the capacity this step's routing asked for, per MoE block: the largest
+			 * expert count, and that as a factor of N k / E (scripts/moe-trace.py) */
+			struct gpt2_moe_step ms;
+			if (!gpt2_block_is_moe(&s.g, b) || gpt2_moe_step(&s.g, b, &ms) < 0)
+				continue;
+			rc = metrics_event(&s.mx, "moe", "step", 'i', (long long)(st + 1), "block",
+					   'i', (long long)b, "tokens", 'i', (long long)ms.tokens,
+					   "experts", 'i', (long long)ms.E, "top_k", 'i',
+					   (long long)ms.k, "capacity", 'i', (long long)ms.C, "need",
+					   'i', (long long)ms.need, "need_factor", 'f',
+					   (double)ms.need * ms.E / ((double)ms.tokens * ms.k), "dropped",
+					   'i', (long long)ms.dropped, "aux_loss", 'f',
+					   (double)ms.aux_loss, NULL);
+		}
 		if (rc)
 			goto out;
 

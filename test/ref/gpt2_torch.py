@@ -490,7 +490,7 @@ def moe_forward(h, P, p, mo, gelu, mutate=None, train=True):
         a = gelu(x[t] @ P[p + "moe.fc1.weight"][e] + P[p + "moe.fc1.bias"][e])
         out = a @ P[p + "moe.fc2.weight"][e] + P[p + "moe.fc2.bias"][e]
         y = y.index_add(0, t, score[t, r].unsqueeze(1) * out)
-    return y.view(h.shape), aux, {"C": cap, "dropped": int((~keep).sum())}
+    return y.view(h.shape), aux, {"C": cap, "need": max(counts), "dropped": int((~keep).sum())}
 
 
 def forward(P, idx, targets, m, mutate=None, aux_out=None, train=False):

@@ -12,8 +12,10 @@
 #   bpr        E=4 top-2 in block 0 only (moe.blocks), capacity 0.5 with batch-prioritized
 #              routing (the slots go to the highest gates first; the selfcheck fails slots
 #              in token order).
-# Evaluation drops nothing (capacity setting 0, gpt2.h), so (a) does not depend on how the two
-# sides batch their windows.
+# In each, the step's "moe" events of metrics.jsonl (per MoE block: the capacity, the largest
+# expert count and the dropped choices) must equal the reference's routing. Evaluation drops
+# nothing (capacity setting 0, gpt2.h), so (a) does not depend on how the two sides batch
+# their windows.
 # Skips (77) without PyTorch in /usr/bin/python3 or without the programs.
 set -eu
 . "$TESTDIR/lib.sh"
@@ -105,7 +107,15 @@ for key in ("loss", "aux_loss", "grad_norm", "lr"):
     ok &= rel <= 1e-5
     print(f"(b) {key:9s} ours {ours[key]:.9g} reference {ref[key]:.9g} rel diff {rel:.3e}")
 drops = [r["dropped"] for r in ref["moe_routes"]]
-print(f"    the reference's routing: capacity {[r['C'] for r in ref['moe_routes']]}, dropped {drops}")
+print(f"    the reference's routing: capacity {[r['C'] for r in ref['moe_routes']]}, largest "
+      f"expert count {[r['need'] for r in ref['moe_routes']]}, dropped {drops}")
+# the step's "moe" events (one per MoE block, in block order): the same routing
+moe = [json.loads(l) for l in open(sys.argv[1]) if '"event":"moe"' in l]
+moe = [m for m in moe if m["step"] == ours["step"]]
+got = [(m["capacity"], m["need"], m["dropped"]) for m in moe]
+want = [(r["C"], r["need"], r["dropped"]) for r in ref["moe_routes"]]
+print(f"    ours (metrics.jsonl moe events): capacity, need, dropped {got}")
+ok &= got == want
 if sys.argv[3] == "drops" and not sum(drops):
     ok = False
     print("    nothing dropped: the case does not test drops")
