@@ -66,16 +66,20 @@ def cmd_bench_one(a):
         contextlib.nullcontext
     cfg, model = ref.load_config(a.config, a.set)
     m = {k: int(model[k]) for k in ref.MODEL_KEYS}
+    if model.get("moe"):  # MoE blocks: the reference's plain PyTorch MoE (gpt2_torch.py)
+        m["moe"] = model["moe"]
     toks = ref.read_tokens(a.data)
     T = m["seq_len"]
     params = ref.to_torch(ref.init_params(m, cfg["seed"]), torch.float32)
     names = [n for n, _ in ref.param_shapes(m)]
     for n in names:
         params[n].requires_grad_(True)
+    def decays(n):  # matrices, not biases (an MoE block's are [E, n])
+        return params[n].dim() >= 2 and not n.endswith(".bias")
     opt = torch.optim.AdamW(
-        [{"params": [params[n] for n in names if params[n].dim() == 2],
+        [{"params": [params[n] for n in names if decays(n)],
           "weight_decay": cfg["weight_decay"]},
-         {"params": [params[n] for n in names if params[n].dim() != 2], "weight_decay": 0.0}],
+         {"params": [params[n] for n in names if not decays(n)], "weight_decay": 0.0}],
         lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"])
     times = []
     for s in range(a.warmup + a.steps):
@@ -83,10 +87,14 @@ def cmd_bench_one(a):
             break  # keeps the benchmark short on a loaded machine; the count is reported
         x, y = ref.get_batch(toks, ref.batch_starts(cfg, len(toks), T, s), T)
         t0 = time.perf_counter()
+        auxes = []
         with amp():
-            loss, _ = ref.forward(params, x, y, m)
+            loss, _ = ref.forward(params, x, y, m, aux_out=auxes, train=True)
+        objective = loss
+        if auxes:
+            objective = loss + m["moe"]["aux_weight"] * sum(a for a, _ in auxes)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         grads = [params[n].grad for n in names]
         norm = torch.sqrt(sum((g * g).sum() for g in grads))
         if cfg["grad_clip"] > 0 and float(norm) > cfg["grad_clip"]:
@@ -135,6 +143,8 @@ def run_torch(a, threads, setting):
 def cmd_bench(a):
     cfg, model = ref.load_config(a.config, a.set)
     m = {k: int(model[k]) for k in ref.MODEL_KEYS}
+    if model.get("moe"):
+        m["moe"] = model["moe"]
     ours = {}
     for o in a.ours or []:
         t, path = o.split("=", 1)
@@ -170,7 +180,9 @@ def cmd_bench(a):
           f"AdamW m, v) + activations {mb['act_bytes'] / mib:.1f} MiB (llm.c "
           f"ActivationTensors, fp32) = {mb['total_bytes'] / mib:.1f} MiB; with flash-style "
           f"attention (no B*NH*T*T preatt/att, one logsumexp per row) "
-          f"{mb['total_flash_bytes'] / mib:.1f} MiB")
+          f"{mb['total_flash_bytes'] / mib:.1f} MiB"
+          + ("; the MoE blocks' activations counted as dense MLPs' (their dispatch buffers are "
+             "not)" if "moe" in m else ""))
     print(f"{'threads':>7} {'ours tok/s':>10} {'(own JSON)':>10} {'torch tok/s':>11} "
           f"{'(setting)':>10} {'ours/torch':>10} {'ours RSS':>8} {'bound':>6} {'RSS/bound':>9} "
           f"{'/flash':>6} {'torch RSS':>9} {'matmul_frac':>11}")

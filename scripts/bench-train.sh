@@ -1,9 +1,10 @@
 #!/bin/sh
 # bench-train.sh - training speed and memory of dpc-train-path against PyTorch eager.
 #
-#   scripts/bench-train.sh [-n STEPS] [TOKENS]     (default 30 steps, data/brown/train.tok)
+#   scripts/bench-train.sh [-n STEPS] [-c CONFIG] [TOKENS]
+#                                  (default 30 steps, configs/gpt-tiny.yaml, data/brown/train.tok)
 #
-# For 1 and 2 threads: dpc-train-path on configs/gpt-tiny.yaml (B=8, T=256) for STEPS steps
+# For 1 and 2 threads: dpc-train-path on CONFIG (gpt-tiny: B=8, T=256) for STEPS steps
 # (peak_rss_mb, matmul_frac and its own tokens_per_s from its final JSON; the median of the
 # per-step tokens_per_s of its metrics after 3 warm-up steps), then the same model, batch
 # and AdamW in PyTorch eager (scripts/bench-train-torch.py: median step time after 3 warm-up
@@ -11,15 +12,19 @@
 # setting of: default (2 intra-op threads), OMP_WAIT_POLICY=PASSIVE, and 1 intra-op thread
 # with OPENBLAS_NUM_THREADS=2. Prints one table with the memory bound (params, grads, AdamW
 # moments and the activations backward needs, as llm.c stores them, and with flash-style
-# attention) and the ratio of our peak RSS to it.
+# attention) and the ratio of our peak RSS to it. A CONFIG with MoE blocks (for example
+# configs/gpt-tiny-moe.yaml) is timed against the reference's plain PyTorch MoE
+# (test/ref/gpt2_torch.py: the gate, top-k and slots vectorised, each expert's rows gathered,
+# multiplied and scattered back with index_add).
 # Programs come from $BIN (default build/bin). Runs in about 3 to 5 minutes on 2 cores.
 set -eu
 
-usage() { echo "usage: $0 [-n STEPS] [TOKENS]"; }
-steps=30
-while getopts n:h opt; do
+usage() { echo "usage: $0 [-n STEPS] [-c CONFIG] [TOKENS]"; }
+steps=30 CFG=""
+while getopts n:c:h opt; do
 	case $opt in
 	n) steps=$OPTARG ;;
+	c) case $OPTARG in /*) CFG=$OPTARG ;; *) CFG=$(pwd)/$OPTARG ;; esac ;;
 	h) usage; exit 0 ;;
 	*) usage >&2; exit 2 ;;
 	esac
@@ -33,8 +38,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 BIN=${BIN:-$root/build/bin}
 PY=/usr/bin/python3
-CFG=configs/gpt-tiny.yaml
 tok=${1:-data/brown/train.tok}
+CFG=${CFG:-configs/gpt-tiny.yaml}
+[ -f "$CFG" ] || { echo "$0: '$CFG': no such config" >&2; exit 1; }
 
 for p in dpc-train-path dpc-shard; do
 	[ -x "$BIN/$p" ] || { echo "$0: '$BIN/$p': not built (run make)" >&2; exit 1; }

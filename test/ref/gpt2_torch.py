@@ -342,6 +342,9 @@ def load_config(path, sets, ckpt_meta=None):
             die(f"'{path}': train.{k} is not set (nor in the checkpoint's config)", 2)
         cfg[k] = conv(v)
     model = {k: flat.get(f"model.{k}") for k in MODEL_KEYS}
+    mo = moe_from_flat(flat, path)
+    if mo is not None:
+        model["moe"] = mo
     return cfg, model
 
 
@@ -350,15 +353,17 @@ MOE_KEYS = {"experts": int, "top_k": int, "every": int, "blocks": str,
             "gate_noise": float, "aux_loss": str, "aux_weight": float}
 
 
+MOE_DEFAULTS = {"experts": 0, "top_k": 2, "every": 2, "blocks": "", "capacity_factor": 1.0,
+                "bpr": "false", "gate_noise": 0.0, "aux_loss": "gshard", "aux_weight": 0.01}
+
+
 def moe_from_flat(flat, path):
     """The moe section (a dict, with "is": the MoE blocks) of a flat config, or None."""
     if int(flat.get("moe.experts", 0) or 0) == 0:
         return None
     mo = {}
-    for k, conv in MOE_KEYS.items():
-        if f"moe.{k}" not in flat:
-            die(f"'{path}': moe.{k} is not set", 2)
-        mo[k] = conv(flat[f"moe.{k}"])
+    for k, conv in MOE_KEYS.items():  # a key a YAML file leaves out has dpc-config(5)'s default
+        mo[k] = conv(flat.get(f"moe.{k}", MOE_DEFAULTS[k]))
     if mo["gate_noise"] != 0 or mo["aux_loss"] != "gshard":
         die(f"'{path}': the reference models neither gate noise nor the load-importance loss", 2)
     return mo
@@ -473,14 +478,19 @@ def moe_forward(h, P, p, mo, gelu, mutate=None, train=True):
     tokens = range(N)
     if mo["bpr"] and mutate != "moe_no_bpr":  # the highest first gate first, ties in order
         top = probs.detach()[torch.arange(N), idx[:, 0]].numpy()
-        tokens = sorted(range(N), key=lambda t: -top[t])
+        tokens = np.argsort(-top, kind="stable")
+    # slots: choice r of the tokens in order (or BPR order) after every choice r' < r, each
+    # expert counting its own: a running count (cumsum of one-hot rows) from the ranks before
+    order = np.asarray(list(tokens), dtype=np.int64)
     keep = np.zeros((N, k), dtype=bool)
-    fill = [0] * E
+    fill = np.zeros(E, dtype=np.int64)
     for r in range(k):
-        for t in tokens:
-            e = ix[t, r]
-            keep[t, r] = fill[e] < cap
-            fill[e] += 1
+        e = ix[order, r]
+        onehot = np.zeros((N, E), dtype=np.int64)
+        onehot[np.arange(N), e] = 1
+        loc = np.cumsum(onehot, axis=0)[np.arange(N), e] - 1 + fill[e]
+        keep[order, r] = loc < cap
+        fill += onehot.sum(0)
     y = torch.zeros_like(x)
     for e in range(E):
         t, r = np.nonzero((ix == e) & keep)
@@ -697,7 +707,10 @@ def cmd_step(a):
     P, M, V, step, m, meta = load_ckpt(a.ckpt)
     cfg, mcfg = load_config(a.config, a.set, meta)
     for k, v in mcfg.items():
-        if v is not None and int(v) != m[k]:
+        if k == "moe":
+            if v != m.get("moe"):
+                die(f"'{a.config}': its moe section is not the checkpoint's", 2)
+        elif v is not None and int(v) != m[k]:
             die(f"'{a.config}': model.{k} = {v} but the checkpoint has {m[k]}", 2)
     toks = read_tokens(a.tokens)
     dtype = torch.float64 if a.fp64 else torch.float32
@@ -915,6 +928,8 @@ def cmd_make_ckpt(a):
     import torch
     cfg, model = load_config(a.config, a.set)
     m = {k: int(model[k]) for k in MODEL_KEYS}
+    if model.get("moe"):
+        m["moe"] = model["moe"]
     P = init_params(m, cfg["seed"])
     M = {n: np.zeros_like(v) for n, v in P.items()}
     V = {n: np.zeros_like(v) for n, v in P.items()}
