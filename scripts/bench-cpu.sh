@@ -16,12 +16,15 @@
 #   bf16              --precision bf16 (where the CPU and oneDNN have it)
 # and for each: the kernel (gemm_kernel of the JSON), the step's matmul share (matmul_frac),
 # and the effective GFLOP/s of the step's products (their flops, from the config, over the
-# time inside them). Then PyTorch eager (scripts/bench-train-torch.py), with
+# time inside them). The same fp32 settings, interleaved with those, for moe-bench's default
+# layer (T=4096 M=1024 H=4096 E=16 k=2, forward and backward, -n 10 after 2 warm-up steps):
+# its median step time and the forward expert GEMMs' GFLOP/s. Then PyTorch eager
+# (scripts/bench-train-torch.py), with
 # torch.set_flush_denormal(True), in its best of: default / passive / one intra-op thread,
 # each with OpenBLAS as installed and with OPENBLAS_CORETYPE=SkylakeX (its best kernel here),
 # in fp32 and under bfloat16 autocast. Ends with the verdicts: default against the best
 # setting (the target is 95%), bf16 against fp32, ours against PyTorch.
-# Programs come from $BIN (default build/bin). About 10 minutes on 2 cores.
+# Programs come from $BIN (default build/bin). About 12 minutes on 2 cores.
 set -eu
 
 usage() { echo "usage: $0 [-n STEPS] [-r REPS] [--no-torch] [TOKENS]"; }
@@ -98,11 +101,26 @@ run() {
 	rm -f "$4.safetensors"
 }
 
+# runmoe SETTING THREADS REP: one moe-bench run of the default layer (fp32 settings only)
+runmoe() {
+	f="$tmp/moe-$(echo "$1" | tr ':' '_')-$2-$3.json"
+	case $1 in
+	default) envs="" ;;
+	openblas) envs="CORE_CPU_BLAS=openblas" ;;
+	openblas:*) envs="CORE_CPU_BLAS=openblas OPENBLAS_CORETYPE=${1#openblas:}" ;;
+	*) return 0 ;;
+	esac
+	# shellcheck disable=SC2086
+	env -u OPENBLAS_CORETYPE -u CORE_CPU_BLAS -u OPENBLAS_L2_SIZE $envs OMP_NUM_THREADS=$2 \
+		"$BIN/moe-bench" -n 10 -w 2 >"$f" 2>/dev/null ||
+		{ echo "$0: moe-bench ($1, $2 threads) failed" >&2; exit 1; }
+}
+
 for t in 1 2; do
 	r=1
 	while [ $r -le "$reps" ]; do
 		echo "==> $t thread(s), repetition $r of $reps: $settings ($(date +%T))" >&2
-		for s in $settings; do run "$s" $t $r; done
+		for s in $settings; do run "$s" $t $r; runmoe "$s" $t $r; done
 		r=$((r + 1))
 	done
 done
@@ -189,6 +207,32 @@ for t in (1, 2):
         verdict = ("held" if b >= 2 * d else "NOT held") if amx else "this CPU has no AMX: not tested"
         verdicts.append(f"{t} thread(s): bf16 {b:.0f} tok/s = {b / d:.2f}x our fp32 (target "
                         f">= 2x where the CPU has AMX: {verdict})")
+# moe-bench's default layer in the same settings (fp32): median over repetitions of the
+# median step time
+print(f"moe-bench default layer (T=4096 M=1024 H=4096 E=16 k=2, forward + backward): step ms, "
+      f"median of {reps} repetition(s) of the median of 10 steps")
+print(f"{'threads':>7} {'setting':<22} {'kernel':<36} {'step ms':>8} {'x default':>9} "
+      f"{'fwd GF/s':>9}")
+for t in (1, 2):
+    res = {}
+    for s in settings:
+        if s == "bf16":
+            continue
+        ms, gf, kern = [], [], None
+        for r in range(1, reps + 1):
+            with open(os.path.join(tmp, f"moe-{s.replace(':', '_')}-{t}-{r}.json")) as f:
+                j = json.loads(f.read().strip().splitlines()[-1])
+            ms.append(j["step_ms"]["median"])
+            gf.append(j.get("expert_fwd_gflops", float("nan")))
+            kern = j["gemm_kernel"]
+        res[s] = (statistics.median(ms), statistics.median(gf), kern)
+    d = res["default"][0]
+    for s, (ms, gf, kern) in res.items():
+        print(f"{t:>7} {s:<22} {kern:<36} {ms:>8.1f} {d / ms:>9.2f} {gf:>9.0f}")
+    best = min(res, key=lambda s: res[s][0])
+    verdicts.append(f"{t} thread(s): moe-bench default {d:.1f} ms = {res[best][0] / d:.3f} of "
+                    f"the best setting's speed ({best}, {res[best][0]:.1f} ms); target >= 0.95: "
+                    f"{'held' if res[best][0] >= 0.95 * d else 'NOT held'}")
 if torch:
     rows = {}
     for key, path in torch:
