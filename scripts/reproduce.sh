@@ -79,7 +79,7 @@ while [ $# -gt 0 ]; do
 	--quick) quick=1; shift ;;
 	-o) need "$1" $#; page=$2; shift 2 ;;
 	--no-setup) setup=0; shift ;;
-	--sweep-from) need "$1" $#; sweep_from=$2; shift 2 ;;
+	--sweep-from) need "$1" $#; sweep_from=$2 sweep_arg=$2; shift 2 ;;
 	-h | --help) sed -n '2,/^set -eu/p' "$0" | sed 's/^# \{0,1\}//; /^set -eu/d'; exit 0 ;;
 	-*) echo "reproduce.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
 	*) break ;;
@@ -524,6 +524,7 @@ d_tau=32 d_phases=16
 [ "$tau" = $d_tau ] || cmd="$cmd --inner-steps $tau"
 [ "$phases" = $d_phases ] || cmd="$cmd --phases $phases"
 [ "$page" = "$d_page" ] || cmd="$cmd -o $page"
+[ -z "$sweep_from" ] || cmd="$cmd --sweep-from $sweep_arg"
 [ "$run" = runs/reproduce ] || cmd="$cmd $run"
 python3 scripts/reproduce-report.py --run "$run" --command "$cmd" \
 	--commit "$(git describe --always --dirty 2>/dev/null || echo unknown)" -o "$page"
