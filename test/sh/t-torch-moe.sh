@@ -28,46 +28,16 @@ for p in dpc-train-path dpc-shard; do
 	[ -x "$BIN/$p" ] || skip "skipped: $BIN/$p not built yet"
 done
 
-# The words of t-torch-reference.sh: a small fixed byte-level corpus.
-"$PY" - >docs.jsonl <<'EOF'
-import json, random
-words = ("the of and to in a is that for it as was with be by on not he this are or his "
-         "from at which but have an they you were her she there one all we their been has "
-         "model path module router shard token level expert capacity gate").split()
-rng = random.Random(2)
-for d in range(40):
-    sents = []
-    for _ in range(rng.randint(3, 12)):
-        w = [rng.choice(words) for _ in range(rng.randint(4, 16))]
-        sents.append(" ".join(w).capitalize() + rng.choice(".!?,;"))
-    print(json.dumps({"id": f"doc{d:02d}", "text": " ".join(sents)}))
-EOF
+. "$TESTDIR/corpus.sh"
+make_corpus docs.jsonl 40
 expect_ok "$BIN/dpc-shard" prepare --val-frac 0 --router-frac 0 docs.jsonl data
 TOK=data/train.tok
-
-cat >base.yaml <<'EOF'
-model:
-  n_layer: 2
-  n_embd: 32
-  n_head: 2
-  seq_len: 32
-  vocab_size: 256
-train:
-  batch_size: 4
-  steps: 4
-  lr: 1.0e-2
-  warmup_steps: 2
-  min_lr_frac: 0.1
-  weight_decay: 0.1
-  beta1: 0.9
-  beta2: 0.95
-  eps: 1.0e-8
-  grad_clip: 0.5
-  eval_every: 0
-  eval_batches: 2
-  checkpoint_every: 0
-  seed: 1
-EOF
+# configs/gpt-small-test.yaml's model and optimizer (L=2 C=32 NH=2 T=32 V=256 B=4), with the
+# overrides of t-torch-reference.sh that put the compared step on the cosine branch with
+# clipping acting
+CFG="$ROOT/configs/gpt-small-test.yaml"
+TRAIN="train.steps=4 train.warmup_steps=2 train.lr=1e-2 train.grad_clip=0.5 train.eval_every=0
+train.checkpoint_every=0"
 
 # case NAME MUTANTS MOE-OVERRIDES...: (a) and (b) for one configuration; MUTANTS (comma-
 # separated, or -) are run through the reference's selfcheck, which must detect each.
@@ -75,10 +45,10 @@ case_moe() {
 	name=$1 mutants=$2
 	shift 2
 	sets=""
-	for s in "$@"; do sets="$sets -s $s"; done
+	for s in $TRAIN "$@"; do sets="$sets -s $s"; done
 	echo "== $name: $*"
 	# shellcheck disable=SC2086
-	expect_ok "$BIN/dpc-train-path" -c base.yaml $sets -d "$TOK" -t 1 -q -o "$name-ck3.st" -u 3
+	expect_ok "$BIN/dpc-train-path" -c "$CFG" $sets -d "$TOK" -t 1 -q -o "$name-ck3.st" -u 3
 	expect_ok "$BIN/dpc-train-path" --eval "$name-ck3.st" -d "$TOK"
 	cp out.stdout "$name-eval-ours.json"
 	"$PY" "$REF" loss "$name-ck3.st" "$TOK" >"$name-eval-ref.json" || die "$name: reference loss failed"
@@ -92,10 +62,10 @@ print(f"(a) eval: ours {o['loss']:.9g}, reference {r['loss']:.9g} over {r['token
 sys.exit(0 if rel <= 1e-5 and o["tokens"] == r["tokens"] else 1)
 EOF
 	# shellcheck disable=SC2086
-	expect_ok "$BIN/dpc-train-path" -c base.yaml $sets -d "$TOK" -t 1 -q -i "$name-ck3.st" -u 4 \
+	expect_ok "$BIN/dpc-train-path" -c "$CFG" $sets -d "$TOK" -t 1 -q -i "$name-ck3.st" -u 4 \
 		-o "$name-ours4.st" -m "$name-metrics.jsonl"
 	# shellcheck disable=SC2086
-	"$PY" "$REF" step "$name-ck3.st" "$TOK" "$name-ref4.st" -c base.yaml $sets \
+	"$PY" "$REF" step "$name-ck3.st" "$TOK" "$name-ref4.st" -c "$CFG" $sets \
 		>"$name-step-ref.json" || die "$name: reference step failed"
 	"$PY" - "$name-metrics.jsonl" "$name-step-ref.json" "$name" <<'EOF' || die "$name: (b) step scalars differ"
 import json, sys
@@ -129,7 +99,7 @@ EOF
 	tail -n 1 "$name-cmp.out"
 	if [ "$mutants" != - ]; then
 		# shellcheck disable=SC2086
-		"$PY" "$REF" selfcheck "$name-ck3.st" "$TOK" -c base.yaml $sets --mutants "$mutants" \
+		"$PY" "$REF" selfcheck "$name-ck3.st" "$TOK" -c "$CFG" $sets --mutants "$mutants" \
 			>"$name-self.out" 2>&1 || { cat "$name-self.out"; die "$name: selfcheck failed"; }
 		grep -E 'moe_|fp32|selfcheck' "$name-self.out"
 	fi

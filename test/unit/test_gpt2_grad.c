@@ -678,17 +678,17 @@ Test(gpt2_grad, deterministic_and_shorter_sequences)
 }
 
 /* Same inputs give the same bits at any thread count, with the work really split (sizes
- * where every op runs in parallel): no reduction depends on the split or the scheduling. */
-static void train_steps(float *out, size_t *n, int threads)
+ * where every op runs in parallel): no reduction depends on the split or the scheduling.
+ * Two AdamW steps of model cfg on the cpu backend with that many threads. */
+static void train_steps(const struct model_config *cfg, float *out, size_t *n, size_t cap,
+			int threads)
 {
-	struct model_config cfg = {.n_layer = 2, .n_embd = 64, .n_head = 2,
-				   .seq_len = 64, .vocab_size = 64, .n_out = 0};
 	struct gpt2 g;
 	int B = 4, T = 64;
 	int32_t x[256], y[256];
 	struct backend *cpu;
 	cr_assert_eq(backend_open(&cpu, "cpu", &(struct backend_params){.threads = threads}), 0);
-	cr_assert_eq(gpt2_create(&g, &cfg, B, T, cpu), 0);
+	cr_assert_eq(gpt2_create(&g, cfg, B, T, cpu), 0, "%s", err_detail());
 	cr_assert_eq(gpt2_init_params(&g, 5), 0);
 	for (int i = 0; i < B * T; i++) {
 		x[i] = (int32_t)rng_below(5, RNG_STREAM_TEST, i, 64);
@@ -702,6 +702,7 @@ static void train_steps(float *out, size_t *n, int threads)
 		cr_assert_eq(gpt2_grad_norm(&g, &norm), 0);
 		cr_assert_eq(gpt2_adamw_step(&g, &opt, 1e-2, t, 1.0f / (1.0f + norm)), 0);
 	}
+	cr_assert(2 * g.nparams <= cap);
 	memcpy(out, g.params, sizeof(float) * g.nparams);
 	memcpy(out + g.nparams, g.grads, sizeof(float) * g.nparams);
 	*n = 2 * g.nparams;
@@ -709,17 +710,34 @@ static void train_steps(float *out, size_t *n, int threads)
 	backend_close(cpu);
 }
 
-Test(gpt2_grad, bit_identical_at_any_thread_count)
+static void bit_identical(const struct model_config *cfg, size_t cap, const char *what)
 {
 	size_t n1, n2;
-	float *a = malloc(sizeof(float) * 300000), *b = malloc(sizeof(float) * 300000);
-	train_steps(a, &n1, 2);
+	float *a = malloc(sizeof(float) * cap), *b = malloc(sizeof(float) * cap);
+	train_steps(cfg, a, &n1, cap, 2);
 	for (int threads = 1; threads <= 3; threads++) {
-		train_steps(b, &n2, threads);
-		cr_assert(n1 == n2 && n1 < 300000);
-		cr_assert(memcmp(a, b, sizeof(float) * n1) == 0,
-			  "2 training steps on %d threads differ from 2 threads (L=2 C=64 NH=2 "
-			  "T=64 B=4 V=64)", threads);
+		train_steps(cfg, b, &n2, cap, threads);
+		cr_assert(n1 == n2 && memcmp(a, b, sizeof(float) * n1) == 0,
+			  "2 training steps of %s on %d threads differ from 2 threads", what,
+			  threads);
 	}
-	free(a), free(b);
+	free(a);
+	free(b);
+}
+
+Test(gpt2_grad, bit_identical_at_any_thread_count)
+{
+	const struct model_config cfg = {.n_layer = 2, .n_embd = 64, .n_head = 2,
+					 .seq_len = 64, .vocab_size = 64};
+	bit_identical(&cfg, 300000, "L=2 C=64 NH=2 T=64 B=4 V=64");
+}
+
+/* The same with MoE MLPs (block 1: 8 experts, top-2, capacity 1, batch-prioritized). */
+Test(gpt2_grad, moe_bit_identical_at_any_thread_count)
+{
+	struct model_config cfg = {.n_layer = 2, .n_embd = 64, .n_head = 2, .seq_len = 64,
+				   .vocab_size = 64};
+	cfg.moe = (struct model_moe){.experts = 8, .top_k = 2, .every = 2, .capacity_factor = 1.0,
+				     .aux_weight = 0.01, .bpr = 1};
+	bit_identical(&cfg, 1200000, "the MoE model");
 }

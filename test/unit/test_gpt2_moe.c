@@ -14,7 +14,7 @@
  *    and gradients as the dense model whose mlp.* hold that expert's weights;
  *  - decoding one token at a time gives the logits of the full forward (capacity 0: nothing
  *    dropped either way), and forward-only models route as the training model does;
- *  - the same bits at any thread count.
+ * The same bits at any thread count: test_gpt2_grad's moe_bit_identical_at_any_thread_count.
  * The model's loss and every gradient against PyTorch are in test/sh/t-torch-moe.sh.
  */
 #include <criterion/criterion.h>
@@ -402,52 +402,4 @@ static void decode_and_forward_only_on(void)
 Test(gpt2_moe, decoder_and_forward_only)
 {
 	each_backend(decode_and_forward_only_on);
-}
-
-/* Two AdamW steps on 1, 2 and 3 threads: the same bits. */
-static void train_steps(float *out, size_t *n, int threads)
-{
-	struct model_config c = {.n_layer = 2, .n_embd = 64, .n_head = 2, .seq_len = 64,
-				 .vocab_size = 64};
-	c.moe = (struct model_moe){.experts = 8, .top_k = 2, .every = 2, .capacity_factor = 1.0,
-				   .aux_weight = 0.01, .bpr = 1};
-	struct gpt2 g;
-	int B = 4, T = 64;
-	int32_t x[256], y[256];
-	struct backend *cpu;
-	cr_assert_eq(backend_open(&cpu, "cpu", &(struct backend_params){.threads = threads}), 0);
-	cr_assert_eq(gpt2_create(&g, &c, B, T, cpu), 0, "%s", err_detail());
-	cr_assert_eq(gpt2_init_params(&g, 5), 0);
-	for (int i = 0; i < B * T; i++) {
-		x[i] = (int32_t)rng_below(5, RNG_STREAM_TEST, i, 64);
-		y[i] = (int32_t)rng_below(6, RNG_STREAM_TEST, i, 64);
-	}
-	struct adamw_config opt = {0.9, 0.95, 1e-8, 0.1};
-	float loss, norm;
-	for (int t = 1; t <= 2; t++) {
-		cr_assert_eq(gpt2_forward(&g, x, y, B, T, &loss), 0);
-		cr_assert_eq(gpt2_backward(&g), 0);
-		cr_assert_eq(gpt2_grad_norm(&g, &norm), 0);
-		cr_assert_eq(gpt2_adamw_step(&g, &opt, 1e-2, t, 1.0f / (1.0f + norm)), 0);
-	}
-	memcpy(out, g.params, sizeof(float) * g.nparams);
-	memcpy(out + g.nparams, g.grads, sizeof(float) * g.nparams);
-	*n = 2 * g.nparams;
-	gpt2_free(&g);
-	backend_close(cpu);
-}
-
-Test(gpt2_moe, bit_identical_at_any_thread_count)
-{
-	size_t n1, n2;
-	float *a = malloc(sizeof(float) * 1200000), *b = malloc(sizeof(float) * 1200000);
-	train_steps(a, &n1, 2);
-	cr_assert(n1 < 1200000);
-	for (int threads = 1; threads <= 3; threads++) {
-		train_steps(b, &n2, threads);
-		cr_assert(n1 == n2 && memcmp(a, b, sizeof(float) * n1) == 0,
-			  "2 MoE training steps on %d threads differ from 2 threads", threads);
-	}
-	free(a);
-	free(b);
 }
