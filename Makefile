@@ -97,6 +97,18 @@ BLAS_FLAVOUR := OpenBLAS's sgemm (install libdnnl-dev for oneDNN's, about 10% fa
 endif
 BLAS_FLAVOUR += (both loaded at run time$(if $(OPENBLAS_OMP_DIR),; OpenBLAS's OpenMP build from $(OPENBLAS_OMP_DIR)))
 $(BUILD)/lib/backend/cpu/cpu_blas.o: CFLAGS += $(CPU_BLAS_CFLAGS)
+# The cpu backend's loops (GELU, softmax, LayerNorm, exp) are bound by arithmetic more than by
+# memory: with a*b+c fused into one fma (ISO C mode, -std=c11, turns contraction off) and, where
+# the CPU has AVX-512, 16-wide vectors, GELU's forward and backward in a gpt-tiny step (1
+# thread, Xeon with AVX-512) went from 10.4 and 14.5 ms to 6.9 and 7.6. The bits still do not
+# depend on the thread count (the same code runs on every thread). AdamW, which must round as
+# torch does, is built without (adamw_cpu.c).
+CPU_LOOP_CFLAGS := -ffp-contract=fast
+ifeq ($(firstword $(subst -, ,$(shell $(CC) -dumpmachine))),x86_64)
+CPU_LOOP_CFLAGS += -mprefer-vector-width=512
+endif
+$(BUILD)/lib/backend/cpu/%.o: CFLAGS += $(CPU_LOOP_CFLAGS)
+$(BUILD)/lib/backend/cpu/adamw_cpu.o: CFLAGS += -ffp-contract=off
 
 REQUIRED := OPENBLAS YAML ZLIB JANSSON LBFGS OPENMP
 MISSING := $(strip $(foreach r,$(REQUIRED),$(if $(filter 1,$(HAVE_$(r))),,$(r))))

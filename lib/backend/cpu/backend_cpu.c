@@ -60,6 +60,11 @@ int cpu_moe_decode_backward_bf16(struct backend *be, const struct backend_moe_ro
 int cpu_moe_encode_backward_bf16(struct backend *be, const struct backend_moe_route *r,
 				 const uint16_t *d_disp, uint16_t *dx, int64_t M);
 
+/* AdamW (adamw_cpu.c, built without fp contraction: torch's arithmetic, fma for fma). */
+int cpu_adamw_update(struct backend *be, float *p, const float *g, float *m, float *v,
+		     const struct backend_segment *seg, int nseg, double lr, double beta1,
+		     double beta2, double eps, long t, float grad_scale);
+
 /* Attention row/key block: rows of block r attend to keys of blocks 0..r only, so the
  * products skip all but (nb + 1) / (2 nb) of the T x T scores (nb = T / ATT_BLOCK blocks).
  * 32 measured ~1-2% faster than 64 and 6% faster than no blocking at T = 256, hs = 64. */
@@ -1009,73 +1014,6 @@ static int cpu_crossentropy_backward(struct backend *be, float *probs, const int
 		for (int j = 0; j < V; j++)
 			p[j] *= scale;
 		p[targets[n]] -= scale;
-	}
-	return 0;
-}
-
-/* ---- optimizer ------------------------------------------------------------------------- */
-
-/* Bit for bit the arithmetic of torch 1.13 _single_tensor_adamw (torch/optim/adamw.py) on
- * the CPU, checked against it element by element:
- *   param.mul_(1 - lr * wd)
- *   exp_avg.mul_(b1).add_(grad, alpha=1 - b1)          add with alpha is a fused multiply-add
- *   exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=1 - b2)   fma((1 - b2) g, g, v b2)
- *   denom = (exp_avg_sq.sqrt() / sqrt(1 - b2^t)).add_(eps)
- *   param.addcdiv_(exp_avg, denom, value=-lr / (1 - b1^t))   p + (value m) / denom
- * with the Python-double scalars rounded to float as ATen does for float tensors. */
-struct adamw_consts {
-	float decay, b1, c1, b2, c2, bc2s, eps, step, scale;
-};
-
-/* One thread's share of the update. The Makefile builds with -fno-math-errno, so GCC
- * vectorises sqrtf here (vsqrtps); vector sqrt, division and FMA round exactly as the scalar
- * ones, so every width gives the same bits. */
-static void adamw_range(float *restrict p, const float *restrict g, float *restrict m,
-			float *restrict v, size_t i0, size_t i1, const struct adamw_consts *k)
-{
-	const float decay = k->decay, b1 = k->b1, c1 = k->c1, b2 = k->b2, c2 = k->c2;
-	const float bc2s = k->bc2s, eps = k->eps, step = k->step, scale = k->scale;
-#pragma omp simd
-	for (size_t i = i0; i < i1; i++) {
-		float gi = g[i] * scale;
-		float pi = p[i] * decay;
-		float mi = fmaf(c1, gi, m[i] * b1);
-		float vi = fmaf(c2 * gi, gi, v[i] * b2);
-		float den = sqrtf(vi) / bc2s + eps;
-		p[i] = pi + (step * mi) / den;
-		m[i] = mi;
-		v[i] = vi;
-	}
-}
-
-/* One parallel region for all segments (a model has dozens; a region each would put a
- * fork and a barrier per segment on the step): every thread takes its share of each
- * segment in turn, no barrier in between. */
-static int cpu_adamw_update(struct backend *be, float *p, const float *g, float *m, float *v,
-			    const struct backend_segment *seg, int nseg, double lr, double beta1,
-			    double beta2, double eps, long t, float grad_scale)
-{
-	const double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
-	struct adamw_consts k = {
-		.b1 = (float)beta1,
-		.c1 = (float)(1.0 - beta1),
-		.b2 = (float)beta2,
-		.c2 = (float)(1.0 - beta2),
-		.bc2s = (float)sqrt(bc2),
-		.eps = (float)eps,
-		.step = (float)(-lr / bc1),
-		.scale = grad_scale,
-	};
-	cpu_enter(be);
-#pragma omp parallel firstprivate(k)
-	{
-		size_t nth = (size_t)omp_get_num_threads(), tid = (size_t)omp_get_thread_num();
-		for (int s = 0; s < nseg; s++) {
-			size_t o = seg[s].offset, n = seg[s].n;
-			k.decay = (float)(1.0 - lr * seg[s].weight_decay);
-			adamw_range(p + o, g + o, m + o, v + o, n * tid / nth, n * (tid + 1) / nth,
-				    &k);
-		}
 	}
 	return 0;
 }
