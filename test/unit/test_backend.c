@@ -2305,36 +2305,55 @@ static void product_case(struct backend *be, int drop, int ta, int tb, int M, in
 	free(ea), free(ga), free(eb), free(gb), free(c0), free(got);
 }
 
-/* attention's products are batched ones: in a narrow precision its output stays within the
- * format's error of ref's float64 result (a product that read a wrong batch, or float32
- * operands, would not be both this close and this far) and moves away from the fp32 result
- * (the operands were rounded). */
-static void attention_case(struct backend *be, struct backend *be32, struct backend *ref,
-			   int drop, int B, int T, int C, int NH)
+/* attention on one backend: out, and dqkv from the backward of dout after it */
+static void attention_run(struct backend *be, const float *qkv, const float *dout, float *out,
+			  float *dqkv, int B, int T, int C, int NH)
 {
 	size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
-	float *qkv = malloc(4 * nq), *out[3];
-	cr_assert(qkv);
+	void *q, *o, *a, *d, *dq;
+	cr_assert_eq(be->op->alloc(be, &q, 4 * nq), 0);
+	cr_assert_eq(be->op->alloc(be, &dq, 4 * nq), 0);
+	cr_assert_eq(be->op->alloc(be, &o, 4 * no), 0);
+	cr_assert_eq(be->op->alloc(be, &d, 4 * no), 0);
+	cr_assert_eq(be->op->alloc(be, &a, 4 * na), 0);
+	cr_assert_eq(be->op->upload(be, q, qkv, 4 * nq), 0);
+	cr_assert_eq(be->op->upload(be, d, dout, 4 * no), 0);
+	cr_assert_eq(be->op->attention_forward(be, o, a, q, B, T, C, NH), 0, "%s", err_detail());
+	cr_assert_eq(be->op->attention_backward(be, dq, d, q, a, B, T, C, NH), 0, "%s",
+		     err_detail());
+	cr_assert_eq(be->op->download(be, out, o, 4 * no), 0);
+	cr_assert_eq(be->op->download(be, dqkv, dq, 4 * nq), 0);
+	void *all[] = {q, dq, o, d, a};
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+		be->op->free(be, all[i]);
+}
+
+/* attention's products are batched ones: in a narrow precision its output and its backward's
+ * dqkv stay within the format's error of ref's float64 results (a product that read a wrong
+ * batch or block, or float32 operands, would not be both this close and this far) and move
+ * away from the fp32 results (the operands were rounded); with 3 threads, the same bits as
+ * with 1. T above 128 gives cpu's bf16 attention several blocks of queries. */
+static void attention_case(struct backend *be, struct backend *be32, struct backend *ref,
+			   enum backend_precision prec, int drop, int B, int T, int C, int NH)
+{
+	size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+	float *qkv = malloc(4 * nq), *dout = malloc(4 * no), *out[4], *dq[4];
+	cr_assert(qkv && dout);
 	for (size_t i = 0; i < nq; i++)
 		qkv[i] = (float)rng_normal(33, RNG_STREAM_TEST, i);
-	struct backend *bes[3] = {ref, be32, be};
-	for (int b = 0; b < 3; b++) {
-		void *q, *o, *a;
-		out[b] = malloc(4 * no);
-		cr_assert(out[b]);
-		cr_assert_eq(bes[b]->op->alloc(bes[b], &q, 4 * nq), 0);
-		cr_assert_eq(bes[b]->op->alloc(bes[b], &o, 4 * no), 0);
-		cr_assert_eq(bes[b]->op->alloc(bes[b], &a, 4 * na), 0);
-		cr_assert_eq(bes[b]->op->upload(bes[b], q, qkv, 4 * nq), 0);
-		cr_assert_eq(bes[b]->op->attention_forward(bes[b], o, a, q, B, T, C, NH), 0, "%s",
-			     err_detail());
-		cr_assert_eq(bes[b]->op->download(bes[b], out[b], o, 4 * no), 0);
-		bes[b]->op->free(bes[b], q);
-		bes[b]->op->free(bes[b], o);
-		bes[b]->op->free(bes[b], a);
+	for (size_t i = 0; i < no; i++)
+		dout[i] = (float)rng_normal(34, RNG_STREAM_TEST, i);
+	struct backend *be3 = NULL;
+	cr_assert_eq(backend_open(&be3, be->name,
+				  &(struct backend_params){.precision = prec, .threads = 3}), 0);
+	struct backend *bes[4] = {ref, be32, be, be3};
+	for (int b = 0; b < 4; b++) {
+		out[b] = malloc(4 * no), dq[b] = malloc(4 * nq);
+		cr_assert(out[b] && dq[b]);
+		attention_run(bes[b], qkv, dout, out[b], dq[b], B, T, C, NH);
 	}
 	double unit = ldexp(1.0, drop - 23); /* the format's relative spacing */
-	double far = 0;
+	double far = 0, dfar = 0, dscale = 0;
 	for (size_t i = 0; i < no; i++) {
 		double err = fabs(out[2][i] - out[0][i]);
 		cr_assert(err <= 40 * unit * (1 + fabs(out[0][i])),
@@ -2343,11 +2362,30 @@ static void attention_case(struct backend *be, struct backend *be32, struct back
 			  (double)out[2][i], (double)out[0][i]);
 		far = fmax(far, fabs(out[2][i] - out[1][i]));
 	}
-	cr_assert(far >= 0.05 * unit, "%s %s: attention equals the fp32 one to %.3g: were the "
-		  "operands rounded?", be->name, backend_precision_name(be->precision), far);
-	for (int b = 0; b < 3; b++)
-		free(out[b]);
-	free(qkv);
+	/* dqkv: each of q, k, v's gradient sums over up to T products of rounded operands,
+	 * the errors of which add like a random walk: held to a few units in the norm (a
+	 * missing or doubled block of keys or queries is of the order of dqkv itself) */
+	double se = 0, sr = 0, sf = 0;
+	for (size_t i = 0; i < nq; i++) {
+		se += ((double)dq[2][i] - dq[0][i]) * ((double)dq[2][i] - dq[0][i]);
+		sr += (double)dq[0][i] * dq[0][i];
+		sf += ((double)dq[2][i] - dq[1][i]) * ((double)dq[2][i] - dq[1][i]);
+		dscale = fmax(dscale, fabs(dq[0][i]));
+	}
+	cr_assert(sqrt(se / sr) <= unit, "%s %s: attention backward B %d T %d C %d NH %d: "
+		  "dqkv off ref by %.3g of its norm", be->name,
+		  backend_precision_name(be->precision), B, T, C, NH, sqrt(se / sr));
+	dfar = sqrt(sf / sr);
+	cr_assert(far >= 0.05 * unit && dfar >= 0.05 * unit, "%s %s: attention equals the fp32 "
+		  "one to %.3g (backward %.3g of its norm): were the operands rounded?", be->name,
+		  backend_precision_name(be->precision), far, dfar);
+	cr_assert(memcmp(out[2], out[3], 4 * no) == 0 && memcmp(dq[2], dq[3], 4 * nq) == 0,
+		  "%s %s: attention B %d T %d: 1 and 3 threads differ", be->name,
+		  backend_precision_name(be->precision), B, T);
+	for (int b = 0; b < 4; b++)
+		free(out[b]), free(dq[b]);
+	free(qkv), free(dout);
+	backend_close(be3);
 }
 
 /* The names and precision lists are made from the registry (backend.c), written out here by
@@ -2416,10 +2454,11 @@ Test(backend, reduced_precision_products, .timeout = 120)
 			struct backend *be32, *ref;
 			cr_assert_eq(backend_open(&be32, name, NULL), 0);
 			cr_assert_eq(backend_open(&ref, "ref", NULL), 0);
-			attention_case(be, be32, ref, prec[p].drop, 2, 37, 48, 3);
+			attention_case(be, be32, ref, prec[p].p, prec[p].drop, 2, 37, 48, 3);
+			attention_case(be, be32, ref, prec[p].p, prec[p].drop, 1, 300, 64, 2);
 			fprintf(stderr, "test_backend: reduced_precision_products on '%s' %s: %d "
-				"products against sums of the rounded operands, and attention within "
-				"the format's error\n", name, pn, n);
+				"products against sums of the rounded operands, and attention (forward "
+				"and backward, T up to 300) within the format's error\n", name, pn, n);
 			backend_close(ref);
 			backend_close(be32);
 			backend_close(be);

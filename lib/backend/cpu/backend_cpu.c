@@ -320,8 +320,28 @@ static void gemm_call(struct cpu_ctx *ctx, int ta, int tb, int M, int N, int K, 
 #define GEMM_MIN_BLOCK 4e6
 /* A bf16 product is split into at most BF16_BLOCKS blocks of at least BF16_MIN_BLOCK
  * (M*N*K; see sgemm): fewer, larger blocks keep AMX's tiles busy. */
+#ifndef BF16_BLOCKS
 #define BF16_BLOCKS 4
+#endif
 #define BF16_MIN_BLOCK 16e6
+
+/* to_bf16 (rows of src, row stride ld, into compact bfloat16 rows) split over nth threads by
+ * rows: each value is rounded alone, so the split changes nothing but the time. */
+static void to_bf16_par(struct cpu_ctx *ctx, int nth, uint16_t *dst, const float *src,
+			int rows, int cols, int ld)
+{
+	if (nth < 2 || (int64_t)rows * cols < CPU_PAR_MIN) {
+		ctx->blas->to_bf16(dst, src, rows, cols, ld);
+		return;
+	}
+#pragma omp parallel num_threads(nth)
+	{
+		const int n = omp_get_num_threads(), t = omp_get_thread_num();
+		const int r0 = (int)((int64_t)rows * t / n), r1 = (int)((int64_t)rows * (t + 1) / n);
+		ctx->blas->to_bf16(dst + (size_t)r0 * cols, src + (size_t)r0 * ld, r1 - r0, cols,
+				   ld);
+	}
+}
 
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C with the threads splitting C into blocks of
  * rows (or of columns, when C is wider than tall) and each block one single-threaded sgemm
@@ -365,9 +385,11 @@ static void sgemm(struct backend *be, int ta, int tb, int M,
 			}
 			if (ctx->shared) { /* else each block rounds it again */
 				if (by_rows)
-					ctx->blas->to_bf16(ctx->shared, B, tb ? N : K, tb ? K : N, ldb);
+					to_bf16_par(ctx, nth, ctx->shared, B, tb ? N : K,
+						    tb ? K : N, ldb);
 				else
-					ctx->blas->to_bf16(ctx->shared, A, ta ? K : M, ta ? M : K, lda);
+					to_bf16_par(ctx, nth, ctx->shared, A, ta ? K : M,
+						    ta ? M : K, lda);
 				*(by_rows ? &bh : &ah) = ctx->shared;
 			}
 		}
@@ -865,11 +887,171 @@ static void transpose_block(float *dst, const float *src, int n, int hs, int ld,
 	}
 }
 
-/* Per thread: a T x T block of scores and an hs x T transposed block, in the workspace. */
+/* In bf16 the products run on blocks of this many query rows, each against the keys up to
+ * its end: oneDNN's AMX kernel pays per call what fp32's small-matrix kernel does not, and
+ * four times ATT_BLOCK's rows measured fastest at T = 256, hs = 64 (64 and 256 within 5%). */
+#ifndef ATT_BLOCK_BF16
+#define ATT_BLOCK_BF16 128
+#endif
+
+/* Per thread, in the workspace. fp32: a T x T block of scores and an hs x T transposed
+ * block. bf16: a dense block of scores (ATT_BLOCK_BF16 x T floats), its P and dS in
+ * bfloat16 (as many bytes again), the head's q, k, v, dO in compact bfloat16 T x hs blocks
+ * and its dK, dV sums in float T x hs blocks. */
+static size_t attention_ws_floats(const struct cpu_ctx *ctx, int T, int hs)
+{
+	if (!ctx->bf16)
+		return (size_t)T * T + (size_t)hs * T;
+	return 2 * (size_t)ATT_BLOCK_BF16 * T + 4 * (size_t)hs * T;
+}
+
 static float *attention_ws(struct backend *be, int T, int hs)
 {
 	return cpu_workspace(be, sizeof(float) * (size_t)be->threads *
-					 ((size_t)T * T + (size_t)hs * T));
+					 attention_ws_floats(cpu_ctx(be), T, hs));
+}
+
+struct att_bf16_ws {
+	float *S;                     /* [rb, kn] dense: scores, P, dP, dS of a row block */
+	uint16_t *Ph, *dSh;           /* [rb, kn] compact: the block's P and dS in bf16 */
+	uint16_t *qh, *kh, *vh, *doh; /* [T, hs] compact bf16 */
+	float *dK, *dV;               /* [T, hs] dense: the head's dK, dV summed over blocks */
+};
+
+static struct att_bf16_ws att_bf16_ws(float *ws, int T, int hs)
+{
+	const size_t rt = (size_t)ATT_BLOCK_BF16 * T, th = (size_t)T * hs;
+	float *w = ws + (size_t)omp_get_thread_num() * (2 * rt + 4 * th);
+	struct att_bf16_ws a = {.S = w, .Ph = (uint16_t *)(w + rt)};
+	a.dSh = a.Ph + rt;
+	a.qh = a.dSh + rt;
+	a.kh = a.qh + th, a.vh = a.kh + th, a.doh = a.vh + th;
+	a.dK = (float *)(a.doh + th);
+	a.dV = a.dK + th;
+	return a;
+}
+
+/* cpu_attention_forward in bf16. Per head, q, k and v are rounded once; per block of rows
+ * r0..r0+rn against keys 0..kn: S = scale Q K^T into the dense block, each row's softmax
+ * there (zero above the diagonal), written to att (zeros too, which a product run in fp32
+ * for want of workspace would read) and, rounded, to the compact Ph that O = P V reads. No
+ * product reads or writes a strided block but O. */
+static int attention_forward_bf16(struct backend *be, float *out, float *att, const float *qkv,
+				  int B, int T, int C, int NH, float *ws)
+{
+	struct cpu_ctx *ctx = cpu_ctx(be);
+	const int hs = C / NH, C3 = 3 * C;
+	const float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel
+	{
+		struct att_bf16_ws w = att_bf16_ws(ws, T, hs);
+#pragma omp for schedule(static)
+		for (int bh = 0; bh < B * NH; bh++) {
+			int b = bh / NH, h = bh % NH;
+			const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+			const float *k = q + C, *v = q + 2 * C;
+			float *P = att + (size_t)bh * T * T;
+			float *o = out + (size_t)b * T * C + (size_t)h * hs;
+			ctx->blas->to_bf16(w.qh, q, T, hs, C3);
+			ctx->blas->to_bf16(w.kh, k, T, hs, C3);
+			ctx->blas->to_bf16(w.vh, v, T, hs, C3);
+			for (int r0 = 0; r0 < T; r0 += ATT_BLOCK_BF16) {
+				int rn = min_int(ATT_BLOCK_BF16, T - r0), kn = r0 + rn;
+				gemm_timed(ctx, 0, 1, rn, kn, hs, scale, q + (size_t)r0 * C3, C3, k,
+					   C3, 0.0f, w.S, kn, w.qh + (size_t)r0 * hs, w.kh);
+				for (int i = 0; i < rn; i++) {
+					float *s = w.S + (size_t)i * kn;
+					causal_softmax_row(s, r0 + i, kn);
+					memcpy(P + (size_t)(r0 + i) * T, s, sizeof(float) * (size_t)kn);
+				}
+				ctx->blas->to_bf16(w.Ph, w.S, rn, kn, kn);
+				gemm_timed(ctx, 0, 0, rn, hs, kn, 1.0f, w.S, kn, v, C3, 0.0f,
+					   o + (size_t)r0 * C, C, w.Ph, w.vh);
+			}
+		}
+	}
+	return 0;
+}
+
+/* Rows r0..r0+rn of dS = scale * P (dP - rowsum(P dP)) over the causal keys, from dP in the
+ * dense block S (row stride kn) and P in att (row stride T); S keeps dS, and dS and P go
+ * rounded to the compact dSh and Ph, zero above the diagonal. */
+static void softmax_backward_bf16(struct cpu_ctx *ctx, struct att_bf16_ws *w, const float *P,
+				  int r0, int rn, int kn, int T, float scale)
+{
+	for (int ii = 0; ii < rn; ii++) {
+		int i = r0 + ii;
+		const float *p = P + (size_t)i * T;
+		float *d = w->S + (size_t)ii * kn;
+		float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+		for (int j = 0; j <= i; j++)
+			dot += p[j] * d[j];
+#pragma omp simd
+		for (int j = 0; j <= i; j++)
+			d[j] = p[j] * (d[j] - dot) * scale;
+		for (int j = i + 1; j < kn; j++)
+			d[j] = 0.0f;
+		uint16_t *ph = w->Ph + (size_t)ii * kn;
+		ctx->blas->to_bf16(ph, p, 1, i + 1, T);
+		memset(ph + i + 1, 0, sizeof *ph * (size_t)(kn - i - 1));
+	}
+	ctx->blas->to_bf16(w->dSh, w->S, rn, kn, kn);
+}
+
+/* cpu_attention_backward in bf16. Per head, q, k, v and dO are rounded once; per block of
+ * rows (the last first): dP = dO V^T into the dense block, dS and P rounded to compact
+ * blocks, dQ = dS K, and dK += dS^T Q, dV += P^T dO over the block's keys, summed in dense
+ * T x hs blocks (the last block, which reaches every key, writes them; the others add to
+ * them) and copied to dqkv once. */
+static int attention_backward_bf16(struct backend *be, float *dqkv, const float *dout,
+				   const float *qkv, const float *att, int B, int T, int C,
+				   int NH, float *ws)
+{
+	struct cpu_ctx *ctx = cpu_ctx(be);
+	const int hs = C / NH, C3 = 3 * C;
+	const float scale = 1.0f / sqrtf((float)hs);
+	const int nb = (T + ATT_BLOCK_BF16 - 1) / ATT_BLOCK_BF16;
+#pragma omp parallel
+	{
+		struct att_bf16_ws w = att_bf16_ws(ws, T, hs);
+#pragma omp for schedule(static)
+		for (int bh = 0; bh < B * NH; bh++) {
+			int b = bh / NH, h = bh % NH;
+			const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+			const float *k = q + C, *v = q + 2 * C;
+			const float *P = att + (size_t)bh * T * T;
+			const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+			float *dq = dqkv + (size_t)b * T * C3 + (size_t)h * hs;
+			float *dk = dq + C, *dv = dq + 2 * C;
+			ctx->blas->to_bf16(w.qh, q, T, hs, C3);
+			ctx->blas->to_bf16(w.kh, k, T, hs, C3);
+			ctx->blas->to_bf16(w.vh, v, T, hs, C3);
+			ctx->blas->to_bf16(w.doh, dO, T, hs, C);
+			for (int r = nb - 1; r >= 0; r--) {
+				int r0 = r * ATT_BLOCK_BF16, rn = min_int(ATT_BLOCK_BF16, T - r0);
+				int kn = r0 + rn;
+				float beta = r == nb - 1 ? 0.0f : 1.0f;
+				gemm_timed(ctx, 0, 1, rn, kn, hs, 1.0f, dO + (size_t)r0 * C, C, v, C3,
+					   0.0f, w.S, kn, w.doh + (size_t)r0 * hs, w.vh);
+				softmax_backward_bf16(ctx, &w, P, r0, rn, kn, T, scale);
+				gemm_timed(ctx, 0, 0, rn, hs, kn, 1.0f, w.S, kn, k, C3, 0.0f,
+					   dq + (size_t)r0 * C3, C3, w.dSh, w.kh);
+				gemm_timed(ctx, 1, 0, kn, hs, rn, 1.0f, w.S, kn, q + (size_t)r0 * C3,
+					   C3, beta, w.dK, hs, w.dSh, w.qh + (size_t)r0 * hs);
+				gemm_timed(ctx, 1, 0, kn, hs, rn, 1.0f, P + (size_t)r0 * T, T,
+					   dO + (size_t)r0 * C, C, beta, w.dV, hs, w.Ph,
+					   w.doh + (size_t)r0 * hs);
+			}
+			for (int t = 0; t < T; t++) {
+				memcpy(dk + (size_t)t * C3, w.dK + (size_t)t * hs,
+				       sizeof(float) * (size_t)hs);
+				memcpy(dv + (size_t)t * C3, w.dV + (size_t)t * hs,
+				       sizeof(float) * (size_t)hs);
+			}
+		}
+	}
+	return 0;
 }
 
 static int cpu_attention_forward(struct backend *be, float *out, float *att, const float *qkv,
@@ -882,9 +1064,11 @@ static int cpu_attention_forward(struct backend *be, float *out, float *att, con
 	if (!ws)
 		return CORE_ENOMEM;
 	cpu_enter(be);
+	if (ctx->bf16)
+		return attention_forward_bf16(be, out, att, qkv, B, T, C, NH, ws);
 #pragma omp parallel
 	{
-		float *kt = ws + (size_t)omp_get_thread_num() * ((size_t)T * T + (size_t)hs * T);
+		float *kt = ws + (size_t)omp_get_thread_num() * attention_ws_floats(ctx, T, hs);
 #pragma omp for schedule(static)
 		for (int bh = 0; bh < B * NH; bh++) {
 			int b = bh / NH, h = bh % NH;
@@ -922,9 +1106,11 @@ static int cpu_attention_backward(struct backend *be, float *dqkv, const float *
 	if (!ws)
 		return CORE_ENOMEM;
 	cpu_enter(be);
+	if (ctx->bf16)
+		return attention_backward_bf16(be, dqkv, dout, qkv, att, B, T, C, NH, ws);
 #pragma omp parallel
 	{
-		float *dS = ws + (size_t)omp_get_thread_num() * ((size_t)T * T + (size_t)hs * T);
+		float *dS = ws + (size_t)omp_get_thread_num() * attention_ws_floats(ctx, T, hs);
 		float *vt = dS + (size_t)T * T;
 #pragma omp for schedule(static)
 		for (int bh = 0; bh < B * NH; bh++) {
