@@ -242,6 +242,33 @@ struct backend_ops {
 	/* dqkv [B,T,3C] overwritten from dout [B,T,C], with att from attention_forward. */
 	int (*attention_backward)(struct backend *be, float *dqkv, const float *dout,
 				  const float *qkv, const float *att, int B, int T, int C, int NH);
+	/* ---- bfloat16 activations (optional: NULL where the backend has none) ----------
+	 *
+	 * An activation that feeds nothing but matrix products (a LayerNorm's output before
+	 * the attention, the MLP or the head; attention's output; GELU's output) is rounded
+	 * to bfloat16 by those products in BACKEND_BF16 anyway. These ops write it rounded in
+	 * the first place and read it so: half the bytes written and read, and no rounding
+	 * of it inside the products. Each gives the bits of the float op of the same name
+	 * with its out rounded to bfloat16 (to nearest, ties to even), or with its x widened
+	 * from bfloat16, in any precision; in BACKEND_BF16, where a product rounds x anyway,
+	 * a model that uses them therefore trains to the same bits as one that does not. */
+	int (*layernorm_forward_bf16)(struct backend *be, uint16_t *out, float *mean,
+				      float *rstd, const float *x, const float *w, const float *b,
+				      int N, int C);
+	int (*residual_layernorm_forward_bf16)(struct backend *be, float *res, uint16_t *out,
+					       float *mean, float *rstd, const float *skip,
+					       const float *bias, const float *w, const float *b,
+					       int N, int C);
+	int (*bias_act_forward_bf16)(struct backend *be, float *pre, uint16_t *out,
+				     const float *bias, int N, int C, enum backend_act act);
+	int (*attention_forward_bf16)(struct backend *be, uint16_t *out, float *att,
+				      const float *qkv, int B, int T, int C, int NH);
+	int (*matmul_forward_bf16)(struct backend *be, float *y, const uint16_t *x,
+				   const float *w, const float *bias, int N, int IC, int OC,
+				   enum backend_wlayout layout);
+	int (*matmul_backward_bf16)(struct backend *be, float *dx, float *dw, float *dbias,
+				    const float *dy, const uint16_t *x, const float *w, int N,
+				    int IC, int OC, enum backend_wlayout layout, int accumulate);
 	/* In place: logits [N,V] -> softmax probabilities; losses[n] = -log p[n, target[n]]
 	 * (targets may be NULL: probabilities only, losses untouched). */
 	int (*crossentropy_forward)(struct backend *be, float *probs, float *losses,

@@ -423,6 +423,25 @@ static int alloc_buffers(struct gpt2 *g, int B, int T)
 	return 0;
 }
 
+/* Whether be keeps bfloat16 activations (gpt2_bf16_activations' default) */
+static int bf16_acts_here(const struct backend *be)
+{
+	const struct backend_ops *o = be->op;
+	return be->precision == BACKEND_BF16 && o->layernorm_forward_bf16 &&
+	       o->residual_layernorm_forward_bf16 && o->bias_act_forward_bf16 &&
+	       o->attention_forward_bf16 && o->matmul_forward_bf16 && o->matmul_backward_bf16;
+}
+
+int gpt2_bf16_activations(struct gpt2 *g, int on)
+{
+	if (on && !bf16_acts_here(g->be))
+		return err_set(CORE_EUSAGE, NULL, "backend '%s' in %s keeps no bfloat16 "
+			       "activations", g->be->name,
+			       backend_precision_name(g->be->precision));
+	g->acts_bf16 = on != 0;
+	return 0;
+}
+
 static int create(struct gpt2 *g, const struct model_config *cfg, int B, int T,
 		  struct backend *be, int forward_only)
 {
@@ -437,6 +456,7 @@ static int create(struct gpt2 *g, const struct model_config *cfg, int B, int T,
 	g->T = T;
 	g->forward_only = forward_only;
 	g->gate_step = -1;
+	g->acts_bf16 = bf16_acts_here(be);
 	g->acts = calloc(1, sizeof *g->acts);
 	if (!g->acts)
 		goto nomem;
@@ -589,6 +609,40 @@ static int check_tokens(const struct gpt2 *g, const int32_t *inputs, const int32
 	return 0;
 }
 
+/* The ops that write or read an activation which feeds only products: in its float form,
+ * or, when h (g->acts_bf16, and for ln_2 a dense MLP), in bfloat16 in the first half of the
+ * same buffer (backend.h: the same bits either way). */
+static int mm_forward(struct gpt2 *g, int h, float *y, const float *x, const float *w,
+		      const float *bias, int N, int IC, int OC, enum backend_wlayout lay)
+{
+	struct backend *be = g->be;
+	return h ? be->op->matmul_forward_bf16(be, y, (const uint16_t *)(const void *)x, w, bias,
+					       N, IC, OC, lay)
+		 : be->op->matmul_forward(be, y, x, w, bias, N, IC, OC, lay);
+}
+
+static int mm_backward(struct gpt2 *g, int h, float *dx, float *dw, float *dbias,
+		       const float *dy, const float *x, const float *w, int N, int IC, int OC,
+		       enum backend_wlayout lay)
+{
+	struct backend *be = g->be;
+	return h ? be->op->matmul_backward_bf16(be, dx, dw, dbias, dy,
+						(const uint16_t *)(const void *)x, w, N, IC, OC,
+						lay, 0)
+		 : be->op->matmul_backward(be, dx, dw, dbias, dy, x, w, N, IC, OC, lay, 0);
+}
+
+static int res_layernorm(struct gpt2 *g, int h, float *res, float *out, float *mean,
+			 float *rstd, const float *skip, const float *bias, const float *w,
+			 const float *b, int N, int C)
+{
+	struct backend *be = g->be;
+	return h ? be->op->residual_layernorm_forward_bf16(be, res, (uint16_t *)(void *)out, mean,
+							   rstd, skip, bias, w, b, N, C)
+		 : be->op->residual_layernorm_forward(be, res, out, mean, rstd, skip, bias, w, b,
+						      N, C);
+}
+
 /* The blocks: layer l's attention and MLP, each residual add fused with the LayerNorm that
  * follows (ln_2, then ln_1 of l+1 or ln_f). */
 /* Blocks 0..last (last = L - 1 for the whole model). */
@@ -597,6 +651,7 @@ static int forward_blocks(struct gpt2 *g, int B, int T, int last)
 	struct backend *be = g->be;
 	struct gpt2_acts *a = g->acts;
 	const int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T;
+	const int h = g->acts_bf16;
 
 	for (int l = 0; l <= last; l++) {
 		struct layer_acts *la = LA(a, l);
@@ -608,15 +663,18 @@ static int forward_blocks(struct gpt2 *g, int B, int T, int last)
 		float *nmean = l + 1 < L ? LA(a, l + 1)->ln1_mean : a->lnf_mean;
 		float *nrstd = l + 1 < L ? LA(a, l + 1)->ln1_rstd : a->lnf_rstd;
 #define W(p) P(g, V_LAYER(l, p))
-		ERR_FORWARD(be->op->matmul_forward(be, la->qkv, la->ln1, W(P_ATTN_W), W(P_ATTN_B),
-						   N, C, 3 * C, BACKEND_W_IO));
-		ERR_FORWARD(be->op->attention_forward(be, la->atty, la->att, la->qkv, B, T, C,
-						      NH));
-		ERR_FORWARD(be->op->matmul_forward(be, la->res2, la->atty, W(P_APROJ_W), NULL, N,
-						   C, C, BACKEND_W_IO));
-		ERR_FORWARD(be->op->residual_layernorm_forward(be, la->res2, la->ln2, la->ln2_mean,
-							       la->ln2_rstd, x, W(P_APROJ_B),
-							       W(P_LN2_W), W(P_LN2_B), N, C));
+		/* ln_2 feeds the MoE layer in float */
+		const int h2 = h && !moe_is(g, l);
+		ERR_FORWARD(mm_forward(g, h, la->qkv, la->ln1, W(P_ATTN_W), W(P_ATTN_B), N, C,
+				       3 * C, BACKEND_W_IO));
+		ERR_FORWARD(h ? be->op->attention_forward_bf16(be, (uint16_t *)(void *)la->atty,
+							       la->att, la->qkv, B, T, C, NH)
+			      : be->op->attention_forward(be, la->atty, la->att, la->qkv, B, T, C,
+							  NH));
+		ERR_FORWARD(mm_forward(g, h, la->res2, la->atty, W(P_APROJ_W), NULL, N, C, C,
+				       BACKEND_W_IO));
+		ERR_FORWARD(res_layernorm(g, h2, la->res2, la->ln2, la->ln2_mean, la->ln2_rstd, x,
+					  W(P_APROJ_B), W(P_LN2_W), W(P_LN2_B), N, C));
 		if (moe_is(g, l)) {
 			struct gpt2_moe *m = g->moe;
 			/* evaluation drops nothing (setting 0), so that its loss does not depend on
@@ -626,21 +684,22 @@ static int forward_blocks(struct gpt2 *g, int B, int T, int last)
 						      g->gate_step >= 0 ? m->cfg.capacity_setting
 									: 0.0));
 			/* x' = x2 + moe (its biases inside), fused with the next LayerNorm */
-			ERR_FORWARD(be->op->residual_layernorm_forward(be, la->res3, nout, nmean,
-								       nrstd, la->res2, NULL, nw,
-								       nb, N, C));
+			ERR_FORWARD(res_layernorm(g, h, la->res3, nout, nmean, nrstd, la->res2,
+						  NULL, nw, nb, N, C));
 			continue;
 		}
-		ERR_FORWARD(be->op->matmul_forward(be, la->fch, la->ln2, W(P_FC_W), NULL, N, C,
-						   4 * C, BACKEND_W_IO));
-		ERR_FORWARD(be->op->bias_act_forward(be, la->fch, la->fch_gelu, W(P_FC_B), N,
-						     4 * C, BACKEND_ACT_GELU));
-		ERR_FORWARD(be->op->matmul_forward(be, la->res3, la->fch_gelu, W(P_MPROJ_W), NULL,
-						   N, 4 * C, C, BACKEND_W_IO));
+		ERR_FORWARD(mm_forward(g, h, la->fch, la->ln2, W(P_FC_W), NULL, N, C, 4 * C,
+				       BACKEND_W_IO));
+		ERR_FORWARD(h ? be->op->bias_act_forward_bf16(be, la->fch,
+							      (uint16_t *)(void *)la->fch_gelu,
+							      W(P_FC_B), N, 4 * C, BACKEND_ACT_GELU)
+			      : be->op->bias_act_forward(be, la->fch, la->fch_gelu, W(P_FC_B), N,
+							 4 * C, BACKEND_ACT_GELU));
+		ERR_FORWARD(mm_forward(g, h, la->res3, la->fch_gelu, W(P_MPROJ_W), NULL, N, 4 * C,
+				       C, BACKEND_W_IO));
 		/* x' = x2 + mlp, fused with the next LayerNorm */
-		ERR_FORWARD(be->op->residual_layernorm_forward(be, la->res3, nout, nmean, nrstd,
-							       la->res2, W(P_MPROJ_B), nw, nb, N,
-							       C));
+		ERR_FORWARD(res_layernorm(g, h, la->res3, nout, nmean, nrstd, la->res2,
+					  W(P_MPROJ_B), nw, nb, N, C));
 #undef W
 	}
 	return 0;
@@ -668,10 +727,14 @@ static int forward_to(struct gpt2 *g, const int32_t *inputs, const int32_t *targ
 
 	ERR_FORWARD(be->op->encoder_forward(be, a->encoded, a->inputs, P(g, V_WTE), P(g, V_WPE),
 					    B, T, C));
-	ERR_FORWARD(be->op->layernorm_forward(be, LA(a, 0)->ln1, LA(a, 0)->ln1_mean,
-					      LA(a, 0)->ln1_rstd, a->encoded,
-					      P(g, V_LAYER(0, P_LN1_W)), P(g, V_LAYER(0, P_LN1_B)),
-					      N, C));
+	struct layer_acts *l0 = LA(a, 0);
+	const float *w0 = P(g, V_LAYER(0, P_LN1_W)), *b0 = P(g, V_LAYER(0, P_LN1_B));
+	ERR_FORWARD(g->acts_bf16
+			    ? be->op->layernorm_forward_bf16(be, (uint16_t *)(void *)l0->ln1,
+							     l0->ln1_mean, l0->ln1_rstd,
+							     a->encoded, w0, b0, N, C)
+			    : be->op->layernorm_forward(be, l0->ln1, l0->ln1_mean, l0->ln1_rstd,
+							a->encoded, w0, b0, N, C));
 	return forward_blocks(g, B, T, last);
 }
 
@@ -694,8 +757,8 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = model_n_out(&g->cfg);
 	ERR_FORWARD(forward_to(g, inputs, targets, B, T, L - 1));
 	const int N = B * T;
-	ERR_FORWARD(be->op->matmul_forward(be, a->probs, a->lnf, P(g, V_LAYER(L, 2)), NULL, N, C,
-					   V, BACKEND_W_OI));
+	ERR_FORWARD(mm_forward(g, g->acts_bf16, a->probs, a->lnf, P(g, V_LAYER(L, 2)), NULL, N,
+			       C, V, BACKEND_W_OI));
 	ERR_FORWARD(be->op->crossentropy_forward(be, a->probs, a->losses,
 						 targets ? a->targets : NULL, N, V));
 	a->have_targets = targets != NULL;
@@ -716,8 +779,8 @@ int gpt2_forward_logits(struct gpt2 *g, const int32_t *inputs, int B, int T, flo
 	struct gpt2_acts *a = g->acts;
 	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = model_n_out(&g->cfg);
 	ERR_FORWARD(forward_to(g, inputs, NULL, B, T, L - 1));
-	ERR_FORWARD(be->op->matmul_forward(be, a->probs, a->lnf, P(g, V_LAYER(L, 2)), NULL, B * T,
-					   C, V, BACKEND_W_OI));
+	ERR_FORWARD(mm_forward(g, g->acts_bf16, a->probs, a->lnf, P(g, V_LAYER(L, 2)), NULL,
+			       B * T, C, V, BACKEND_W_OI));
 	return be->op->download(be, out, a->probs, sizeof(float) * (size_t)B * T * V);
 }
 
@@ -873,6 +936,7 @@ static int backward_block(struct gpt2 *g, int l, int B, int T)
 	const int C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T;
 	struct layer_acts *la = &a->layer[l];
 	const float *x = l == 0 ? a->encoded : a->layer[l - 1].res3;
+	const int h = g->acts_bf16;
 #define W(p) P(g, V_LAYER(l, p))
 #define DW(p) G(g, V_LAYER(l, p))
 	if (moe_is(g, l)) {
@@ -883,25 +947,23 @@ static int backward_block(struct gpt2 *g, int l, int B, int T)
 					 (float)g->cfg.moe.aux_weight));
 	} else {
 		/* x' = x2 + gelu(fch) Wp + bp: dres flows to x2 unchanged */
-		ERR_FORWARD(be->op->matmul_backward(be, a->dbig, DW(P_MPROJ_W), DW(P_MPROJ_B),
-						    a->dres, la->fch_gelu, W(P_MPROJ_W), N, 4 * C,
-						    C, BACKEND_W_IO, 0));
+		ERR_FORWARD(mm_backward(g, h, a->dbig, DW(P_MPROJ_W), DW(P_MPROJ_B), a->dres,
+					la->fch_gelu, W(P_MPROJ_W), N, 4 * C, C, BACKEND_W_IO));
 		ERR_FORWARD(be->op->act_backward(be, a->dbig, DW(P_FC_B), la->fch, N, 4 * C,
 						 BACKEND_ACT_GELU));
-		ERR_FORWARD(be->op->matmul_backward(be, a->dbuf, DW(P_FC_W), NULL, a->dbig,
-						    la->ln2, W(P_FC_W), N, C, 4 * C, BACKEND_W_IO,
-						    0));
+		ERR_FORWARD(mm_backward(g, h, a->dbuf, DW(P_FC_W), NULL, a->dbig, la->ln2,
+					W(P_FC_W), N, C, 4 * C, BACKEND_W_IO));
 	}
 	ERR_FORWARD(be->op->layernorm_backward(be, a->dres, DW(P_LN2_W), DW(P_LN2_B), a->dbuf,
 					       la->res2, W(P_LN2_W), la->ln2_mean, la->ln2_rstd,
 					       N, C, 1));
 	/* x2 = x + y Wo + bo */
-	ERR_FORWARD(be->op->matmul_backward(be, a->dbuf, DW(P_APROJ_W), DW(P_APROJ_B), a->dres,
-					    la->atty, W(P_APROJ_W), N, C, C, BACKEND_W_IO, 0));
+	ERR_FORWARD(mm_backward(g, h, a->dbuf, DW(P_APROJ_W), DW(P_APROJ_B), a->dres, la->atty,
+				W(P_APROJ_W), N, C, C, BACKEND_W_IO));
 	ERR_FORWARD(be->op->attention_backward(be, a->dbig, a->dbuf, la->qkv, la->att, B, T, C,
 					       NH));
-	ERR_FORWARD(be->op->matmul_backward(be, a->dbuf, DW(P_ATTN_W), DW(P_ATTN_B), a->dbig,
-					    la->ln1, W(P_ATTN_W), N, C, 3 * C, BACKEND_W_IO, 0));
+	ERR_FORWARD(mm_backward(g, h, a->dbuf, DW(P_ATTN_W), DW(P_ATTN_B), a->dbig, la->ln1,
+				W(P_ATTN_W), N, C, 3 * C, BACKEND_W_IO));
 	ERR_FORWARD(be->op->layernorm_backward(be, a->dres, DW(P_LN1_W), DW(P_LN1_B), a->dbuf,
 					       x, W(P_LN1_W), la->ln1_mean, la->ln1_rstd, N, C,
 					       1));
@@ -926,9 +988,8 @@ int gpt2_backward(struct gpt2 *g)
 	/* loss = mean of N cross-entropies: dlogits = (p - onehot) / N, in place */
 	ERR_FORWARD(be->op->crossentropy_backward(be, a->probs, a->targets, N, Vo,
 						  1.0f / (float)N));
-	ERR_FORWARD(be->op->matmul_backward(be, a->dbuf, G(g, V_LAYER(L, 2)), NULL, a->probs,
-					    a->lnf, P(g, V_LAYER(L, 2)), N, C, Vo, BACKEND_W_OI,
-					    0));
+	ERR_FORWARD(mm_backward(g, g->acts_bf16, a->dbuf, G(g, V_LAYER(L, 2)), NULL, a->probs,
+				a->lnf, P(g, V_LAYER(L, 2)), N, C, Vo, BACKEND_W_OI));
 	ERR_FORWARD(be->op->layernorm_backward(be, a->dres, G(g, V_LAYER(L, 0)),
 					       G(g, V_LAYER(L, 1)), a->dbuf,
 					       a->layer[L - 1].res3, P(g, V_LAYER(L, 0)),

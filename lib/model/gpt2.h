@@ -61,6 +61,8 @@ struct gpt2 {
 	int64_t gate_step;         /* >= 0: the training step whose gate noise the MoE blocks
 				    * draw; -1 (the default): evaluation, no noise */
 	float aux_loss;            /* the MoE blocks' auxiliary losses at the last forward, summed */
+	int acts_bf16;             /* the activations that feed only products kept in bfloat16
+				    * (gpt2_bf16_activations) */
 };
 
 /* Per MoE block, what its last forward routed (for the capacity trace): N tokens, C slots,
@@ -78,6 +80,13 @@ int gpt2_moe_step(const struct gpt2 *g, int block, struct gpt2_moe_step *out);
 int gpt2_moe_route_digest(const struct gpt2 *g, int block, uint64_t *out);
 /* 1 when block l's MLP is an MoE layer. */
 int gpt2_block_is_moe(const struct gpt2 *g, int l);
+
+/* Keep the activations that feed nothing but matrix products (ln_1's, ln_2's before a dense
+ * MLP, attention's output, GELU's, ln_f's) in bfloat16, through the backend's _bf16 ops
+ * (backend.h): on by default where the backend runs BACKEND_BF16 products and has those ops,
+ * off otherwise; on (1) is then refused, CORE_EUSAGE. With them or without, training gives the
+ * same bits: they only spare the float copies the products would round. */
+int gpt2_bf16_activations(struct gpt2 *g, int on);
 
 /* Allocate, on be, parameters, grads, moments (zeroed) and activations for batches up to
  * B x T. */

@@ -680,15 +680,21 @@ Test(gpt2_grad, deterministic_and_shorter_sequences)
 /* Same inputs give the same bits at any thread count, with the work really split (sizes
  * where every op runs in parallel): no reduction depends on the split or the scheduling.
  * Two AdamW steps of model cfg on the cpu backend with that many threads. */
-static void train_steps(const struct model_config *cfg, float *out, size_t *n, size_t cap,
-			int threads)
+/* Two training steps on cpu; acts: gpt2_bf16_activations(acts) when >= 0, else the
+ * default. */
+static void train_steps_in(const struct model_config *cfg, float *out, size_t *n, size_t cap,
+			   int threads, enum backend_precision prec, int acts)
 {
 	struct gpt2 g;
 	int B = 4, T = 64;
 	int32_t x[256], y[256];
 	struct backend *cpu;
-	cr_assert_eq(backend_open(&cpu, "cpu", &(struct backend_params){.threads = threads}), 0);
+	cr_assert_eq(backend_open(&cpu, "cpu", &(struct backend_params){.threads = threads,
+									 .precision = prec}),
+		     0, "%s", err_detail());
 	cr_assert_eq(gpt2_create(&g, cfg, B, T, cpu), 0, "%s", err_detail());
+	if (acts >= 0)
+		cr_assert_eq(gpt2_bf16_activations(&g, acts), 0, "%s", err_detail());
 	cr_assert_eq(gpt2_init_params(&g, 5), 0);
 	for (int i = 0; i < B * T; i++) {
 		x[i] = (int32_t)rng_below(5, RNG_STREAM_TEST, i, 64);
@@ -708,6 +714,12 @@ static void train_steps(const struct model_config *cfg, float *out, size_t *n, s
 	*n = 2 * g.nparams;
 	gpt2_free(&g);
 	backend_close(cpu);
+}
+
+static void train_steps(const struct model_config *cfg, float *out, size_t *n, size_t cap,
+			int threads)
+{
+	train_steps_in(cfg, out, n, cap, threads, BACKEND_FP32, -1);
 }
 
 static void bit_identical(const struct model_config *cfg, size_t cap, const char *what)
@@ -740,4 +752,54 @@ Test(gpt2_grad, moe_bit_identical_at_any_thread_count)
 	cfg.moe = (struct model_moe){.experts = 8, .top_k = 2, .every = 2, .capacity_factor = 1.0,
 				     .aux_weight = 0.01, .bpr = 1};
 	bit_identical(&cfg, 1200000, "the MoE model");
+}
+
+/* In bf16, the activations that feed only products kept in bfloat16 (gpt2_bf16_activations,
+ * the default there) train to the bits of the float activations the products round: a dense
+ * model and one with an MoE block (whose ln_2 stays float), at 1 and 3 threads. C = 96 and
+ * V = 80 keep some products above the skinny loops' 64 columns and some below. */
+Test(gpt2_grad, bf16_activations_change_no_bit)
+{
+	struct backend *probe = NULL;
+	if (backend_open(&probe, "cpu", &(struct backend_params){.precision = BACKEND_BF16}) < 0) {
+		fprintf(stderr, "test_gpt2_grad: bf16_activations_change_no_bit: SKIPPED (%s)\n",
+			err_detail());
+		return;
+	}
+	cr_assert(probe->op->matmul_forward_bf16, "cpu in bf16 keeps bfloat16 activations");
+	backend_close(probe);
+	struct model_config dense = {.n_layer = 2, .n_embd = 96, .n_head = 2, .seq_len = 64,
+				     .vocab_size = 80};
+	struct model_config moe = dense;
+	moe.moe = (struct model_moe){.experts = 4, .top_k = 2, .every = 2, .capacity_factor = 1.0,
+				     .aux_weight = 0.01};
+	const struct model_config *cfgs[] = {&dense, &moe};
+	const size_t cap = 2000000;
+	float *a = malloc(sizeof(float) * cap), *b = malloc(sizeof(float) * cap);
+	cr_assert(a && b);
+	for (int c = 0; c < 2; c++)
+		for (int threads = 1; threads <= 3; threads += 2) {
+			size_t n1, n2;
+			train_steps_in(cfgs[c], a, &n1, cap, threads, BACKEND_BF16, 0);
+			train_steps_in(cfgs[c], b, &n2, cap, threads, BACKEND_BF16, 1);
+			cr_assert(n1 == n2 && memcmp(a, b, sizeof(float) * n1) == 0,
+				  "%s, %d threads: 2 bf16 steps with bfloat16 activations differ from "
+				  "2 with float ones", c ? "MoE" : "dense", threads);
+		}
+	/* and the float run is another one: the test compares two different paths */
+	size_t n1, n2;
+	train_steps_in(&dense, a, &n1, cap, 1, BACKEND_BF16, 1);
+	train_steps_in(&dense, b, &n2, cap, 1, BACKEND_FP32, -1);
+	cr_assert(memcmp(a, b, sizeof(float) * n1) != 0, "bf16 training equals fp32's");
+	/* and on fp32 the switch is refused */
+	struct backend *f32;
+	struct gpt2 g;
+	cr_assert_eq(backend_open(&f32, "cpu", NULL), 0);
+	cr_assert_eq(gpt2_create(&g, &dense, 4, 64, f32), 0);
+	cr_assert_eq(g.acts_bf16, 0);
+	cr_assert_eq(gpt2_bf16_activations(&g, 1), CORE_EUSAGE);
+	cr_assert(strstr(err_detail(), "fp32"), "%s", err_detail());
+	gpt2_free(&g);
+	backend_close(f32);
+	free(a), free(b);
 }

@@ -8,7 +8,10 @@
  * single-threaded inside a parallel region, so the two thread pools never fight). Attention
  * skips the masked upper triangle block by block. The elementwise ops are fused where the
  * model allows (bias + GELU, residual + LayerNorm, softmax + cross-entropy) and written as
- * plain loops the compiler vectorises.
+ * plain loops the compiler vectorises. In bf16 (oneDNN's matmul primitive, AMX where the CPU
+ * has it) the products are no longer most of the step: what they read is. So attention keeps
+ * each head's rounded q, k, v and its blocks dense, and the activations that feed only
+ * products can be written and read in bfloat16 (the *_bf16 ops, backend.h).
  *
  * Determinism: no atomics. Reductions over rows either run over a fixed split of the
  * columns (each output column summed in row order) or over CPU_CHUNKS fixed row chunks
@@ -168,6 +171,7 @@ static void cpu_close(struct backend *be)
 	if (c) {
 		free(c->ws);
 		free(c->shared);
+		free(c->wide);
 	}
 	free(c);
 	be->ctx = NULL;
@@ -269,16 +273,29 @@ static double cpu_gemm_seconds(struct backend *be)
 	return s;
 }
 
-/* One product on the calling thread, in the backend's precision. A bf16 product whose
- * workspace cannot be had runs in fp32 instead (counted in bf16_fallbacks): products have no
- * error path, and their callers none to take. */
+/* An operand of a bf16 product that is bfloat16 already: op(X)'s rows as to_bf16 makes them,
+ * ld elements apart (0: no padding). */
+struct bf16_operand {
+	const uint16_t *h;
+	int ld;
+};
+
+/* One product on the calling thread, in the backend's precision; ah, bh (bf16 only) as
+ * gemm_bf16 takes them. A bf16 product whose workspace cannot be had runs in fp32 instead
+ * (counted in bf16_fallbacks) when its float operands are there; one whose operand is only
+ * in bfloat16 (its float pointer NULL) sets bf16_failed, which the op reports. */
 static void product(struct cpu_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha,
 		    const float *A, int lda, const float *B, int ldb, float beta, float *C,
-		    int ldc, const uint16_t *ah, const uint16_t *bh)
+		    int ldc, struct bf16_operand ah, struct bf16_operand bh)
 {
 	if (ctx->bf16 && ctx->blas->gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C,
-					       ldc, ah, bh) == 0)
+					       ldc, ah.h, ah.ld, bh.h, bh.ld) == 0)
 		return;
+	if (ctx->bf16 && (!A || !B)) {
+#pragma omp atomic write
+		ctx->bf16_failed = 1;
+		return;
+	}
 	if (ctx->bf16) {
 #pragma omp atomic
 		ctx->bf16_fallbacks++;
@@ -286,10 +303,10 @@ static void product(struct cpu_ctx *ctx, int ta, int tb, int M, int N, int K, fl
 	ctx->blas->sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* product(), timed when profiling; ah, bh as gemm_bf16 takes them (bf16 only) */
+/* product(), timed when profiling */
 static void gemm_timed(struct cpu_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha,
 		       const float *A, int lda, const float *B, int ldb, float beta, float *C,
-		       int ldc, const uint16_t *ah, const uint16_t *bh)
+		       int ldc, struct bf16_operand ah, struct bf16_operand bh)
 {
 	if (!ctx->prof_on) {
 		product(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ah, bh);
@@ -307,11 +324,20 @@ static void gemm_timed(struct cpu_ctx *ctx, int ta, int tb, int M, int N, int K,
 	}
 }
 
+/* gemm_timed with compact bfloat16 operands (NULL: rounded from A, B) */
+static void gemm_h(struct cpu_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha,
+		   const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc,
+		   const uint16_t *ah, const uint16_t *bh)
+{
+	gemm_timed(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+		   (struct bf16_operand){ah, 0}, (struct bf16_operand){bh, 0});
+}
+
 static void gemm_call(struct cpu_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha,
 		      const float *A, int lda, const float *B, int ldb, float beta, float *C,
 		      int ldc)
 {
-	gemm_timed(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, NULL);
+	gemm_h(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, NULL);
 }
 
 /* OpenBLAS runs products up to about this size (M*N*K; 1e6 for its SkylakeX kernels) through
@@ -343,6 +369,10 @@ static void to_bf16_par(struct cpu_ctx *ctx, int nth, uint16_t *dst, const float
 	}
 }
 
+static void sgemm_bf16(struct backend *be, int ta, int tb, int M, int N, int K, float alpha,
+		       const float *A, int lda, const float *B, int ldb, float beta, float *C,
+		       int ldc, const uint16_t *ah_all, const uint16_t *bh_all);
+
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C with the threads splitting C into blocks of
  * rows (or of columns, when C is wider than tall) and each block one single-threaded sgemm
  * inside our own parallel region: one fork and one barrier per product, instead of
@@ -361,50 +391,7 @@ static void sgemm(struct backend *be, int ta, int tb, int M,
 	const double mnk = (double)M * N * K;
 	const int by_rows = M >= N;
 	if (ctx->bf16) {
-		/* bf16 blocks are fixed by the shape alone, never by the thread count: oneDNN's
-		 * AMX kernel blocks K differently for different block shapes (seen at K = 2048),
-		 * so the same blocks must be computed whatever the threads. The operand every
-		 * block reads whole (B for blocks of rows, A for blocks of columns) is rounded
-		 * to bfloat16 once, here; each block rounds its own part of the other. */
-		const int D = by_rows ? M : N;
-		int nblk = (int)(mnk / BF16_MIN_BLOCK);
-		nblk = nblk < 1 ? 1 : nblk > BF16_BLOCKS ? BF16_BLOCKS : nblk;
-		if (nblk > (D + 15) / 16)
-			nblk = D > 16 ? (D + 15) / 16 : 1;
-		const int per = ((D + nblk - 1) / nblk + 15) / 16 * 16;
-		nblk = D > 0 ? (D + per - 1) / per : 1;
-		const int nth = omp_in_parallel() ? 1 : min_int(be->threads, nblk);
-		const uint16_t *ah = NULL, *bh = NULL;
-		if (nblk > 1 && K > 0) {
-			const size_t n = (size_t)K * (by_rows ? N : M);
-			if (n > ctx->shared_n) {
-				free(ctx->shared);
-				ctx->shared_n = 0;
-				if ((ctx->shared = aligned_alloc(64, (n * 2 + 63) / 64 * 64)))
-					ctx->shared_n = n;
-			}
-			if (ctx->shared) { /* else each block rounds it again */
-				if (by_rows)
-					to_bf16_par(ctx, nth, ctx->shared, B, tb ? N : K,
-						    tb ? K : N, ldb);
-				else
-					to_bf16_par(ctx, nth, ctx->shared, A, ta ? K : M,
-						    ta ? M : K, lda);
-				*(by_rows ? &bh : &ah) = ctx->shared;
-			}
-		}
-#pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1)
-		for (int b = 0; b < nblk; b++) {
-			const int d0 = b * per, d1 = min_int(D, d0 + per);
-			if (by_rows)
-				gemm_timed(ctx, ta, tb, d1 - d0, N, K, alpha,
-					   ta == 0 ? A + (size_t)d0 * lda : A + d0, lda, B, ldb, beta,
-					   C + (size_t)d0 * ldc, ldc, NULL, bh);
-			else
-				gemm_timed(ctx, ta, tb, M, d1 - d0, K, alpha, A, lda,
-					   tb == 0 ? B + d0 : B + (size_t)d0 * ldb, ldb, beta,
-					   C + d0, ldc, ah, NULL);
-		}
+		sgemm_bf16(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, NULL);
 		return;
 	}
 	int nth = omp_in_parallel() ? 1 : be->threads;
@@ -439,6 +426,67 @@ static void sgemm(struct backend *be, int ta, int tb, int M,
 	}
 }
 
+/* sgemm in bf16. Blocks are fixed by the shape alone, never by the thread count: oneDNN's
+ * AMX kernel blocks K differently for different block shapes (seen at K = 2048), so the same
+ * blocks must be computed whatever the threads. The operand every block reads whole (B for
+ * blocks of rows, A for blocks of columns) is rounded to bfloat16 once, here; each block
+ * rounds its own part of the other. ah_all (bh_all), when not NULL, is op(A) (op(B)) in
+ * bfloat16 already, as to_bf16 makes it without padding, and A (B) may be NULL: the blocks
+ * are the same, and the same bits come out, as from A (B) rounded. */
+static void sgemm_bf16(struct backend *be, int ta, int tb, int M, int N, int K, float alpha,
+		       const float *A, int lda, const float *B, int ldb, float beta, float *C,
+		       int ldc, const uint16_t *ah_all, const uint16_t *bh_all)
+{
+	struct cpu_ctx *ctx = cpu_ctx(be);
+	const double mnk = (double)M * N * K;
+	const int by_rows = M >= N, D = by_rows ? M : N;
+	int nblk = (int)(mnk / BF16_MIN_BLOCK);
+	nblk = nblk < 1 ? 1 : nblk > BF16_BLOCKS ? BF16_BLOCKS : nblk;
+	if (nblk > (D + 15) / 16)
+		nblk = D > 16 ? (D + 15) / 16 : 1;
+	const int per = ((D + nblk - 1) / nblk + 15) / 16 * 16;
+	nblk = D > 0 ? (D + per - 1) / per : 1;
+	const int nth = omp_in_parallel() ? 1 : min_int(be->threads, nblk);
+	const uint16_t *whole = by_rows ? bh_all : ah_all;
+	if (!whole && nblk > 1 && K > 0) {
+		const size_t n = (size_t)K * (by_rows ? N : M);
+		if (n > ctx->shared_n) {
+			free(ctx->shared);
+			ctx->shared_n = 0;
+			if ((ctx->shared = aligned_alloc(64, (n * 2 + 63) / 64 * 64)))
+				ctx->shared_n = n;
+		}
+		if (ctx->shared) { /* else each block rounds it again */
+			if (by_rows)
+				to_bf16_par(ctx, nth, ctx->shared, B, tb ? N : K, tb ? K : N, ldb);
+			else
+				to_bf16_par(ctx, nth, ctx->shared, A, ta ? K : M, ta ? M : K, lda);
+			whole = ctx->shared;
+		}
+	}
+	/* a block of the other operand within its rounded whole: rows d0.. of op(A) are rows
+	 * of A's rounding (ta 0) or columns (ta 1, then its rows M apart); columns of op(B)
+	 * likewise */
+	const uint16_t *part = by_rows ? ah_all : bh_all;
+	const int part_t = by_rows ? ta : !tb, part_w = by_rows ? (ta ? M : K) : (tb ? K : N);
+#pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1)
+	for (int b = 0; b < nblk; b++) {
+		const int d0 = b * per, d1 = min_int(D, d0 + per);
+		struct bf16_operand w = {whole, 0}, p = {NULL, 0};
+		if (part)
+			p = part_t ? (struct bf16_operand){part + d0, part_w}
+				   : (struct bf16_operand){part + (size_t)d0 * part_w, 0};
+		if (by_rows)
+			gemm_timed(ctx, ta, tb, d1 - d0, N, K, alpha,
+				   !A ? NULL : ta == 0 ? A + (size_t)d0 * lda : A + d0, lda, B, ldb,
+				   beta, C + (size_t)d0 * ldc, ldc, p, w);
+		else
+			gemm_timed(ctx, ta, tb, M, d1 - d0, K, alpha, A, lda,
+				   !B ? NULL : tb == 0 ? B + d0 : B + (size_t)d0 * ldb, ldb, beta,
+				   C + d0, ldc, w, p);
+	}
+}
+
 static int cpu_gemm(struct backend *be, int transA, int transB, int M, int N, int K,
 		    float alpha, const float *A, int lda, const float *B, int ldb, float beta,
 		    float *C, int ldc)
@@ -459,29 +507,52 @@ static void add_bias(float *y, const float *bias, int N, int C)
 	}
 }
 
+/* dst[i] = src[i] rounded to bfloat16 (and back to float), i < n */
+static void round_copy(float *dst, const float *src, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= CPU_PAR_MIN)
+	for (size_t i = 0; i < n; i++)
+		dst[i] = backend_bf16_to_float(backend_bf16_from_float(src[i]));
+}
+
 /* w as [OC, IC] rows (the skinny loops run along IC): w itself for the OI layout, else its
- * transpose in the workspace. */
+ * transpose in ws; in bf16, rounded, in ws either way. */
 static const float *skinny_rows(struct backend *be, const float *w, int IC, int OC,
 				enum backend_wlayout layout, float *ws)
 {
-	if (layout == BACKEND_W_OI)
+	const int bf16 = cpu_ctx(be)->bf16;
+	if (layout == BACKEND_W_OI && !bf16)
 		return w;
+	if (layout == BACKEND_W_OI) {
+		round_copy(ws, w, (size_t)IC * OC);
+		return ws;
+	}
 	for (int i = 0; i < IC; i++)
-		for (int o = 0; o < OC; o++)
-			ws[(size_t)o * IC + i] = w[(size_t)i * OC + o];
+		for (int o = 0; o < OC; o++) {
+			float v = w[(size_t)i * OC + o];
+			ws[(size_t)o * IC + i] =
+				bf16 ? backend_bf16_to_float(backend_bf16_from_float(v)) : v;
+		}
 	return ws;
 }
 
-/* y[n, o] = <x[n], w row o> (+ bias[o]), token-parallel. */
+/* y[n, o] = <x[n], w row o> (+ bias[o]), token-parallel. In bf16, on x and w rounded (in
+ * the workspace), as every product of the precision. */
 static int skinny_forward(struct backend *be, float *y, const float *x, const float *w,
 			  const float *bias, int N, int IC, int OC, enum backend_wlayout layout)
 {
-	/* the OI layout is already [OC, IC]: no transpose, no workspace */
-	float *ws = layout == BACKEND_W_IO ? cpu_workspace(be, sizeof(float) * (size_t)IC * OC)
-					   : NULL;
-	if (layout == BACKEND_W_IO && !ws)
+	const int bf16 = cpu_ctx(be)->bf16;
+	const size_t W = (size_t)IC * OC, X = bf16 ? (size_t)N * IC : 0;
+	/* the OI layout is already [OC, IC]: in fp32, no transpose, no workspace */
+	const int need = layout == BACKEND_W_IO || bf16;
+	float *ws = need ? cpu_workspace(be, sizeof(float) * (W + X)) : NULL;
+	if (need && !ws)
 		return CORE_ENOMEM;
 	const float *wr = skinny_rows(be, w, IC, OC, layout, ws);
+	if (bf16) {
+		round_copy(ws + W, x, X);
+		x = ws + W;
+	}
 #pragma omp parallel for schedule(static) if ((int64_t)N * IC * OC >= CPU_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *xr = x + (size_t)n * IC;
@@ -499,24 +570,36 @@ static int skinny_forward(struct backend *be, float *y, const float *x, const fl
 
 /* One pass over the rows: the weight gradient x^T dy into SKINNY_CHUNKS fixed row chunks of
  * double partials (summed in chunk order afterwards), and dx (+)= dy w^T. A row of dx is
- * written only after that row of x has been read, so dx may be x. */
+ * written only after that row of x has been read, so dx may be x. In bf16 the products read
+ * x, dy and w rounded (copies in the workspace); dbias sums dy as it is. */
 static int skinny_backward(struct backend *be, float *dx, float *dw, float *dbias,
 			   const float *dy, const float *x, const float *w, int N, int IC, int OC,
 			   enum backend_wlayout layout, int accumulate)
 {
+	const int bf16 = cpu_ctx(be)->bf16;
 	const size_t W = (size_t)IC * OC;
+	const size_t X = bf16 && dw ? (size_t)N * IC : 0, G = bf16 ? (size_t)N * OC : 0;
+	const size_t dbl = (W + X + G + 1) / 2 * 2; /* floats before the double partials */
 	const int nchunk = N < SKINNY_CHUNKS ? N : SKINNY_CHUNKS;
-	float *ws = cpu_workspace(be, sizeof(float) * W +
+	float *ws = cpu_workspace(be, sizeof(float) * dbl +
 					      (dw ? sizeof(double) * W * (size_t)nchunk : 0));
 	if (!ws)
 		return CORE_ENOMEM;
-	double *part = (double *)(ws + (W + 1) / 2 * 2);
+	double *part = (double *)(ws + dbl);
 	const float *wr = dx ? skinny_rows(be, w, IC, OC, layout, ws) : NULL;
 
 	if (dbias)
 		cpu_column_sums(dbias, dy, N, OC);
 	if (!dx && !dw)
 		return 0;
+	if (bf16) {
+		round_copy(ws + W + X, dy, G);
+		dy = ws + W + X;
+		if (dw) {
+			round_copy(ws + W, x, X);
+			x = ws + W;
+		}
+	}
 #pragma omp parallel for schedule(static) if ((int64_t)N * IC * OC >= CPU_PAR_MIN)
 	for (int k = 0; k < nchunk; k++) {
 		const int n0 = (int)((int64_t)N * k / nchunk);
@@ -680,14 +763,106 @@ static inline void ln_row(float *o, float *mean, float *rstd, const float *x, co
 	*rstd = r;
 }
 
+/* ---- bfloat16 activations: shared pieces ----------------------------------------------- */
+
+/* dst[i] = bf16(src[i]), i < n: the products' own rounding (to_bf16) where the library has
+ * one, else backend.h's (the same on every finite float32 that is not subnormal, and the
+ * backend flushes subnormals) */
+static void round_bf16(const struct cpu_ctx *ctx, uint16_t *dst, const float *src, int n)
+{
+	if (ctx->blas->to_bf16) {
+		ctx->blas->to_bf16(dst, src, 1, n, n);
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		dst[i] = backend_bf16_from_float(src[i]);
+}
+
+/* The context's float buffer of at least n (not the workspace, which the float op then
+ * called uses); NULL (detail set) if it cannot grow */
+static float *wide_room(struct backend *be, size_t n)
+{
+	struct cpu_ctx *c = cpu_ctx(be);
+	if (n > c->wide_n) {
+		free(c->wide);
+		c->wide_n = 0;
+		if (!(c->wide = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64))) {
+			err_set(CORE_ENOMEM, NULL, "cannot allocate %zu floats", n);
+			return NULL;
+		}
+		c->wide_n = n;
+	}
+	return c->wide;
+}
+
+/* x widened from bfloat16 into wide_room */
+static const float *widen_bf16(struct backend *be, const uint16_t *x, size_t n)
+{
+	float *f = wide_room(be, n);
+	if (!f)
+		return NULL;
+	cpu_enter(be);
+#pragma omp parallel for schedule(static) if (n >= CPU_PAR_MIN)
+	for (size_t i = 0; i < n; i++)
+		f[i] = backend_bf16_to_float(x[i]);
+	return f;
+}
+
+/* Per thread, a float row of n for an op whose out is bfloat16 (NULL: none needed) */
+static float *row_ws(struct backend *be, const uint16_t *out16, int n)
+{
+	static float none;
+	if (!out16)
+		return &none;
+	return cpu_workspace(be, sizeof(float) * (size_t)be->threads * (size_t)n);
+}
+
+/* LayerNorm of N rows into out, or rounded into out16 when it is not NULL (one loop for
+ * both, so that the bits are the same) */
+static int layernorm_rows(struct backend *be, float *out, uint16_t *out16, float *mean,
+			  float *rstd, float *res, const float *skip, const float *bias,
+			  const float *w, const float *b, int N, int C)
+{
+	const struct cpu_ctx *ctx = cpu_ctx(be);
+	float *ws = row_ws(be, out16, C);
+	if (!ws)
+		return CORE_ENOMEM;
+	cpu_enter(be);
+#pragma omp parallel for schedule(static)
+	for (int n = 0; n < N; n++) {
+		float *r = res + (size_t)n * C;
+		if (skip) {
+			const float *s = skip + (size_t)n * C;
+			if (bias) {
+#pragma omp simd
+				for (int c = 0; c < C; c++)
+					r[c] += s[c] + bias[c];
+			} else {
+#pragma omp simd
+				for (int c = 0; c < C; c++)
+					r[c] += s[c];
+			}
+		}
+		float *o = out16 ? ws + (size_t)omp_get_thread_num() * C : out + (size_t)n * C;
+		ln_row(o, mean + n, rstd + n, r, w, b, C);
+		if (out16)
+			round_bf16(ctx, out16 + (size_t)n * C, o, C);
+	}
+	return 0;
+}
+
 static int cpu_layernorm_forward(struct backend *be, float *out, float *mean, float *rstd,
 				 const float *x, const float *w, const float *b, int N, int C)
 {
-	cpu_enter(be);
-#pragma omp parallel for schedule(static)
-	for (int n = 0; n < N; n++)
-		ln_row(out + (size_t)n * C, mean + n, rstd + n, x + (size_t)n * C, w, b, C);
-	return 0;
+	/* res is only read when skip is NULL */
+	return layernorm_rows(be, out, NULL, mean, rstd, (float *)x, NULL, NULL, w, b, N, C);
+}
+
+static int cpu_layernorm_forward_bf16(struct backend *be, uint16_t *out, float *mean,
+				      float *rstd, const float *x, const float *w, const float *b,
+				      int N, int C)
+{
+	return layernorm_rows(be, NULL, out, mean, rstd, (float *)x, NULL, NULL, w, b, N, C);
 }
 
 static int cpu_residual_layernorm_forward(struct backend *be, float *res, float *out,
@@ -695,23 +870,15 @@ static int cpu_residual_layernorm_forward(struct backend *be, float *res, float 
 					  const float *bias, const float *w, const float *b, int N,
 					  int C)
 {
-	cpu_enter(be);
-#pragma omp parallel for schedule(static)
-	for (int n = 0; n < N; n++) {
-		float *r = res + (size_t)n * C;
-		const float *s = skip + (size_t)n * C;
-		if (bias) {
-#pragma omp simd
-			for (int c = 0; c < C; c++)
-				r[c] += s[c] + bias[c];
-		} else {
-#pragma omp simd
-			for (int c = 0; c < C; c++)
-				r[c] += s[c];
-		}
-		ln_row(out + (size_t)n * C, mean + n, rstd + n, r, w, b, C);
-	}
-	return 0;
+	return layernorm_rows(be, out, NULL, mean, rstd, res, skip, bias, w, b, N, C);
+}
+
+static int cpu_residual_layernorm_forward_bf16(struct backend *be, float *res, uint16_t *out,
+					       float *mean, float *rstd, const float *skip,
+					       const float *bias, const float *w, const float *b,
+					       int N, int C)
+{
+	return layernorm_rows(be, NULL, out, mean, rstd, res, skip, bias, w, b, N, C);
 }
 
 /* With xhat = (x - mean) rstd and g = w * dout:
@@ -780,13 +947,19 @@ static int cpu_layernorm_backward(struct backend *be, float *dx, float *dw, floa
 
 /* ---- activations ----------------------------------------------------------------------- */
 
-static int cpu_bias_act_forward(struct backend *be, float *pre, float *out, const float *bias,
-				int N, int C, enum backend_act act)
+/* pre += bias, then act into out, or rounded into out16 when it is not NULL (one loop) */
+static int bias_act_rows(struct backend *be, float *pre, float *out, uint16_t *out16,
+			 const float *bias, int N, int C, enum backend_act act)
 {
+	const struct cpu_ctx *ctx = cpu_ctx(be);
+	float *ws = row_ws(be, out16, C);
+	if (!ws)
+		return CORE_ENOMEM;
 	cpu_enter(be);
 #pragma omp parallel for schedule(static) if ((int64_t)N * C >= CPU_PAR_MIN)
 	for (int n = 0; n < N; n++) {
-		float *p = pre + (size_t)n * C, *o = out + (size_t)n * C;
+		float *p = pre + (size_t)n * C;
+		float *o = out16 ? ws + (size_t)omp_get_thread_num() * C : out + (size_t)n * C;
 		if (act == BACKEND_ACT_GELU) {
 #pragma omp simd
 			for (int c = 0; c < C; c++) {
@@ -802,8 +975,22 @@ static int cpu_bias_act_forward(struct backend *be, float *pre, float *out, cons
 				o[c] = x > 0.0f ? x : 0.0f;
 			}
 		}
+		if (out16)
+			round_bf16(ctx, out16 + (size_t)n * C, o, C);
 	}
 	return 0;
+}
+
+static int cpu_bias_act_forward(struct backend *be, float *pre, float *out, const float *bias,
+				int N, int C, enum backend_act act)
+{
+	return bias_act_rows(be, pre, out, NULL, bias, N, C, act);
+}
+
+static int cpu_bias_act_forward_bf16(struct backend *be, float *pre, uint16_t *out,
+				     const float *bias, int N, int C, enum backend_act act)
+{
+	return bias_act_rows(be, pre, NULL, out, bias, N, C, act);
 }
 
 /* GELU: d/dx [x s(2u)] = s + 2 x s (1 - s) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
@@ -871,6 +1058,22 @@ static inline void causal_softmax_row(float *s, int i, int kn)
 		s[j] = 0.0f;
 }
 
+/* Row i of dS (dP on entry) -> scale * P (dP - rowsum(P dP)) over keys 0..i, with p row i
+ * of P; keys i+1..kn-1 set to 0. */
+static inline void causal_softmax_backward_row(float *d, const float *p, int i, int kn,
+					       float scale)
+{
+	float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+	for (int j = 0; j <= i; j++)
+		dot += p[j] * d[j];
+#pragma omp simd
+	for (int j = 0; j <= i; j++)
+		d[j] = p[j] * (d[j] - dot) * scale;
+	for (int j = i + 1; j < kn; j++)
+		d[j] = 0.0f;
+}
+
 /* dst [hs, n] (row stride T) = transpose of the n x hs block at src (row stride ld). The
  * products then run as NN, which OpenBLAS's small-matrix kernels do ~1.5x faster than NT at
  * these sizes (32 x 256 x 64: 113 vs 76 GFLOP/s). Tiles of 16 rows keep both sides in L1. */
@@ -902,7 +1105,7 @@ static size_t attention_ws_floats(const struct cpu_ctx *ctx, int T, int hs)
 {
 	if (!ctx->bf16)
 		return (size_t)T * T + (size_t)hs * T;
-	return 2 * (size_t)ATT_BLOCK_BF16 * T + 4 * (size_t)hs * T;
+	return 2 * (size_t)ATT_BLOCK_BF16 * T + 4 * (size_t)hs * T + (size_t)ATT_BLOCK_BF16 * hs;
 }
 
 static float *attention_ws(struct backend *be, int T, int hs)
@@ -916,18 +1119,20 @@ struct att_bf16_ws {
 	uint16_t *Ph, *dSh;           /* [rb, kn] compact: the block's P and dS in bf16 */
 	uint16_t *qh, *kh, *vh, *doh; /* [T, hs] compact bf16 */
 	float *dK, *dV;               /* [T, hs] dense: the head's dK, dV summed over blocks */
+	float *O;                     /* [rb, hs] dense: a block's output, to be rounded */
 };
 
 static struct att_bf16_ws att_bf16_ws(float *ws, int T, int hs)
 {
 	const size_t rt = (size_t)ATT_BLOCK_BF16 * T, th = (size_t)T * hs;
-	float *w = ws + (size_t)omp_get_thread_num() * (2 * rt + 4 * th);
+	float *w = ws + (size_t)omp_get_thread_num() * (2 * rt + 4 * th + (size_t)ATT_BLOCK_BF16 * hs);
 	struct att_bf16_ws a = {.S = w, .Ph = (uint16_t *)(w + rt)};
 	a.dSh = a.Ph + rt;
 	a.qh = a.dSh + rt;
 	a.kh = a.qh + th, a.vh = a.kh + th, a.doh = a.vh + th;
 	a.dK = (float *)(a.doh + th);
 	a.dV = a.dK + th;
+	a.O = a.dV + th;
 	return a;
 }
 
@@ -936,8 +1141,8 @@ static struct att_bf16_ws att_bf16_ws(float *ws, int T, int hs)
  * there (zero above the diagonal), written to att (zeros too, which a product run in fp32
  * for want of workspace would read) and, rounded, to the compact Ph that O = P V reads. No
  * product reads or writes a strided block but O. */
-static int attention_forward_bf16(struct backend *be, float *out, float *att, const float *qkv,
-				  int B, int T, int C, int NH, float *ws)
+static int attention_forward_bf16(struct backend *be, float *out, uint16_t *out16, float *att,
+				  const float *qkv, int B, int T, int C, int NH, float *ws)
 {
 	struct cpu_ctx *ctx = cpu_ctx(be);
 	const int hs = C / NH, C3 = 3 * C;
@@ -951,13 +1156,13 @@ static int attention_forward_bf16(struct backend *be, float *out, float *att, co
 			const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
 			const float *k = q + C, *v = q + 2 * C;
 			float *P = att + (size_t)bh * T * T;
-			float *o = out + (size_t)b * T * C + (size_t)h * hs;
+			const size_t o0 = (size_t)b * T * C + (size_t)h * hs;
 			ctx->blas->to_bf16(w.qh, q, T, hs, C3);
 			ctx->blas->to_bf16(w.kh, k, T, hs, C3);
 			ctx->blas->to_bf16(w.vh, v, T, hs, C3);
 			for (int r0 = 0; r0 < T; r0 += ATT_BLOCK_BF16) {
 				int rn = min_int(ATT_BLOCK_BF16, T - r0), kn = r0 + rn;
-				gemm_timed(ctx, 0, 1, rn, kn, hs, scale, q + (size_t)r0 * C3, C3, k,
+				gemm_h(ctx, 0, 1, rn, kn, hs, scale, q + (size_t)r0 * C3, C3, k,
 					   C3, 0.0f, w.S, kn, w.qh + (size_t)r0 * hs, w.kh);
 				for (int i = 0; i < rn; i++) {
 					float *s = w.S + (size_t)i * kn;
@@ -965,8 +1170,13 @@ static int attention_forward_bf16(struct backend *be, float *out, float *att, co
 					memcpy(P + (size_t)(r0 + i) * T, s, sizeof(float) * (size_t)kn);
 				}
 				ctx->blas->to_bf16(w.Ph, w.S, rn, kn, kn);
-				gemm_timed(ctx, 0, 0, rn, hs, kn, 1.0f, w.S, kn, v, C3, 0.0f,
-					   o + (size_t)r0 * C, C, w.Ph, w.vh);
+				/* into out, or rounded into out16 from the dense block O */
+				float *o = out16 ? w.O : out + o0 + (size_t)r0 * C;
+				gemm_h(ctx, 0, 0, rn, hs, kn, 1.0f, w.S, kn, v, C3, 0.0f, o,
+				       out16 ? hs : C, w.Ph, w.vh);
+				for (int i = 0; out16 && i < rn; i++) /* rows of out16 are C apart */
+					ctx->blas->to_bf16(out16 + o0 + (size_t)(r0 + i) * C,
+							   w.O + (size_t)i * hs, 1, hs, hs);
 			}
 		}
 	}
@@ -982,16 +1192,7 @@ static void softmax_backward_bf16(struct cpu_ctx *ctx, struct att_bf16_ws *w, co
 	for (int ii = 0; ii < rn; ii++) {
 		int i = r0 + ii;
 		const float *p = P + (size_t)i * T;
-		float *d = w->S + (size_t)ii * kn;
-		float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-		for (int j = 0; j <= i; j++)
-			dot += p[j] * d[j];
-#pragma omp simd
-		for (int j = 0; j <= i; j++)
-			d[j] = p[j] * (d[j] - dot) * scale;
-		for (int j = i + 1; j < kn; j++)
-			d[j] = 0.0f;
+		causal_softmax_backward_row(w->S + (size_t)ii * kn, p, i, kn, scale);
 		uint16_t *ph = w->Ph + (size_t)ii * kn;
 		ctx->blas->to_bf16(ph, p, 1, i + 1, T);
 		memset(ph + i + 1, 0, sizeof *ph * (size_t)(kn - i - 1));
@@ -1032,14 +1233,14 @@ static int attention_backward_bf16(struct backend *be, float *dqkv, const float 
 				int r0 = r * ATT_BLOCK_BF16, rn = min_int(ATT_BLOCK_BF16, T - r0);
 				int kn = r0 + rn;
 				float beta = r == nb - 1 ? 0.0f : 1.0f;
-				gemm_timed(ctx, 0, 1, rn, kn, hs, 1.0f, dO + (size_t)r0 * C, C, v, C3,
+				gemm_h(ctx, 0, 1, rn, kn, hs, 1.0f, dO + (size_t)r0 * C, C, v, C3,
 					   0.0f, w.S, kn, w.doh + (size_t)r0 * hs, w.vh);
 				softmax_backward_bf16(ctx, &w, P, r0, rn, kn, T, scale);
-				gemm_timed(ctx, 0, 0, rn, hs, kn, 1.0f, w.S, kn, k, C3, 0.0f,
+				gemm_h(ctx, 0, 0, rn, hs, kn, 1.0f, w.S, kn, k, C3, 0.0f,
 					   dq + (size_t)r0 * C3, C3, w.dSh, w.kh);
-				gemm_timed(ctx, 1, 0, kn, hs, rn, 1.0f, w.S, kn, q + (size_t)r0 * C3,
+				gemm_h(ctx, 1, 0, kn, hs, rn, 1.0f, w.S, kn, q + (size_t)r0 * C3,
 					   C3, beta, w.dK, hs, w.dSh, w.qh + (size_t)r0 * hs);
-				gemm_timed(ctx, 1, 0, kn, hs, rn, 1.0f, P + (size_t)r0 * T, T,
+				gemm_h(ctx, 1, 0, kn, hs, rn, 1.0f, P + (size_t)r0 * T, T,
 					   dO + (size_t)r0 * C, C, beta, w.dV, hs, w.Ph,
 					   w.doh + (size_t)r0 * hs);
 			}
@@ -1065,7 +1266,7 @@ static int cpu_attention_forward(struct backend *be, float *out, float *att, con
 		return CORE_ENOMEM;
 	cpu_enter(be);
 	if (ctx->bf16)
-		return attention_forward_bf16(be, out, att, qkv, B, T, C, NH, ws);
+		return attention_forward_bf16(be, out, NULL, att, qkv, B, T, C, NH, ws);
 #pragma omp parallel
 	{
 		float *kt = ws + (size_t)omp_get_thread_num() * attention_ws_floats(ctx, T, hs);
@@ -1127,20 +1328,10 @@ static int cpu_attention_backward(struct backend *be, float *dqkv, const float *
 				float *dSr = dS + (size_t)r0 * T;
 				gemm_call(ctx, 0, 0, rn, kn, hs, 1.0f,
 					  dO + (size_t)r0 * C, C, vt, T, 0.0f, dSr, T);
-				for (int ii = 0; ii < rn; ii++) {
-					int i = r0 + ii;
-					const float *p = P + (size_t)i * T;
-					float *d = dSr + (size_t)ii * T;
-					float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-					for (int j = 0; j <= i; j++)
-						dot += p[j] * d[j];
-#pragma omp simd
-					for (int j = 0; j <= i; j++)
-						d[j] = p[j] * (d[j] - dot) * scale;
-					for (int j = i + 1; j < kn; j++)
-						d[j] = 0.0f;
-				}
+				for (int ii = 0; ii < rn; ii++)
+					causal_softmax_backward_row(dSr + (size_t)ii * T,
+								    P + (size_t)(r0 + ii) * T,
+								    r0 + ii, kn, scale);
 				gemm_call(ctx, 0, 0, rn, hs, kn, 1.0f, dSr, T, k,
 					  C3, 0.0f, dq + (size_t)r0 * C3, C3);
 			}
@@ -1156,6 +1347,81 @@ static int cpu_attention_backward(struct backend *be, float *dqkv, const float *
 		}
 	}
 	return 0;
+}
+
+/* attention_forward with out rounded to bfloat16: in bf16, each block's output rounded from
+ * the dense block it is computed in; else the float op's out, rounded */
+static int cpu_attention_forward_bf16(struct backend *be, uint16_t *out, float *att,
+				      const float *qkv, int B, int T, int C, int NH)
+{
+	struct cpu_ctx *ctx = cpu_ctx(be);
+	const size_t n = (size_t)B * T * C;
+	if (ctx->bf16) {
+		float *ws = attention_ws(be, T, C / NH);
+		if (!ws)
+			return CORE_ENOMEM;
+		cpu_enter(be);
+		return attention_forward_bf16(be, NULL, out, att, qkv, B, T, C, NH, ws);
+	}
+	float *f = wide_room(be, n);
+	if (!f)
+		return CORE_ENOMEM;
+	ERR_FORWARD(cpu_attention_forward(be, f, att, qkv, B, T, C, NH));
+#pragma omp parallel for schedule(static) if (n >= CPU_PAR_MIN)
+	for (int64_t r = 0; r < (int64_t)B * T; r++)
+		round_bf16(ctx, out + (size_t)r * C, f + (size_t)r * C, C);
+	return 0;
+}
+
+/* matmul_forward of x widened from bfloat16. In bf16 the products read x as it is (the
+ * blocks and bits of matmul_forward on x, which they would round to the same values); the
+ * skinny loops and fp32 read it widened. */
+static int cpu_matmul_forward_bf16(struct backend *be, float *y, const uint16_t *x,
+				   const float *w, const float *bias, int N, int IC, int OC,
+				   enum backend_wlayout layout)
+{
+	struct cpu_ctx *ctx = cpu_ctx(be);
+	if (!ctx->bf16 || OC <= SKINNY_OC) {
+		const float *xw = widen_bf16(be, x, (size_t)N * IC);
+		return xw ? cpu_matmul_forward(be, y, xw, w, bias, N, IC, OC, layout) : CORE_ENOMEM;
+	}
+	cpu_enter(be);
+	ctx->bf16_failed = 0;
+	if (layout == BACKEND_W_IO)
+		sgemm_bf16(be, 0, 0, N, OC, IC, 1.0f, NULL, IC, w, OC, 0.0f, y, OC, x, NULL);
+	else
+		sgemm_bf16(be, 0, 1, N, OC, IC, 1.0f, NULL, IC, w, IC, 0.0f, y, OC, x, NULL);
+	if (ctx->bf16_failed)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the bf16 products' workspace");
+	if (bias)
+		add_bias(y, bias, N, OC);
+	return 0;
+}
+
+/* matmul_backward of x widened from bfloat16, as matmul_forward_bf16 */
+static int cpu_matmul_backward_bf16(struct backend *be, float *dx, float *dw, float *dbias,
+				    const float *dy, const uint16_t *x, const float *w, int N,
+				    int IC, int OC, enum backend_wlayout layout, int accumulate)
+{
+	struct cpu_ctx *ctx = cpu_ctx(be);
+	if (!ctx->bf16 || OC <= SKINNY_OC) {
+		const float *xw = dw ? widen_bf16(be, x, (size_t)N * IC) : NULL;
+		if (dw && !xw)
+			return CORE_ENOMEM;
+		return cpu_matmul_backward(be, dx, dw, dbias, dy, xw, w, N, IC, OC, layout,
+					   accumulate);
+	}
+	cpu_enter(be);
+	ctx->bf16_failed = 0;
+	if (dw && layout == BACKEND_W_IO) /* dw [IC,OC] = x^T dy */
+		sgemm_bf16(be, 1, 0, IC, OC, N, 1.0f, NULL, IC, dy, OC, 0.0f, dw, OC, x, NULL);
+	else if (dw) /* dw [OC,IC] = dy^T x */
+		sgemm_bf16(be, 1, 0, OC, IC, N, 1.0f, dy, OC, NULL, IC, 0.0f, dw, IC, NULL, x);
+	if (ctx->bf16_failed)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the bf16 products' workspace");
+	/* dbias and dx do not read x */
+	return cpu_matmul_backward(be, dx, NULL, dbias, dy, NULL, w, N, IC, OC, layout,
+				   accumulate);
 }
 
 /* ---- softmax cross-entropy ------------------------------------------------------------- */
@@ -1231,6 +1497,12 @@ static const struct backend_ops cpu_ops = {
 	.act_backward = cpu_act_backward,
 	.attention_forward = cpu_attention_forward,
 	.attention_backward = cpu_attention_backward,
+	.layernorm_forward_bf16 = cpu_layernorm_forward_bf16,
+	.residual_layernorm_forward_bf16 = cpu_residual_layernorm_forward_bf16,
+	.bias_act_forward_bf16 = cpu_bias_act_forward_bf16,
+	.attention_forward_bf16 = cpu_attention_forward_bf16,
+	.matmul_forward_bf16 = cpu_matmul_forward_bf16,
+	.matmul_backward_bf16 = cpu_matmul_backward_bf16,
 	.crossentropy_forward = cpu_crossentropy_forward,
 	.crossentropy_backward = cpu_crossentropy_backward,
 	.adamw_update = cpu_adamw_update,

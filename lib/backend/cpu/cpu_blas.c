@@ -430,9 +430,16 @@ static struct bf16_prim *prim_get(int ta, int tb, int M, int N, int K, float alp
 	return rc < 0 ? NULL : e;
 }
 
+/* rows of cols bfloat16 values, ld apart at src, into dst without padding */
+static void pack_bf16_rows(uint16_t *dst, const uint16_t *src, int rows, int cols, int ld)
+{
+	for (int r = 0; r < rows; r++)
+		memcpy(dst + (size_t)r * cols, src + (size_t)r * ld, sizeof *dst * (size_t)cols);
+}
+
 static int dnnl_gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, const float *A,
 			  int lda, const float *B, int ldb, float beta, float *C, int ldc,
-			  const uint16_t *ah, const uint16_t *bh)
+			  const uint16_t *ah, int ldah, const uint16_t *bh, int ldbh)
 {
 	if (M <= 0 || N <= 0)
 		return 0;
@@ -453,17 +460,27 @@ static int dnnl_gemm_bf16(int ta, int tb, int M, int N, int K, float alpha, cons
 		pthread_setspecific(bf16_key, &bt);
 	}
 	const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = ldc == N ? 0 : (size_t)M * N;
+	/* op(A) [M,K] is A's M rows of K (ta 0) or its K rows of M (ta 1); B likewise */
+	const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+	const int apack = ah && ldah && ldah != ac, bpack = bh && ldbh && ldbh != bc;
 	struct bf16_prim *e = prim_get(ta, tb, M, N, K, alpha, beta);
-	if (!e || (!ah && grow((void **)&bt.ah, &bt.ah_n, na, 2) < 0) ||
-	    (!bh && grow((void **)&bt.bh, &bt.bh_n, nb, 2) < 0) ||
+	if (!e || ((!ah || apack) && grow((void **)&bt.ah, &bt.ah_n, na, 2) < 0) ||
+	    ((!bh || bpack) && grow((void **)&bt.bh, &bt.bh_n, nb, 2) < 0) ||
 	    grow((void **)&bt.ct, &bt.ct_n, nc, 4) < 0 ||
 	    grow(&bt.scratch, &bt.scratch_bytes, e->scratch_bytes, 1) < 0)
 		return CORE_ENOMEM;
-	/* op(A) [M,K] is A's M rows of K (ta 0) or its K rows of M (ta 1); B likewise */
 	if (!ah)
-		to_bf16_rows(bt.ah, A, ta ? K : M, ta ? M : K, lda);
+		to_bf16_rows(bt.ah, A, ar, ac, lda);
+	else if (apack)
+		pack_bf16_rows(bt.ah, ah, ar, ac, ldah);
 	if (!bh)
-		to_bf16_rows(bt.bh, B, tb ? N : K, tb ? K : N, ldb);
+		to_bf16_rows(bt.bh, B, br, bc, ldb);
+	else if (bpack)
+		pack_bf16_rows(bt.bh, bh, br, bc, ldbh);
+	if (apack)
+		ah = bt.ah;
+	if (bpack)
+		bh = bt.bh;
 	float *c = C;
 	if (nc) {
 		c = bt.ct;

@@ -58,11 +58,12 @@ struct cpu_blas {
 	 * alone; NULL where the library or the CPU has no such kernel (why_no_bf16 says
 	 * which). Its bits depend on the shape alone. ah (bh), when not NULL, is op(A)'s
 	 * (op(B)'s) bfloat16 already, as to_bf16 makes it from A's M rows of K (ta 0) or K
-	 * rows of M (ta 1) into rows without padding (B: K rows of N, or N rows of K), and A
-	 * (B) is not read. Returns 0, or CORE_ENOMEM (its workspace) having done nothing. */
+	 * rows of M (ta 1) (B: K rows of N, or N rows of K), those rows ldah (ldbh) elements
+	 * apart (0: no padding, as to_bf16 writes them), and A (B) is not read (may be NULL).
+	 * Returns 0, or CORE_ENOMEM (its workspace) having done nothing. */
 	int (*gemm_bf16)(int ta, int tb, int M, int N, int K, float alpha, const float *A,
 			 int lda, const float *B, int ldb, float beta, float *C, int ldc,
-			 const uint16_t *ah, const uint16_t *bh);
+			 const uint16_t *ah, int ldah, const uint16_t *bh, int ldbh);
 	/* dst[r * cols + c] = bf16(src[r * ld + c]), to nearest, ties to even */
 	void (*to_bf16)(uint16_t *dst, const float *src, int rows, int cols, int ld);
 	char why_no_bf16[128];

@@ -27,8 +27,11 @@ struct cpu_ctx {
 	const struct cpu_blas *blas; /* the process's matrix-product library (cpu_blas.h) */
 	int bf16;                    /* products in bfloat16 (--precision bf16) */
 	long bf16_fallbacks;         /* bf16 products run in fp32 for want of workspace */
+	int bf16_failed;             /* a product with a bf16-only operand could not run */
 	uint16_t *shared;            /* the bf16 operand all blocks of a product read */
 	size_t shared_n;
+	float *wide;                 /* a bfloat16 operand widened, for the float ops */
+	size_t wide_n;
 	int prof_on;
 	struct {
 		double s;
