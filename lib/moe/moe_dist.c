@@ -189,6 +189,87 @@ done:
 	return rc;
 }
 
+/* Where rank q's shard starts in the full tensors: expert e0, hidden row h0, b2 column c0. */
+static void shard_origin(const struct moe_dist_place *pl, const struct moe_config *cfg, int q,
+			 int64_t *e0, int64_t *h0, int64_t *c0)
+{
+	const int whole = cfg->E >= pl->W;
+	*e0 = whole ? (int64_t)q * pl->El : q / pl->s;
+	*h0 = whole ? 0 : (int64_t)(q % pl->s) * pl->Hs;
+	*c0 = whole ? 0 : (int64_t)(q % pl->s) * pl->b2n;
+}
+
+int moe_dist_params_to_full(struct moe_params *full, const struct moe_config *cfg,
+			    const struct moe_dist_place *pl, const struct moe_params *p,
+			    struct dist *d)
+{
+	struct backend *fb = full->be, *be = p->be;
+	const int W = pl->W;
+	const int64_t M = cfg->M, H = cfg->H, E = cfg->E, El = pl->El, Hs = pl->Hs;
+	const size_t nw = (size_t)(El * Hs * M), nb1 = (size_t)(El * Hs), nb2 = (size_t)pl->b2n;
+	const size_t ns[4] = {nw, nb1, nw, nb2};
+	const float *src[4] = {p->w1, p->b1, p->w2, p->b2};
+	float *mine = NULL, *all[4] = {NULL}, *out = NULL;
+	int rc = 0;
+
+	if (dist_size(d) != W || dist_rank(d) != pl->q)
+		return err_set(CORE_EUSAGE, NULL, "the placement is for rank %d of %d, this is rank "
+			       "%d of %d", pl->q, W, dist_rank(d), dist_size(d));
+	/* the gate is the same on every rank: this rank's */
+	if (fb != be || full->wg != p->wg) {
+		float *wg = fetch(be, p->wg, (size_t)(M * E), &rc);
+		if (!wg)
+			return rc;
+		rc = fb->op->upload(fb, full->wg, wg, sizeof(float) * (size_t)(M * E));
+		free(wg);
+		ERR_FORWARD(rc);
+	}
+	for (int t = 0; t < 4 && !rc; t++) {
+		free(mine);
+		if (!(mine = fetch(be, src[t], ns[t], &rc)))
+			break;
+		if (!(all[t] = malloc(sizeof(float) * (ns[t] * (size_t)W + 1)))) {
+			rc = err_set(CORE_ENOMEM, NULL, "cannot allocate the gathered shards");
+			break;
+		}
+		rc = dist_allgather(d, W, mine, all[t], sizeof(float) * ns[t]);
+	}
+	if (!rc && !(out = malloc(sizeof(float) * (size_t)(E * M * H + 1))))
+		rc = err_set(CORE_ENOMEM, NULL, "cannot allocate the full tensors on the host");
+	/* each rank's shard back where moe_dist_params_from_full took it from */
+	for (int t = 0; t < 4 && !rc; t++) {
+		const size_t n = t == 0 || t == 2 ? (size_t)(E * M * H) : t == 1 ? (size_t)(E * H)
+										 : (size_t)(E * M);
+		for (int q = 0; q < W; q++) {
+			int64_t e0, h0, c0;
+			shard_origin(pl, cfg, q, &e0, &h0, &c0);
+			const float *sh = all[t] + ns[t] * (size_t)q;
+			for (int64_t b = 0; b < El; b++) {
+				if (t == 0) /* w1: the shard out-in, the full tensor in-out */
+					for (int64_t h = 0; h < Hs; h++)
+						for (int64_t m = 0; m < M; m++)
+							out[((e0 + b) * M + m) * H + h0 + h] =
+								sh[(b * Hs + h) * M + m];
+				else if (t == 1)
+					memcpy(out + (e0 + b) * H + h0, sh + b * Hs,
+					       sizeof(float) * (size_t)Hs);
+				else if (t == 2)
+					memcpy(out + ((e0 + b) * H + h0) * M, sh + b * Hs * M,
+					       sizeof(float) * (size_t)(Hs * M));
+			}
+			if (t == 3)
+				memcpy(out + e0 * M + c0, sh, sizeof(float) * nb2);
+		}
+		float *dst[4] = {full->w1, full->b1, full->w2, full->b2};
+		rc = fb->op->upload(fb, dst[t], out, sizeof(float) * n);
+	}
+	free(mine);
+	free(out);
+	for (int t = 0; t < 4; t++)
+		free(all[t]);
+	return rc;
+}
+
 int moe_dist_params_init(struct moe_params *p, const struct moe_config *cfg,
 			 const struct moe_dist_place *pl, uint64_t seed)
 {

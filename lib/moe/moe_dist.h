@@ -106,6 +106,12 @@ int moe_dist_params_alloc(struct moe_params *p, const struct moe_config *cfg,
  * shard's backend may differ): the same numbers, placed as above. Gradients too. */
 int moe_dist_params_from_full(struct moe_params *p, const struct moe_config *cfg,
 			      const struct moe_dist_place *pl, const struct moe_params *full);
+/* The inverse, on every rank (collective over d): full (moe.h's layout, any backend) = the
+ * shards of all W ranks put back together, this rank's p among them; the gate from this
+ * rank (the same on every rank). Gradient shards become the full gradient the same way. */
+int moe_dist_params_to_full(struct moe_params *full, const struct moe_config *cfg,
+			    const struct moe_dist_place *pl, const struct moe_params *p,
+			    struct dist *d);
 /* The shard of moe_params_init(seed)'s parameters (draws the full set on p's backend for a
  * moment, so the numbers do not depend on W). */
 int moe_dist_params_init(struct moe_params *p, const struct moe_config *cfg,

@@ -181,6 +181,32 @@ static void compare_shard(struct backend *be, const struct moe_config *cfg,
 	moe_params_free(&want);
 }
 
+/* The gradient shards of all ranks put together (moe_dist_params_to_full) against the
+ * reference's full gradient. */
+static void compare_gathered(struct dist *d, struct backend *rb, const struct moe_config *cfg,
+			     const struct moe_config *fcfg, const struct moe_dist_place *pl,
+			     const struct moe_params *g, const struct moe_params *want,
+			     const char *what)
+{
+	struct moe_params all;
+	OK(moe_params_alloc(&all, fcfg, rb));
+	OK(moe_dist_params_to_full(&all, cfg, pl, g, d));
+	const int64_t M = cfg->M, E = cfg->E, H = cfg->H;
+	const size_t n[5] = {(size_t)(M * E), (size_t)(E * M * H), (size_t)(E * H),
+			     (size_t)(E * H * M), (size_t)(E * M)};
+	const float *a[5] = {all.wg, all.w1, all.b1, all.w2, all.b2};
+	const float *b[5] = {want->wg, want->w1, want->b1, want->w2, want->b2};
+	for (int i = 0; i < 5; i++) {
+		float *ha = host(rb, a[i], n[i]), *hb = host(rb, b[i], n[i]);
+		double dd = rel_diff(ha, hb, n[i]);
+		CHECK(dd <= 1e-5, "%s: tensor %d of the gathered gradient differs by %.3g", what, i,
+		      dd);
+		free(ha);
+		free(hb);
+	}
+	moe_params_free(&all);
+}
+
 /* The device all-reduce sums in one member order on every rank (dist_dev.h): the gate's
  * gradient must be the same bits everywhere, not only close. */
 static void same_on_all_ranks(struct dist *d, struct backend *be, const float *v, size_t n,
@@ -265,6 +291,25 @@ static void run_case(struct dist *d, struct backend *be, struct backend *rb, int
 	OK(moe_dist_params_alloc(&p, &cfg, &pl, be));
 	OK(moe_dist_params_alloc(&g, &cfg, &pl, be));
 	OK(moe_dist_params_from_full(&p, &cfg, &pl, &full));
+	/* 0. The shards put back together are the full parameters, bit for bit, on every rank. */
+	{
+		struct moe_params back;
+		OK(moe_params_alloc(&back, &fcfg, rb));
+		OK(moe_dist_params_to_full(&back, &cfg, &pl, &p, d));
+		const size_t n[5] = {(size_t)(M * E), (size_t)(E * M * H), (size_t)(E * H),
+				     (size_t)(E * H * M), (size_t)(E * M)};
+		const float *a[5] = {back.wg, back.w1, back.b1, back.w2, back.b2};
+		const float *b[5] = {full.wg, full.w1, full.b1, full.w2, full.b2};
+		for (int i = 0; i < 5; i++) {
+			float *ha = host(rb, a[i], n[i]), *hb = host(rb, b[i], n[i]);
+			CHECK(memcmp(ha, hb, n[i] * sizeof(float)) == 0,
+			      "%s: tensor %d of the shards put together differs from the full one",
+			      name, i);
+			free(ha);
+			free(hb);
+		}
+		moe_params_free(&back);
+	}
 	struct moe_dist_layer *l;
 	OK(moe_dist_layer_init(&l, &cfg, be, d));
 	float *xd = dev(be, x + q * T * M, (size_t)(T * M)), *dyd = dev(be, dy + q * T * M,
@@ -310,6 +355,9 @@ static void run_case(struct dist *d, struct backend *be, struct backend *rb, int
 						      what);
 					}
 					compare_shard(be, &cfg, &pl, &g, &R.g, what, 1e-5);
+					if (ir == 0 && id == 0 && a == 0)
+						compare_gathered(d, rb, &cfg, &fcfg, &pl, &g, &R.g,
+								 what);
 					if (on_device)
 						same_on_all_ranks(d, be, g.wg, (size_t)(M * E),
 								  what);
