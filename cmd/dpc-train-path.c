@@ -17,10 +17,13 @@
 #include "cli/opt.h"
 #include "common/err.h"
 #include "common/progress.h"
+#include "dist/dist.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "model/train.h"
+#include "moe/moe_dict.h"
+#include "moe/moe_dist.h"
 #include "dipaco/pathtrain.h"
 #include "dipaco/rundir.h"
 #include "common/banned.h"
@@ -29,7 +32,7 @@ static const char *prog = "dpc-train-path";
 
 enum {
 	OPT_DEVICE = 256, OPT_PRECISION, OPT_RUN, OPT_PHASE, OPT_PATH_INDEX, OPT_INFO,
-	OPT_PRINT_CONFIG,
+	OPT_PRINT_CONFIG, OPT_MOE_PLAN, OPT_MOE_DICT,
 };
 
 static const struct cli_opt opts[] = {
@@ -57,6 +60,14 @@ static const struct cli_opt opts[] = {
 	{"precision", OPT_PRECISION, 0, CLI_ARG, "P", "matrix products in fp32 (default), tf32 (cuda) or\n"
 	 "bf16 (cuda; cpu with oneDNN and AVX512_BF16);\n"
 	 "parameters and optimiser state stay fp32"},
+	{"moe-plan", OPT_MOE_PLAN, 0, CLI_ARG, "R,D,A", "under mpirun, how the MoE blocks run across the\n"
+	 "ranks: parallelism R (0: data parallel, 1: expert\n"
+	 "parallel, or a divisor of ranks/experts), pipelining\n"
+	 "D (1, 2, 4, 8), All-to-All A (linear, 2dh, mpi);\n"
+	 "default 1,1,linear"},
+	{"moe-dict", OPT_MOE_DICT, 0, CLI_ARG, "FILE", "under mpirun, each step's MoE plan from this\n"
+	 "moe-profile dictionary (moe-dict(5)), looked up by\n"
+	 "the step's capacity"},
 	{"run", OPT_RUN, 0, CLI_ARG, "RUNDIR", "train one path of a DiPaCo run (dpc-rundir(5)): the\n"
 	 "config, shard and inputs come from RUNDIR"},
 	{"phase", OPT_PHASE, 0, CLI_ARG, "T", "with --run: the phase to train (1 .. dipaco.phases)"},
@@ -264,12 +275,29 @@ static int run_task(struct backend *be, const char *dir, long phase, long path, 
 
 /* The command line. */
 struct options {
-	const char *config, *eval, *device, *run, *export, *info;
+	const char *config, *eval, *device, *run, *export, *info, *moe_dict;
+	struct moe_plan moe_plan;
+	int have_plan;
 	const char **sets;
 	int nsets, print_config, precision, resume, force, quiet;
 	long phase, path, threads, until, max_tokens;
 	struct train_opts t; /* data, val, out, init, weights and metrics */
 };
+
+/* --moe-plan R,D,A: the numbers and the algorithm's name; whether they fit the placement is
+ * the model's check (gpt2_distribute). */
+static int parse_plan(const char *arg, struct moe_plan *p)
+{
+	char a[16];
+	long r, d;
+	int n = 0;
+	if (sscanf(arg, "%ld,%ld,%15[a-z0-9]%n", &r, &d, a, &n) != 3 || arg[n] || r < 0 ||
+	    r > 1 << 20 || d < 1 || d > 8 || dist_a2a_from_name(a) < 0)
+		return err_set(CORE_EUSAGE, NULL, "option '--moe-plan': '%s' is not R,D,A (R >= 0, "
+			       "D in 1, 2, 4, 8, A linear, 2dh or mpi; e.g. 1,2,linear)", arg);
+	*p = (struct moe_plan){.r = (int)r, .d = (int)d, .a = (enum dist_a2a)dist_a2a_from_name(a)};
+	return 0;
+}
 
 /* The options into *o: the exit status when the program ends here (--help, --version, a
  * usage error), or -1 to run. */
@@ -306,6 +334,8 @@ static int parse(int argc, char **argv, struct options *o)
 		case OPT_PRECISION:
 			rc = cli_parse_precision("--precision", optarg, &o->precision);
 			break;
+		case OPT_MOE_PLAN: rc = parse_plan(optarg, &o->moe_plan); o->have_plan = 1; break;
+		case OPT_MOE_DICT: o->moe_dict = optarg; break;
 		case OPT_RUN: o->run = optarg; break;
 		case OPT_PHASE: rc = cli_parse_long("--phase", optarg, 1, 1L << 40, &o->phase); break;
 		case OPT_PATH_INDEX:
@@ -404,12 +434,56 @@ static int prepare_outputs(struct options *o, const struct run_config *cfg)
 	if ((rc = cli_make_parents(t->out_path)) < 0 ||
 	    (t->metrics_path && (rc = cli_make_parents(t->metrics_path)) < 0))
 		return cli_report(prog, rc);
+	return -1;
+}
+
+/* --resume of an existing --output: it is the run's start (every rank decides alike). */
+static void resolve_resume(struct options *o)
+{
+	struct train_opts *t = &o->t;
 	if (o->resume && !t->init_path && access(t->out_path, F_OK) == 0) {
 		t->init_path = t->out_path;
 		t->resuming = 1;
 	}
+}
+
+/* Under mpirun with more than one rank (dist_launcher): the ranks of one training run, and
+ * the MoE plan or dictionary; *d stays NULL for one process, where --moe-plan and --moe-dict
+ * have nothing to choose. The exit status, or -1. */
+static int open_ranks(struct options *o, const struct run_config *cfg, struct dist **d,
+		      struct moe_dict *dict)
+{
+	long rank, size;
+	int rc;
+	*d = NULL;
+	if (!dist_launcher(&rank, &size) || size < 2) {
+		if (o->have_plan || o->moe_dict)
+			return cli_usage_error(prog, "%s chooses how the MoE blocks run across ranks: "
+					       "start the training under mpirun with 2 or more "
+					       "ranks", o->have_plan ? "--moe-plan" : "--moe-dict");
+		return -1;
+	}
+	if (o->have_plan && o->moe_dict)
+		return cli_usage_error(prog, "--moe-plan and --moe-dict both choose the plan: give "
+				       "one");
+	if ((rc = dist_open(d, 0)) < 0)
+		return cli_report(prog, rc);
+	if (o->moe_dict) {
+		const struct model_config *m = &cfg->model;
+		if (!m->moe.experts)
+			rc = err_set(CORE_EUSAGE, o->moe_dict, "--moe-dict: the model has no MoE "
+				     "blocks (no moe section)");
+		else if ((rc = moe_dict_read(o->moe_dict, dict)) == 0)
+			rc = moe_dict_check(dict, o->moe_dict, (int)size, m->moe.experts, m->n_embd,
+					    4 * (int64_t)m->n_embd, m->moe.top_k);
+		if (rc < 0)
+			return cli_report(prog, rc);
+	}
 	return -1;
 }
+
+static int print_train(struct backend *be, const struct options *o,
+		       const struct train_result *rp, struct dist *d);
 
 /* Training: the config, the refusals, the run, its JSON line. The exit status. */
 static int run_train(struct backend *be, struct options *o)
@@ -423,25 +497,69 @@ static int run_train(struct backend *be, struct options *o)
 				       "--help)");
 	if ((rc = load_config(&cfg, o->config, o->sets, o->nsets)) != 0)
 		return cli_report(prog, rc);
-	if ((rc = prepare_outputs(o, &cfg)) >= 0)
-		return rc;
+	struct dist *d = NULL;
+	struct moe_dict dict = {0};
+	if ((rc = open_ranks(o, &cfg, &d, &dict)) >= 0)
+		goto done;
+	/* rank 0 checks and prepares the outputs, and says why when it refuses; the other
+	 * ranks stop with its exit status */
+	const int lead = !d || dist_rank(d) == 0;
+	rc = lead ? prepare_outputs(o, &cfg) : -1;
+	if (d) {
+		int64_t v = rc;
+		if (dist_allreduce_i64(d, &v, 1, DIST_MAX) < 0)
+			v = 1;
+		rc = (int)v;
+	}
+	if (rc >= 0)
+		goto done;
+	resolve_resume(o);
 	o->t.cfg = &cfg;
 	o->t.be = be;
 	o->t.until = o->until;
 	o->t.progress = !o->quiet;
-	if ((rc = train_path_run(&o->t, &r)) != 0)
-		return cli_report(prog, rc);
+	o->t.dist = d;
+	o->t.moe_plan = o->have_plan ? &o->moe_plan : NULL;
+	o->t.moe_dict = o->moe_dict ? &dict : NULL;
+	if ((rc = train_path_run(&o->t, &r)) != 0) {
+		rc = cli_report(prog, rc);
+		goto done;
+	}
+	rc = lead ? print_train(be, o, &r, d) : 0;
+done:
+	if (d && rc > 0) /* every rank's line before mpirun stops the others */
+		dist_barrier_timeout(d, 10.0);
+	moe_dict_free(&dict);
+	dist_close(d);
+	return rc;
+}
+
+/* The training's JSON line. The exit status. */
+static int print_train(struct backend *be, const struct options *o,
+		       const struct train_result *rp, struct dist *d)
+{
+	const struct train_result r = *rp;
 	int ran = r.final_step > r.start_step;
-	rc = cli_print_json(json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s, s:s, s:s, s:s}",
-				      "steps", (json_int_t)(r.final_step - r.start_step), "step",
-				      (json_int_t)r.final_step, "loss", num(ran ? r.loss : NAN),
-				      "val_loss", num(r.val_loss), "tokens_per_s",
-				      num(ran && r.tokens_per_s > 0 ? r.tokens_per_s : NAN),
-				      "peak_rss_mb", num((double)peak_rss_bytes() / 1048576.0),
-				      "matmul_frac", num(r.matmul_frac), "checkpoint", o->t.out_path,
-				      "device", be->name, "gemm_kernel", be->gemm_kernel,
-				      "precision", backend_precision_name(be->precision)),
-			    json_flags);
+	json_t *j = json_pack("{s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:s, s:s, s:s, s:s}",
+			      "steps", (json_int_t)(r.final_step - r.start_step), "step",
+			      (json_int_t)r.final_step, "loss", num(ran ? r.loss : NAN),
+			      "val_loss", num(r.val_loss), "tokens_per_s",
+			      num(ran && r.tokens_per_s > 0 ? r.tokens_per_s : NAN),
+			      "peak_rss_mb", num((double)peak_rss_bytes() / 1048576.0),
+			      "matmul_frac", num(r.matmul_frac), "checkpoint", o->t.out_path,
+			      "device", be->name, "gemm_kernel", be->gemm_kernel,
+			      "precision", backend_precision_name(be->precision));
+	if (d) { /* across ranks: how many, and how the MoE blocks ran (rank 0's figures) */
+		json_object_set_new(j, "ranks", json_integer(dist_size(d)));
+		if (o->t.cfg->model.moe.experts && o->moe_dict)
+			json_object_set_new(j, "moe_plan", json_string("dictionary"));
+		else if (o->t.cfg->model.moe.experts)
+			json_object_set_new(j, "moe_plan",
+					    json_pack("{s:i, s:i, s:s}", "r", o->moe_plan.r, "d",
+						      o->moe_plan.d, "a",
+						      dist_a2a_name(o->moe_plan.a)));
+	}
+	int rc = cli_print_json(j, json_flags);
 	return rc ? cli_report(prog, rc) : 0;
 }
 
@@ -473,7 +591,8 @@ static int run(struct backend *be, struct options *o, int argc)
 
 int main(int argc, char **argv)
 {
-	struct options o = {.device = "cpu", .precision = BACKEND_FP32, .path = -1};
+	struct options o = {.device = "cpu", .precision = BACKEND_FP32, .path = -1,
+			    .moe_plan = {.r = 1, .d = 1, .a = DIST_A2A_LINEAR}};
 	struct backend *be = NULL;
 	int rc;
 

@@ -20,9 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/crc.h"
 #include "common/err.h"
 #include "common/rng.h"
+#include "dist/dist.h"
 #include "moe/moe.h"
+#include "moe/moe_dict.h"
+#include "moe/moe_dist.h"
 
 #include "common/banned.h"
 
@@ -55,6 +59,26 @@ struct gpt2_moe {
 	struct moe_config cfg;    /* T = B x T, M = C, H = 4C */
 };
 
+/* Training on W ranks (gpt2_distribute): an MoE block's distributed layer, its placement and
+ * this rank's shards of the parameters and of their gradients. */
+struct dist_block {
+	struct moe_dist_layer *dl;
+	struct moe_config cfg; /* T = this rank's B x T */
+	struct moe_dist_place pl;
+	struct moe_params ps, gs;
+	int ran; /* the last forward went through dl, so the backward must */
+};
+
+struct gpt2_dist {
+	struct dist *d;
+	int W, q;
+	struct moe_plan plan;
+	const struct moe_dict *dict; /* the plan per step's capacity, or NULL */
+	struct dist_block *blk;      /* [L] (MoE blocks only), or NULL */
+	struct backend_segment *runs; /* the gradients summed over ranks: all but the MoE layers' */
+	int nruns;
+};
+
 struct layer_acts {
 	float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [N], [N] */
 	float *qkv;                       /* [N,3C] */
@@ -83,6 +107,7 @@ struct gpt2_acts {
 	unsigned char *seg_decays;
 	int nsegs;
 	int B, T, have_targets;
+	int dist; /* the last forward was a distributed training step (its backward is too) */
 	int nla; /* layer_acts sets: n_layer, or 2 (used in turn) for a forward-only model */
 };
 
@@ -166,13 +191,164 @@ static int moe_open(struct gpt2 *g, int N)
 	return 0;
 }
 
+/* ---- training on several ranks ------------------------------------------------------------ */
+
+static void dist_free(struct gpt2 *g)
+{
+	struct gpt2_dist *D = g->dist;
+	if (!D)
+		return;
+	for (int l = 0; D->blk && l < g->cfg.n_layer; l++) {
+		moe_dist_layer_free(D->blk[l].dl);
+		moe_params_free(&D->blk[l].ps);
+		moe_params_free(&D->blk[l].gs);
+	}
+	free(D->blk);
+	free(D->runs);
+	free(D);
+	g->dist = NULL;
+}
+
+void gpt2_dist_rows(const struct gpt2 *g, int B, int *row0, int *rows)
+{
+	const int W = g->dist ? g->dist->W : 1, q = g->dist ? g->dist->q : 0;
+	*rows = B / W;
+	*row0 = q * *rows;
+}
+
+int gpt2_dist_agree(struct gpt2 *g)
+{
+	if (!g->dist)
+		return 0;
+	const size_t bytes = g->nparams * sizeof(float);
+	int64_t v[3] = {crc32_update(0, g->params, bytes), crc32_update(0, g->m, bytes),
+			crc32_update(0, g->v, bytes)};
+	static const char *const names[3] = {"the parameters' crc32", "AdamW's first moments' "
+					     "crc32", "AdamW's second moments' crc32"};
+	int rc = dist_agree(g->dist->d, v, 3, names);
+	char why[256];
+	if (!rc)
+		return 0;
+	snprintf(why, sizeof why, "%s", err_detail());
+	return err_set(CORE_EIO, NULL, "the model is no longer the same on every rank: %s", why);
+}
+
+/* The gradient runs summed over ranks: the flat buffer but each MoE block's gate and experts
+ * (moe_dist reduces those itself). */
+static int dist_runs(struct gpt2 *g)
+{
+	struct gpt2_dist *D = g->dist;
+	const int L = g->cfg.n_layer;
+	if (!(D->runs = calloc((size_t)L + 1, sizeof *D->runs)))
+		return CORE_ENOMEM;
+	size_t from = 0;
+	for (int l = 0; l < L; l++) {
+		if (!moe_is(g, l))
+			continue;
+		const size_t o0 = (size_t)(P(g, V_LAYER(l, P_GATE_W)) - g->params);
+		const size_t o1 = (size_t)(P(g, V_LAYER(l, P_E2_B)) - g->params) +
+				  (size_t)tensor_numel(&g->views[V_LAYER(l, P_E2_B)]);
+		if (o0 > from)
+			D->runs[D->nruns++] = (struct backend_segment){from, o0 - from, 0.0};
+		from = o1;
+	}
+	if (g->nparams > from)
+		D->runs[D->nruns++] = (struct backend_segment){from, g->nparams - from, 0.0};
+	return 0;
+}
+
+int gpt2_distribute(struct gpt2 *g, struct dist *d, const struct moe_plan *plan,
+		    const struct moe_dict *dict)
+{
+	const int W = dist_size(d), q = dist_rank(d), L = g->cfg.n_layer;
+	if (W == 1)
+		return 0;
+	if (g->dist)
+		return err_set(CORE_EUSAGE, NULL, "the model is distributed already");
+	if (g->forward_only)
+		return err_set(CORE_EUSAGE, NULL, "a forward-only model is not trained on ranks");
+	if (!g->be->host_visible)
+		return err_set(CORE_EUNSUPPORTED, NULL, "training across ranks needs a host-memory "
+			       "device (cpu, ref), not '%s'", g->be->name);
+	struct gpt2_dist *D = calloc(1, sizeof *D);
+	if (!(g->dist = D))
+		return CORE_ENOMEM;
+	D->d = d, D->W = W, D->q = q, D->dict = dict;
+	D->plan = plan ? *plan : (struct moe_plan){.r = 1, .d = 1, .a = DIST_A2A_LINEAR};
+	ERR_FORWARD(dist_runs(g));
+	if (!g->moe)
+		return 0;
+	if (!(D->blk = calloc((size_t)L, sizeof *D->blk)))
+		return CORE_ENOMEM;
+	for (int l = 0; l < L; l++) {
+		struct dist_block *db = &D->blk[l];
+		if (!moe_is(g, l))
+			continue;
+		db->cfg = g->moe->cfg;
+		db->cfg.seed = (uint64_t)l; /* the block's noise key, as moe_open's layers */
+		char why[256];
+		int rc = moe_dist_place(&db->pl, &db->cfg, W, q);
+		if (rc < 0) { /* the config's key first: the layer's detail says the rest */
+			snprintf(why, sizeof why, "%s", err_detail());
+			return err_set(rc, NULL, "moe.experts = %d on %d ranks: %s", db->cfg.E, W,
+				       why);
+		}
+		if (!dict && (rc = moe_plan_check(&D->plan, &db->pl)) < 0) {
+			snprintf(why, sizeof why, "%s", err_detail());
+			return err_set(rc, NULL, "the MoE plan: %s", why);
+		}
+		ERR_FORWARD(moe_dist_params_alloc(&db->ps, &db->cfg, &db->pl, g->be));
+		ERR_FORWARD(moe_dist_params_alloc(&db->gs, &db->cfg, &db->pl, g->be));
+		ERR_FORWARD(moe_dist_layer_init(&db->dl, &db->cfg, g->be, d));
+	}
+	return 0;
+}
+
 /* y = MoE_l(x) over N rows on layer (the block's, the shared one or the decoder's) with the
  * capacity setting; the step's routing is kept for gpt2_moe_step and its aux loss summed. */
+/* Whether this forward is a distributed training step (gpt2_distribute) */
+static int dist_step(const struct gpt2 *g) { return g->dist && g->gate_step >= 0; }
+
+/* moe_block_forward of a distributed training step: this rank's shard of the block's
+ * parameters taken from the whole ones, the route, the plan (the static one, or the
+ * dictionary's for the step's capacity), the rest of the forward. */
+static int moe_block_forward_dist(struct gpt2 *g, int l, const float *x, float *y, int N,
+				  double setting)
+{
+	struct gpt2_dist *D = g->dist;
+	struct dist_block *db = &D->blk[l];
+	struct moe_block *b = &g->moe->blk[l];
+
+	ERR_FORWARD(moe_dist_params_from_full(&db->ps, &db->cfg, &db->pl, &b->p));
+	ERR_FORWARD(moe_dist_route(db->dl, &db->ps, x, N, 0, setting, (uint64_t)g->gate_step));
+	struct moe_plan plan = D->plan;
+	const struct moe_dict_entry *e =
+		D->dict ? moe_dict_lookup(D->dict, moe_dist_layer_last(db->dl)->C, NULL) : NULL;
+	if (e)
+		plan = e->plan;
+	ERR_FORWARD(moe_plan_check(&plan, &db->pl));
+	ERR_FORWARD(moe_dist_forward_routed(db->dl, &db->ps, x, y, &plan));
+	const struct moe_dist_step *st = moe_dist_layer_last(db->dl);
+	b->last = (struct gpt2_moe_step){.tokens = N, .C = st->C, .need = st->need,
+					 .dropped = st->dropped, .k = db->cfg.k,
+					 .E = db->cfg.E, .aux_loss = st->aux_loss,
+					 .ranks = D->W, .r = st->plan.r, .d = st->plan.d,
+					 .a2a = dist_a2a_name(st->plan.a)};
+	b->ran = db->ran = 1;
+	g->aux_loss += st->aux_loss;
+	return 0;
+}
+
 static int moe_block_forward(struct gpt2 *g, int l, struct moe_layer *layer, const float *x,
 			     float *y, int N, double setting)
 {
 	struct moe_block *b = &g->moe->blk[l];
 	const uint64_t step = g->gate_step >= 0 ? (uint64_t)g->gate_step : MOE_STEP_EVAL;
+
+	if (dist_step(g) && layer == b->layer)
+		return moe_block_forward_dist(g, l, x, y, N, setting);
+	if (g->dist && g->dist->blk)
+		g->dist->blk[l].ran = 0;
 
 	ERR_FORWARD(moe_forward(layer, &b->p, x, y, N, 0, setting, step));
 	const struct moe_routing *r = moe_layer_routing(layer);
@@ -515,6 +691,7 @@ void gpt2_free(struct gpt2 *g)
 		be->op->free(be, g->v);
 		free_acts(g->acts, be);
 	}
+	dist_free(g);
 	moe_close(g);
 	free(g->views);
 	free(g->decay_mask);
@@ -755,6 +932,7 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 	struct backend *be = g->be;
 	struct gpt2_acts *a = g->acts;
 	const int L = g->cfg.n_layer, C = g->cfg.n_embd, V = model_n_out(&g->cfg);
+	a->dist = dist_step(g);
 	ERR_FORWARD(forward_to(g, inputs, targets, B, T, L - 1));
 	const int N = B * T;
 	ERR_FORWARD(mm_forward(g, g->acts_bf16, a->probs, a->lnf, P(g, V_LAYER(L, 2)), NULL, N,
@@ -766,7 +944,9 @@ int gpt2_forward(struct gpt2 *g, const int32_t *inputs, const int32_t *targets, 
 		double s;
 		ERR_FORWARD(be->op->sum(be, &a->sums[0], a->losses, (size_t)N, 0));
 		ERR_FORWARD(be->op->download(be, &s, &a->sums[0], sizeof s));
-		*loss = (float)(s / N);
+		if (dist_step(g)) /* the mean over every rank's tokens */
+			ERR_FORWARD(dist_allreduce_f64(g->dist->d, &s, 1, DIST_SUM));
+		*loss = (float)(s / ((double)N * (dist_step(g) ? g->dist->W : 1)));
 		if (!isfinite(*loss))
 			return err_set(CORE_ENAN, NULL, "loss is %g", (double)*loss);
 	}
@@ -943,8 +1123,18 @@ static int backward_block(struct gpt2 *g, int l, int B, int T)
 		/* x' = x2 + moe(ln2): the layer's backward from dres, with the auxiliary loss's
 		 * gradient at its weight */
 		struct moe_block *b = &g->moe->blk[l];
-		ERR_FORWARD(moe_backward(b->layer, &b->p, la->ln2, a->dres, a->dbuf, &b->gr,
-					 (float)g->cfg.moe.aux_weight));
+		struct dist_block *db = g->dist && g->dist->blk ? &g->dist->blk[l] : NULL;
+		if (db && db->ran) {
+			/* the shard's gradients (summed over the ranks' tokens), put together */
+			ERR_FORWARD(moe_dist_backward(db->dl, &db->ps, la->ln2, a->dres, a->dbuf,
+						      &db->gs, (float)g->cfg.moe.aux_weight));
+			ERR_FORWARD(moe_dist_params_to_full(&b->gr, &db->cfg, &db->pl, &db->gs,
+							    g->dist->d));
+			db->ran = 0;
+		} else {
+			ERR_FORWARD(moe_backward(b->layer, &b->p, la->ln2, a->dres, a->dbuf,
+						 &b->gr, (float)g->cfg.moe.aux_weight));
+		}
 	} else {
 		/* x' = x2 + gelu(fch) Wp + bp: dres flows to x2 unchanged */
 		ERR_FORWARD(mm_backward(g, h, a->dbig, DW(P_MPROJ_W), DW(P_MPROJ_B), a->dres,
@@ -987,7 +1177,7 @@ int gpt2_backward(struct gpt2 *g)
 
 	/* loss = mean of N cross-entropies: dlogits = (p - onehot) / N, in place */
 	ERR_FORWARD(be->op->crossentropy_backward(be, a->probs, a->targets, N, Vo,
-						  1.0f / (float)N));
+						  1.0f / ((float)N * (a->dist ? g->dist->W : 1))));
 	ERR_FORWARD(mm_backward(g, g->acts_bf16, a->dbuf, G(g, V_LAYER(L, 2)), NULL, a->probs,
 				a->lnf, P(g, V_LAYER(L, 2)), N, C, Vo, BACKEND_W_OI));
 	ERR_FORWARD(be->op->layernorm_backward(be, a->dres, G(g, V_LAYER(L, 0)),
@@ -1001,6 +1191,10 @@ int gpt2_backward(struct gpt2 *g)
 	if (T < g->cfg.seq_len) /* positions the batch did not reach get no gradient */
 		ERR_FORWARD(be->op->memset(be, G(g, V_WPE) + (size_t)T * C, 0,
 					   sizeof(float) * (size_t)(g->cfg.seq_len - T) * C));
+	/* data parallel: the ranks' gradients summed (the MoE layers' are already whole) */
+	for (int i = 0; a->dist && i < g->dist->nruns; i++)
+		ERR_FORWARD(dist_allreduce_f32(g->dist->d, g->grads + g->dist->runs[i].offset,
+					       g->dist->runs[i].n));
 	return 0;
 }
 

@@ -63,6 +63,7 @@ struct gpt2 {
 	float aux_loss;            /* the MoE blocks' auxiliary losses at the last forward, summed */
 	int acts_bf16;             /* the activations that feed only products kept in bfloat16
 				    * (gpt2_bf16_activations) */
+	struct gpt2_dist *dist;    /* training on several ranks (gpt2_distribute), or NULL */
 };
 
 /* Per MoE block, what its last forward routed (for the capacity trace): N tokens, C slots,
@@ -72,6 +73,11 @@ struct gpt2_moe_step {
 	int64_t tokens, C, need, dropped;
 	int k, E;
 	float aux_loss;
+	/* on several ranks (gpt2_distribute): W and the step's plan (r, d, the All-to-All's
+	 * name); tokens, C and need are then this rank's, need the largest over the ranks,
+	 * dropped and aux_loss over all ranks. ranks = 0 on one process. */
+	int ranks, r, d;
+	const char *a2a;
 };
 int gpt2_moe_step(const struct gpt2 *g, int block, struct gpt2_moe_step *out);
 /* A digest (FNV-1a 64) of block's last routing: every choice's expert and slot, so that two
@@ -87,6 +93,33 @@ int gpt2_block_is_moe(const struct gpt2 *g, int l);
  * off otherwise; on (1) is then refused, CORE_EUSAGE. With them or without, training gives the
  * same bits: they only spare the float copies the products would round. */
 int gpt2_bf16_activations(struct gpt2 *g, int on);
+
+struct dist;
+struct moe_plan;
+struct moe_dict;
+/* Train on the W ranks of d (lib/dist), collectively: every rank calls it once, after
+ * gpt2_create with B its share of the batch (train.batch_size / W) and before the first
+ * forward, with the same model, plan and dictionary. Then a training step (gate_step >= 0)
+ * runs this rank's rows of the batch (gpt2_dist_rows): data parallel for the dense
+ * parameters (their gradients summed over the ranks, the loss the mean over all tokens) and
+ * expert parallel for the MoE blocks, through lib/moe's distributed layer (moe_dist.h:
+ * experts spread over the ranks, tokens exchanged by All-to-All) under plan, or under the
+ * plan dict names for each step's capacity (dict may be NULL; moe_dict_check it first).
+ * Parameters, gradients and moments stay whole, and the same bits, on every rank, so a
+ * checkpoint is one rank's and evaluation runs on each rank alone. Without drops the steps
+ * are those of one process on the whole batch, to float rounding; with drops (a capacity
+ * factor) each rank drops its own tokens, and the auxiliary loss is the mean of the ranks'
+ * own (Tutel's semantics, moe_dist.h). CORE_EUSAGE naming the config key for what does not
+ * fit: the MoE layer's placement (moe.experts and the ranks), the plan. A host-memory
+ * backend only (cpu, ref): CORE_EUNSUPPORTED otherwise. W = 1 leaves the model as it is. */
+int gpt2_distribute(struct gpt2 *g, struct dist *d, const struct moe_plan *plan,
+		    const struct moe_dict *dict);
+/* This rank's rows [*row0, *row0 + *rows) of a batch of B rows (all of them, undistributed). */
+void gpt2_dist_rows(const struct gpt2 *g, int B, int *row0, int *rows);
+/* Collective on a distributed model (0 at once otherwise): every rank's parameters and AdamW
+ * moments are the same bits (a crc32 of each, compared), else CORE_EIO on every rank saying
+ * which differ: what writing rank 0's checkpoint for all of them rests on. */
+int gpt2_dist_agree(struct gpt2 *g);
 
 /* Allocate, on be, parameters, grads, moments (zeroed) and activations for batches up to
  * B x T. */

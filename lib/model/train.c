@@ -9,6 +9,7 @@
 
 #include "model/checkpoint.h"
 #include "common/err.h"
+#include "dist/dist.h"
 #include "io/metrics.h"
 #include "common/progress.h"
 #include "common/rng.h"
@@ -212,6 +213,9 @@ static int resume_check(const char *path, const struct run_config *now)
 	return 0;
 }
 
+/* This process writes the run's files: one process, or rank 0 of several. */
+static int lead(const struct train_opts *o) { return !o->dist || dist_rank(o->dist) == 0; }
+
 static int run_open(struct run *s, const struct train_opts *o, long until, long *step)
 {
 	const struct model_config *mc = &o->cfg->model;
@@ -226,7 +230,11 @@ static int run_open(struct run *s, const struct train_opts *o, long until, long 
 		s->have_val = 1;
 		ERR_FORWARD(train_check_data(&s->val, mc));
 	}
-	ERR_FORWARD(gpt2_create(&s->g, mc, B, T, o->be));
+	const int W = o->dist ? dist_size(o->dist) : 1;
+	if (B % W)
+		return err_set(CORE_ECONFIG, NULL, "train.batch_size = %d does not split over %d "
+			       "ranks (each takes batch_size / %d rows)", B, W, W);
+	ERR_FORWARD(gpt2_create(&s->g, mc, B / W, T, o->be));
 	s->have_model = 1;
 	if (o->init_path) {
 		if (o->resuming)
@@ -242,7 +250,10 @@ static int run_open(struct run *s, const struct train_opts *o, long until, long 
 	if (*step > until)
 		return err_set(CORE_EUSAGE, o->init_path, "checkpoint is at step %ld, past --until "
 			       "%ld", *step, until);
-	ERR_FORWARD(metrics_open(&s->mx, o->metrics_path));
+	if (W > 1)
+		ERR_FORWARD(gpt2_distribute(&s->g, o->dist, o->moe_plan, o->moe_dict));
+	/* on several ranks, rank 0 writes the metrics */
+	ERR_FORWARD(metrics_open(&s->mx, lead(o) ? o->metrics_path : NULL));
 	s->in = malloc(sizeof *s->in * (size_t)B * T);
 	s->tg = malloc(sizeof *s->tg * (size_t)B * T);
 	if (!s->in || !s->tg)
@@ -262,7 +273,9 @@ int train_step_on(struct gpt2 *g, const struct train_config *tc, const struct to
 	train_sample_batch(data, labels, tc->seed, RNG_STREAM_BATCH, st, B, T, in, tg);
 	*loss = NAN;
 	g->gate_step = st; /* the MoE blocks' gate noise of this step (none at evaluation) */
-	rc = gpt2_forward(g, in, tg, B, T, loss);
+	int row0, rows; /* on several ranks, this rank's rows of the batch */
+	gpt2_dist_rows(g, B, &row0, &rows);
+	rc = gpt2_forward(g, in + (size_t)row0 * T, tg + (size_t)row0 * T, rows, T, loss);
 	g->gate_step = -1;
 	if (rc == CORE_ENAN)
 		return err_set(CORE_ENAN, data->path, "training loss is %s at step %ld",
@@ -310,7 +323,7 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 	gpt2_profile(&s.g, 1);
 	progress_init(&pr, "train", until - step);
 	pr.unit = "steps";
-	if (!o->progress)
+	if (!o->progress || !lead(o))
 		pr.enabled = 0;
 	for (long st = step; st < until; st++) {
 		double t0 = now_seconds(), lr;
@@ -350,7 +363,9 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 					   'i', (long long)ms.need, "need_factor", 'f',
 					   (double)ms.need * ms.E / ((double)ms.tokens * ms.k), "dropped",
 					   'i', (long long)ms.dropped, "aux_loss", 'f',
-					   (double)ms.aux_loss, NULL);
+					   (double)ms.aux_loss, ms.ranks ? "ranks" : NULL, 'i',
+					   (long long)ms.ranks, "r", 'i', (long long)ms.r, "d", 'i',
+					   (long long)ms.d, "a2a", 's', ms.a2a, NULL);
 		}
 		if (rc)
 			goto out;
@@ -379,7 +394,12 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 		}
 		if (o->out_path && (last || (tc->checkpoint_every > 0 &&
 					     (st + 1) % tc->checkpoint_every == 0))) {
-			rc = ckpt_save(o->out_path, &s.g, o->cfg, st + 1, 1, NULL, 0);
+			/* one rank's checkpoint stands for all: they must be the same model */
+			rc = gpt2_dist_agree(&s.g);
+			if (!rc && lead(o))
+				rc = ckpt_save(o->out_path, &s.g, o->cfg, st + 1, 1, NULL, 0);
+			if (o->dist) /* every rank stops if rank 0 could not write it */
+				rc = dist_agree_rc(o->dist, rc);
 			if (rc)
 				goto out;
 		}
@@ -391,7 +411,7 @@ int train_path_run(const struct train_opts *o, struct train_result *r)
 	}
 	gpt2_profile(&s.g, 0);
 	if (o->out_path && until == step) /* nothing to train: still leave the checkpoint */
-		rc = ckpt_save(o->out_path, &s.g, o->cfg, step, 1, NULL, 0);
+		rc = lead(o) ? ckpt_save(o->out_path, &s.g, o->cfg, step, 1, NULL, 0) : 0;
 out:
 	run_close(&s);
 	return rc;

@@ -32,6 +32,11 @@ struct train_opts {
 	const char *metrics_path; /* JSON Lines, or NULL */
 	long until;               /* stop after this global step; 0 means cfg->train.steps */
 	int progress;             /* draw a progress line (only shown on a terminal) */
+	/* Training on several ranks (gpt2_distribute), or NULL: every rank runs the same
+	 * options; rank 0 alone writes the checkpoint, the metrics and the progress line. */
+	struct dist *dist;
+	const struct moe_plan *moe_plan; /* NULL: r = 1, d = 1, linear */
+	const struct moe_dict *moe_dict; /* NULL: moe_plan for every step */
 };
 
 struct train_result {
