@@ -66,6 +66,7 @@ struct dist_block {
 	struct moe_config cfg; /* T = this rank's B x T */
 	struct moe_dist_place pl;
 	struct moe_params ps, gs;
+	float *gather; /* moe_dist_gather_floats of host scratch for the gradients */
 	int ran; /* the last forward went through dl, so the backward must */
 };
 
@@ -202,6 +203,7 @@ static void dist_free(struct gpt2 *g)
 		moe_dist_layer_free(D->blk[l].dl);
 		moe_params_free(&D->blk[l].ps);
 		moe_params_free(&D->blk[l].gs);
+		free(D->blk[l].gather);
 	}
 	free(D->blk);
 	free(D->runs);
@@ -300,6 +302,9 @@ int gpt2_distribute(struct gpt2 *g, struct dist *d, const struct moe_plan *plan,
 		ERR_FORWARD(moe_dist_params_alloc(&db->ps, &db->cfg, &db->pl, g->be));
 		ERR_FORWARD(moe_dist_params_alloc(&db->gs, &db->cfg, &db->pl, g->be));
 		ERR_FORWARD(moe_dist_layer_init(&db->dl, &db->cfg, g->be, d));
+		if (!(db->gather = malloc(sizeof(float) * moe_dist_gather_floats(&db->cfg,
+										 &db->pl))))
+			return err_set(CORE_ENOMEM, NULL, "cannot allocate the gradients' gathering");
 	}
 	return 0;
 }
@@ -1128,8 +1133,8 @@ static int backward_block(struct gpt2 *g, int l, int B, int T)
 			/* the shard's gradients (summed over the ranks' tokens), put together */
 			ERR_FORWARD(moe_dist_backward(db->dl, &db->ps, la->ln2, a->dres, a->dbuf,
 						      &db->gs, (float)g->cfg.moe.aux_weight));
-			ERR_FORWARD(moe_dist_params_to_full(&b->gr, &db->cfg, &db->pl, &db->gs,
-							    g->dist->d));
+			ERR_FORWARD(moe_dist_params_to_full_buf(&b->gr, &db->cfg, &db->pl, &db->gs,
+								g->dist->d, db->gather));
 			db->ran = 0;
 		} else {
 			ERR_FORWARD(moe_backward(b->layer, &b->p, la->ln2, a->dres, a->dbuf,

@@ -133,6 +133,26 @@ static float *fetch(struct backend *be, const float *src, size_t n, int *rc)
 	return h;
 }
 
+/* moe_dist_params_from_full with both sides in host memory: straight copies, nothing
+ * allocated (a training model takes its shard every step). */
+static void from_full_host(struct moe_params *p, const struct moe_config *cfg,
+			   const struct moe_dist_place *pl, const struct moe_params *full,
+			   int64_t e0, int64_t h0)
+{
+	const int64_t M = cfg->M, H = cfg->H, E = cfg->E, El = pl->El, Hs = pl->Hs;
+	memcpy(p->wg, full->wg, sizeof(float) * (size_t)(M * E));
+	for (int64_t b = 0; b < El; b++) {
+		for (int64_t h = 0; h < Hs; h++) /* w1: the shard out-in, the full tensor in-out */
+			for (int64_t m = 0; m < M; m++)
+				p->w1[(b * Hs + h) * M + m] = full->w1[((e0 + b) * M + m) * H + h0 + h];
+		memcpy(p->b1 + b * Hs, full->b1 + (e0 + b) * H + h0, sizeof(float) * (size_t)Hs);
+		memcpy(p->w2 + b * Hs * M, full->w2 + ((e0 + b) * H + h0) * M,
+		       sizeof(float) * (size_t)(Hs * M));
+	}
+	memcpy(p->b2, full->b2 + e0 * M + (E >= pl->W ? 0 : (pl->q % pl->s) * pl->b2n),
+	       sizeof(float) * (size_t)pl->b2n);
+}
+
 int moe_dist_params_from_full(struct moe_params *p, const struct moe_config *cfg,
 			      const struct moe_dist_place *pl, const struct moe_params *full)
 {
@@ -141,6 +161,10 @@ int moe_dist_params_from_full(struct moe_params *p, const struct moe_config *cfg
 	const int64_t e0 = E >= pl->W ? (int64_t)pl->q * El : pl->q / pl->s;
 	const int64_t h0 = E >= pl->W ? 0 : (int64_t)(pl->q % pl->s) * Hs;
 	int rc = 0;
+	if (fb->host_visible && be->host_visible) {
+		from_full_host(p, cfg, pl, full, e0, h0);
+		return 0;
+	}
 	float *wg = NULL, *w1 = NULL, *b1 = NULL, *w2 = NULL, *b2 = NULL, *out = NULL;
 
 	if (!(wg = fetch(fb, full->wg, (size_t)(M * E), &rc)) ||
@@ -199,9 +223,28 @@ static void shard_origin(const struct moe_dist_place *pl, const struct moe_confi
 	*c0 = whole ? 0 : (int64_t)(q % pl->s) * pl->b2n;
 }
 
+size_t moe_dist_gather_floats(const struct moe_config *cfg, const struct moe_dist_place *pl)
+{
+	const size_t nw = (size_t)(pl->El * pl->Hs * cfg->M), nb1 = (size_t)(pl->El * pl->Hs);
+	/* every rank's shard of w1, b1, w2, b2, then room for this rank's largest */
+	return (2 * nw + nb1 + (size_t)pl->b2n) * (size_t)pl->W + nw;
+}
+
 int moe_dist_params_to_full(struct moe_params *full, const struct moe_config *cfg,
 			    const struct moe_dist_place *pl, const struct moe_params *p,
 			    struct dist *d)
+{
+	float *buf = malloc(sizeof(float) * (moe_dist_gather_floats(cfg, pl) + 1));
+	if (!buf)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the gathered shards");
+	int rc = moe_dist_params_to_full_buf(full, cfg, pl, p, d, buf);
+	free(buf);
+	return rc;
+}
+
+int moe_dist_params_to_full_buf(struct moe_params *full, const struct moe_config *cfg,
+				const struct moe_dist_place *pl, const struct moe_params *p,
+				struct dist *d, float *buf)
 {
 	struct backend *fb = full->be, *be = p->be;
 	const int W = pl->W;
@@ -209,7 +252,11 @@ int moe_dist_params_to_full(struct moe_params *full, const struct moe_config *cf
 	const size_t nw = (size_t)(El * Hs * M), nb1 = (size_t)(El * Hs), nb2 = (size_t)pl->b2n;
 	const size_t ns[4] = {nw, nb1, nw, nb2};
 	const float *src[4] = {p->w1, p->b1, p->w2, p->b2};
-	float *mine = NULL, *all[4] = {NULL}, *out = NULL;
+	/* buf: the gathered shards of each tensor (W x its shard), then this rank's shard of
+	 * one of them fetched, when p is not in host memory */
+	float *all[4] = {buf, buf + nw * (size_t)W, buf + (nw + nb1) * (size_t)W,
+			 buf + (2 * nw + nb1) * (size_t)W};
+	float *fetched = buf + (2 * nw + nb1 + nb2) * (size_t)W, *out = NULL;
 	int rc = 0;
 
 	if (dist_size(d) != W || dist_rank(d) != pl->q)
@@ -225,21 +272,24 @@ int moe_dist_params_to_full(struct moe_params *full, const struct moe_config *cf
 		ERR_FORWARD(rc);
 	}
 	for (int t = 0; t < 4 && !rc; t++) {
-		free(mine);
-		if (!(mine = fetch(be, src[t], ns[t], &rc)))
-			break;
-		if (!(all[t] = malloc(sizeof(float) * (ns[t] * (size_t)W + 1)))) {
-			rc = err_set(CORE_ENOMEM, NULL, "cannot allocate the gathered shards");
-			break;
+		const float *mine = src[t];
+		if (!be->host_visible) {
+			rc = be->op->download(be, fetched, src[t], sizeof(float) * ns[t]);
+			mine = fetched;
 		}
-		rc = dist_allgather(d, W, mine, all[t], sizeof(float) * ns[t]);
+		if (!rc)
+			rc = dist_allgather(d, W, mine, all[t], sizeof(float) * ns[t]);
 	}
-	if (!rc && !(out = malloc(sizeof(float) * (size_t)(E * M * H + 1))))
+	if (!rc && !fb->host_visible && !(out = malloc(sizeof(float) * (size_t)(E * M * H + 1))))
 		rc = err_set(CORE_ENOMEM, NULL, "cannot allocate the full tensors on the host");
-	/* each rank's shard back where moe_dist_params_from_full took it from */
+	/* each rank's shard back where moe_dist_params_from_full took it from: straight into
+	 * full in host memory, else through out */
+	float *dst[4] = {full->w1, full->b1, full->w2, full->b2};
 	for (int t = 0; t < 4 && !rc; t++) {
 		const size_t n = t == 0 || t == 2 ? (size_t)(E * M * H) : t == 1 ? (size_t)(E * H)
 										 : (size_t)(E * M);
+		if (fb->host_visible)
+			out = dst[t];
 		for (int q = 0; q < W; q++) {
 			int64_t e0, h0, c0;
 			shard_origin(pl, cfg, q, &e0, &h0, &c0);
@@ -260,13 +310,11 @@ int moe_dist_params_to_full(struct moe_params *full, const struct moe_config *cf
 			if (t == 3)
 				memcpy(out + e0 * M + c0, sh, sizeof(float) * nb2);
 		}
-		float *dst[4] = {full->w1, full->b1, full->w2, full->b2};
-		rc = fb->op->upload(fb, dst[t], out, sizeof(float) * n);
+		if (!fb->host_visible)
+			rc = fb->op->upload(fb, dst[t], out, sizeof(float) * n);
 	}
-	free(mine);
-	free(out);
-	for (int t = 0; t < 4; t++)
-		free(all[t]);
+	if (!fb->host_visible)
+		free(out);
 	return rc;
 }
 

@@ -112,6 +112,12 @@ int moe_dist_params_from_full(struct moe_params *p, const struct moe_config *cfg
 int moe_dist_params_to_full(struct moe_params *full, const struct moe_config *cfg,
 			    const struct moe_dist_place *pl, const struct moe_params *p,
 			    struct dist *d);
+/* The same with the caller's host scratch buf of moe_dist_gather_floats(cfg, pl) floats,
+ * allocating nothing when p and full are in host memory (a training model's every step). */
+int moe_dist_params_to_full_buf(struct moe_params *full, const struct moe_config *cfg,
+				const struct moe_dist_place *pl, const struct moe_params *p,
+				struct dist *d, float *buf);
+size_t moe_dist_gather_floats(const struct moe_config *cfg, const struct moe_dist_place *pl);
 /* The shard of moe_params_init(seed)'s parameters (draws the full set on p's backend for a
  * moment, so the numbers do not depend on W). */
 int moe_dist_params_init(struct moe_params *p, const struct moe_config *cfg,
