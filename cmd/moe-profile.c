@@ -50,6 +50,7 @@ enum {
 	OPT_COPY,
 	OPT_SIM_LOCAL_SIZE,
 	OPT_MAX_WORLD,
+	OPT_CONFIRM,
 };
 
 /* One table per section of --help. */
@@ -76,6 +77,10 @@ static const struct cli_opt search_opts[] = {
 	{"iterations", 'n', 'n', CLI_ARG, "N",
 	 "timed steps per trial (default 3; the median counts)"},
 	{"warmup", 'w', 'w', CLI_ARG, "N", "untimed steps per trial (default 1)"},
+	{"confirm", OPT_CONFIRM, 0, CLI_ARG, "N",
+	 "rounds of interleaved trials of each bucket's 4\n"
+	 "fastest plans, which decide it (default 3; 0: the\n"
+	 "first pass decides)"},
 	{"local-size", OPT_LOCAL_SIZE, 0, CLI_ARG, "N",
 	 "ranks per node (default: from the host layout)"},
 	CLI_OPT_END,
@@ -629,6 +634,12 @@ static int parse(int argc, char **argv, struct args *a, struct moe_search *ms)
 			break;
 		case 'n': rc = cli_parse_long("--iterations", optarg, 1, 1L << 20, &a->iters); break;
 		case 'w': rc = cli_parse_long("--warmup", optarg, 0, 1L << 20, &a->warm); break;
+		case OPT_CONFIRM: {
+			long n = 0;
+			rc = cli_parse_long("--confirm", optarg, 0, 1000, &n);
+			ms->confirm = (int)n;
+			break;
+		}
 		case OPT_LOCAL_SIZE:
 			rc = cli_parse_long("--local-size", optarg, 1, 1L << 20, &a->local);
 			break;
@@ -752,7 +763,8 @@ int main(int argc, char **argv)
 				   .copy = 1.0 / 1000e9, .m = 8},
 		       .maxw = 4096},
 	};
-	struct search s = {.ms = {.nd = 4, .dlist = {1, 2, 4, 8}, .na = 2, .alist = {0, 1}}};
+	struct search s = {.ms = {.nd = 4, .dlist = {1, 2, 4, 8}, .na = 2, .alist = {0, 1},
+				  .confirm = 3}};
 	int rc = parse(argc, argv, &a, &s.ms);
 
 	if (rc >= 0)

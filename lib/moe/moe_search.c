@@ -54,6 +54,78 @@ static int best_at(struct moe_search *s, int64_t key, int64_t C, int r, struct m
 	return 0;
 }
 
+static int same_plan(const struct moe_plan *a, const struct moe_plan *b)
+{
+	return a->r == b->r && a->d == b->d && a->a == b->a;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	const double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* The confirmation rounds (moe_search.h) over the finalists among trials nt0.. of the
+ * bucket: *out becomes the winner, its seconds the median of its rounds. */
+static int confirm(struct moe_search *s, int64_t key, int64_t C, size_t nt0,
+		   struct moe_dict_entry *out)
+{
+	struct moe_plan fin[MOE_SEARCH_FINALISTS];
+	double best[MOE_SEARCH_FINALISTS];
+	int nf = 0;
+	/* the distinct plans of lowest median, at most MOE_SEARCH_FINALISTS */
+	for (size_t i = nt0; i < s->nt; i++) {
+		const struct moe_trial *t = &s->t[i];
+		int at = -1;
+		for (int j = 0; j < nf; j++)
+			if (same_plan(&fin[j], &t->plan))
+				at = j;
+		if (at >= 0) {
+			best[at] = t->median < best[at] ? t->median : best[at];
+			continue;
+		}
+		if (nf < MOE_SEARCH_FINALISTS) {
+			fin[nf] = t->plan;
+			best[nf++] = t->median;
+			continue;
+		}
+		int worst = 0;
+		for (int j = 1; j < nf; j++)
+			worst = best[j] > best[worst] ? j : worst;
+		if (t->median < best[worst]) {
+			fin[worst] = t->plan;
+			best[worst] = t->median;
+		}
+	}
+	if (nf < 2)
+		return 0;
+	double *r = malloc(sizeof *r * (size_t)nf * (size_t)s->confirm);
+	if (!r)
+		return err_set(CORE_ENOMEM, NULL, "cannot allocate the confirmation rounds");
+	int rc = 0;
+	for (int k = 0; k < s->confirm && !rc; k++)
+		for (int j = 0; j < nf && !rc; j++) {
+			const int i = (j + k) % nf; /* the order rotates round by round */
+			rc = trial(s, key, C, &fin[i], &r[(size_t)i * (size_t)s->confirm + (size_t)k]);
+		}
+	int w = -1;
+	double wv = INFINITY;
+	for (int i = 0; i < nf && !rc; i++) {
+		double *v = r + (size_t)i * (size_t)s->confirm;
+		qsort(v, (size_t)s->confirm, sizeof *v, cmp_double);
+		const int n = s->confirm;
+		const double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+		if (med < wv) {
+			wv = med;
+			w = i;
+		}
+	}
+	if (!rc)
+		*out = (struct moe_dict_entry){.key = key, .plan = fin[w], .seconds = wv};
+	free(r);
+	return rc;
+}
+
 int moe_search_bucket(struct moe_search *s, int64_t key, int64_t C, struct moe_dict_entry *out,
 		      int *trials)
 {
@@ -91,6 +163,8 @@ int moe_search_bucket(struct moe_search *s, int64_t key, int64_t C, struct moe_d
 		if (!isnan(f[i]) && (b < 0 || f[i] < f[b]))
 			b = i;
 	*out = (struct moe_dict_entry){.key = key, .plan = p[b], .seconds = f[b]};
+	if (s->confirm > 0)
+		ERR_FORWARD(confirm(s, key, C, nt0, out));
 	*trials = (int)(s->nt - nt0);
 	return 0;
 }

@@ -152,3 +152,59 @@ Test(moe_search, errors)
 				.measure = measure, .ctx = &k};
 	cr_expect_eq(moe_search_bucket(&s, 0, 77, &e, &trials), CORE_EUSAGE, "r = 0 not first");
 }
+
+/* The confirmation rounds (moe_search.h): the plan that is truly fastest but was timed during
+ * a slow spell in the first pass (here: its first trial 1.35 s against a true 1.0) loses the
+ * first pass and wins the rounds, which time the four finalists again, interleaved; without
+ * rounds the first pass decides, wrongly. Each finalist is timed once per round. */
+struct spell {
+	int calls[8];
+};
+
+static int plan_id(const struct moe_plan *p)
+{
+	return p->r == 0 ? 0 : 1 + 2 * (p->r - 1) + (p->d == 2);
+}
+
+static int measure_spell(void *ctx, int64_t C, const struct moe_plan *p, double *md, double *mn,
+			 double *mx)
+{
+	struct spell *k = ctx;
+	/* r0 1.4; r1 d1 1.1, r1 d2 1.0 (the fastest, slow on its first trial); r2 d1 1.2,
+	 * r2 d2 1.3 */
+	static const double truth[5] = {1.4, 1.1, 1.0, 1.2, 1.3};
+	const int i = plan_id(p);
+	cr_assert(i >= 0 && i < 5 && C == 50);
+	*md = truth[i] * (i == 2 && k->calls[i] == 0 ? 1.35 : 1.0);
+	k->calls[i]++;
+	*mn = *mx = *md;
+	return 0;
+}
+
+Test(moe_search, confirmation_rounds_undo_a_slow_spell)
+{
+	for (int rounds = 0; rounds <= 3; rounds += 3) {
+		struct spell k = {{0}};
+		struct moe_search s = {.nr = 3, .rs = {0, 1, 2}, .nd = 2, .dlist = {1, 2}, .na = 1,
+				       .alist = {0}, .measure = measure_spell, .ctx = &k,
+				       .confirm = rounds};
+		struct moe_dict_entry e;
+		int trials = 0;
+		cr_assert_eq(moe_search_bucket(&s, 3, 50, &e, &trials), 0, "%s", err_detail());
+		if (rounds == 0) {
+			cr_assert(e.plan.r == 1 && e.plan.d == 1, "without rounds the first pass "
+				  "picks r=1 d=1, got r=%d d=%d", e.plan.r, e.plan.d);
+			cr_assert_eq(trials, 5);
+		} else {
+			cr_assert(e.plan.r == 1 && e.plan.d == 2, "the rounds pick r=1 d=2, got r=%d "
+				  "d=%d", e.plan.r, e.plan.d);
+			cr_assert_float_eq(e.seconds, 1.0, 1e-12);
+			cr_assert_eq(trials, 5 + 3 * 4, "%d trials", trials);
+			/* the four finalists timed once a round; r = 0, the slowest, not again */
+			cr_assert_eq(k.calls[0], 1);
+			for (int i = 1; i < 5; i++)
+				cr_assert_eq(k.calls[i], 1 + 3, "plan %d timed %d times", i, k.calls[i]);
+		}
+		moe_search_free(&s);
+	}
+}
