@@ -72,14 +72,22 @@ def cmd_bench_one(a):
     T = m["seq_len"]
     params = ref.to_torch(ref.init_params(m, cfg["seed"]), torch.float32)
     names = [n for n, _ in ref.param_shapes(m)]
+    extra = []  # Tutel's layers' parameters, when they stand in for the MoE blocks
+    if a.tutel:
+        if "moe" not in m:
+            ref.die("--tutel: the config has no MoE blocks")
+        layers = tutel_blocks(torch, m)
+        names = [n for n in names if ".moe." not in n]
+        extra = [q for lay in layers.values() for q in lay.parameters()]
     for n in names:
         params[n].requires_grad_(True)
     def decays(n):  # matrices, not biases (an MoE block's are [E, n])
         return params[n].dim() >= 2 and not n.endswith(".bias")
     opt = torch.optim.AdamW(
-        [{"params": [params[n] for n in names if decays(n)],
-          "weight_decay": cfg["weight_decay"]},
-         {"params": [params[n] for n in names if not decays(n)], "weight_decay": 0.0}],
+        [{"params": [params[n] for n in names if decays(n)]
+          + [q for q in extra if q.dim() >= 2], "weight_decay": cfg["weight_decay"]},
+         {"params": [params[n] for n in names if not decays(n)]
+          + [q for q in extra if q.dim() < 2], "weight_decay": 0.0}],
         lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"])
     times = []
     for s in range(a.warmup + a.steps):
@@ -95,7 +103,7 @@ def cmd_bench_one(a):
             objective = loss + m["moe"]["aux_weight"] * sum(a for a, _ in auxes)
         opt.zero_grad(set_to_none=True)
         objective.backward()
-        grads = [params[n].grad for n in names]
+        grads = [params[n].grad for n in names] + [q.grad for q in extra]
         norm = torch.sqrt(sum((g * g).sum() for g in grads))
         if cfg["grad_clip"] > 0 and float(norm) > cfg["grad_clip"]:
             for g in grads:
@@ -113,9 +121,36 @@ def cmd_bench_one(a):
             if line.startswith("VmHWM:"):
                 rss = int(line.split()[1]) / 1024
     print(json.dumps({"tokens_per_s": cfg["batch_size"] * T / med, "median_step_s": med,
-                      "timed_steps": len(times), "bf16": a.bf16,
+                      "timed_steps": len(times), "bf16": a.bf16, "tutel": bool(a.tutel),
                       "loss": float(loss), "peak_rss_mb": rss, "intra_threads": a.intra,
                       "torch_threads": torch.get_num_threads()}))
+
+
+def tutel_blocks(torch, m):
+    """Tutel's moe_layer for each MoE block of the model (its own parameters: a speed
+    comparison, not a numerical one), made as Tutel's examples/helloworld.py makes it, with
+    the block's experts, top-k, capacity factor, batch-prioritized routing, GELU (tanh) and
+    the GShard loss; ref.moe_forward then runs it in place of the reference's MoE."""
+    from tutel import moe as tutel_moe
+    import torch.nn.functional as F
+    mo, C, L = m["moe"], m["n_embd"], m["n_layer"]
+    layers = {}
+    for i in sorted(ref.moe_blocks(mo, L)):
+        layers[f"h.{i}."] = tutel_moe.moe_layer(
+            gate_type={"type": "top", "k": mo["top_k"], "capacity_factor":
+                       mo["capacity_factor"], "gate_noise": mo["gate_noise"]},
+            experts={"type": "ffn", "count_per_node": mo["experts"],
+                     "hidden_size_per_expert": 4 * C,
+                     "activation_fn": lambda z: F.gelu(z, approximate="tanh")},
+            model_dim=C, seeds=(1, 2 + i, 3), batch_prioritized_routing=mo["bpr"],
+            is_gshard_loss=True,
+            scan_expert_func=lambda name, p: setattr(p, "skip_allreduce", True))
+
+    def moe_forward(h, P, p, mo, gelu, mutate=None, train=True):
+        y = layers[p](h)
+        return y, y.l_aux, {"C": None, "need": None, "dropped": None}
+    ref.moe_forward = moe_forward
+    return layers
 
 
 def run_torch(a, threads, setting):
@@ -129,6 +164,8 @@ def run_torch(a, threads, setting):
            "--max-seconds", str(a.max_seconds)]
     for s in a.set or []:
         cmd += ["-s", s]
+    if a.tutel:
+        cmd += ["--tutel"]
     t0 = time.time()
     r = subprocess.run(cmd, env=e, capture_output=True, text=True)
     if r.returncode != 0:
@@ -221,6 +258,9 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--max-seconds", type=float, default=20.0,
                    help="stop timing a setting after this many seconds (>= 5 steps)")
+    p.add_argument("--tutel", action="store_true",
+                   help="the MoE blocks are Tutel's moe_layer (tutel on PYTHONPATH, its CPU "
+                        "extension built) instead of the reference's plain PyTorch MoE")
     if p.prog.endswith(" one"):
         p.add_argument("--intra", type=int, default=1)
         p.add_argument("--bf16", action="store_true", help="under torch.autocast(bfloat16)")
