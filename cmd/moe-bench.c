@@ -52,6 +52,24 @@ enum {
 	OPT_USE_2DH,
 	OPT_PRECISION,
 	OPT_DTYPE,
+	/* Tutel's helloworld.py flags, with its meanings (struct tutel) */
+	OPT_TUTEL,
+	OPT_T_BATCH,
+	OPT_T_NTOK,
+	OPT_T_HIDDEN,
+	OPT_T_NLE,
+	OPT_T_TOP,
+	OPT_T_CF,
+	OPT_T_STEPS,
+	OPT_T_OVERLAP,
+	OPT_T_PTYPE,
+	OPT_T_LAUX,
+	OPT_T_EVAL,
+	OPT_T_TENSORCORE,
+	OPT_T_FP32_GATE,
+	OPT_T_ALLREDUCE,
+	OPT_T_EXPERT_TYPE,
+	OPT_T_LOCAL_RANK,
 };
 
 /* One table per section of --help. */
@@ -134,18 +152,29 @@ static const struct cli_opt dist_opts[] = {
 	 "every static plan on the same steps, compared"},
 	CLI_OPT_END,
 };
-/* Tutel's names (tutel/examples/helloworld.py) where they mean the same: not listed, the
- * prose of --help names them. */
+/* Tutel's flags (tutel/examples/helloworld.py), with Tutel's meanings: any of them runs the
+ * experiment helloworld.py would (struct tutel). Not listed in --help: its prose and
+ * moe-bench(1)'s table name them. */
 static const struct cli_opt tutel_opts[] = {
-	{"num-tokens", 'T', 0, CLI_ARG, "N", NULL},
-	{"hidden-size", 'H', 0, CLI_ARG, "N", NULL},
-	{"num-local-experts", 'E', 0, CLI_ARG, "N", NULL},
+	{"tutel", OPT_TUTEL, 0, CLI_FLAG, NULL, NULL},
+	{"batch-size", OPT_T_BATCH, 0, CLI_ARG, "N", NULL},
+	{"num-tokens", OPT_T_NTOK, 0, CLI_ARG, "N", NULL},
+	{"hidden-size", OPT_T_HIDDEN, 0, CLI_ARG, "N", NULL},
+	{"num-local-experts", OPT_T_NLE, 0, CLI_ARG, "N", NULL},
 	{"num-experts", 'E', 0, CLI_ARG, "N", NULL},
-	{"top", 'k', 0, CLI_ARG, "N", NULL},
-	{"capacity-factor", 'c', 0, CLI_ARG, "X", NULL},
-	{"num-steps", 'n', 0, CLI_ARG, "N", NULL},
-	{"a2a-ffn-overlap-degree", OPT_D, 0, CLI_ARG, "N", NULL},
+	{"top", OPT_T_TOP, 0, CLI_ARG, "N", NULL},
+	{"capacity-factor", OPT_T_CF, 0, CLI_ARG, "X", NULL},
+	{"num-steps", OPT_T_STEPS, 0, CLI_ARG, "N", NULL},
+	{"a2a-ffn-overlap-degree", OPT_T_OVERLAP, 0, CLI_ARG, "N", NULL},
 	{"use-2dh", OPT_USE_2DH, 0, CLI_FLAG, NULL, NULL},
+	{"parallel-type", OPT_T_PTYPE, 0, CLI_ARG, "TYPE", NULL},
+	{"l-aux-wt", OPT_T_LAUX, 0, CLI_ARG, "X", NULL},
+	{"eval", OPT_T_EVAL, 0, CLI_FLAG, NULL, NULL},
+	{"use-tensorcore", OPT_T_TENSORCORE, 0, CLI_FLAG, NULL, NULL},
+	{"fp32-gate", OPT_T_FP32_GATE, 0, CLI_FLAG, NULL, NULL},
+	{"allreduce-degree", OPT_T_ALLREDUCE, 0, CLI_ARG, "N", NULL},
+	{"expert-type", OPT_T_EXPERT_TYPE, 0, CLI_ARG, "TYPE", NULL},
+	{"local-rank", OPT_T_LOCAL_RANK, 0, CLI_ARG, "N", NULL},
 	CLI_OPT_END,
 };
 static const struct cli_opt *const parse_tables[] = {
@@ -171,11 +200,15 @@ static void usage(FILE *f)
 	cli_print_opts(f, (const struct cli_opt *const[]){dist_opts, NULL});
 	fprintf(f,
 "\n"
-"Tutel's option names are accepted too, with hyphens or underscores: --num-tokens\n"
-"(-T), --hidden-size (-H), --num-local-experts and --num-experts (-E), --top (-k),\n"
-"--capacity-factor (-c), --num-steps (-n), --a2a-ffn-overlap-degree (--d),\n"
-"--use-2dh (--a2a=2dh); e.g. --capacity_factor=2. -E counts the experts of the\n"
-"whole layer, not of one rank.\n"
+"Tutel's helloworld.py flags run Tutel's experiment, with its defaults, spelled\n"
+"with underscores or hyphens: --batch_size (16) times --num_tokens (512) tokens\n"
+"per rank, --model_dim (2048), --hidden_size (2048), --num_local_experts (2 per\n"
+"rank; -n: one expert shared by n ranks), --top (2), --capacity_factor (1.0),\n"
+"--num_steps (100), --a2a_ffn_overlap_degree (1), --parallel_type (adaptive:1;\n"
+"data, model, adaptive:R), --use_2dh, --l_aux_wt, --eval (forward only, no gate\n"
+"noise), --dtype (float32; bfloat16: bfloat16 products), --use_tensorcore (tf32\n"
+"on cuda), --fp32_gate, --allreduce_degree, --expert_type (ffn), --local_rank;\n"
+"--tutel alone runs helloworld.py's defaults. moe-bench(1) has the table.\n"
 "\n"
 "For timings on virtual machines set OMP_WAIT_POLICY=active (scripts/bench-moe.sh\n"
 "does): a sleeping OpenMP thread can take a whole timer tick to wake, which adds\n"
@@ -224,6 +257,34 @@ static json_t *times_json(const struct moe_bench_samples *s)
 	return o;
 }
 
+/* Tutel's flags: whether any was given, their values, which of ours were given too (ours
+ * win over Tutel's defaults, and clash with Tutel's flag for the same thing), and what Tutel
+ * computes for them (tutel_apply) */
+struct tutel {
+	int on, eval, tensorcore;
+	long batch, ntok, nle, steps, overlap;
+	double cf, laux;
+	const char *ptype, *dtype, *etype;
+	int have_T, have_M, have_H, have_E, have_k, have_c, have_n, have_r, have_d, have_prec,
+	    have_batch, have_ntok, have_nle, have_top, have_cf, have_steps, have_overlap;
+	long W, s, C; /* ranks, ranks per expert, Tutel's capacity (-1: the data's) */
+	double gflop; /* helloworld.py's perf count: T M H 4 (1 or 3) min(k, E) / 1e9 */
+};
+
+static struct tutel *tutel_info; /* the reports' "tutel" object, when Tutel's flags ran */
+
+static json_t *tutel_json(const struct tutel *t, const struct moe_config *c)
+{
+	return json_pack("{s:i, s:I, s:I, s:I, s:I, s:o, s:I, s:f, s:s}", "world", (int)t->W,
+			 "samples", (json_int_t)c->T, "experts", (json_int_t)c->E,
+			 "experts_per_rank", (json_int_t)(c->E >= t->W ? c->E / t->W : 1),
+			 "ranks_per_expert", (json_int_t)t->s,
+			 "capacity", t->C > 0 ? json_integer(t->C) : json_null(),
+			 "capacity_alignment", (json_int_t)c->capacity_align, "gflop_per_step",
+			 t->gflop, "perf_formula", "T M H 4 (1 at --eval, else 3) min(k, E) "
+			 "(helloworld.py's tflops line)");
+}
+
 static json_t *base_json(const struct moe_bench_opts *o, const char *trace, const char *impl,
 			 const char *only, int64_t T)
 {
@@ -257,6 +318,8 @@ static json_t *base_json(const struct moe_bench_opts *o, const char *trace, cons
 	json_object_set_new(j, "iterations", json_integer(o->iters));
 	json_object_set_new(j, "warmup", json_integer(o->warmup));
 	json_object_set_new(j, "seed", json_integer((json_int_t)c->seed));
+	if (tutel_info) /* what Tutel computes for the flags given (tutel_apply) */
+		json_object_set_new(j, "tutel", tutel_json(tutel_info, c));
 	return j;
 }
 
@@ -860,6 +923,7 @@ struct args {
 	long r, d, local_size;
 	int a2a, distopt; /* distopt: an option of "Distributed" was given */
 	double *trace;    /* --trace's settings, o.trace_n of them; the caller frees */
+	struct tutel tu;
 };
 
 /* Option c of parse_tables, its value in optarg, into *a: 0 or a usage error. */
@@ -870,16 +934,73 @@ static int parse_option(struct args *a, int c)
 	static const char *const dtypes[] = {"fp32", "bf16", NULL};
 	int rc = 0;
 
+	struct tutel *t = &a->tu;
 	switch (c) {
-	case 'T': rc = cli_parse_long("--tokens", optarg, 1, 1L << 30, &a->T); break;
-	case 'M': rc = cli_parse_long("--model-dim", optarg, 1, 1L << 20, &a->M); break;
-	case 'H': rc = cli_parse_long("--hidden-dim", optarg, 1, 1L << 20, &a->H); break;
-	case 'E': rc = cli_parse_long("--experts", optarg, 1, 1L << 16, &a->E); break;
-	case 'k': rc = cli_parse_long("--top-k", optarg, 1, 1L << 16, &a->k); break;
+	case 'T': rc = cli_parse_long("--tokens", optarg, 1, 1L << 30, &a->T); t->have_T = 1; break;
+	case 'M': rc = cli_parse_long("--model-dim", optarg, 1, 1L << 20, &a->M); t->have_M = 1; break;
+	case 'H': rc = cli_parse_long("--hidden-dim", optarg, 1, 1L << 20, &a->H); t->have_H = 1; break;
+	case 'E': rc = cli_parse_long("--experts", optarg, 1, 1L << 16, &a->E); t->have_E = 1; break;
+	case 'k': rc = cli_parse_long("--top-k", optarg, 1, 1L << 16, &a->k); t->have_k = 1; break;
 	case 'c':
 		rc = cli_parse_double("--capacity", optarg, -TRACE_SETTING_MAX, TRACE_SETTING_MAX,
 				      &a->x);
+		t->have_c = 1;
 		break;
+	/* Tutel's */
+	case OPT_TUTEL: t->on = 1; break;
+	case OPT_T_BATCH:
+		rc = cli_parse_long("--batch_size", optarg, 1, 1L << 30, &t->batch);
+		t->on = t->have_batch = 1;
+		break;
+	case OPT_T_NTOK:
+		rc = cli_parse_long("--num_tokens", optarg, 1, 1L << 30, &t->ntok);
+		t->on = t->have_ntok = 1;
+		break;
+	case OPT_T_HIDDEN:
+		rc = cli_parse_long("--hidden_size", optarg, 1, 1L << 20, &a->H);
+		t->on = t->have_H = 1;
+		break;
+	case OPT_T_NLE:
+		rc = cli_parse_long("--num_local_experts", optarg, -(1L << 16), 1L << 16, &t->nle);
+		if (rc == 0 && t->nle == 0)
+			rc = err_set(CORE_EUSAGE, NULL, "option '--num_local_experts': 0 experts (n > 0: "
+				     "experts per rank; -n: one expert shared by n ranks)");
+		t->on = t->have_nle = 1;
+		break;
+	case OPT_T_TOP:
+		rc = cli_parse_long("--top", optarg, 1, 1L << 16, &a->k);
+		t->on = t->have_top = 1;
+		break;
+	case OPT_T_CF:
+		rc = cli_parse_double("--capacity_factor", optarg, -TRACE_SETTING_MAX,
+				      TRACE_SETTING_MAX, &t->cf);
+		t->on = t->have_cf = 1;
+		break;
+	case OPT_T_STEPS:
+		rc = cli_parse_long("--num_steps", optarg, 1, 1L << 30, &t->steps);
+		t->on = t->have_steps = 1;
+		break;
+	case OPT_T_OVERLAP:
+		rc = cli_parse_long("--a2a_ffn_overlap_degree", optarg, 1, 8, &t->overlap);
+		t->on = t->have_overlap = 1;
+		break;
+	case OPT_T_PTYPE: t->ptype = optarg; t->on = 1; break;
+	case OPT_T_LAUX:
+		rc = cli_parse_double("--l_aux_wt", optarg, 0.0, 1e6, &t->laux);
+		t->on = 1;
+		break;
+	case OPT_T_EVAL: t->eval = t->on = 1; break;
+	case OPT_T_TENSORCORE: t->tensorcore = t->on = 1; break;
+	case OPT_T_FP32_GATE: t->on = 1; break; /* the gate is float32 here always */
+	case OPT_T_ALLREDUCE: { /* helloworld.py's all-reduce of the non-expert gradients: the
+				 * layer all-reduces the gate's itself */
+		long v;
+		rc = cli_parse_long("--allreduce_degree", optarg, -1, 1L << 20, &v);
+		t->on = 1;
+		break;
+	}
+	case OPT_T_EXPERT_TYPE: t->etype = optarg; t->on = 1; break;
+	case OPT_T_LOCAL_RANK: t->on = 1; break; /* the launcher's business */
 	case OPT_CAPACITY_ALIGN:
 		rc = cli_parse_long("--capacity-align", optarg, 1, 1L << 20, &a->align);
 		break;
@@ -908,10 +1029,26 @@ static int parse_option(struct args *a, int c)
 	case OPT_DRY_RUN: a->dry = 1; break;
 	case OPT_NO_INPUT_GRAD: a->o.input_grad = 0; break;
 	case OPT_DEVICE: a->device = optarg; break;
-	case OPT_PRECISION: rc = cli_parse_precision("--precision", optarg, &a->precision); break;
-	case OPT_DTYPE: rc = choice("--dtype", optarg, dtypes, &a->o.bf16); break;
-	case OPT_R: rc = cli_parse_long("--r", optarg, 0, 1L << 20, &a->r); a->distopt = 1; break;
-	case OPT_D: rc = cli_parse_long("--d", optarg, 1, 8, &a->d); a->distopt = 1; break;
+	case OPT_PRECISION:
+		rc = cli_parse_precision("--precision", optarg, &a->precision);
+		t->have_prec = 1;
+		break;
+	case OPT_DTYPE:
+		if (strncmp(optarg, "float", 5) == 0) { /* Tutel's: the model's dtype */
+			t->dtype = optarg;
+			t->on = 1;
+		} else {
+			rc = choice("--dtype", optarg, dtypes, &a->o.bf16);
+		}
+		break;
+	case OPT_R:
+		rc = cli_parse_long("--r", optarg, 0, 1L << 20, &a->r);
+		a->distopt = t->have_r = 1;
+		break;
+	case OPT_D:
+		rc = cli_parse_long("--d", optarg, 1, 8, &a->d);
+		a->distopt = t->have_d = 1;
+		break;
 	case OPT_A2A:
 		a->a2a = dist_a2a_from_name(optarg);
 		if (a->a2a < 0)
@@ -925,12 +1062,126 @@ static int parse_option(struct args *a, int c)
 		break;
 	case OPT_DICT: a->dict_path = optarg; a->distopt = 1; break;
 	case OPT_USE_2DH: a->a2a = DIST_A2A_2DH; a->distopt = 1; break;
-	case 'n': rc = cli_parse_long("--iterations", optarg, 1, 1L << 30, &a->o.iters); break;
+	case 'n':
+		rc = cli_parse_long("--iterations", optarg, 1, 1L << 30, &a->o.iters);
+		t->have_n = 1;
+		break;
 	case 'w': rc = cli_parse_long("--warmup", optarg, 0, 1L << 30, &a->o.warmup); break;
 	case 's': rc = cli_parse_long("--seed", optarg, 0, 1L << 62, &a->seed); break;
 	case 't': rc = cli_parse_long("--threads", optarg, 1, 4096, &a->threads); break;
 	}
 	return rc;
+}
+
+/* Tutel's flags into the experiment helloworld.py runs with them (tutel/examples/
+ * helloworld.py, tutel/impls/moe_layer.py, fast_dispatch.py's extract_critical): its defaults
+ * where neither its flag nor ours was given, and what Tutel computes: T = batch_size x
+ * num_tokens per rank; E = num_local_experts x W, or W / n ranks sharing each of them for
+ * -n; top-k at most E; capacity k int(f ceil(T/E)) for f > 0, rounded up to a multiple of
+ * (ranks per expert) x a2a_ffn_overlap_degree (to 128 above 256); parallel_type data is
+ * r = 1, model r = ranks per expert, adaptive:R r = R clamped to 0..that; the perf line's
+ * flops T M H 4 (1 at --eval, else 3) min(k, E). 0, or a usage error. */
+static int tutel_apply(struct args *a)
+{
+	struct tutel *t = &a->tu;
+	long rank = 0, W = 1;
+	dist_launcher(&rank, &W);
+	const struct {
+		int ours, theirs;
+		const char *a, *b, *what;
+	} clash[] = {
+		{t->have_T, t->have_batch || t->have_ntok, "-T", "--batch_size/--num_tokens",
+		 "the tokens per rank"},
+		{t->have_E, t->have_nle, "-E", "--num_local_experts", "the experts"},
+		{t->have_k, t->have_top, "-k", "--top", "top-k"},
+		{t->have_c, t->have_cf, "-c", "--capacity_factor", "the capacity"},
+		{t->have_n, t->have_steps, "-n", "--num_steps", "the timed steps"},
+		{t->have_d, t->have_overlap, "--d", "--a2a_ffn_overlap_degree", "the pipelining"},
+		{t->have_r, t->ptype != NULL, "--r", "--parallel_type", "the parallelism"},
+	};
+	for (size_t i = 0; i < sizeof clash / sizeof clash[0]; i++)
+		if (clash[i].ours && clash[i].theirs)
+			return err_set(CORE_EUSAGE, NULL, "%s and %s both set %s: give one", clash[i].a,
+				       clash[i].b, clash[i].what);
+	if (t->etype && strcmp(t->etype, "ffn") != 0)
+		return err_set(CORE_EUSAGE, NULL, "option '--expert_type': '%s': the experts here are "
+			       "ffn (two layers with biases), Tutel's default", t->etype);
+	if (!t->have_T)
+		a->T = (t->have_batch ? t->batch : 16) * (t->have_ntok ? t->ntok : 512);
+	if (!t->have_M)
+		a->M = 2048;
+	if (!t->have_H)
+		a->H = 2048;
+	if (!t->have_E) {
+		const long n = t->have_nle ? t->nle : 2;
+		if (n < 0 && W % -n)
+			return err_set(CORE_EUSAGE, NULL, "option '--num_local_experts': %ld: one expert "
+				       "shared by %ld ranks, and %ld ranks do not split into such groups",
+				       n, -n, W);
+		a->E = n > 0 ? n * W : W / -n;
+	}
+	if (!t->have_k)
+		a->k = t->have_top ? a->k : 2;
+	if (a->k > a->E) /* Tutel takes min(top, E) */
+		a->k = a->E;
+	if (!t->have_c)
+		a->x = t->have_cf ? t->cf : 1.0;
+	if (!t->have_n)
+		a->o.iters = t->have_steps ? t->steps : 100;
+	const long s = a->E < W ? W / a->E : 1, d = t->have_overlap ? t->overlap : a->d;
+	if (!t->have_d)
+		a->d = d;
+	if (t->ptype) {
+		long r = -1;
+		if (strcmp(t->ptype, "data") == 0)
+			r = 1;
+		else if (strcmp(t->ptype, "model") == 0)
+			r = s;
+		else if (strncmp(t->ptype, "adaptive:", 9) == 0 &&
+			 cli_parse_long("--parallel_type", t->ptype + 9, -(1L << 20), 1L << 20, &r) == 0)
+			r = r < 0 ? 0 : r > s ? s : r;
+		else
+			return err_set(CORE_EUSAGE, NULL, "option '--parallel_type': '%s' is not data, "
+				       "model or adaptive:R (Tutel's 'auto' chooses as it runs: here "
+				       "moe-profile's dictionary does, --dict)", t->ptype);
+		if (r > 0 && s % r)
+			return err_set(CORE_EUSAGE, NULL, "option '--parallel_type': %s is r = %ld, not "
+				       "0 or a divisor of the %ld ranks of each expert", t->ptype, r, s);
+		a->r = r;
+	}
+	a->o.input_grad = 0; /* helloworld.py's input needs no gradient */
+	if (t->eval) { /* forward only, no gate noise */
+		a->o.forward_only = 1;
+		a->noise = 0.0;
+	}
+	if (t->dtype && strcmp(t->dtype, "float32") != 0) {
+		if (strcmp(t->dtype, "bfloat16") != 0)
+			return err_set(CORE_EUSAGE, NULL, "option '--dtype': %s: the layer computes in "
+				       "float32 (--dtype float32), with bfloat16 products on request "
+				       "(--dtype bfloat16)", t->dtype);
+		if (t->have_prec && a->precision != BACKEND_BF16)
+			return err_set(CORE_EUSAGE, NULL, "--dtype bfloat16 and --precision %s set the "
+				       "same thing: give one",
+				       backend_precision_name((enum backend_precision)a->precision));
+		a->precision = BACKEND_BF16;
+	}
+	if (t->tensorcore && strcmp(a->device, "cuda") == 0 && a->precision == BACKEND_FP32)
+		a->precision = BACKEND_TF32; /* Tutel's switch acts on CUDA's matmuls only */
+	a->o.aux_weight = (float)t->laux; /* helloworld.py's loss: 0 unless --l_aux_wt */
+	long align = s * d;
+	if (align > 256)
+		align = (align + 127) / 128 * 128;
+	a->align = align;
+	t->W = W;
+	t->s = s;
+	const long spe = (a->T + a->E - 1) / a->E;
+	t->C = a->x > 0 ? a->k * (long)(a->x * (double)spe) : -1;
+	if (t->C > 0 && t->C % align)
+		t->C += align - t->C % align;
+	t->gflop = (double)a->T * (double)a->M * (double)a->H * 4.0 * (t->eval ? 1.0 : 3.0) *
+		   (double)(a->k < a->E ? a->k : a->E) * 1e-9;
+	tutel_info = t;
+	return 0;
 }
 
 /* The command line into *a, checked as far as it can be without the ranks: the exit status
@@ -941,7 +1192,7 @@ static int parse(int argc, char **argv, struct args *a)
 	int c, rc;
 
 	*a = (struct args){
-		.o = {.iters = 10, .warmup = 2, .input_grad = 1},
+		.o = {.iters = 10, .warmup = 2, .input_grad = 1, .aux_weight = MOE_BENCH_AUX_WEIGHT},
 		.T = 4096, .M = 1024, .H = 4096, .E = 16, .k = 2, .align = 1, .seed = 1,
 		.x = 1.0, .act = MOE_ACT_RELU, .loss = MOE_LOSS_GSHARD, .precision = BACKEND_FP32,
 		.device = "cpu", .r = 1, .d = 1, .a2a = DIST_A2A_LINEAR,
@@ -970,6 +1221,8 @@ static int parse(int argc, char **argv, struct args *a)
 	}
 	if (optind < argc)
 		return cli_usage_error(prog, "unexpected argument '%s'", argv[optind]);
+	if (a->tu.on && (rc = tutel_apply(a)) < 0)
+		return cli_report(prog, rc);
 	struct moe_config *cfg = &a->o.cfg;
 	moe_config_default(cfg, a->T, a->M, a->H, (int)a->E);
 	cfg->k = (int)a->k;
@@ -1025,6 +1278,7 @@ static int main_dist(struct args *a)
 		const struct moe_bench_opts *o = &a->o;
 		struct moe_bench_dist_opts dopt = {
 			.cfg = o->cfg, .be = be, .d = world, .forward_only = o->forward_only,
+			.aux_weight = o->aux_weight,
 			.input_grad = o->input_grad, .iters = o->iters, .warmup = o->warmup,
 			.trace = o->trace, .trace_n = o->trace_n,
 			.plan = {.r = (int)a->r, .d = (int)a->d, .a = (enum dist_a2a)a->a2a},
@@ -1077,6 +1331,17 @@ int main(int argc, char **argv)
 		if ((rc = trace_read(a.trace_path, &a.trace, &a.o.trace_n)) < 0)
 			return cli_report(prog, rc);
 		a.o.trace = a.trace;
+	}
+	long rank = 0, size = 1;
+	if (tutel_info && (!dist_launcher(&rank, &size) || rank == 0)) {
+		const struct tutel *t = tutel_info;
+		char cap[32] = "the data's";
+		if (t->C > 0)
+			snprintf(cap, sizeof cap, "%ld", t->C);
+		fprintf(stderr, "tutel: world %ld, samples %ld per rank, experts %ld (%ld per rank, %ld "
+			"ranks per expert), top-%ld, capacity %s (alignment %ld), %.6g GFLOP per step "
+			"by helloworld.py's count\n", t->W, a.T, a.E, a.E >= t->W ? a.E / t->W : 1,
+			t->s, a.k, cap, a.align, t->gflop);
 	}
 	rc = a.distopt || launched() || a.only == ONLY_ALLTOALL ? main_dist(&a) : main_local(&a);
 	free(a.trace);

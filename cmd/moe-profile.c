@@ -27,6 +27,7 @@
 #include "dist/dist_model.h"
 #include "io/atomicio.h"
 #include "moe/moe.h"
+#include "moe/moe_bench.h"
 #include "moe/moe_bench_dist.h"
 #include "moe/moe_dict.h"
 #include "moe/moe_search.h"
@@ -724,6 +725,7 @@ static int profile(const struct args *a, struct search *s)
 	if (rc < 0)
 		return cli_report(prog, rc);
 	s->o.iters = a->iters;
+	s->o.aux_weight = MOE_BENCH_AUX_WEIGHT;
 	s->o.warmup = a->warm;
 	s->o.input_grad = 1;
 	for (int i = 0; i < 2; i++)

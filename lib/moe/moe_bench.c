@@ -158,7 +158,7 @@ int moe_bench_layer(const struct moe_bench_opts *o, struct moe_bench_data *d,
 		t1 = clock_after(be);
 		if (rc == 0 && !o->forward_only)
 			rc = moe_backward(l, &d->p, d->x, d->dy, o->input_grad ? d->dx : NULL, &d->g,
-					  MOE_BENCH_AUX_WEIGHT);
+					  o->aux_weight);
 		t2 = clock_after(be);
 		if (rc < 0)
 			break;
@@ -358,7 +358,7 @@ int moe_bench_dense(const struct moe_bench_opts *o, struct moe_bench_data *d,
 		double t0 = clock_after(be);
 		rc = moe_dense_step(c, &d->p, d->x, d->y, T, c->k, moe_bench_setting(o, i),
 				    (uint64_t)i, d->dy, d->dx, o->forward_only ? NULL : &d->g,
-				    MOE_BENCH_AUX_WEIGHT, &dr);
+				    o->aux_weight, &dr);
 		double t1 = clock_after(be);
 		if (rc < 0 || i < o->warmup)
 			continue;

@@ -31,6 +31,8 @@ struct moe_bench_opts {
 	size_t trace_n;
 	int64_t dense_T;       /* tokens of the dense run (<= cfg.T) */
 	int bf16;              /* encode-decode on bfloat16 rows (the backend's moe_*_bf16) */
+	float aux_weight;      /* the auxiliary loss's weight in the backward (0 for none;
+				* MOE_BENCH_AUX_WEIGHT by default) */
 };
 
 /* Parameters, their gradients and the step's inputs and outputs, on the backend. */

@@ -72,7 +72,7 @@ static int step(const struct moe_bench_dist_opts *o, struct moe_bench_dist_data 
 	ERR_FORWARD(moe_dist_forward_routed(l, &dd->p, dd->x, dd->y, plan));
 	if (!o->forward_only)
 		ERR_FORWARD(moe_dist_backward(l, &dd->p, dd->x, dd->dy, o->input_grad ? dd->dx : NULL,
-					      &dd->g, MOE_BENCH_AUX_WEIGHT));
+					      &dd->g, o->aux_weight));
 	return o->be->op->sync(o->be);
 }
 

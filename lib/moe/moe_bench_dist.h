@@ -27,6 +27,7 @@ struct moe_bench_dist_opts {
 	size_t trace_n;
 	int64_t capacity;       /* > 0: every step runs with C_g = capacity */
 	struct moe_plan plan;   /* the plan of every step, unless dict */
+	float aux_weight;       /* the auxiliary loss's weight in the backward */
 	const struct moe_dict *dict; /* each step's plan looked up by its C_g */
 };
 

@@ -66,4 +66,23 @@ for p in f["points"]:
     # the phases are medians of the same exchanges: their sum is within the total's spread
     assert sum(p["2dh_phases_ms"]) <= 3 * p["2dh_ms"], p
 EOF
-echo "test_moe_dist at 2 and 4 ranks; moe-profile and moe-bench --dict and --simulate; bad input refused"
+# Tutel's flags across ranks (issue 26), worked out by hand from Tutel's code and checked
+# against Tutel 0.3 itself: at W = 2, --num_local_experts -2 is one expert shared by 2 ranks;
+# T = 2 x 16 = 32 per rank, top-1, C = int(1.5 x 32) = 48, a multiple of (2 ranks per expert)
+# x (overlap 2) = 4; --parallel_type model is r = 2, the overlap d = 2; 32 8 16 4 3 1 flops.
+expect_ok run 2 "$BIN/moe-bench" --num_local_experts -2 --batch_size 2 --num_tokens 16 \
+	--model_dim 8 --hidden_size 16 --top 1 --parallel_type model --a2a_ffn_overlap_degree 2 \
+	--capacity_factor 1.5 --num_steps 1 -w 0 -t 1
+/usr/bin/python3 - out.stdout <<'EOF' || die "Tutel's flags across ranks: $(cat out.stdout)"
+import json, sys
+o = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][-1]
+t = o["tutel"]
+assert (o["T"], o["E"], o["k"], o["W"]) == (32, 1, 1, 2), o
+assert (t["experts"], t["ranks_per_expert"], t["capacity"], t["capacity_alignment"]) == (1, 2, 48, 4), t
+assert o["capacity_per_step"] == [48], o["capacity_per_step"]
+assert (o["plan"]["r"], o["plan"]["d"]) == (2, 2), o["plan"]
+assert abs(t["gflop_per_step"] - 32 * 8 * 16 * 4 * 3 / 1e9) < 1e-15, t
+EOF
+one_line_each 2 2 "^moe-bench: option '--num_local_experts': -3: one expert shared by 3 ranks" \
+	"$BIN/moe-bench" --num_local_experts -3 --dry-run
+echo "test_moe_dist at 2 and 4 ranks; moe-profile and moe-bench --dict and --simulate; Tutel's flags; bad input refused"

@@ -12,7 +12,7 @@ TestSuite(moe_bench, .timeout = 10);
 
 static struct moe_bench_opts opts(int64_t T, int64_t M, int64_t H, int E, int k)
 {
-	struct moe_bench_opts o = {.iters = 1, .input_grad = 1};
+	struct moe_bench_opts o = {.iters = 1, .input_grad = 1, .aux_weight = MOE_BENCH_AUX_WEIGHT};
 	moe_config_default(&o.cfg, T, M, H, E);
 	o.cfg.k = k;
 	o.dense_T = T;
