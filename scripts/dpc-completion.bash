@@ -6,8 +6,9 @@
 #
 # The words come from the programs themselves, at completion time: a program's (or its
 # subcommand's) long options are those its --help lists, and its subcommands those under
-# "commands:" in its --help, so completion never drifts from the option tables. After an
-# option that takes a file, and for arguments, file names are offered.
+# "commands:" in its --help (Tutel's flags as Tutel spells them: --capacity_factor), so
+# completion never drifts from the option tables. After an option that takes a file, and for
+# arguments, file names are offered.
 
 _dpc_complete()
 {
@@ -24,7 +25,7 @@ _dpc_complete()
 	fi
 	if [[ $cur == -* ]]; then
 		help=$("$prog" $sub --help 2>/dev/null)
-		words=$(printf '%s\n' "$help" | grep -oE -- '--[a-z][a-z0-9-]*' | sort -u)
+		words=$(printf '%s\n' "$help" | grep -oE -- '--[a-z][a-z0-9_-]*' | sort -u)
 		COMPREPLY=($(compgen -W "$words" -- "$cur"))
 		return
 	fi

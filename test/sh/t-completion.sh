@@ -15,7 +15,7 @@ got=$(complete_words dpc-shard c);               [ "$got" = "cat" ] || { echo "d
 got=$(complete_words dpc-route s);               [ "$got" = "score sample" ] || { echo "dpc-route s: $got"; exit 1; }
 got=$(complete_words dpc-route sample --to);     [ "$got" = "--tokens --top-k --top-p" ] || { echo "sample --to: $got"; exit 1; }
 got=$(complete_words dpc-train-path --pr);       [ "$got" = "--precision --print-config" ] || { echo "--pr: $got"; exit 1; }
-got=$(complete_words moe-bench --capacity);      [ "$got" = "--capacity --capacity-align --capacity-factor" ] || { echo "--capacity: $got"; exit 1; }
+got=$(complete_words moe-bench --capacity);      [ "$got" = "--capacity --capacity-align --capacity_factor" ] || { echo "--capacity: $got"; exit 1; }
 got=$(complete_words dpc-route sample -m mod);   [ "$got" = "model.safetensors" ] || { echo "-m mod: $got"; exit 1; }
 ' sh "$TESTDIR/../../scripts/dpc-completion.bash" >out.txt 2>&1 || die "completion: $(cat out.txt)"
 echo "completion: subcommands, options and files as --help lists them"
