@@ -23,6 +23,7 @@
 #include "moe/moe_bench.h"
 #include "moe/moe_bench_dist.h"
 #include "moe/moe_dict.h"
+#include "moe/moe_tutel.h"
 #include "moe/moe_dist.h"
 #include "common/banned.h"
 
@@ -70,6 +71,10 @@ enum {
 	OPT_T_ALLREDUCE,
 	OPT_T_EXPERT_TYPE,
 	OPT_T_LOCAL_RANK,
+	OPT_T_CHECKPOINT,
+	OPT_SAVE,
+	OPT_LOAD,
+	OPT_PRINT_STEPS,
 };
 
 /* One table per section of --help. */
@@ -136,6 +141,17 @@ static const struct cli_opt measure_opts[] = {
 	{"dtype", OPT_DTYPE, 0, CLI_ARG, "TYPE",
 	 "rows of --only=encode-decode: fp32 (default) or bf16\n"
 	 "(bfloat16 rows: the device's bfloat16 kernels)"},
+	{"save", OPT_SAVE, 0, CLI_ARG, "FILE",
+	 "write the layer (and the last step's input and\n"
+	 "output) in Tutel's state-dict names, safetensors;\n"
+	 "under mpirun each rank its shard: {rank} and {size}\n"
+	 "in FILE as in Tutel's checkpoint_path"},
+	{"print-steps", OPT_PRINT_STEPS, 0, CLI_FLAG, NULL,
+	 "a line per timed step on stderr in the form of Tutel's\n"
+	 "helloworld.py: STEP-i: loss, step_time, perf (tflops)"},
+	{"load", OPT_LOAD, 0, CLI_ARG, "FILE",
+	 "the layer's parameters from such a file (Tutel's names)\n"
+	 "instead of the seed's"},
 	{"help", 'h', 'h', CLI_FLAG, NULL, "print this help and exit"},
 	{"version", 'V', 'V', CLI_FLAG, NULL, "print the version and exit"},
 	CLI_OPT_END,
@@ -175,6 +191,7 @@ static const struct cli_opt tutel_opts[] = {
 	{"allreduce-degree", OPT_T_ALLREDUCE, 0, CLI_ARG, "N", NULL},
 	{"expert-type", OPT_T_EXPERT_TYPE, 0, CLI_ARG, "TYPE", NULL},
 	{"local-rank", OPT_T_LOCAL_RANK, 0, CLI_ARG, "N", NULL},
+	{"checkpoint-path", OPT_T_CHECKPOINT, 0, CLI_ARG, "FILE", NULL},
 	CLI_OPT_END,
 };
 static const struct cli_opt *const parse_tables[] = {
@@ -208,7 +225,9 @@ static void usage(FILE *f)
 "data, model, adaptive:R), --use_2dh, --l_aux_wt, --eval (forward only, no gate\n"
 "noise), --dtype (float32; bfloat16: bfloat16 products), --use_tensorcore (tf32\n"
 "on cuda), --fp32_gate, --allreduce_degree, --expert_type (ffn), --local_rank;\n"
-"--tutel alone runs helloworld.py's defaults. moe-bench(1) has the table.\n"
+"--tutel alone runs helloworld.py's defaults; --print-steps prints its line per\n"
+"step; --save and --load carry the layer in Tutel's state-dict names (for its\n"
+"--checkpoint_path). moe-bench(1) has the table.\n"
 "\n"
 "For timings on virtual machines set OMP_WAIT_POLICY=active (scripts/bench-moe.sh\n"
 "does): a sleeping OpenMP thread can take a whole timer tick to wake, which adds\n"
@@ -272,6 +291,78 @@ struct tutel {
 };
 
 static struct tutel *tutel_info; /* the reports' "tutel" object, when Tutel's flags ran */
+static const char *save_path, *load_path; /* --save, --load: the patterns as given */
+
+/* --print-steps: what a step's line needs (step_line) */
+struct step_log {
+	struct backend *be;
+	int64_t T, M, B;  /* tokens, model dim, samples (Tutel's batch_size; 1 without it) */
+	double gflop;     /* helloworld.py's count per step */
+	double aux_wt;    /* the auxiliary loss's weight in the loss (0 at --eval) */
+	int quiet;        /* a rank other than 0: Tutel's dist_print prints on rank 0 */
+	float *y;         /* host copy of the step's output */
+};
+
+/* Tutel helloworld.py's line for step j: its loss is nll_loss(log_softmax(sum over M of the
+ * output [B, T/B, M], over the T/B tokens), label 0), plus l_aux_wt times the auxiliary loss
+ * when it trains; perf is its flop count over the step's time. */
+static int step_line(void *arg, long j, double seconds, double aux, const float *y)
+{
+	struct step_log *l = arg;
+	if (l->quiet)
+		return 0;
+	const int64_t N = l->T / l->B;
+	ERR_FORWARD(l->be->op->download(l->be, l->y, y, sizeof(float) * (size_t)(l->T * l->M)));
+	double loss = 0;
+	for (int64_t b = 0; b < l->B; b++) {
+		double mx = -HUGE_VAL, sum = 0, s0 = 0;
+		for (int pass = 0; pass < 2; pass++)
+			for (int64_t n = 0; n < N; n++) {
+				const float *row = l->y + (size_t)((b * N + n) * l->M);
+				double sn = 0;
+				for (int64_t m = 0; m < l->M; m++)
+					sn += row[m];
+				if (pass == 0)
+					mx = sn > mx ? sn : mx;
+				else
+					sum += exp(sn - mx);
+				if (n == 0)
+					s0 = sn;
+			}
+		loss += (mx + log(sum) - s0) / (double)l->B;
+	}
+	loss += l->aux_wt * aux;
+	fprintf(stderr, "STEP-%ld: loss = %.5f, step_time = %.6f sec, perf = %.2f tflops.\n", j,
+		loss, seconds, l->gflop / seconds * 1e-3);
+	return 0;
+}
+
+/* path with Tutel's {rank} and {size} (checkpoint_path's pattern) put in; under more than
+ * one rank the name must hold {rank}, each rank having its own shard */
+static int rank_path(char *out, size_t n, const char *path, const char *opt, int q, int W)
+{
+	if (W > 1 && !strstr(path, "{rank}"))
+		return err_set(CORE_EUSAGE, path, "option '%s': each of the %d ranks has its own shard "
+			       "of the layer: put {rank} in the name (as Tutel's checkpoint_path)",
+			       opt, W);
+	size_t k = 0;
+	for (const char *c = path; *c && k + 24 < n; ) {
+		if (strncmp(c, "{rank}", 6) == 0) {
+			k += (size_t)snprintf(out + k, n - k, "%d", q);
+			c += 6;
+		} else if (strncmp(c, "{size}", 6) == 0) {
+			k += (size_t)snprintf(out + k, n - k, "%d", W);
+			c += 6;
+		} else {
+			out[k++] = *c++;
+		}
+	}
+	out[k] = 0;
+	if (strlen(path) + 24 >= n)
+		return err_set(CORE_EUSAGE, path, "option '%s': the name is longer than %zu bytes",
+			       opt, n - 24);
+	return 0;
+}
 
 static json_t *tutel_json(const struct tutel *t, const struct moe_config *c)
 {
@@ -544,7 +635,13 @@ static int run(const struct moe_bench_opts *o, const char *trace, int only_encde
 		int rc = moe_bench_dry(o, &r);
 		return rc < 0 ? rc : report_dry(o, trace, &r);
 	}
+	struct moe_dist_place one;
+	char path[4096];
+	moe_tutel_place_one(&one, &o->cfg);
 	int rc = moe_bench_data_alloc(&d, o);
+	if (rc == 0 && load_path && (rc = rank_path(path, sizeof path, load_path, "--load", 0,
+						     1)) == 0)
+		rc = moe_tutel_load(path, &o->cfg, &one, &d.p, 1);
 	if (rc == 0 && only_encdec) {
 		rc = moe_bench_encdec(o, &d, &r);
 		if (rc == 0)
@@ -553,6 +650,11 @@ static int run(const struct moe_bench_opts *o, const char *trace, int only_encde
 		rc = moe_bench_layer(o, &d, &r);
 		if (rc == 0)
 			rc = report_layer(o, trace, &r);
+		if (rc == 0 && save_path &&
+		    (rc = rank_path(path, sizeof path, save_path, "--save", 0, 1)) == 0)
+			rc = moe_tutel_save(path, &o->cfg, &one, &d.p, 1, &(struct moe_tutel_step){
+				.x = d.x, .y = d.y, .T = o->cfg.T, .step = o->warmup + o->iters - 1,
+				.setting = moe_bench_setting(o, o->warmup + o->iters - 1)});
 	}
 	moe_bench_result_free(&r);
 	if (rc == 0 && dense) {
@@ -849,7 +951,7 @@ static int run_a2a(struct moe_bench_dist_opts *o)
 
 static int run_dist(struct moe_bench_dist_opts *o, const char *trace, const char *dict_path)
 {
-	struct moe_bench_dist_data dd;
+	struct moe_bench_dist_data dd = {0};
 	struct moe_dict dict = {0};
 	int rc = 0;
 
@@ -866,7 +968,15 @@ static int run_dist(struct moe_bench_dist_opts *o, const char *trace, const char
 		}
 		o->dict = &dict;
 	}
-	rc = moe_bench_dist_data_init(&dd, o);
+	const int q = dist_rank(o->d), W = dist_size(o->d);
+	char path[4096], spath[4096];
+	rc = save_path ? rank_path(spath, sizeof spath, save_path, "--save", q, W) : 0;
+	if (rc == 0)
+		rc = moe_bench_dist_data_init(&dd, o);
+	if (rc == 0 && load_path && (rc = rank_path(path, sizeof path, load_path, "--load", q,
+						     W)) == 0)
+		rc = moe_tutel_load(path, &o->cfg, moe_dist_layer_place(dd.l), &dd.p, 0);
+	rc = dist_agree_rc(o->d, rc);
 	if (rc == 0 && dict_path) {
 		/* Every plan of the dictionary must fit this placement before anything runs. */
 		for (size_t i = 0; i < dict.n && rc == 0; i++) {
@@ -888,6 +998,15 @@ static int run_dist(struct moe_bench_dist_opts *o, const char *trace, const char
 		if (rc == 0)
 			rc = report_dist(o, trace, name, &r);
 		moe_bench_dist_result_free(&r);
+	}
+	if (rc == 0 && save_path) { /* the plans move tokens differently, not the output */
+		const long last = o->warmup + o->iters - 1;
+		const struct moe_tutel_step st = {
+			.x = dd.x, .y = dd.y, .T = o->cfg.T, .step = last,
+			.setting = o->trace ? o->trace[(size_t)last % o->trace_n]
+					    : o->cfg.capacity_setting};
+		rc = moe_tutel_save(spath, &o->cfg, moe_dist_layer_place(dd.l), &dd.p, 0, &st);
+		rc = dist_agree_rc(o->d, rc);
 	}
 	moe_bench_dist_data_free(&dd);
 	moe_dict_free(&dict);
@@ -922,6 +1041,8 @@ struct args {
 	const char *trace_path, *device, *dict_path;
 	long r, d, local_size;
 	int a2a, distopt; /* distopt: an option of "Distributed" was given */
+	int print_steps;
+	struct step_log log; /* --print-steps */
 	double *trace;    /* --trace's settings, o.trace_n of them; the caller frees */
 	struct tutel tu;
 };
@@ -1001,6 +1122,15 @@ static int parse_option(struct args *a, int c)
 	}
 	case OPT_T_EXPERT_TYPE: t->etype = optarg; t->on = 1; break;
 	case OPT_T_LOCAL_RANK: t->on = 1; break; /* the launcher's business */
+	case OPT_T_CHECKPOINT:
+		rc = err_set(CORE_EUSAGE, NULL, "option '--checkpoint_path': Tutel's file is "
+			     "torch.save's pickle of a model it trained; moe-bench reads no pickle "
+			     "and trains nothing: --load FILE and --save FILE carry the layer in "
+			     "Tutel's state-dict names (safetensors; {rank} and {size} as Tutel)");
+		break;
+	case OPT_SAVE: save_path = optarg; break;
+	case OPT_LOAD: load_path = optarg; break;
+	case OPT_PRINT_STEPS: a->print_steps = 1; break;
 	case OPT_CAPACITY_ALIGN:
 		rc = cli_parse_long("--capacity-align", optarg, 1, 1L << 20, &a->align);
 		break;
@@ -1245,6 +1375,25 @@ static int parse(int argc, char **argv, struct args *a)
 	if (a->o.bf16 && (a->only != ONLY_ENCDEC || a->dry))
 		return cli_usage_error(prog, "option '--dtype': bf16 is for --only=encode-decode "
 				       "only (the layer computes in float)");
+	if ((save_path || load_path || a->print_steps) && (a->dry || a->only != ONLY_LAYER))
+		return cli_usage_error(prog, "option '%s' is for the layer's runs: not with %s",
+				       save_path ? "--save" : load_path ? "--load" : "--print-steps",
+				       a->dry ? "--dry-run" : a->only == ONLY_ENCDEC ?
+				       "--only=encode-decode" : "--only=alltoall");
+	if (a->print_steps) {
+		struct step_log *l = &a->log;
+		*l = (struct step_log){
+			.T = cfg->T, .M = cfg->M,
+			.B = a->tu.on ? (a->tu.have_batch ? a->tu.batch : 16) : 1,
+			.gflop = (double)cfg->T * (double)cfg->M * (double)cfg->H * 4.0 *
+				 (a->o.forward_only ? 1.0 : 3.0) * (double)cfg->k * 1e-9,
+			.aux_wt = a->o.forward_only ? 0.0 : a->o.aux_weight,
+			.y = malloc(sizeof(float) * (size_t)(cfg->T * cfg->M))};
+		if (!l->y)
+			return cli_report(prog, err_set(CORE_ENOMEM, NULL, "cannot allocate the step's "
+							"output on the host"));
+		a->o.hook = (struct moe_bench_hook){step_line, l};
+	}
 	return -1;
 }
 
@@ -1274,6 +1423,8 @@ static int main_dist(struct args *a)
 			.threads = (int)a->threads,
 			.precision = (enum backend_precision)a->precision,
 			.device = dist_rank(world) % dist_local_size(world)});
+	a->log.be = be;
+	a->log.quiet = world && dist_rank(world) != 0;
 	if (rc == 0) {
 		const struct moe_bench_opts *o = &a->o;
 		struct moe_bench_dist_opts dopt = {
@@ -1282,6 +1433,7 @@ static int main_dist(struct args *a)
 			.input_grad = o->input_grad, .iters = o->iters, .warmup = o->warmup,
 			.trace = o->trace, .trace_n = o->trace_n,
 			.plan = {.r = (int)a->r, .d = (int)a->d, .a = (enum dist_a2a)a->a2a},
+			.hook = o->hook,
 		};
 		rc = a->only == ONLY_ALLTOALL ? run_a2a(&dopt)
 					      : run_dist(&dopt, a->trace_path, a->dict_path);
@@ -1314,6 +1466,7 @@ static int main_local(struct args *a)
 	}
 	if (rc == 0) {
 		a->o.be = be;
+		a->log.be = be;
 		rc = run(&a->o, a->trace_path, a->only == ONLY_ENCDEC, a->dry, a->dense);
 	}
 	backend_close(be);
@@ -1345,5 +1498,6 @@ int main(int argc, char **argv)
 	}
 	rc = a.distopt || launched() || a.only == ONLY_ALLTOALL ? main_dist(&a) : main_local(&a);
 	free(a.trace);
+	free(a.log.y);
 	return rc;
 }

@@ -179,6 +179,8 @@ int moe_bench_layer(const struct moe_bench_opts *o, struct moe_bench_data *d,
 		s->aux[j] = rt->aux_loss;
 		memcpy(s->load, rt->count, sizeof(int64_t) * (size_t)c->E);
 		ref_t[j] = probe_gemm_seconds(&ref);
+		if (o->hook.fn)
+			rc = o->hook.fn(o->hook.arg, j, s->step[j], rt->aux_loss, d->y);
 	}
 	if (rc == 0) {
 		r->layer_bytes_peak = moe_layer_peak_bytes(l);

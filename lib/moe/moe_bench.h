@@ -21,6 +21,14 @@
  * style setups. It scales a term of the gate gradient; the time does not depend on it. */
 #define MOE_BENCH_AUX_WEIGHT 0.01f
 
+/* Called after each timed step j (outside its time) with the step's output y ([T, M] in the
+ * backend's memory), its seconds and its auxiliary loss; a negative return ends the run with
+ * that error. fn NULL: no call. */
+struct moe_bench_hook {
+	int (*fn)(void *arg, long j, double seconds, double aux, const float *y);
+	void *arg;
+};
+
 struct moe_bench_opts {
 	struct moe_config cfg; /* cfg.T: tokens per step */
 	struct backend *be;
@@ -33,6 +41,7 @@ struct moe_bench_opts {
 	int bf16;              /* encode-decode on bfloat16 rows (the backend's moe_*_bf16) */
 	float aux_weight;      /* the auxiliary loss's weight in the backward (0 for none;
 				* MOE_BENCH_AUX_WEIGHT by default) */
+	struct moe_bench_hook hook; /* after each timed step of the layer run */
 };
 
 /* Parameters, their gradients and the step's inputs and outputs, on the backend. */

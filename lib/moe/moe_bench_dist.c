@@ -122,6 +122,9 @@ int moe_bench_dist_run(const struct moe_bench_dist_opts *o, struct moe_bench_dis
 		r->plan[j] = st->plan;
 		r->exact[j] = exact;
 		r->last = *st;
+		if (o->hook.fn)
+			ERR_FORWARD(dist_agree_rc(o->d, o->hook.fn(o->hook.arg, j, t, st->aux_loss,
+								   dd->y)));
 	}
 	/* The counters of this run alone: a layer may have run others before. */
 	moe_dist_layer_stats(dd->l, &r->stats);

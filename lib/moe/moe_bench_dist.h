@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "dist/dist.h"
+#include "moe/moe_bench.h"
 #include "moe/moe_dict.h"
 #include "moe/moe_dist.h"
 
@@ -29,6 +30,8 @@ struct moe_bench_dist_opts {
 	struct moe_plan plan;   /* the plan of every step, unless dict */
 	float aux_weight;       /* the auxiliary loss's weight in the backward */
 	const struct moe_dict *dict; /* each step's plan looked up by its C_g */
+	struct moe_bench_hook hook;  /* after each timed step, on every rank (aux: the mean over
+				      * ranks; seconds: the slowest rank's) */
 };
 
 /* The layer, its parameter shard and gradients, and the step's arrays on this rank. */

@@ -130,6 +130,30 @@ def main():
     out("manifest", "wrong-name.json", json.dumps(wrong, indent=2) + "\n")
 
     moedict()
+    tutel()
+
+
+def tutel():
+    """A layer in Tutel's state-dict names (lib/moe/moe_tutel.h) of E 2, M 4, H 6, as the
+    harness loads it: with our crc keys, as Tutel's safetensors would write it (none), and
+    near misses."""
+    E, M, H = 2, 4, 6
+    f32 = lambda n, a=0.25: struct.pack("<%df" % n, *[a * (i - n / 2) for i in range(n)])
+    ts = [("gates.0.wg.weight", "F32", [E, M], f32(E * M)),
+          ("experts.batched_fc1_w", "F32", [E, H, M], f32(E * H * M)),
+          ("experts.batched_fc1_bias", "F32", [E, H], f32(E * H, 0.5)),
+          ("experts.batched_fc2_w", "F32", [E, H, M], f32(E * H * M, -0.125)),
+          ("experts.batched_fc2_bias", "F32", [E, M], f32(E * M, 2.0)),
+          ("_num_global_experts", "I64", [], struct.pack("<q", E))]
+    meta = {"format": "tutel-moe-layer", "experts": "2", "model_dim": "4", "hidden_dim": "6"}
+    out("tutel", "layer.safetensors", safetensors(ts, meta))
+    out("tutel", "tutel.safetensors", safetensors(ts, crc=False))
+    step = [("moe_bench.input", "F32", [3, M], f32(3 * M)), ("moe_bench.output", "F32", [3, M], f32(3 * M))]
+    out("tutel", "step.safetensors", safetensors(ts + step, meta))
+    out("tutel", "miss-experts.safetensors", safetensors(ts[:5] + [(ts[5][0], "I64", [], struct.pack("<q", 3))]))
+    out("tutel", "miss-shape.safetensors", safetensors([(ts[0][0], "F32", [M, E], ts[0][3])] + ts[1:]))
+    out("tutel", "miss-tensor.safetensors", safetensors(ts[:2] + ts[3:]))
+    out("tutel", "miss-dtype.safetensors", safetensors(ts[:4] + [(ts[4][0], "F64", [E, M // 2], ts[4][3])] + ts[5:]))
 
 
 def moedict():

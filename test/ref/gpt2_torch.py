@@ -192,7 +192,7 @@ def st_write(path, tensors, meta=None):
     inv = {np.dtype(v): k for k, v in ST_DTYPES.items()}
     meta = dict(meta or {})
     for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
+        a = np.ascontiguousarray(a).reshape(np.shape(a))  # keeps a 0-d array 0-d
         b = a.astype(a.dtype.newbyteorder("<")).tobytes()
         header[name] = {"dtype": inv[a.dtype], "shape": list(a.shape),
                         "data_offsets": [off, off + len(b)]}

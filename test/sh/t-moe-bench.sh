@@ -231,6 +231,65 @@ if [ "${SAN:-0}" = 1 ]; then
 			die "--only=$only -n 2^26: stderr '$(cat out.stderr)'"
 	done
 fi
+# The layer in Tutel's state-dict names (issue 26): what --save writes is recomputed by an
+# independent numpy reference of Tutel's layer (test/ref/tutel_layer.py check: gate, top-k,
+# renormalised scores, BPR order, Tutel's capacity and alignment, GELU experts, drops) from the
+# file's own input; a layer written by another program (numpy's generator, Tutel's names) is
+# what --load reads and --save writes back, bit for bit, with the output recomputed from it.
+# A file for another layer is refused in one line naming it, exit 1.
+REF=$(cd "$TESTDIR/../.." && pwd)/test/ref/tutel_layer.py
+shape="-T 200 -M 32 -H 48 -E 4 -n 1 -w 0"
+expect_ok "$B" $shape -k 2 -c 0.7 --bpr --activation gelu --capacity-align 4 --save a.st
+if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+	for f in "-k 2 -c 0.7 --bpr --activation gelu --capacity-align 4" "-k 1 -c 0" \
+		"-k 3 -c -0.5"; do
+		expect_ok "$B" $shape $f --save a.st
+		/usr/bin/python3 "$REF" check a.st >ref.out || { cat ref.out; die "--save $f: $(tail -n 1 ref.out)"; }
+	done
+	grep -q 'dropped' ref.out || die "the reference's report: $(cat ref.out)"
+	/usr/bin/python3 "$REF" random a.st r.st 5
+	expect_ok "$B" $shape -k 2 -c 0.7 --load r.st --save b.st
+	/usr/bin/python3 "$REF" same r.st b.st >ref.out || die "--load then --save: $(cat ref.out)"
+	/usr/bin/python3 "$REF" check b.st >ref.out || { cat ref.out; die "--load: $(tail -n 1 ref.out)"; }
+	# --print-steps: Tutel helloworld.py's line per step; its loss is helloworld's on the
+	# step's output (numpy, from the saved output, B = --batch_size samples) plus l_aux_wt
+	# times the auxiliary loss (the JSON's), perf its flop count over the step's time.
+	expect_ok "$B" --tutel --batch_size 4 --num_tokens 64 --model_dim 32 --hidden_size 64 \
+		--num_steps 2 --l_aux_wt 0.5 --print-steps --save h.st
+	[ "$(grep -c '^STEP-[01]: loss = [0-9.]*, step_time = [0-9.]* sec, perf = [0-9.]* tflops\.$' \
+		out.stderr)" = 2 ] || die "--print-steps: $(cat out.stderr)"
+	/usr/bin/python3 - "$REF" h.st out.stdout out.stderr <<'EOF2' || die "--print-steps' loss"
+import json, re, subprocess, sys
+ref, st, js, err = sys.argv[1:]
+nll = float(subprocess.check_output(["/usr/bin/python3", ref, "loss", st, "4"]))
+o = [json.loads(l) for l in open(js) if l.startswith("{")][-1]
+line = [l for l in open(err) if l.startswith("STEP-1:")][0]
+loss, t, perf = map(float, re.findall(r"= ([0-9.]+)", line))
+want = nll + 0.5 * o["aux_loss_last"]
+assert abs(loss - want) <= 1e-5 * abs(want) + 5e-6, (line, want)
+assert abs(perf - o["tutel"]["gflop_per_step"] / t * 1e-3) <= 0.006, (line, o["tutel"])
+EOF2
+else
+	echo "moe-bench: --save/--load against the reference skipped: /usr/bin/python3 has no numpy"
+fi
+expect_fail 2 "^moe-bench: option '--checkpoint_path': Tutel's file is torch.save's pickle .*: --load FILE and --save FILE carry the layer in Tutel's state-dict names" \
+	"$B" --tutel --checkpoint_path=ckpt.pt
+expect_fail 2 "^moe-bench: option '--print-steps' is for the layer's runs: not with --only=encode-decode$" \
+	"$B" $shape --only=encode-decode --print-steps
+expect_fail 1 "^moe-bench: 'a.st': _num_global_experts is 4, this layer has 8 experts$" \
+	"$B" -T 200 -M 32 -H 48 -E 8 -n 1 -w 0 --load a.st
+expect_fail 1 "^moe-bench: 'a.st': tensor 'gates.0.wg.weight' has shape \[4,32\], expected \[4,16\]$" \
+	"$B" -T 200 -M 16 -H 48 -E 4 -n 1 -w 0 --load a.st
+expect_fail 1 "^moe-bench: 'a.st': tensor 'experts.batched_fc1_w' has shape \[4,48,32\], expected \[4,40,32\]$" \
+	"$B" -T 200 -M 32 -H 40 -E 4 -n 1 -w 0 --load a.st
+head -c 100 a.st >cut.st
+expect_fail 1 "^moe-bench: 'cut.st': truncated file" "$B" $shape --load cut.st
+expect_fail 1 "^moe-bench: 'none.st': no such file$" "$B" $shape --load none.st
+expect_fail 2 "^moe-bench: option '--save' is for the layer's runs: not with --dry-run$" \
+	"$B" $shape --dry-run --save x.st
+expect_fail 2 "^moe-bench: option '--load' is for the layer's runs: not with --only=encode-decode$" \
+	"$B" $shape --only=encode-decode --load a.st
+[ ! -e x.st ] || die "--dry-run --save wrote x.st"
 # A result that cannot be written is a failure (exit 1), its error the last stderr line.
 if [ -w /dev/full ]; then
 	"$B" -T 64 -M 8 -H 16 -E 4 --dry-run >/dev/full 2>out.stderr && rc=0 || rc=$?

@@ -85,4 +85,37 @@ assert abs(t["gflop_per_step"] - 32 * 8 * 16 * 4 * 3 / 1e9) < 1e-15, t
 EOF
 one_line_each 2 2 "^moe-bench: option '--num_local_experts': -3: one expert shared by 3 ranks" \
 	"$BIN/moe-bench" --num_local_experts -3 --dry-run
+# Each rank's shard in Tutel's names (--save with {rank}, as Tutel's checkpoint_path), the
+# files of all ranks put back together by the numpy reference of Tutel's layer, which
+# recomputes every rank's output (test/ref/tutel_layer.py): experts split over ranks (one
+# expert shared by 2, r = 2, pipelined) and whole experts per rank under a dictionary and a
+# trace (the last step's setting). --load reads the shards back; a name without {rank} is
+# refused before anything runs. --print-steps: rank 0 prints, as Tutel's dist_print.
+REF=$(cd "$TESTDIR/../.." && pwd)/test/ref/tutel_layer.py
+if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+	expect_ok run 2 "$BIN/moe-bench" --num_local_experts -2 --batch_size 2 --num_tokens 16 \
+		--model_dim 8 --hidden_size 16 --top 1 --parallel_type model \
+		--a2a_ffn_overlap_degree 2 --capacity_factor 0.5 --num_steps 1 -w 0 -t 1 \
+		--save 's-{rank}-of-{size}.st' --print-steps
+	[ "$(grep -c '^STEP-0: loss = ' out.stderr)" = 1 ] ||
+		die "--print-steps under mpirun: one line, rank 0's: $(cat out.stderr)"
+	/usr/bin/python3 "$REF" check s-0-of-2.st s-1-of-2.st >ref.out ||
+		{ cat ref.out; die "--save, one expert on 2 ranks: $(tail -n 1 ref.out)"; }
+	expect_ok run 2 "$BIN/moe-bench" $shape --trace trace.txt --dict d.txt -n 3 -w 1 \
+		--save 'l-{rank}.st'
+	grep -q '"run":"dictionary-summary"' out.stdout || die "--dict --save printed no summary"
+	/usr/bin/python3 "$REF" check l-0.st l-1.st >ref.out ||
+		{ cat ref.out; die "--save under --dict: $(tail -n 1 ref.out)"; }
+	grep -q 'capacity factor 1,' ref.out || die "--save records the last step's setting: $(cat ref.out)"
+	expect_ok run 2 "$BIN/moe-bench" $shape -n 1 -w 0 --load 'l-{rank}.st' --save 'm-{rank}.st'
+	for q in 0 1; do
+		/usr/bin/python3 "$REF" same l-$q.st m-$q.st >/dev/null || die "--load rank $q's shard"
+	done
+fi
+expect_ok run 2 "$BIN/moe-bench" $shape -E 4 -n 1 -w 0 --save 'w-{rank}.st'
+one_line_each 2 1 "^moe-bench: 'w-[01].st': _num_global_experts is 4, this layer has 2 experts$" \
+	"$BIN/moe-bench" $shape -n 1 -w 0 --load 'w-{rank}.st'
+one_line_each 2 2 "^moe-bench: 'l.st': option '--save': each of the 2 ranks has its own shard of the layer: put \{rank\} in the name" \
+	"$BIN/moe-bench" $shape -n 1 -w 0 --save l.st
+[ ! -e l.st ] || die "--save without {rank} wrote l.st"
 echo "test_moe_dist at 2 and 4 ranks; moe-profile and moe-bench --dict and --simulate; Tutel's flags; bad input refused"
