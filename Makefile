@@ -68,6 +68,7 @@ HAVE_JANSSON ?= $(call have_pc,jansson)
 HAVE_LBFGS ?= $(call have_pc,liblbfgs)
 HAVE_LIBDEFLATE ?= $(call have_pc,libdeflate)
 HAVE_CRITERION ?= $(call have_pc,criterion)
+HAVE_SENTENCEPIECE ?= $(call have_pc,sentencepiece)
 HAVE_MPI ?= $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1 || echo 0)
 # The CUDA backend (kernels/) is linked into libcore whenever nvcc is found, except in the
 # sanitizer build (ASan and the CUDA runtime do not mix).
@@ -124,6 +125,22 @@ CFLAGS += -DHAVE_LIBDEFLATE=1 $(shell $(PKG_CONFIG) --cflags libdeflate)
 LIBS += $(shell $(PKG_CONFIG) --libs libdeflate)
 endif
 
+# SentencePiece (tokenizer.h's spm:MODEL, dpc-shard tokenizer train): Debian's C++ library
+# behind lib/io/spm_shim.cc, the library's one C++ file, built when the library and a C++
+# compiler are found; without them tokenizer.c says what to install.
+HAVE_SPM := $(if $(filter 11,$(HAVE_SENTENCEPIECE)$(HAVE_CXX)),1,0)
+CXXFLAGS_SPM := -std=c++17 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Wno-unused-parameter -Ilib \
+	$(shell $(PKG_CONFIG) --cflags sentencepiece 2>/dev/null)
+ifeq ($(HAVE_SPM),1)
+SPM_OBJ := $(BUILD)/lib/io/spm_shim.o
+LIBS += $(shell $(PKG_CONFIG) --libs sentencepiece) -lstdc++
+$(BUILD)/lib/io/tokenizer.o: CFLAGS += -DCORE_HAVE_SPM=1
+$(SPM_OBJ): lib/io/spm_shim.cc
+	@mkdir -p $(@D)
+	$(call say,CXX,$<)
+	$(Q)$(CXX) $(CXXFLAGS_SPM) -MMD -MP -c $< -o $@
+endif
+
 # ---- sources ------------------------------------------------------------------------------
 # libcore is every .c file under lib/, one folder per layer (README, LAYOUT). Objects mirror
 # the source tree under $(BUILD); -MMD -MP writes each object's header dependencies next to it.
@@ -147,7 +164,7 @@ MPI_TEST_SRC :=
 endif
 # test/mpi: plain programs (no Criterion) that t-*.sh run under mpirun, found through MPITEST
 MPI_TESTS := $(MPI_TEST_SRC:test/mpi/%.c=$(BUILD)/test/mpi/%)
-LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(SPM_OBJ)
 CMD_SRC := $(sort $(wildcard cmd/*.c))
 PROGS := $(CMD_SRC:cmd/%.c=$(BUILD)/bin/%)
 TEST_SRC := $(sort $(wildcard test/unit/test_*.c))
@@ -199,6 +216,7 @@ probe:
 	@echo "==> Criterion: $(if $(filter 1,$(HAVE_CRITERION)),found,not found (make test needs libcriterion-dev))"
 	@echo "==> MPI: $(if $(filter 1,$(HAVE_MPI)),found ($(MPICC)): lib/dist over MPI,not found: lib/dist is single-process only (install libopenmpi-dev))"
 	@echo "==> CUDA: $(if $(filter 1,$(HAVE_CUDA)),nvcc found ($(NVCC)): the cuda backend (kernels/) is built; cuBLAS and NCCL are loaded when first used,$(if $(NVCC),off in this build,nvcc not found): no cuda backend)"
+	@echo "==> SentencePiece: $(if $(filter 1,$(HAVE_SPM)),found: spm:MODEL tokenizers and dpc-shard tokenizer train,not found (install libsentencepiece-dev$(if $(filter 1,$(HAVE_CXX)),, and g++)): the byte tokenizer only)"
 	@echo "==> PyTorch (reference tests): $(if $(filter 1,$(HAVE_PYTORCH)),found,not found; reference tests will be skipped)"
 	@echo "==> build: $(BUILD) $(if $(filter 1,$(SAN)),(ASan + UBSan))"
 

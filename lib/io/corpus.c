@@ -20,6 +20,7 @@
 #include "io/atomicio.h"
 #include "common/err.h"
 #include "common/rng.h"
+#include "io/tokenizer.h"
 #include "io/tokfile.h"
 #include "common/banned.h"
 
@@ -275,67 +276,6 @@ int corpus_next(struct corpus_reader *r, struct corpus_doc *doc)
 	return rc;
 }
 
-/* ---- tokenizers --------------------------------------------------------------------------- */
-
-int corpus_tokens_reserve(struct corpus_tokens *t, uint64_t cap)
-{
-	if (cap <= t->cap)
-		return 0;
-	uint64_t c = t->cap ? t->cap : 4096;
-	while (c < cap)
-		c *= 2;
-	if (c > SIZE_MAX / sizeof *t->tok)
-		return err_set(CORE_ENOMEM, NULL, "%llu tokens do not fit in memory",
-			       (unsigned long long)c);
-	uint32_t *p = realloc(t->tok, (size_t)c * sizeof *p);
-	if (!p)
-		return err_set(CORE_ENOMEM, NULL, "out of memory for %llu tokens",
-			       (unsigned long long)c);
-	t->tok = p;
-	t->cap = c;
-	return 0;
-}
-
-void corpus_tokens_free(struct corpus_tokens *t)
-{
-	free(t->tok);
-	memset(t, 0, sizeof *t);
-}
-
-static int byte_encode(const struct corpus_tokenizer *tk, const char *text, size_t len,
-		       struct corpus_tokens *out)
-{
-	ERR_FORWARD(corpus_tokens_reserve(out, out->n + len));
-	const unsigned char *s = (const unsigned char *)text;
-	for (size_t i = 0; i < len; i++)
-		out->tok[out->n + i] = s[i];
-	out->n += len;
-	return 0;
-}
-
-static const struct corpus_tokenizer byte_tokenizer = {
-	.name = "byte",
-	.vocab = 256,
-	.encode = byte_encode,
-};
-
-int corpus_tokenizer_open(struct corpus_tokenizer *tk, const char *spec)
-{
-	if (strcmp(spec, "byte") == 0) {
-		*tk = byte_tokenizer;
-		return 0;
-	}
-	memset(tk, 0, sizeof *tk);
-	return err_set(CORE_EUSAGE, NULL, "unknown tokenizer '%s' (this build knows: byte)", spec);
-}
-
-void corpus_tokenizer_close(struct corpus_tokenizer *tk)
-{
-	if (tk->release)
-		tk->release(tk);
-	memset(tk, 0, sizeof *tk);
-}
-
 /* ---- split -------------------------------------------------------------------------------- */
 
 enum corpus_split corpus_split_of(uint64_t seed, uint64_t doc, double val_frac,
@@ -452,7 +392,7 @@ static int make_outdir(const char *dir, int *created)
 
 /* Append a tokenized source document to its split's file: whole, or cut into pieces. */
 static int add_doc(struct tokfile_writer *w, const struct corpus_prepare_opts *o,
-		   const struct corpus_doc *doc, const struct corpus_tokens *t,
+		   const struct corpus_doc *doc, const struct token_buf *t,
 		   struct corpus_split_stats *st)
 {
 	uint64_t npieces = corpus_chunk_pieces(t->n, o->chunk);
@@ -511,10 +451,10 @@ static int check_splits(const struct corpus_prepare_opts *o,
 
 int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_result *res)
 {
-	struct corpus_tokenizer tk = { 0 };
+	struct tokenizer *tk = NULL;
 	struct corpus_reader *r = NULL;
 	struct tokfile_writer *w[CORPUS_NSPLITS] = { NULL };
-	struct corpus_tokens toks = { 0 };
+	struct token_buf toks = { 0 };
 	struct corpus_doc doc;
 	char path[4096];
 	int rc, s, created = 0;
@@ -526,10 +466,10 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 	if (o->chunk == 1)
 		return err_set(CORE_EUSAGE, NULL, "pieces of 1 token: cutting into pieces needs a "
 			       "size of at least 2 tokens (0 for none)");
-	rc = corpus_tokenizer_open(&tk, o->tokenizer);
+	rc = tokenizer_open(&tk, o->tokenizer);
 	if (rc < 0)
 		return rc;
-	res->vocab = tk.vocab;
+	res->vocab = tokenizer_vocab(tk);
 	rc = corpus_open(&r, o->input);
 	if (rc < 0)
 		goto out;
@@ -540,14 +480,14 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 		rc = corpus_split_path(path, sizeof path, o->outdir, (enum corpus_split)s);
 		if (rc < 0)
 			goto out;
-		rc = tokw_open(&w[s], path, tk.vocab);
+		rc = tokw_open(&w[s], path, tokenizer_vocab(tk));
 		if (rc < 0)
 			goto out;
 	}
 	while ((rc = corpus_next(r, &doc)) == 1) {
 		s = corpus_split_of(o->seed, doc.index, o->val_frac, o->router_frac);
 		toks.n = 0;
-		rc = tk.encode(&tk, doc.text, doc.len, &toks);
+		rc = tokenizer_encode(tk, doc.text, doc.len, &toks);
 		if (rc < 0)
 			goto out;
 		rc = add_doc(w[s], o, &doc, &toks, &res->split[s]);
@@ -586,8 +526,8 @@ out:
 	/* A directory made for outputs that never came is removed again (if still empty). */
 	if (rc < 0 && created)
 		rmdir(o->outdir);
-	corpus_tokens_free(&toks);
+	token_buf_free(&toks);
 	corpus_close(r);
-	corpus_tokenizer_close(&tk);
+	tokenizer_close(tk);
 	return rc;
 }

@@ -1,6 +1,5 @@
 /* corpus.h - raw documents in, token files out: readers for JSON Lines, for a .txt file and
- * for a directory of text files, a tokenizer interface (byte-level today, room for a BPE), the
- * deterministic train / val / router split, the cutting of long documents into pieces, and
+ * for a directory of text files, the deterministic train / val / router split, the cutting of long documents into pieces, and
  * corpus_prepare() that ties them together for `dpc-shard prepare`.
  */
 #ifndef CORE_CORPUS_H
@@ -41,30 +40,6 @@ int corpus_next(struct corpus_reader *r, struct corpus_doc *doc);
 /* How far the reader is: bytes of a JSONL or .txt file, or files of a directory. */
 void corpus_progress(const struct corpus_reader *r, uint64_t *done, uint64_t *total);
 void corpus_close(struct corpus_reader *r);
-
-/* ---- tokenizers --------------------------------------------------------------------------- */
-
-struct corpus_tokens {
-	uint32_t *tok;
-	uint64_t n, cap;
-};
-
-int corpus_tokens_reserve(struct corpus_tokens *t, uint64_t cap);
-void corpus_tokens_free(struct corpus_tokens *t);
-
-struct corpus_tokenizer {
-	const char *name;
-	uint32_t vocab;
-	void *state; /* a BPE's merges and vocabulary; NULL for "byte" */
-	/* Append the tokens of text[0..len) to out. */
-	int (*encode)(const struct corpus_tokenizer *tk, const char *text, size_t len,
-		      struct corpus_tokens *out);
-	void (*release)(struct corpus_tokenizer *tk);
-};
-
-/* spec "byte": token = byte value, vocab 256. CORE_EUSAGE for an unknown spec. */
-int corpus_tokenizer_open(struct corpus_tokenizer *tk, const char *spec);
-void corpus_tokenizer_close(struct corpus_tokenizer *tk);
 
 /* ---- split -------------------------------------------------------------------------------- */
 
@@ -109,7 +84,7 @@ int corpus_chunk_meta(const char *file, const char *meta, size_t len, uint64_t d
 struct corpus_prepare_opts {
 	const char *input;     /* .jsonl file, .txt file or directory */
 	const char *outdir;    /* created (one level) when missing */
-	const char *tokenizer; /* spec for corpus_tokenizer_open */
+	const char *tokenizer; /* spec for tokenizer_open (tokenizer.h) */
 	uint64_t seed;
 	double val_frac, router_frac;
 	/* 0: each source document is one document of its split. >= 2: each is cut into pieces

@@ -200,27 +200,6 @@ Test(corpus, directory_sorted_by_name_with_metadata)
 	corpus_close(r);
 }
 
-/* ---- tokenizer ---------------------------------------------------------------------------- */
-
-Test(corpus, byte_tokenizer)
-{
-	struct corpus_tokenizer tk;
-	struct corpus_tokens t = { 0 };
-	static const char s[] = "A\xc3\xa9\0\xff";
-
-	cr_assert_eq(corpus_tokenizer_open(&tk, "byte"), 0);
-	cr_assert_eq(tk.vocab, 256);
-	cr_assert_eq(tk.encode(&tk, s, 5, &t), 0);
-	cr_assert_eq(tk.encode(&tk, "z", 1, &t), 0);
-	static const uint32_t want[] = { 65, 195, 169, 0, 255, 122 };
-	cr_assert_eq(t.n, 6);
-	for (int i = 0; i < 6; i++)
-		cr_assert_eq(t.tok[i], want[i], "token %d: %u", i, t.tok[i]);
-	corpus_tokens_free(&t);
-	corpus_tokenizer_close(&tk);
-	cr_assert_eq(corpus_tokenizer_open(&tk, "bpe"), CORE_EUSAGE);
-}
-
 /* ---- split -------------------------------------------------------------------------------- */
 
 #define NDOC 10000
