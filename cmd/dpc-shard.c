@@ -20,6 +20,7 @@
 #include "common/progress.h"
 #include "dipaco/rundir.h"
 #include "io/shardsplit.h"
+#include "io/tokenizer.h"
 #include "io/tokfile.h"
 #include "route/routesplit.h"
 #include "common/banned.h"
@@ -30,12 +31,15 @@ static int cmd_prepare(int argc, char **argv);
 static int cmd_info(int argc, char **argv);
 static int cmd_split(int argc, char **argv);
 static int cmd_cat(int argc, char **argv);
+static int cmd_tokenizer(int argc, char **argv);
 
 static const struct cli_command commands[] = {
 	{ "prepare", "tokenize documents into train.tok, val.tok and router.tok", cmd_prepare },
 	{ "info", "print a token file's header as JSON, after verifying the file", cmd_info },
 	{ "split", "divide a token file into per-path shards, documents kept whole", cmd_split },
-	{ "cat", "decode a token file's documents back to text (byte tokenizer)", cmd_cat },
+	{ "cat", "decode a token file's documents back to text", cmd_cat },
+	{ "tokenizer", "train a SentencePiece model (tokenizer train), or name one (tokenizer "
+	  "info)", cmd_tokenizer },
 };
 
 #define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
@@ -90,7 +94,9 @@ static const struct cli_opt prepare_opts[] = {
 	 "piece before it, so pieces hold N/2 to 1.5N tokens and\n"
 	 "a document under N tokens stays whole (default 0:\n"
 	 "no cutting)"},
-	{"tokenizer", 't', 0, CLI_ARG, "NAME", "tokenizer: byte (default byte)"},
+	{"tokenizer", 't', 0, CLI_ARG, "SPEC", "byte (the default: a token per byte), or\n"
+	 "spm:MODEL, a SentencePiece model file (dpc-shard\n"
+	 "tokenizer train); the files record which"},
 	{"force", 'f', 0, CLI_FLAG, NULL, "replace existing output files"},
 	CLI_OPT_END,
 };
@@ -224,9 +230,12 @@ static int cmd_prepare(int argc, char **argv)
 		tokens += res.split[s].tokens;
 	}
 	/* docs: documents written (pieces with --chunk); source_docs: documents of INPUT */
+	char id[TOKENIZER_ID_LEN];
+	tokenizer_id_str(&res.tokenizer, id);
 	return print_json(json_pack(
-		"{s:s,s:s,s:s,s:i,s:I,s:f,s:f,s:I,s:I,s:I,s:I,s:o,s:o,s:o}", "input", o.input,
-		"outdir", o.outdir, "tokenizer", o.tokenizer, "vocab", (int)res.vocab, "seed",
+		"{s:s,s:s,s:s,s:s,s:i,s:I,s:f,s:f,s:I,s:I,s:I,s:I,s:o,s:o,s:o}", "input", o.input,
+		"outdir", o.outdir, "tokenizer", o.tokenizer, "tokenizer_id", id, "vocab",
+		(int)res.vocab, "seed",
 		(json_int_t)o.seed, "val_frac", o.val_frac, "router_frac", o.router_frac, "chunk",
 		(json_int_t)o.chunk, "docs", (json_int_t)docs, "source_docs", (json_int_t)sources,
 		"tokens", (json_int_t)tokens,
@@ -275,8 +284,11 @@ static int cmd_info(int argc, char **argv)
 	if ((rc = tokfile_open(&tf, argv[optind])) < 0)
 		return cli_report(prog, rc);
 	snprintf(crc, sizeof crc, "%08x", tf.crc);
-	json_t *j = json_pack("{s:s,s:i,s:i,s:I,s:I,s:i,s:I,s:I,s:s,s:b}", "file", tf.path,
-			      "version", TOKFILE_VERSION, "vocab", (int)tf.vocab, "docs",
+	char id[TOKENIZER_ID_LEN];
+	tokenizer_id_str(&tf.tokenizer, id);
+	json_t *j = json_pack("{s:s,s:i,s:s,s:i,s:I,s:I,s:i,s:I,s:I,s:s,s:b}", "file", tf.path,
+			      "version", (int)tf.version, "tokenizer", id, "vocab", (int)tf.vocab,
+			      "docs",
 			      (json_int_t)tf.ndocs, "tokens", (json_int_t)tf.ntokens, "width",
 			      (int)tf.width, "meta_bytes", (json_int_t)tf.meta_offsets[tf.ndocs],
 			      "bytes", (json_int_t)tf.maplen, "crc32", crc, "crc_ok", 1);
@@ -289,6 +301,9 @@ static int cmd_info(int argc, char **argv)
 static const struct cli_opt cat_opts[] = {
 	{"doc", 'd', 'd', CLI_ARG, "N", "only document N (from 0)"},
 	{"json", 'j', 0, CLI_FLAG, NULL, "JSON Lines with each document's metadata"},
+	{"tokenizer", 't', 0, CLI_ARG, "SPEC", "decode with this tokenizer (byte, spm:MODEL),\n"
+	 "checked against the one FILE records (default: the\n"
+	 "byte tokenizer, when FILE's tokens are bytes)"},
 	CLI_OPT_END,
 };
 static const struct cli_opt *const cat_tables[] = {cat_opts, common_opts, NULL};
@@ -297,18 +312,78 @@ static void cat_usage(FILE *fp)
 {
 	fprintf(fp,
 		"usage: %s cat [options] FILE\n"
-		"Decode the documents of the token file FILE (byte tokenizer: vocabulary 256)\n"
-		"back to text on stdout, each followed by a newline; with --doc N only that\n"
-		"document, as it is; with --json one JSON object per document:\n"
-		"{\"doc\":N,\"tokens\":n,\"meta\":{...},\"text\":\"...\"}.\n\n"
+		"Decode the documents of the token file FILE back to text on stdout, each\n"
+		"followed by a newline; with --doc N only that document, as it is; with --json\n"
+		"one JSON object per document:\n"
+		"{\"doc\":N,\"tokens\":n,\"meta\":{...},\"text\":\"...\"}.\n"
+		"Tokens of a SentencePiece model need the model: --tokenizer spm:MODEL.\n\n"
 		"options:\n", prog);
 	cli_print_opts(fp, cat_tables);
+}
+
+/* The tokenizer that decodes tf: spec, checked against what tf records, else the byte
+ * tokenizer when that is what it records. */
+static int cat_tokenizer(const struct tokfile *tf, const char *spec, struct tokenizer **tk)
+{
+	char id[TOKENIZER_ID_LEN];
+
+	*tk = NULL;
+	if (spec) {
+		ERR_FORWARD(tokenizer_open(tk, spec));
+		return tokenizer_check(*tk, tf->tokenizer, tf->vocab, tf->path);
+	}
+	if (tf->tokenizer.kind == TOKENIZER_BYTE)
+		return tokenizer_open(tk, "byte");
+	tokenizer_id_str(&tf->tokenizer, id);
+	return err_set(CORE_EUSAGE, tf->path, "tokens of %s tokenizer%s%s with a vocabulary of "
+		       "%u: give the model with --tokenizer spm:MODEL",
+		       tf->tokenizer.kind ? "the" : "an unknown",
+		       tf->tokenizer.kind ? " " : "", tf->tokenizer.kind ? id : "", tf->vocab);
+}
+
+static int cat_docs(const struct tokfile *tf, const struct tokenizer *tk, long doc, int json)
+{
+	uint64_t first = doc >= 0 ? (uint64_t)doc : 0;
+	uint64_t last = doc >= 0 ? (uint64_t)doc + 1 : tf->ndocs;
+	struct token_buf t = {0};
+	int rc = 0;
+
+	for (uint64_t d = first; rc == 0 && d < last; d++) {
+		uint64_t a = tf->offsets[d], n = tf->offsets[d + 1] - a;
+		char *text = NULL;
+		size_t len;
+		if ((rc = token_buf_reserve(&t, n)) < 0)
+			break;
+		for (uint64_t i = 0; i < n; i++)
+			t.tok[i] = tokfile_token(tf, a + i);
+		if ((rc = tokenizer_decode(tk, t.tok, (size_t)n, &text, &len)) < 0)
+			break;
+		if (json) {
+			size_t mlen;
+			const char *mt = tokfile_doc_meta(tf, d, &mlen);
+			json_t *meta = json_loadb(mt, mlen, 0, NULL);
+			json_t *j = json_pack("{s:I,s:I,s:o,s:s%}", "doc", (json_int_t)d, "tokens",
+					      (json_int_t)n, "meta", meta ? meta : json_null(), "text",
+					      text, len);
+			rc = cli_print_json(j, JSON_COMPACT | JSON_ENSURE_ASCII);
+		} else if (fwrite(text, 1, len, stdout) != len ||
+			   (doc < 0 && putchar('\n') == EOF)) {
+			rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
+		}
+		free(text);
+	}
+	token_buf_free(&t);
+	if (rc == 0 && fflush(stdout) != 0)
+		rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
+	return rc;
 }
 
 static int cmd_cat(int argc, char **argv)
 {
 	struct cli_parser p;
 	struct tokfile tf;
+	struct tokenizer *tk = NULL;
+	const char *spec = NULL;
 	long doc = -1;
 	int json = 0, c, rc = 0;
 
@@ -321,6 +396,7 @@ static int cmd_cat(int argc, char **argv)
 				return cli_report(prog, rc);
 			break;
 		case 'j': json = 1; break;
+		case 't': spec = optarg; break;
 		case 'h': cat_usage(stdout); return 0;
 		case 'V': return version();
 		default: return 2; /* CLI_BAD, reported */
@@ -331,43 +407,211 @@ static int cmd_cat(int argc, char **argv)
 				       "(see %s cat --help)", argc - optind, prog);
 	if ((rc = tokfile_open(&tf, argv[optind])) < 0)
 		return cli_report(prog, rc);
-	if (tf.vocab != 256)
-		rc = err_set(CORE_EUSAGE, tf.path, "vocabulary of %u: only the byte tokenizer's "
-			     "(256) decodes to text", tf.vocab);
-	else if (doc >= 0 && (uint64_t)doc >= tf.ndocs)
+	if (doc >= 0 && (uint64_t)doc >= tf.ndocs)
 		rc = err_set(CORE_EUSAGE, tf.path, "--doc %ld: the file holds %llu documents", doc,
 			     (unsigned long long)tf.ndocs);
-	uint64_t first = doc >= 0 ? (uint64_t)doc : 0;
-	uint64_t last = doc >= 0 ? (uint64_t)doc + 1 : tf.ndocs;
-	char *buf = NULL;
-	for (uint64_t d = first; rc == 0 && d < last; d++) {
-		uint64_t a = tf.offsets[d], n = tf.offsets[d + 1] - a;
-		char *b = realloc(buf, n + 1);
-		if (!b) {
-			rc = err_set(CORE_ENOMEM, tf.path, "out of memory for document %llu",
-				     (unsigned long long)d);
-			break;
-		}
-		buf = b;
-		for (uint64_t i = 0; i < n; i++)
-			buf[i] = (char)tokfile_token(&tf, a + i);
-		if (json) {
-			size_t mlen;
-			const char *mt = tokfile_doc_meta(&tf, d, &mlen);
-			json_t *meta = json_loadb(mt, mlen, 0, NULL);
-			json_t *j = json_pack("{s:I,s:I,s:o,s:s%}", "doc", (json_int_t)d, "tokens",
-					      (json_int_t)n, "meta", meta ? meta : json_null(), "text",
-					      buf, (size_t)n);
-			rc = cli_print_json(j, JSON_COMPACT | JSON_ENSURE_ASCII);
-		} else if (fwrite(buf, 1, n, stdout) != n || (doc < 0 && putchar('\n') == EOF)) {
-			rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
-		}
-	}
-	if (rc == 0 && fflush(stdout) != 0)
-		rc = err_errno(CORE_EIO, "<stdout>", "cannot write", errno);
-	free(buf);
+	if (rc == 0)
+		rc = cat_tokenizer(&tf, spec, &tk);
+	if (rc == 0)
+		rc = cat_docs(&tf, tk, doc, json);
+	tokenizer_close(tk);
 	tokfile_close(&tf);
 	return rc < 0 ? cli_report(prog, rc) : 0;
+}
+
+/* ---- tokenizer ---------------------------------------------------------------------------- */
+
+static const struct cli_opt tok_train_opts[] = {
+	{"output", 'o', 'o', CLI_ARG, "MODEL", "the model file to write (train)"},
+	{"vocab", 'n', 0, CLI_ARG, "N", "pieces in the vocabulary, 260 to 1048576 (train)"},
+	{"type", 'T', 0, CLI_ARG, "TYPE", "unigram (default) or bpe"},
+	{"train-split", 'S', 0, CLI_FLAG, NULL, "learn only from the documents that prepare,\n"
+	 "with the same --seed, --val-frac and --router-frac,\n"
+	 "puts in train.tok (default: every document)"},
+	{"seed", 's', 0, CLI_ARG, "N", "seed of the split and of --sample (default 0)"},
+	{"val-frac", 'v', 0, CLI_ARG, "F", "as prepare's, with --train-split (default 0.02)"},
+	{"router-frac", 'r', 0, CLI_ARG, "F", "as prepare's, with --train-split (default 0.005)"},
+	{"sample", 'm', 0, CLI_ARG, "N", "train on at most N texts, drawn at random (default\n"
+	 "0: all)"},
+	{"max-len", 'L', 0, CLI_ARG, "BYTES", "cut texts into pieces of at most BYTES, after a\n"
+	 "newline or space where there is one (default 4096)"},
+	{"coverage", 'c', 0, CLI_ARG, "F", "share of the characters the vocabulary covers; the\n"
+	 "rarest others become byte pieces (default 0.9995)"},
+	{"threads", 'j', 0, CLI_ARG, "N", "the trainer's threads; the model depends on the\n"
+	 "count (default 1)"},
+	{"force", 'f', 0, CLI_FLAG, NULL, "replace an existing MODEL"},
+	{"quiet", 'q', 'q', CLI_FLAG, NULL, "no progress line on stderr"},
+	CLI_OPT_END,
+};
+static const struct cli_opt *const tok_tables[] = {tok_train_opts, common_opts, NULL};
+
+static void tokenizer_usage(FILE *fp)
+{
+	fprintf(fp,
+		"usage: %s tokenizer train -o MODEL --vocab N [options] INPUT\n"
+		"       %s tokenizer info SPEC\n"
+		"train: learn a SentencePiece model (unigram or BPE) of N pieces from the\n"
+		"documents of INPUT (read as prepare reads it) and write it to MODEL, for\n"
+		"prepare --tokenizer spm:MODEL. The model keeps every byte of the text (no\n"
+		"normalisation, spaces as they are, byte pieces for what it does not cover),\n"
+		"so text decodes back exactly; the same INPUT and options give the same file.\n"
+		"info: the tokenizer SPEC (byte, spm:MODEL) as token files and checkpoints name\n"
+		"it, and its vocabulary. Both print JSON on stdout.\n\n"
+		"options:\n", prog, prog);
+	cli_print_opts(fp, tok_tables);
+}
+
+static int tok_info(int argc, char **argv)
+{
+	struct tokenizer *tk;
+	char id[TOKENIZER_ID_LEN];
+	int rc;
+
+	if (argc != 1)
+		return cli_usage_error(prog, "tokenizer info: expected one SPEC, got %d arguments "
+				       "(see %s tokenizer --help)", argc, prog);
+	if ((rc = tokenizer_open(&tk, argv[0])) < 0)
+		return cli_report(prog, rc);
+	struct tokenizer_id tid = tokenizer_get_id(tk);
+	tokenizer_id_str(&tid, id);
+	json_t *j = json_pack("{s:s,s:s,s:i}", "spec", argv[0], "tokenizer", id, "vocab",
+			      (int)tokenizer_vocab(tk));
+	tokenizer_close(tk);
+	return print_json(j);
+}
+
+/* train's options into *o and *out: the exit status when the command ends here, or -1. */
+static int tok_train_parse(int argc, char **argv, struct corpus_tokenizer_opts *o,
+			   const char **out, int *force, int *quiet)
+{
+	struct cli_parser p;
+	int c, rc, split_opts = 0;
+	long v;
+
+	if ((rc = parser_init(&p, "tokenizer", tok_tables)) != 0)
+		return rc;
+	while ((c = cli_next(&p, argc, argv)) != -1) {
+		switch (c) {
+		case 'o': *out = optarg; break;
+		case 'n':
+			if ((rc = cli_parse_long("--vocab", optarg, 260, 1 << 20, &v)) < 0)
+				return cli_report(prog, rc);
+			o->train.vocab = (uint32_t)v;
+			break;
+		case 'T':
+			if (strcmp(optarg, "unigram") != 0 && strcmp(optarg, "bpe") != 0)
+				return cli_usage_error(prog, "option '--type': '%s' is no model type "
+						       "(unigram or bpe)", optarg);
+			o->train.type = optarg;
+			break;
+		case 'S': o->train_split = 1; break;
+		case 's':
+			if ((rc = cli_parse_long("--seed", optarg, 0, LONG_MAX, &v)) < 0)
+				return cli_report(prog, rc);
+			o->seed = (uint64_t)v;
+			o->train.seed = (uint32_t)v; /* SentencePiece's seed is 32 bits */
+			break;
+		case 'v':
+			if ((rc = cli_parse_double("--val-frac", optarg, 0, 1, &o->val_frac)) < 0)
+				return cli_report(prog, rc);
+			split_opts = 1;
+			break;
+		case 'r':
+			rc = cli_parse_double("--router-frac", optarg, 0, 1, &o->router_frac);
+			if (rc < 0)
+				return cli_report(prog, rc);
+			split_opts = 1;
+			break;
+		case 'm':
+			if ((rc = cli_parse_long("--sample", optarg, 0, LONG_MAX, &v)) < 0)
+				return cli_report(prog, rc);
+			o->train.sample = (uint64_t)v;
+			break;
+		case 'L':
+			if ((rc = cli_parse_long("--max-len", optarg, 16, 1L << 30, &v)) < 0)
+				return cli_report(prog, rc);
+			o->train.max_len = (uint64_t)v;
+			break;
+		case 'c':
+			if ((rc = cli_parse_double("--coverage", optarg, 1e-6, 1,
+						   &o->train.coverage)) < 0)
+				return cli_report(prog, rc);
+			break;
+		case 'j':
+			if ((rc = cli_parse_long("--threads", optarg, 1, 1024, &v)) < 0)
+				return cli_report(prog, rc);
+			o->train.threads = (int)v;
+			break;
+		case 'f': *force = 1; break;
+		case 'q': *quiet = 1; break;
+		case 'h': tokenizer_usage(stdout); return 0;
+		case 'V': return version();
+		default: return 2; /* CLI_BAD, reported */
+		}
+	}
+	if (!*out || !o->train.vocab)
+		return cli_usage_error(prog, "tokenizer train: needs --output MODEL and --vocab N "
+				       "(see %s tokenizer --help)", prog);
+	if (split_opts && !o->train_split)
+		return cli_usage_error(prog, "tokenizer train: --val-frac and --router-frac go with "
+				       "--train-split");
+	if (argc - optind != 1)
+		return cli_usage_error(prog, "tokenizer train: expected one INPUT, got %d "
+				       "arguments (see %s tokenizer --help)", argc - optind, prog);
+	o->input = argv[optind];
+	return -1;
+}
+
+static int tok_train(int argc, char **argv)
+{
+	struct corpus_tokenizer_opts o = {
+		.train = {.type = "unigram", .threads = 1, .max_len = 4096, .coverage = 0.9995},
+		.val_frac = CORPUS_VAL_FRAC, .router_frac = CORPUS_ROUTER_FRAC,
+	};
+	struct corpus_tokenizer_result res;
+	struct progress bar;
+	struct stat st;
+	const char *out = NULL;
+	int force = 0, quiet = 0, rc;
+
+	if ((rc = tok_train_parse(argc, argv, &o, &out, &force, &quiet)) >= 0)
+		return rc;
+	if (!force && lstat(out, &st) == 0)
+		return cli_report(prog, err_set(CORE_EIO, out, "exists (use --force to replace "
+						"it)"));
+	progress_init(&bar, "read", 0);
+	if (!quiet) {
+		o.progress = show_progress;
+		o.progress_ctx = &bar;
+	}
+	rc = corpus_train_tokenizer(out, &o, &res);
+	progress_done(&bar);
+	if (rc < 0)
+		return cli_report(prog, rc);
+	char id[TOKENIZER_ID_LEN];
+	tokenizer_id_str(&res.id, id);
+	return print_json(json_pack(
+		"{s:s,s:s,s:s,s:s,s:i,s:I,s:I,s:b,s:I,s:I,s:I,s:f,s:i}", "model", out, "input",
+		o.input, "tokenizer", id, "type", o.train.type, "vocab", (int)o.train.vocab, "docs",
+		(json_int_t)res.docs, "bytes", (json_int_t)res.bytes, "train_split",
+		o.train_split, "seed", (json_int_t)o.seed, "sample", (json_int_t)o.train.sample,
+		"max_len", (json_int_t)o.train.max_len, "coverage", o.train.coverage, "threads",
+		o.train.threads));
+}
+
+static int cmd_tokenizer(int argc, char **argv)
+{
+	if (argc >= 2 && strcmp(argv[1], "train") == 0)
+		return tok_train(argc - 1, argv + 1);
+	if (argc >= 2 && strcmp(argv[1], "info") == 0)
+		return tok_info(argc - 2, argv + 2);
+	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+		tokenizer_usage(stdout);
+		return 0;
+	}
+	return cli_usage_error(prog, "tokenizer: %s%s%s: train or info (see %s tokenizer "
+			       "--help)", argc < 2 ? "expected a command" : "'",
+			       argc < 2 ? "" : argv[1], argc < 2 ? "" : "' is no command", prog);
 }
 
 /* ---- split -------------------------------------------------------------------------------- */

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs, with apt-get, everything this project needs on Debian 12, as root.
-#   sh scripts/setup-debian.sh          build + quickstart (compiler, libraries, npm for Brown)
-#   sh scripts/setup-debian.sh --test   build + tests (Criterion, g++, PyTorch, groff, Open MPI's
+#   sh scripts/setup-debian.sh          build + quickstart (compilers, libraries, SentencePiece, npm for Brown)
+#   sh scripts/setup-debian.sh --test   build + tests (Criterion, PyTorch, SentencePiece's tools, groff, Open MPI's
 #                                       mpirun and headers, gnuplot, iproute2 for the emulated cluster; no npm)
 #   sh scripts/setup-debian.sh --reproduce   build + scripts/reproduce.sh (npm for Brown, python3
 #                                       and gnuplot for the results page, git for its commit line)
@@ -9,11 +9,11 @@
 # is on PATH: a machine with Node.js from elsewhere (NodeSource's nodejs, say) keeps it, since
 # Debian's npm package conflicts with such a nodejs and apt-get would refuse the whole install.
 set -eu
-pkgs="gcc make pkg-config libc6-dev libopenblas-dev libopenblas0-openmp libdnnl-dev libyaml-dev zlib1g-dev libdeflate-dev
-libjansson-dev liblbfgs-dev ca-certificates"
+pkgs="gcc g++ make pkg-config libc6-dev libopenblas-dev libopenblas0-openmp libdnnl-dev libyaml-dev zlib1g-dev libdeflate-dev
+libjansson-dev liblbfgs-dev libsentencepiece-dev ca-certificates"
 if [ "${1:-}" = "--test" ]; then
-	pkgs="$pkgs g++ libcriterion-dev python3-torch python3-numpy groff-base openmpi-bin libopenmpi-dev procps
-	gnuplot-nox iproute2"
+	pkgs="$pkgs libcriterion-dev python3-torch python3-numpy groff-base openmpi-bin libopenmpi-dev procps
+	gnuplot-nox iproute2 sentencepiece python3-sentencepiece"
 elif [ "${1:-}" = "--reproduce" ]; then
 	pkgs="$pkgs python3 gnuplot-nox git"
 	command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"

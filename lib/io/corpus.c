@@ -470,6 +470,7 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 	if (rc < 0)
 		return rc;
 	res->vocab = tokenizer_vocab(tk);
+	res->tokenizer = tokenizer_get_id(tk);
 	rc = corpus_open(&r, o->input);
 	if (rc < 0)
 		goto out;
@@ -483,6 +484,7 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 		rc = tokw_open(&w[s], path, tokenizer_vocab(tk));
 		if (rc < 0)
 			goto out;
+		tokw_set_tokenizer(w[s], tokenizer_get_id(tk));
 	}
 	while ((rc = corpus_next(r, &doc)) == 1) {
 		s = corpus_split_of(o->seed, doc.index, o->val_frac, o->router_frac);
@@ -529,5 +531,61 @@ out:
 	token_buf_free(&toks);
 	corpus_close(r);
 	tokenizer_close(tk);
+	return rc;
+}
+
+/* ---- tokenizer ---------------------------------------------------------------------------- */
+
+struct train_feed {
+	const struct corpus_tokenizer_opts *o;
+	struct corpus_reader *r;
+	struct corpus_tokenizer_result *res;
+	int read_rc; /* corpus_next's last: 0 once the input is read to its end */
+};
+
+static int feed_next(void *arg, const char **text, size_t *len)
+{
+	struct train_feed *f = arg;
+	const struct corpus_tokenizer_opts *o = f->o;
+	struct corpus_doc doc;
+	int rc;
+
+	while ((rc = corpus_next(f->r, &doc)) == 1) {
+		if (o->progress) {
+			uint64_t done, total;
+			corpus_progress(f->r, &done, &total);
+			o->progress(o->progress_ctx, done, total);
+		}
+		if (o->train_split && corpus_split_of(o->seed, doc.index, o->val_frac,
+						      o->router_frac) != CORPUS_SPLIT_TRAIN)
+			continue;
+		f->res->docs++;
+		f->res->bytes += doc.len;
+		*text = doc.text;
+		*len = doc.len;
+		return 1;
+	}
+	f->read_rc = rc;
+	return rc;
+}
+
+int corpus_train_tokenizer(const char *out, const struct corpus_tokenizer_opts *o,
+			   struct corpus_tokenizer_result *res)
+{
+	struct train_feed f = {.o = o, .res = res, .read_rc = 1};
+	int rc;
+
+	memset(res, 0, sizeof *res);
+	if (o->train_split && (rc = corpus_split_check(o->val_frac, o->router_frac)) < 0)
+		return rc;
+	if ((rc = corpus_open(&f.r, o->input)) < 0)
+		return rc;
+	rc = tokenizer_train(out, &o->train, feed_next, &f, &res->id);
+	/* the trainer's complaint about no text at all, said as prepare says it */
+	if (rc < 0 && f.read_rc == 0 && res->docs == 0)
+		rc = err_set(CORE_EFORMAT, o->input, o->train_split ? "holds no documents for "
+			     "train.tok (with this --seed and these fractions)" : "holds no "
+			     "documents");
+	corpus_close(f.r);
 	return rc;
 }

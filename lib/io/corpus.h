@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io/tokenizer.h"
+
 /* ---- documents ---------------------------------------------------------------------------- */
 
 struct corpus_doc {
@@ -105,6 +107,7 @@ struct corpus_split_stats {
 struct corpus_prepare_result {
 	struct corpus_split_stats split[CORPUS_NSPLITS];
 	uint32_t vocab;
+	struct tokenizer_id tokenizer;
 };
 
 /* Read every document, tokenize it, cut it into pieces when o->chunk asks, and append it to
@@ -122,5 +125,29 @@ struct corpus_prepare_result {
  *    of documents of the input and the remedies. A fraction of 0 asks for an empty split.
  * Existing outputs are replaced: refusing to overwrite is the caller's decision. */
 int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_result *res);
+
+/* ---- tokenizer ---------------------------------------------------------------------------- */
+
+struct corpus_tokenizer_opts {
+	const char *input; /* as corpus_open */
+	struct tokenizer_train_opts train;
+	/* 1: only the source documents corpus_prepare puts in train.tok with this seed and these
+	 * fractions (so that no val or router text shapes the vocabulary); 0: every document */
+	int train_split;
+	uint64_t seed;
+	double val_frac, router_frac;
+	void (*progress)(void *ctx, uint64_t done, uint64_t total); /* may be NULL */
+	void *progress_ctx;
+};
+
+struct corpus_tokenizer_result {
+	uint64_t docs, bytes; /* the documents trained on and their bytes */
+	struct tokenizer_id id;
+};
+
+/* Train a SentencePiece model on the documents of o->input (tokenizer_train) and write it to
+ * out atomically. CORE_EFORMAT "holds no documents" when none was handed to the trainer. */
+int corpus_train_tokenizer(const char *out, const struct corpus_tokenizer_opts *o,
+			   struct corpus_tokenizer_result *res);
 
 #endif

@@ -213,6 +213,7 @@ static int write_shard(const struct tokfile *in, const char *path, const uint64_
 		       const struct shard_split_opts *o, uint64_t *done)
 {
 	ERR_FORWARD(tokw_open(w, path, in->vocab));
+	tokw_set_tokenizer(*w, in->tokenizer);
 	for (uint64_t i = 0; i < ndocs; i++) {
 		uint64_t d = order[i], t0 = in->offsets[d], n = in->offsets[d + 1] - t0;
 		const uint32_t *tok;

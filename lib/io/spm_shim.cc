@@ -27,10 +27,20 @@ struct spm_model {
 
 namespace {
 
+/* what, and SentencePiece's reason without the place in its sources that its status text
+ * starts with ("Internal: ./src/x.cc(660) [condition] reason"): the reason, if any. */
 void say(char *err, size_t errn, const char *what, const std::string &why)
 {
+	std::string r = why;
+	const size_t src = r.find("./src/"), close = r.find("] ");
+	if (src != std::string::npos && close != std::string::npos && close > src)
+		r = r.substr(close + 2);
+	else if (src != std::string::npos)
+		r.clear();
+	while (!r.empty() && (r.back() == ' ' || r.back() == '\n'))
+		r.pop_back();
 	if (errn)
-		std::snprintf(err, errn, "%s: %s", what, why.c_str());
+		std::snprintf(err, errn, "%s%s%s", what, r.empty() ? "" : ": ", r.c_str());
 }
 
 void quiet()

@@ -237,9 +237,10 @@ int tokenizer_check(const struct tokenizer *tk, struct tokenizer_id have, uint32
 	char a[TOKENIZER_ID_LEN], b[TOKENIZER_ID_LEN];
 	tokenizer_id_str(&h, a);
 	tokenizer_id_str(&tk->id, b);
+	const int same = strcmp(tk->spec, b) == 0; /* "byte" */
 	if (tokenizer_id_differ(h, tk->id))
-		return err_set(CORE_EUSAGE, file, "made by tokenizer %s, not by the one given (%s, "
-			       "%s)", a, tk->spec, b);
+		return err_set(CORE_EUSAGE, file, "tokens of tokenizer %s, not of the one given "
+			       "(%s%s%s)", a, tk->spec, same ? "" : ", which is ", same ? "" : b);
 	if (have_vocab != tk->vocab)
 		return err_set(CORE_EUSAGE, file, "a vocabulary of %u, the tokenizer given (%s) has "
 			       "%u", have_vocab, tk->spec, tk->vocab);

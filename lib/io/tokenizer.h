@@ -73,7 +73,7 @@ int tokenizer_decode(const struct tokenizer *tk, const uint32_t *tok, size_t n, 
 const char *tokenizer_piece(const struct tokenizer *tk, uint32_t id, char buf[8]);
 
 /* 0 when tokens recorded as made by `have` (from file) belong to tk; else CORE_EUSAGE on file
- * naming both ("'val.tok': its tokens are spm-..., the tokenizer given is byte"). */
+ * naming both ("tokens of tokenizer spm-..., not of the one given (byte)"). */
 int tokenizer_check(const struct tokenizer *tk, struct tokenizer_id have, uint32_t have_vocab,
 		    const char *file);
 

@@ -104,9 +104,9 @@ static int check_header(const unsigned char *h, size_t flen, const char *path)
 			       "truncated file: %zu bytes, shorter than the %d-byte header", flen,
 			       TOKFILE_HEADER_BYTES);
 	uint32_t version = get_u32(h + 8);
-	if (version != TOKFILE_VERSION)
+	if (version != 1 && version != TOKFILE_VERSION)
 		return err_set(CORE_EVERSION, path,
-			       "version %u not supported (this build reads %d)", version,
+			       "version %u not supported (this build reads 1 to %d)", version,
 			       TOKFILE_VERSION);
 	uint32_t want = get_u32(h + 60);
 	uint32_t got = crc32_update(0, h, 60);
@@ -228,9 +228,26 @@ static int open_checked(struct tokfile *tf, const char *path)
 	if (tf->vocab == 0 || tf->width != width_for(tf->vocab))
 		return err_set(CORE_EFORMAT, path, "token width %u does not fit vocabulary size %u",
 			       tf->width, tf->vocab);
-	for (int i = 48; i < 60; i++)
-		if (h[i])
-			return err_set(CORE_EFORMAT, path, "reserved header bytes are not zero");
+	tf->version = get_u32(h + 8);
+	if (tf->version == 1) {
+		for (int i = 48; i < 60; i++)
+			if (h[i])
+				return err_set(CORE_EFORMAT, path,
+					       "reserved header bytes are not zero");
+	} else {
+		tf->tokenizer.kind = get_u32(h + 48);
+		tf->tokenizer.digest = get_u64(h + 52);
+		if (tf->tokenizer.kind > TOKENIZER_SPM)
+			return err_set(CORE_EFORMAT, path, "unknown tokenizer kind %u",
+				       tf->tokenizer.kind);
+		if (tf->tokenizer.kind != TOKENIZER_SPM && tf->tokenizer.digest)
+			return err_set(CORE_EFORMAT, path, "a tokenizer digest without a "
+				       "SentencePiece tokenizer");
+		if (tf->tokenizer.kind == TOKENIZER_BYTE && tf->vocab != 256)
+			return err_set(CORE_EFORMAT, path, "the byte tokenizer with a vocabulary "
+				       "of %u", tf->vocab);
+	}
+	tf->tokenizer = tokenizer_id_known(tf->tokenizer, tf->vocab);
 	if (body_bytes(tf->ntokens, tf->width, tf->ndocs, meta_bytes, &body) != 0 ||
 	    body > UINT64_MAX - TOKFILE_HEADER_BYTES)
 		return err_set(CORE_EFORMAT, path, "header sizes overflow");
@@ -296,6 +313,7 @@ struct tokfile_writer {
 	size_t meta_len, meta_cap;
 	unsigned char *buf; /* conversion buffer for one chunk of tokens */
 	int prepared;       /* tokw_prepare succeeded: complete and synced, not yet renamed */
+	struct tokenizer_id tokenizer;
 };
 
 #define TOKW_CHUNK 65536
@@ -353,6 +371,11 @@ int tokw_open(struct tokfile_writer **out, const char *path, uint32_t vocab)
 	}
 	*out = w;
 	return 0;
+}
+
+void tokw_set_tokenizer(struct tokfile_writer *w, struct tokenizer_id id)
+{
+	w->tokenizer = id;
 }
 
 int tokw_add_doc(struct tokfile_writer *w, const uint32_t *tokens, uint64_t n,
@@ -415,6 +438,10 @@ static int tokw_finish(struct tokfile_writer *w)
 	unsigned char h[TOKFILE_HEADER_BYTES];
 	uint64_t tok = w->ntokens * w->width;
 
+	if (w->tokenizer.kind > TOKENIZER_SPM ||
+	    (w->tokenizer.kind == TOKENIZER_BYTE && w->vocab != 256))
+		return err_set(CORE_EUSAGE, w->af.path, "tokenizer kind %u with a vocabulary of %u",
+			       w->tokenizer.kind, w->vocab);
 	ERR_FORWARD(tokw_body(w, zero, (size_t)(round8(tok) - tok)));
 	ERR_FORWARD(tokw_body(w, w->offsets, (w->ndocs + 1) * sizeof *w->offsets));
 	ERR_FORWARD(tokw_body(w, w->meta_offsets, (w->ndocs + 1) * sizeof *w->meta_offsets));
@@ -430,6 +457,8 @@ static int tokw_finish(struct tokfile_writer *w)
 	put_u32(h + 32, w->width);
 	put_u32(h + 36, w->crc);
 	put_u64(h + 40, w->meta_len);
+	put_u32(h + 48, w->tokenizer.kind);
+	put_u64(h + 52, w->tokenizer.kind == TOKENIZER_SPM ? w->tokenizer.digest : 0);
 	put_u32(h + 60, crc32_update(0, h, 60));
 	return afile_pwrite(&w->af, h, sizeof h, 0);
 }

@@ -37,8 +37,9 @@ def safetensors(tensors, meta=None, crc=True):
     return struct.pack("<Q", len(h)) + h + body
 
 
-def tokfile(vocab, docs):
-    """docs: [(tokens, meta_bytes)]"""
+def tokfile(vocab, docs, version=2, kind=0, digest=0):
+    """docs: [(tokens, meta_bytes)]; kind, digest: the tokenizer (version 2; version 1 has
+    12 zero bytes there)"""
     width = 2 if vocab <= 65536 else 4
     toks = b"".join(struct.pack("<" + ("H" if width == 2 else "I") * len(t), *t) for t, _ in docs)
     toks += b"\0" * (-len(toks) % 8)
@@ -50,8 +51,8 @@ def tokfile(vocab, docs):
         moffs.append(m)
         meta += md
     body = toks + struct.pack("<%dQ" % len(offs), *offs) + struct.pack("<%dQ" % len(moffs), *moffs) + meta
-    h = b"DPCTOKS\0" + struct.pack("<IIQQIIQ", 1, vocab, len(docs), n, width, zlib.crc32(body), len(meta))
-    h += b"\0" * 12
+    h = b"DPCTOKS\0" + struct.pack("<IIQQIIQ", version, vocab, len(docs), n, width, zlib.crc32(body), len(meta))
+    h += struct.pack("<IQ", kind, digest)
     h += struct.pack("<I", zlib.crc32(h))
     assert len(h) == 64
     return h + body
@@ -103,6 +104,10 @@ def main():
         "wide.tok": tokfile(70000, [([0, 69999, 65536], b'{"file":"x.txt"}'), ([5], b"{}")]),
         "empty.tok": tokfile(50257, []),
         "nometa.tok": tokfile(3, [([0, 1, 2], b""), ([2], b'{"k":[1,2]}')]),
+        "byte.tok": tokfile(256, [([104, 105], b'{"id":1}')], kind=1),
+        "spm.tok": tokfile(4096, [([5, 4095, 17], b'{"id":1}'), ([9], b"{}")], kind=2,
+                           digest=0x8d2f6a1c00c41bf3),
+        "v1.tok": tokfile(256, [([72, 105], b'{"id":1}')], version=1),
     }
     for harness in ("tokfile", "tokfile_crc"):
         for name, data in tf.items():

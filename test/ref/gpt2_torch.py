@@ -216,7 +216,8 @@ def read_tokfile(path):
 
     Layout of dpc-tokens(5) / lib/io/tokfile.h: 64-byte header (magic "DPCTOKS\0",
     u32 version, u32 vocab, u64 ndocs, u64 ntokens, u32 width, u32 crc32 of the body,
-    u64 meta_bytes, 12 reserved bytes, u32 crc32 of header bytes 0..59), then the tokens
+    u64 meta_bytes, u32 tokenizer kind + u64 digest (version 2; zero in version 1), u32 crc32
+    of header bytes 0..59), then the tokens
     (zero-padded to 8 bytes), u64 offsets[ndocs + 1], u64 meta_offsets[ndocs + 1], metadata.
     Every field is cross-checked, so a layout change is reported, not misread."""
     try:
@@ -231,7 +232,7 @@ def read_tokfile(path):
     (head_crc,) = struct.unpack_from("<I", raw, 60)
     if head_crc != zlib.crc32(raw[:60]):
         die(f"cannot read '{path}': header checksum mismatch (layout changed?)")
-    if version != 1 or width not in (2, 4):
+    if version not in (1, 2) or width not in (2, 4):
         die(f"cannot read '{path}': version {version}, token width {width} (layout changed?)")
     tok_bytes = (ntokens * width + 7) // 8 * 8
     want = 64 + tok_bytes + 16 * (ndocs + 1) + meta_bytes

@@ -88,11 +88,12 @@ import struct, sys, zlib
 src, dst, frac = sys.argv[1], sys.argv[2], float(sys.argv[3])
 raw = open(src, "rb").read()
 magic, ver, vocab, ndocs, ntok, width = struct.unpack("<8sIIQQI", raw[:36])
-assert magic == b"DPCTOKS\0" and ver == 1, "not a version-1 token file"
+assert magic == b"DPCTOKS\0" and ver == 2, "not a version-2 token file"
 nheld = int(ntok * frac)    # (uint64_t)((double)ntokens * holdout_frac), as pathtrain.c
 toks = raw[64 + (ntok - nheld) * width:64 + ntok * width]
 meta = b"{}"
 body = toks + bytes(-len(toks) % 8) + struct.pack("<4Q", 0, nheld, 0, len(meta)) + meta
+# written as version 1 (no tokenizer recorded), which readers still take
 hdr = struct.pack("<8sIIQQIIQ12x", b"DPCTOKS\0", 1, vocab, 1, nheld, width, zlib.crc32(body),
                   len(meta))
 open(dst, "wb").write(hdr + struct.pack("<I", zlib.crc32(hdr)) + body)

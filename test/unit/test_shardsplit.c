@@ -62,6 +62,8 @@ static void make_corpus(struct corpus *c, const char *name, int ndocs, uint32_t 
 	c->vocab = vocab;
 	snprintf(c->path, sizeof c->path, "%s/%s", dir, name);
 	cr_assert_eq(tokw_open(&w, c->path, vocab), 0, "%s", err_detail());
+	/* as prepare records it: the byte tokenizer for 256, else none known */
+	tokw_set_tokenizer(w, tokenizer_id_known((struct tokenizer_id){0}, vocab));
 	for (int d = 0; d < ndocs; d++) {
 		c->len[d] = len_of(d);
 		c->tok[d] = malloc((c->len[d] + 1) * sizeof *c->tok[d]);

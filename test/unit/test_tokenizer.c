@@ -263,8 +263,8 @@ Test(tokenizer, check)
 	cr_assert_eq(tokenizer_check(tk, byte, 256, "new.tok"), 0);
 	cr_assert_eq(tokenizer_check(tk, spm, 4096, "s.tok"), CORE_EUSAGE);
 	cr_assert_str_eq(err_file(), "s.tok");
-	cr_assert_str_eq(err_detail(), "made by tokenizer spm-000000000000002a, not by the one "
-				       "given (byte, byte)");
+	cr_assert_str_eq(err_detail(), "tokens of tokenizer spm-000000000000002a, not of the one "
+				       "given (byte)");
 	cr_assert_eq(tokenizer_check(tk, none, 4096, "v.tok"), CORE_EUSAGE);
 	cr_assert_str_eq(err_detail(), "a vocabulary of 4096, the tokenizer given (byte) has 256");
 	tokenizer_close(tk);

@@ -172,15 +172,15 @@ Test(tokfile, layout_by_hand)
 	size_t want = 64 + 16 /* 7 u16 = 14, padded to 16 */ + 2 * 8 * 4 + meta_bytes;
 	cr_assert_eq(n, want, "file is %zu bytes, expected %zu", n, want);
 	cr_assert(memcmp(b, "DPCTOKS\0", 8) == 0);
-	cr_assert_eq(rd32(b + 8), 1);
+	cr_assert_eq(rd32(b + 8), 2);
 	cr_assert_eq(rd32(b + 12), 256);
 	cr_assert_eq(rd64(b + 16), 3);
 	cr_assert_eq(rd64(b + 24), 7);
 	cr_assert_eq(rd32(b + 32), 2);
 	cr_assert_eq(rd32(b + 36), (uint32_t)crc32(0, b + 64, (uInt)(n - 64)));
 	cr_assert_eq(rd64(b + 40), meta_bytes);
-	for (int i = 48; i < 60; i++)
-		cr_assert_eq(b[i], 0, "reserved byte %d", i);
+	for (int i = 48; i < 60; i++) /* no tokenizer recorded: kind 0, digest 0 */
+		cr_assert_eq(b[i], 0, "tokenizer byte %d", i);
 	cr_assert_eq(rd32(b + 60), (uint32_t)crc32(0, b, 60));
 	const uint32_t all[] = { 1, 2, 3, 255, 0, 7, 7 };
 	for (int i = 0; i < 7; i++)
@@ -326,9 +326,88 @@ Test(tokfile, bad_version)
 	unsigned char *b = tu_slurp(path, &n);
 	wr32(b + 8, 7);
 	spill(path, b, n);
-	expect_open_fails(path, CORE_EVERSION, "version 7 not supported (this build reads 1)",
+	expect_open_fails(path, CORE_EVERSION, "version 7 not supported (this build reads 1 to 2)",
 			  "version 7");
 	free(b);
+}
+
+/* Header bytes 48..59 of version 2: the tokenizer's kind (u32) and digest (u64), by hand. */
+Test(tokfile, tokenizer_record)
+{
+	struct tokfile_writer *w;
+	struct tokfile tf;
+	size_t n;
+	const struct tokenizer_id spm = {TOKENIZER_SPM, 0x0123456789abcdefull};
+
+	cr_assert_eq(tokw_open(&w, path, 4096), 0);
+	tokw_set_tokenizer(w, spm);
+	cr_assert_eq(tokw_add_doc(w, doc0, 4, meta[0], strlen(meta[0])), 0);
+	cr_assert_eq(tokw_commit(w), 0, "%s", err_detail());
+	unsigned char *b = tu_slurp(path, &n);
+	cr_assert_eq(rd32(b + 48), 2);
+	cr_assert_eq(rd64(b + 52), 0x0123456789abcdefull);
+	cr_assert_eq(tokfile_open(&tf, path), 0, "%s", err_detail());
+	cr_assert_eq(tf.version, 2);
+	cr_assert_eq(tf.tokenizer.kind, TOKENIZER_SPM);
+	cr_assert_eq(tf.tokenizer.digest, spm.digest);
+	tokfile_close(&tf);
+
+	/* damage that the checksums do not catch (resealed): no such kind; a digest without
+	 * SentencePiece; the byte tokenizer with another vocabulary */
+	wr32(b + 48, 3);
+	reseal(b, n);
+	spill(path, b, n);
+	expect_open_fails(path, CORE_EFORMAT, "unknown tokenizer kind 3", "kind 3");
+	wr32(b + 48, 1);
+	reseal(b, n);
+	spill(path, b, n);
+	expect_open_fails(path, CORE_EFORMAT, "a tokenizer digest without", "byte + digest");
+	memset(b + 52, 0, 8);
+	reseal(b, n);
+	spill(path, b, n);
+	expect_open_fails(path, CORE_EFORMAT, "the byte tokenizer with a vocabulary of 4096",
+			  "byte, 4096");
+	free(b);
+
+	/* the writer refuses the last one too, and writes nothing */
+	cr_assert_eq(tokw_open(&w, path, 300), 0);
+	tokw_set_tokenizer(w, (struct tokenizer_id){TOKENIZER_BYTE, 0});
+	cr_assert_eq(tokw_commit(w), CORE_EUSAGE);
+
+	/* the byte tokenizer recorded */
+	cr_assert_eq(tokw_open(&w, path, 256), 0);
+	tokw_set_tokenizer(w, (struct tokenizer_id){TOKENIZER_BYTE, 0});
+	cr_assert_eq(tokw_commit(w), 0, "%s", err_detail());
+	cr_assert_eq(tokfile_open(&tf, path), 0, "%s", err_detail());
+	cr_assert_eq(tf.tokenizer.kind, TOKENIZER_BYTE);
+	tokfile_close(&tf);
+}
+
+/* Version 1 (before the record): still read; vocabulary 256 means the byte tokenizer, any
+ * other is unknown; its bytes 48..59 must be zero. */
+Test(tokfile, version_1_still_reads)
+{
+	size_t n;
+	struct tokfile tf;
+
+	for (uint32_t vocab = 256; vocab <= 257; vocab++) {
+		write_sample(path, vocab);
+		unsigned char *b = tu_slurp(path, &n);
+		wr32(b + 8, 1);
+		reseal(b, n);
+		spill(path, b, n);
+		cr_assert_eq(tokfile_open(&tf, path), 0, "%s", err_detail());
+		cr_assert_eq(tf.version, 1);
+		cr_assert_eq(tf.tokenizer.kind, vocab == 256 ? TOKENIZER_BYTE : TOKENIZER_NONE);
+		cr_assert_eq(tf.ntokens, 7);
+		cr_assert_eq(tokfile_token(&tf, 3), 255);
+		tokfile_close(&tf);
+		b[50] = 1;
+		reseal(b, n);
+		spill(path, b, n);
+		expect_open_fails(path, CORE_EFORMAT, "reserved header bytes are not zero", "v1");
+		free(b);
+	}
 }
 
 Test(tokfile, token_outside_vocab)
