@@ -379,7 +379,7 @@ EMU_CXXFLAGS := -std=c++20 -O1 -ffp-contract=off -Itest/emu/include -Ilib -Ikern
 	$(WARN))
 EMU_OBJ := $(CU_SRC:%.cu=$(EMU_DIR)/%.o) $(EMU_DIR)/test/emu/emu.o \
 	$(EMU_DIR)/test/emu/nccl_emu.o $(EMU_DIR)/lib/backend/backend.o
-EMU_LIB_OBJ := $(filter-out $(BUILD)/lib/backend/backend.o,$(LIB_SRC:%.c=$(BUILD)/%.o))
+EMU_LIB_OBJ := $(filter-out $(BUILD)/lib/backend/backend.o,$(LIB_SRC:%.c=$(BUILD)/%.o)) $(SPM_OBJ)
 # the usual libraries, less the CUDA runtime's (the emulator replaces it)
 emu_comma := ,
 EMU_LIBS := $(filter-out -lcudart_static -L$(CUDA_HOME)/lib64 \

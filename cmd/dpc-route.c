@@ -25,6 +25,7 @@
 #include "common/rng.h"
 #include "io/atomicio.h"
 #include "io/tokfile.h"
+#include "io/tokenizer.h"
 #include "route/kmeans.h"
 #include "route/generate.h"
 #include "route/lm.h"
@@ -1157,6 +1158,9 @@ static const struct cli_opt sample_opts[] = {
 	{"no-cache", 'N', 0, CLI_FLAG, NULL,
 	 "a full forward over the context for every token instead of\n"
 	 "the key/value cache (the same text, slower: for comparison)"},
+	{"tokenizer", 'J', 0, CLI_ARG, "SPEC", "the models' tokenizer: byte, or spm:MODEL for\n"
+	 "models trained on SentencePiece tokens (checked against\n"
+	 "the checkpoints; default: byte, for models of bytes)"},
 	CLI_OPT_END,
 };
 static const struct cli_opt *const sample_tables[] = {
@@ -1178,9 +1182,9 @@ static void sample_usage(FILE *fp)
 		"usage: %s sample -m MODEL.safetensors [options] [PROMPT]\n"
 		"       %s sample (--run RUNDIR [--phase T] | --path CKPT...) -m BASE\n"
 		"                --router ROUTER [--window-router WROUTER] [options] [PROMPT]\n"
-		"Generate text from a checkpoint of the byte tokenizer's vocabulary (256): the\n"
-		"continuation of PROMPT ('-': read from standard input; none: a newline) goes to\n"
-		"standard output as it is drawn. From a DiPaCo, each token comes from the path the\n"
+		"Generate text from a checkpoint: PROMPT ('-': read from standard input; none: a\n"
+		"newline) is encoded with the models' tokenizer (--tokenizer), and the\n"
+		"continuation goes to standard output as it is drawn, token by token. From a DiPaCo, each token comes from the path the\n"
 		"routers choose, as eval routes: ROUTER on the prompt (its first PREFIX tokens),\n"
 		"again when the text reaches PREFIX tokens, and with WROUTER at every window\n"
 		"boundary PREFIX + m W; a switch feeds the context to the new path.\n\n"
@@ -1232,13 +1236,15 @@ struct sample_route {
 	int have_base, have_doc, have_win;
 	char log[512];  /* "2@0 0@128 ...": path @ position, as chosen */
 	size_t loglen;
+	struct tokenizer *tk; /* the models' tokenizer: prompt in, tokens out */
 };
 
-static int emit_byte(void *ctx, int32_t tok)
+static int emit_token(void *ctx, int32_t tok)
 {
-	(void)ctx;
-	unsigned char ch = (unsigned char)tok;
-	if (fwrite(&ch, 1, 1, stdout) != 1 || fflush(stdout) != 0)
+	const struct sample_route *sr = ctx;
+	char buf[TOKENIZER_TOKEN_MAX];
+	size_t n = tokenizer_token_bytes(sr->tk, (uint32_t)tok, buf);
+	if ((n && fwrite(buf, 1, n, stdout) != n) || fflush(stdout) != 0)
 		return err_errno(CORE_EIO, "<stdout>", "cannot write the text", errno);
 	return 0;
 }
@@ -1255,7 +1261,7 @@ static void log_path(void *ctx, int path, uint64_t at)
 struct sample_args {
 	struct common co;
 	struct pathset ps;
-	const char *model, *router_path, *win_path, *prompt;
+	const char *model, *router_path, *win_path, *prompt, *tokenizer;
 	long ntok, topk, seed;
 	double temp, topp;
 	int nocache, dipaco;
@@ -1290,6 +1296,7 @@ static int sample_parse(struct sample_args *a, int argc, char **argv)
 		case 'N': a->nocache = 1; break;
 		case 'r': a->router_path = optarg; break;
 		case 'w': a->win_path = optarg; break;
+		case 'J': a->tokenizer = optarg; break;
 		case 'h': sample_usage(stdout); return 0;
 		case 'V': return version();
 		default: return 2; /* CLI_BAD: reported */
@@ -1346,6 +1353,34 @@ static int sample_open_dipaco(struct sample_args *a, struct sample_route *sr)
 	return rc;
 }
 
+/* The tokenizer of the models (and the base the routers read) into sr->tk: --tokenizer,
+ * checked against what each was trained on, else the byte tokenizer when that is theirs. */
+static int sample_tokenizer(const struct sample_args *a, const struct lm *models, int n,
+			    struct sample_route *sr)
+{
+	const struct model_config *m0 = &models[0].g.cfg;
+	char id[TOKENIZER_ID_LEN];
+
+	if (a->tokenizer) {
+		ERR_FORWARD(tokenizer_open(&sr->tk, a->tokenizer));
+	} else if (m0->tokenizer.kind == TOKENIZER_BYTE) {
+		ERR_FORWARD(tokenizer_open(&sr->tk, "byte"));
+	} else {
+		tokenizer_id_str(&m0->tokenizer, id);
+		return err_set(CORE_EUSAGE, models[0].path, "trained on tokens of %s%s (a "
+			       "vocabulary of %d): give its model with --tokenizer spm:MODEL",
+			       m0->tokenizer.kind ? "tokenizer " : "an unknown tokenizer",
+			       m0->tokenizer.kind ? id : "", m0->vocab_size);
+	}
+	for (int i = 0; i < n; i++)
+		ERR_FORWARD(tokenizer_check(sr->tk, models[i].g.cfg.tokenizer,
+					    (uint32_t)models[i].g.cfg.vocab_size, models[i].path));
+	if (sr->have_base)
+		ERR_FORWARD(tokenizer_check(sr->tk, sr->base.g.cfg.tokenizer,
+					    (uint32_t)sr->base.g.cfg.vocab_size, sr->base.path));
+	return 0;
+}
+
 /* The summary lines on stderr after the text. */
 static void sample_summary(const struct sample_args *a, const struct sample_route *sr,
 			   const struct gen_stats *st, int nmodels, size_t plen)
@@ -1399,20 +1434,24 @@ static int sample_run(struct sample_args *a)
 		rc = lm_open(&m, a->model, a->co.be, 1);
 		opened = rc == 0;
 	}
-	if (rc == 0 && models[0].g.cfg.vocab_size != 256)
-		rc = err_set(CORE_EUSAGE, models[0].path, "vocabulary of %d: text in and out needs "
-			     "the byte tokenizer's 256", models[0].g.cfg.vocab_size);
-	int32_t *ptok = rc == 0 ? malloc(sizeof *ptok * plen) : NULL;
+	if (rc == 0)
+		rc = sample_tokenizer(a, models, nmodels, &sr);
+	struct token_buf pt = {0};
+	if (rc == 0)
+		rc = tokenizer_encode(sr.tk, prompt, plen, &pt);
+	plen = pt.n;
+	int32_t *ptok = rc == 0 ? malloc(sizeof *ptok * (plen ? plen : 1)) : NULL;
 	if (rc == 0 && !ptok)
 		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
 	for (size_t i = 0; ptok && i < plen; i++)
-		ptok[i] = (unsigned char)prompt[i];
+		ptok[i] = (int32_t)pt.tok[i];
+	token_buf_free(&pt);
 	const struct gen_route rt = {.base = &sr.base, .doc = &sr.doc,
 				     .win = sr.have_win ? &sr.win : NULL};
 	const struct gen_opts go = {
 		.so = {.temperature = a->temp, .top_k = (int)a->topk, .top_p = a->topp},
 		.seed = (uint64_t)a->seed, .tokens = a->ntok, .nocache = a->nocache};
-	const struct gen_sink sink = {.emit = emit_byte, .path = log_path, .ctx = &sr};
+	const struct gen_sink sink = {.emit = emit_token, .path = log_path, .ctx = &sr};
 	struct gen_stats st = {0};
 	if (rc == 0)
 		rc = route_generate(models, nmodels, a->dipaco ? &rt : NULL, ptok, plen, &go,
@@ -1430,6 +1469,7 @@ out:
 		router_free(&sr.doc);
 	if (sr.have_win)
 		router_free(&sr.win);
+	tokenizer_close(sr.tk);
 	free(prompt);
 	backend_close(a->co.be);
 	return rc < 0 ? cli_report(prog, rc) : rc;

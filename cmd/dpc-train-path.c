@@ -20,6 +20,7 @@
 #include "dist/dist.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "io/tokenizer_hf.h"
 #include "model/checkpoint.h"
 #include "model/train.h"
 #include "moe/moe_dict.h"
@@ -32,7 +33,7 @@ static const char *prog = "dpc-train-path";
 
 enum {
 	OPT_DEVICE = 256, OPT_PRECISION, OPT_RUN, OPT_PHASE, OPT_PATH_INDEX, OPT_INFO,
-	OPT_PRINT_CONFIG, OPT_MOE_PLAN, OPT_MOE_DICT,
+	OPT_PRINT_CONFIG, OPT_MOE_PLAN, OPT_MOE_DICT, OPT_TOKENIZER,
 };
 
 static const struct cli_opt opts[] = {
@@ -82,7 +83,11 @@ static const struct cli_opt opts[] = {
 	 "filled in) as YAML that loads back, and exit"},
 	{"export", 'x', 'x', CLI_ARG, "CKPT", "write CKPT for Hugging Face transformers into the\n"
 	 "directory --output: model.safetensors\n"
-	 "(GPT2LMHeadModel's names) and config.json"},
+	 "(GPT2LMHeadModel's names), config.json and its\n"
+	 "tokenizer (tokenizer.json, tokenizer_config.json)"},
+	{"tokenizer", OPT_TOKENIZER, 0, CLI_ARG, "SPEC", "with --export: the checkpoint's tokenizer, spm:MODEL\n"
+	 "for one trained on SentencePiece tokens (checked;\n"
+	 "default byte, for a model of bytes)"},
 	{"quiet", 'q', 'q', CLI_FLAG, NULL, "no progress line"},
 	{"help", 'h', 'h', CLI_FLAG, NULL, "show this help and exit"},
 	{"version", 'V', 'V', CLI_FLAG, NULL, "show the version and exit"},
@@ -95,7 +100,7 @@ static void usage(FILE *fp)
 	fputs("usage: dpc-train-path -c CONFIG -d TRAIN.tok -o OUT.safetensors [options]\n"
 	      "       dpc-train-path --run RUNDIR --phase T --path-index P [options]\n"
 	      "       dpc-train-path --eval CKPT -d TOKENS [--max-tokens N]\n"
-	      "       dpc-train-path --export CKPT -o DIR\n"
+	      "       dpc-train-path --export CKPT -o DIR [--tokenizer spm:MODEL]\n"
 	      "       dpc-train-path --info CKPT | -c CONFIG [-s ...] --print-config\n"
 	      "\n"
 	      "Train a GPT-2 path on a token file and write its checkpoint, or evaluate a\n"
@@ -215,29 +220,63 @@ static int run_info(const char *ckpt)
 	return rc ? cli_report(prog, rc) : 0;
 }
 
-/* --export: CKPT as a Hugging Face model directory. Returns the exit status. */
-static int run_export(struct backend *be, const char *ckpt, const char *dir, int force)
+/* --export's tokenizer: spec, checked against what the checkpoint was trained on, else the
+ * byte tokenizer when that is the checkpoint's. */
+static int export_tokenizer(const char *ckpt, const struct ckpt_info *info, const char *spec,
+			    struct tokenizer **tk)
 {
-	static const char *const files[] = {"model.safetensors", "config.json"};
+	const struct tokenizer_id *id = &info->model.tokenizer;
+	char s[TOKENIZER_ID_LEN];
+
+	if (spec) {
+		ERR_FORWARD(tokenizer_open(tk, spec));
+		return tokenizer_check(*tk, *id, (uint32_t)info->model.vocab_size, ckpt);
+	}
+	if (id->kind == TOKENIZER_BYTE)
+		return tokenizer_open(tk, "byte");
+	tokenizer_id_str(id, s);
+	return err_set(CORE_EUSAGE, ckpt, "trained on tokens of %s%s (a vocabulary of %d): give "
+		       "its model with --tokenizer spm:MODEL, which is exported with it",
+		       id->kind ? "tokenizer " : "an unknown tokenizer", id->kind ? s : "",
+		       info->model.vocab_size);
+}
+
+/* --export: CKPT as a Hugging Face model directory, with its tokenizer. Returns the exit
+ * status. */
+static int run_export(struct backend *be, const char *ckpt, const char *dir, const char *spec,
+		      int force)
+{
+	const char *files[2 + TOKENIZER_HF_MAX_FILES] = {"model.safetensors", "config.json"};
+	struct tokenizer *tk = NULL;
+	struct ckpt_info info;
 	char path[4096];
 	int rc;
 
 	if (!dir)
 		return cli_usage_error(prog, "--export needs --output DIR, the directory to write");
-	for (size_t i = 0; i < 2; i++) {
+	if ((rc = ckpt_info(ckpt, &info)) < 0 ||
+	    (rc = export_tokenizer(ckpt, &info, spec, &tk)) < 0) {
+		tokenizer_close(tk);
+		return cli_report(prog, rc);
+	}
+	const int n = 2 + tokenizer_hf_files(tk, files + 2);
+	for (int i = 0; i < n && !rc; i++) {
 		snprintf(path, sizeof path, "%s/%s", dir, files[i]);
 		if (!force && access(path, F_OK) == 0)
-			return cli_report(prog, err_set(CORE_EIO, path, "exists (use --force to "
-							"replace it)"));
+			rc = err_set(CORE_EIO, path, "exists (use --force to replace it)");
 	}
 	snprintf(path, sizeof path, "%s/%s", dir, files[0]);
-	if ((rc = cli_make_parents(path)) < 0 || (rc = ckpt_export_hf(ckpt, dir, be)) < 0)
+	if (!rc && (rc = cli_make_parents(path)) == 0 &&
+	    (rc = ckpt_export_hf(ckpt, dir, be)) == 0)
+		rc = tokenizer_hf_write(tk, dir, info.model.seq_len);
+	tokenizer_close(tk);
+	if (rc < 0)
 		return cli_report(prog, rc);
-	struct ckpt_info info;
-	if ((rc = ckpt_info(ckpt, &info)) < 0)
-		return cli_report(prog, rc);
-	rc = cli_print_json(json_pack("{s:s, s:s, s:I, s:[s,s]}", "checkpoint", ckpt, "out", dir,
-				      "step", (json_int_t)info.step, "files", files[0], files[1]),
+	json_t *list = json_array();
+	for (int i = 0; i < n; i++)
+		json_array_append_new(list, json_string(files[i]));
+	rc = cli_print_json(json_pack("{s:s, s:s, s:I, s:o}", "checkpoint", ckpt, "out", dir,
+				      "step", (json_int_t)info.step, "files", list),
 			    json_flags);
 	return rc ? cli_report(prog, rc) : 0;
 }
@@ -275,7 +314,7 @@ static int run_task(struct backend *be, const char *dir, long phase, long path, 
 
 /* The command line. */
 struct options {
-	const char *config, *eval, *device, *run, *export, *info, *moe_dict;
+	const char *config, *eval, *device, *run, *export, *info, *moe_dict, *tokenizer;
 	struct moe_plan moe_plan;
 	int have_plan;
 	const char **sets;
@@ -336,6 +375,7 @@ static int parse(int argc, char **argv, struct options *o)
 			break;
 		case OPT_MOE_PLAN: rc = parse_plan(optarg, &o->moe_plan); o->have_plan = 1; break;
 		case OPT_MOE_DICT: o->moe_dict = optarg; break;
+		case OPT_TOKENIZER: o->tokenizer = optarg; break;
 		case OPT_RUN: o->run = optarg; break;
 		case OPT_PHASE: rc = cli_parse_long("--phase", optarg, 1, 1L << 40, &o->phase); break;
 		case OPT_PATH_INDEX:
@@ -350,6 +390,9 @@ static int parse(int argc, char **argv, struct options *o)
 	}
 	if (optind < argc)
 		return cli_usage_error(prog, "unexpected argument '%s'", argv[optind]);
+	if (o->tokenizer && !o->export)
+		return cli_usage_error(prog, "--tokenizer goes with --export (training reads the "
+				       "tokenizer from the token files)");
 	return -1;
 }
 
@@ -577,7 +620,7 @@ static int run(struct backend *be, struct options *o, int argc)
 	if (o->print_config)
 		return run_print_config(o);
 	if (o->export)
-		return run_export(be, o->export, o->t.out_path, o->force);
+		return run_export(be, o->export, o->t.out_path, o->tokenizer, o->force);
 	if (!o->t.data_path)
 		return cli_usage_error(prog, argc == 1 ? "no arguments: train with -c CONFIG -d "
 				       "TRAIN.tok -o OUT.safetensors, or evaluate with --eval CKPT "

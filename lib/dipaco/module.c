@@ -30,8 +30,29 @@ static void shape_meta(struct shape_meta *s, const struct model_config *mc)
 	snprintf(s->v, sizeof s->v, "%d", mc->vocab_size);
 }
 
+int module_tokenizer(const struct st_file *f, struct tokenizer_id *run)
+{
+	const char *s = st_meta(f, "tokenizer");
+	struct tokenizer_id id = {0};
+	char a[TOKENIZER_ID_LEN], b[TOKENIZER_ID_LEN];
+
+	if (s && tokenizer_id_parse(s, &id) < 0)
+		return err_set(CORE_EFORMAT, f->path, "metadata tokenizer '%.40s' is not byte or "
+			       "spm- and 16 hex digits", s);
+	if (tokenizer_id_differ(id, *run)) {
+		tokenizer_id_str(&id, a);
+		tokenizer_id_str(run, b);
+		return err_set(CORE_EFORMAT, f->path, "trained on tokens of tokenizer %s, the "
+			       "run's other files on %s", a, b);
+	}
+	if (id.kind != TOKENIZER_NONE)
+		*run = id;
+	return 0;
+}
+
 int module_writer_open(struct st_writer **w, const char *path, const struct topology *t, int m,
-		       long phase, const char *config_hash, const char *init)
+		       long phase, const char *config_hash, const char *init,
+		       struct tokenizer_id tok)
 {
 	const struct topo_module *md = &t->modules[m];
 	const int n = 2 * md->nviews;
@@ -67,14 +88,20 @@ int module_writer_open(struct st_writer **w, const char *path, const struct topo
 	shape_meta(&sm, &t->model);
 	snprintf(sphase, sizeof sphase, "%ld", phase);
 	snprintf(sindex, sizeof sindex, "%d", md->index);
-	const struct st_kv meta[] = {
+	char stok[TOKENIZER_ID_LEN];
+	tokenizer_id_str(&tok, stok);
+	struct st_kv meta[] = {
 		{"format", CKPT_FORMAT}, {"kind", "module"}, {"module", md->name},
 		{"level", t->levels[md->level].name}, {"index", sindex}, {"phase", sphase},
 		{"paths", paths}, {"optimizer", "outer-momentum"}, {"n_layer", sm.l},
 		{"n_embd", sm.c}, {"n_head", sm.h}, {"seq_len", sm.t}, {"vocab_size", sm.v},
-		{"config_hash", config_hash}, {"init", init},
+		{"config_hash", config_hash}, {NULL, NULL}, {NULL, NULL},
 	};
-	const int nmeta = (int)(sizeof meta / sizeof meta[0]) - (init ? 0 : 1);
+	int nmeta = (int)(sizeof meta / sizeof meta[0]) - 2;
+	if (tok.kind != TOKENIZER_NONE)
+		meta[nmeta++] = (struct st_kv){"tokenizer", stok};
+	if (init)
+		meta[nmeta++] = (struct st_kv){"init", init};
 	rc = st_writer_open(w, path, ptrs, n, meta, nmeta);
 out:
 	free(specs);
@@ -232,7 +259,12 @@ int module_write_init(const char *path, const struct topology *t, int m,
 		rc = err_set(CORE_ENOMEM, path, "out of memory for %zu floats", maxn);
 		goto out;
 	}
-	rc = module_writer_open(&w, path, t, m, 0, config_hash, label);
+	/* a checkpoint's modules were trained on its tokens; seeded ones on none yet */
+	struct tokenizer_id tok = {0};
+	if (have_ck && (rc = module_tokenizer(&ck, &tok)) == 0)
+		tok = tokenizer_id_known(tok, (uint32_t)t->model.vocab_size);
+	if (!rc)
+		rc = module_writer_open(&w, path, t, m, 0, config_hash, label, tok);
 	for (int i = 0; i < t->layout.n && !rc; i++) {
 		if (!topo_owns(t, m, i))
 			continue;

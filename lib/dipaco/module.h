@@ -3,8 +3,9 @@
  * A module checkpoint (dpc-rundir(5)) is a safetensors file holding the tensors its level
  * owns, under their Hugging Face GPT-2 names, each followed by its outer momentum
  * "outer.momentum.<name>", with metadata: format dpc-checkpoint, kind module, module NAME,
- * level LEVEL, phase t, paths "0,1,...", config_hash (of the whole run config), and the
- * model shape keys of every checkpoint.
+ * level LEVEL, phase t, paths "0,1,...", config_hash (of the whole run config), the model
+ * shape keys of every checkpoint, and tokenizer (the tokens its paths were trained on, once
+ * known: dpc-checkpoint(5)).
  */
 #ifndef CORE_MODULE_H
 #define CORE_MODULE_H
@@ -18,7 +19,13 @@
  * for each owned view in layout order, its parameters then its momentum); init: phase 0's
  * "init" metadata (module_init_label), NULL for the other phases. */
 int module_writer_open(struct st_writer **w, const char *path, const struct topology *t, int m,
-		       long phase, const char *config_hash, const char *init);
+		       long phase, const char *config_hash, const char *init,
+		       struct tokenizer_id tok);
+/* The tokenizer f's metadata names (a module's or a checkpoint's "tokenizer") merged into
+ * *run: *run takes it when *run is unknown; CORE_EFORMAT on f when both are known and differ
+ * (a run's modules and paths are all trained on the tokens of one tokenizer), or when the
+ * text is no tokenizer id. Absent: nothing changes. */
+int module_tokenizer(const struct st_file *f, struct tokenizer_id *run);
 /* Where phase 0 comes from: the seeded initialisation, or a dense checkpoint's tensors. */
 struct module_init {
 	uint64_t seed;    /* gpt2_init_params' seed, when from is NULL */

@@ -185,6 +185,7 @@ struct fold {
 	float *newm;                 /* path by path: the new momentum of the current tensor */
 	double s2, g2, u2;           /* ||sum of deltas||^2, ||acc||^2, ||update||^2 */
 	struct st_writer *w;
+	struct tokenizer_id tok;     /* what the module and its paths were trained on */
 };
 
 static int nonfinite(const struct fold *F, int k, const struct tensor *v)
@@ -449,6 +450,10 @@ static int fold_by_path(struct fold *F, double scale, double *read_s)
 					   j->config_hash, NULL, NULL, 0);
 		if (rc)
 			break;
+		if ((rc = module_tokenizer(&pf, &F->tok)) != 0) {
+			st_close(&pf);
+			break;
+		}
 		base = 0;
 		for (int i = 0; i < t->layout.n && !rc; i++) {
 			if (!topo_owns(t, j->module, i))
@@ -474,7 +479,8 @@ static int fold_by_path(struct fold *F, double scale, double *read_s)
 	*read_s = now_seconds() - t0 - F->d->wait_seconds;
 	/* The output is created only now: a step waiting for its paths holds no file. */
 	if (!rc)
-		rc = module_writer_open(&F->w, j->out_path, t, j->module, j->phase, j->config_hash, NULL);
+		rc = module_writer_open(&F->w, j->out_path, t, j->module, j->phase, j->config_hash,
+					NULL, F->tok);
 	base = 0;
 	for (int i = 0; i < t->layout.n && !rc; i++) {
 		if (!topo_owns(t, j->module, i))
@@ -508,7 +514,7 @@ static int keep_module(struct fold *F)
 	const struct outer_job *j = F->j;
 	const struct topology *t = j->topo;
 	int rc = module_writer_open(&F->w, j->out_path, t, j->module, j->phase, j->config_hash,
-				    NULL);
+				    NULL, F->tok);
 
 	for (int i = 0; i < t->layout.n && !rc; i++) {
 		if (!topo_owns(t, j->module, i))
@@ -570,6 +576,7 @@ int outer_step_module(const struct outer_job *j, struct outer_diag *d)
 	if (rc)
 		goto out;
 	have_prev = 1;
+	rc = module_tokenizer(&F.prev, &F.tok);
 	/* By piece, every input is opened and checked before a byte is written. */
 	for (int k = 0; k < P && by_piece && !rc; k++) {
 		rc = wait_for(j->path_ckpts[k], 0, &d->wait_seconds);
@@ -578,12 +585,15 @@ int outer_step_module(const struct outer_job *j, struct outer_diag *d)
 					   j->config_hash, NULL, NULL, 0);
 		if (!rc)
 			F.nopen++;
+		if (!rc)
+			rc = module_tokenizer(&F.paths[k], &F.tok);
 	}
 	if (!rc && P == 0) {
 		rc = keep_module(&F);
 		read_s = now_seconds() - t0;
 	} else if (!rc && by_piece) {
-		rc = module_writer_open(&F.w, j->out_path, t, j->module, j->phase, j->config_hash, NULL);
+		rc = module_writer_open(&F.w, j->out_path, t, j->module, j->phase, j->config_hash,
+					NULL, F.tok);
 		if (!rc)
 			rc = fold_by_piece(&F, scale, j->threads > 0 ? j->threads : omp_get_max_threads());
 		read_s = now_seconds() - t0;

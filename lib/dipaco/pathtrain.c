@@ -24,6 +24,7 @@ int pathtrain_assemble(const struct rundir *r, long phase, int p, struct gpt2 *g
 	char path[RUNDIR_PATH_MAX];
 	float *host = NULL;
 	size_t cap = 0;
+	struct tokenizer_id tok = {0};
 	int rc = 0;
 
 	for (int l = 0; l < t->nlevels && !rc; l++) {
@@ -34,6 +35,7 @@ int pathtrain_assemble(const struct rundir *r, long phase, int p, struct gpt2 *g
 			rc = module_open(&f, path, t, m, phase, r->config_hash, 1);
 		if (rc)
 			break;
+		rc = module_tokenizer(&f, &tok);
 		for (int i = 0; i < t->layout.n && !rc; i++) {
 			if (!topo_owns(t, m, i))
 				continue;
@@ -60,6 +62,8 @@ int pathtrain_assemble(const struct rundir *r, long phase, int p, struct gpt2 *g
 		st_close(&f);
 	}
 	free(host);
+	if (!rc) /* modules from before the key: bytes when the vocabulary is 256 */
+		g->cfg.tokenizer = tokenizer_id_known(tok, (uint32_t)g->cfg.vocab_size);
 	return rc;
 }
 
@@ -233,12 +237,15 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 	if (rc)
 		goto out;
 	const uint64_t ntrain = trainset.ntokens;
+	/* the run's validation tokens: those of the shard's tokenizer */
+	struct model_config shard_model = c->model;
+	shard_model.tokenizer = k.shard.tokenizer;
 	rc = rundir_file(r, "val.tok", val, sizeof val);
 	if (!rc && access(val, F_OK) == 0) {
 		rc = tokfile_open(&k.val, val);
 		k.have_val = !rc;
 		if (!rc)
-			rc = train_check_data(&k.val, &c->model);
+			rc = train_check_data(&k.val, &shard_model);
 	}
 	if (rc)
 		goto out;
@@ -250,6 +257,12 @@ int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be,
 		goto out;
 	k.have_model = 1;
 	rc = pathtrain_assemble(r, phase - 1, p, &k.g);
+	/* the modules were trained on (or start from a checkpoint of) the shard's tokenizer;
+	 * the path's checkpoint records it */
+	if (!rc)
+		rc = train_check_tokens(&k.shard, &k.g.cfg);
+	if (!rc && k.shard.tokenizer.kind != TOKENIZER_NONE)
+		k.g.cfg.tokenizer = k.shard.tokenizer;
 	char fork[RUNDIR_PATH_MAX];
 	long adam_t0 = 0;
 	const long own = pathsample_last(&r->sample, phase, p);

@@ -43,7 +43,9 @@ struct path_task_result {
 };
 
 /* Path p's modules after phase `phase`'s outer step (phase 0: the initialisation) into g's
- * parameters (g has the run's model shape), each module file verified. */
+ * parameters (g has the run's model shape), each module file verified; g->cfg.tokenizer
+ * becomes the one they were trained on (unknown for seeded ones, but for a vocabulary of 256:
+ * bytes), CORE_EFORMAT when they disagree. */
 int pathtrain_assemble(const struct rundir *r, long phase, int p, struct gpt2 *g);
 
 int pathtrain_run(const struct rundir *r, long phase, int p, struct backend *be, int progress,

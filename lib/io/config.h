@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io/tokenizer.h"
+
 /* The Mixture-of-Experts blocks of the model (dpc-config(5), MOE): the MLP of each such block
  * is an MoE layer (lib/moe/moe.h) of `experts` GELU experts of hidden size 4C, gated from the
  * block's ln_2 output over all B x T tokens of the batch at once. experts = 0: none, the dense
@@ -40,6 +42,12 @@ struct model_config {
 			 * is the base model with a head over the P paths, and its checkpoint
 			 * says so in its metadata (dpc-checkpoint(5)). */
 	struct model_moe moe;
+	/* The tokenizer of the tokens the model was trained on (token files record it,
+	 * dpc-tokens(5)). Not a config key: what dpc-train-path, a DiPaCo path or the outer step
+	 * trained on, written to a checkpoint's metadata "tokenizer" (dpc-checkpoint(5)) and
+	 * checked against every token file the model meets; TOKENIZER_NONE (a model not trained
+	 * yet, a checkpoint written before the key) checks the vocabulary alone. */
+	struct tokenizer_id tokenizer;
 };
 
 /* Which blocks are MoE: mask[b] = 1 for each (mask has n_layer entries; NULL: only count).

@@ -125,6 +125,21 @@ extern "C" const char *spm_shim_piece(const struct spm_model *m, uint32_t id)
 	return m->sp.IdToPiece(static_cast<int>(id)).c_str();
 }
 
+extern "C" int spm_shim_kind(const struct spm_model *m, uint32_t id)
+{
+	const int i = static_cast<int>(id);
+	if (m->sp.IsByte(i))
+		return SPM_PIECE_BYTE;
+	if (m->sp.IsControl(i) || m->sp.IsUnknown(i) || m->sp.IsUnused(i))
+		return SPM_PIECE_CONTROL;
+	return SPM_PIECE_TEXT;
+}
+
+extern "C" float spm_shim_score(const struct spm_model *m, uint32_t id)
+{
+	return m->sp.GetScore(static_cast<int>(id));
+}
+
 extern "C" int spm_shim_encode(const struct spm_model *m, const char *text, size_t len,
 			       uint32_t **ids, uint64_t *n, uint64_t *cap, char *err, size_t errn)
 {

@@ -32,6 +32,12 @@ int spm_shim_decode(const struct spm_model *m, const uint32_t *ids, size_t n, ch
 		    size_t *len, char *err, size_t errn);
 /* Piece id's surface text (a view into the model; byte pieces read "<0xNN>"). */
 const char *spm_shim_piece(const struct spm_model *m, uint32_t id);
+/* What piece id stands for: text (U+2581 for a space), one byte ("<0xNN>"), or nothing in
+ * the text (<unk>, <s>, </s>, user-unused pieces). */
+enum { SPM_PIECE_TEXT, SPM_PIECE_BYTE, SPM_PIECE_CONTROL };
+int spm_shim_kind(const struct spm_model *m, uint32_t id);
+/* Piece id's score (a unigram model's log probability; a BPE model's merge order). */
+float spm_shim_score(const struct spm_model *m, uint32_t id);
 
 /* Train a model: next() hands out the training texts one at a time (1 = *text, *len set;
  * 0 = no more; -1 = stop with an error of the caller's). The serialized model is returned in

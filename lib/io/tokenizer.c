@@ -23,6 +23,8 @@ struct tokenizer {
 	uint32_t vocab;
 	struct tokenizer_id id;
 	struct spm_model *spm; /* NULL for the byte tokenizer */
+	char *model;           /* the model file's bytes (SentencePiece) */
+	size_t model_len;
 };
 
 /* ---- ids ---------------------------------------------------------------------------------- */
@@ -118,7 +120,8 @@ static int open_spm(struct tokenizer *tk, const char *path)
 	else if ((tk->vocab = spm_shim_vocab(tk->spm)) < 1)
 		rc = err_set(CORE_EFORMAT, path, "a SentencePiece model without pieces");
 	tk->id = (struct tokenizer_id){.kind = TOKENIZER_SPM, .digest = model_digest(bytes, len)};
-	free(bytes);
+	tk->model = bytes;
+	tk->model_len = len;
 	return rc;
 }
 #else
@@ -163,8 +166,39 @@ void tokenizer_close(struct tokenizer *tk)
 #ifdef CORE_HAVE_SPM
 	spm_shim_free(tk->spm);
 #endif
+	free(tk->model);
 	free(tk->spec);
 	free(tk);
+}
+
+const void *tokenizer_model_file(const struct tokenizer *tk, size_t *len)
+{
+	*len = tk->model_len;
+	return tk->model;
+}
+
+int tokenizer_piece_kind(const struct tokenizer *tk, uint32_t id)
+{
+#ifdef CORE_HAVE_SPM
+	if (tk->spm)
+		return spm_shim_kind(tk->spm, id) == SPM_PIECE_BYTE ? TOKENIZER_PIECE_BYTE :
+		       spm_shim_kind(tk->spm, id) == SPM_PIECE_CONTROL ? TOKENIZER_PIECE_CONTROL :
+		       TOKENIZER_PIECE_TEXT;
+#endif
+	(void)tk;
+	(void)id;
+	return TOKENIZER_PIECE_BYTE;
+}
+
+float tokenizer_piece_score(const struct tokenizer *tk, uint32_t id)
+{
+#ifdef CORE_HAVE_SPM
+	if (tk->spm)
+		return spm_shim_score(tk->spm, id);
+#endif
+	(void)tk;
+	(void)id;
+	return 0.0f;
 }
 
 uint32_t tokenizer_vocab(const struct tokenizer *tk) { return tk->vocab; }
@@ -219,6 +253,44 @@ int tokenizer_decode(const struct tokenizer *tk, const uint32_t *tok, size_t n, 
 	return 0;
 }
 
+size_t tokenizer_token_bytes(const struct tokenizer *tk, uint32_t id,
+			     char buf[TOKENIZER_TOKEN_MAX])
+{
+#ifdef CORE_HAVE_SPM
+	if (tk->spm) {
+		if (id >= tk->vocab)
+			return 0;
+		const char *p = spm_shim_piece(tk->spm, id);
+		switch (spm_shim_kind(tk->spm, id)) {
+		case SPM_PIECE_BYTE: {
+			unsigned v = 0;
+			if (sscanf(p, "<0x%2X>", &v) != 1)
+				return 0;
+			buf[0] = (char)v;
+			return 1;
+		}
+		case SPM_PIECE_CONTROL:
+			return 0;
+		default:
+			break;
+		}
+		size_t n = 0;
+		for (; *p && n < TOKENIZER_TOKEN_MAX; p++) {
+			if ((unsigned char)p[0] == 0xe2 && (unsigned char)p[1] == 0x96 &&
+			    (unsigned char)p[2] == 0x81) { /* U+2581 LOWER ONE EIGHTH BLOCK */
+				buf[n++] = ' ';
+				p += 2;
+			} else {
+				buf[n++] = *p;
+			}
+		}
+		return n;
+	}
+#endif
+	buf[0] = (char)id;
+	return 1;
+}
+
 const char *tokenizer_piece(const struct tokenizer *tk, uint32_t id, char buf[8])
 {
 #ifdef CORE_HAVE_SPM
@@ -239,8 +311,8 @@ int tokenizer_check(const struct tokenizer *tk, struct tokenizer_id have, uint32
 	tokenizer_id_str(&tk->id, b);
 	const int same = strcmp(tk->spec, b) == 0; /* "byte" */
 	if (tokenizer_id_differ(h, tk->id))
-		return err_set(CORE_EUSAGE, file, "tokens of tokenizer %s, not of the one given "
-			       "(%s%s%s)", a, tk->spec, same ? "" : ", which is ", same ? "" : b);
+		return err_set(CORE_EUSAGE, file, "tokenizer %s, not the one given (%s%s%s)", a,
+			       tk->spec, same ? "" : ", which is ", same ? "" : b);
 	if (have_vocab != tk->vocab)
 		return err_set(CORE_EUSAGE, file, "a vocabulary of %u, the tokenizer given (%s) has "
 			       "%u", have_vocab, tk->spec, tk->vocab);

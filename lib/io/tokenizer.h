@@ -71,9 +71,24 @@ int tokenizer_decode(const struct tokenizer *tk, const uint32_t *tok, size_t n, 
 		     size_t *len);
 /* Surface text of one token for listings: a byte tokenizer's byte, a SentencePiece piece. */
 const char *tokenizer_piece(const struct tokenizer *tk, uint32_t id, char buf[8]);
+/* The bytes token id adds to a text, for writing tokens out one at a time as they are drawn:
+ * its byte (the byte tokenizer, a byte piece), a piece's text with U+2581 as a space, nothing
+ * for control pieces. Into buf[0..TOKENIZER_TOKEN_MAX); returns the length. For the models
+ * tokenizer_train writes, the bytes of a sequence's tokens, one after the other, are its
+ * tokenizer_decode (a model with a dummy prefix or normalisation differs from it). */
+#define TOKENIZER_TOKEN_MAX 256
+size_t tokenizer_token_bytes(const struct tokenizer *tk, uint32_t id,
+			     char buf[TOKENIZER_TOKEN_MAX]);
+
+/* For writing a tokenizer out in other formats (tokenizer_hf.h): the SentencePiece model
+ * file's bytes (NULL for the byte tokenizer), what a piece is, and its score. */
+const void *tokenizer_model_file(const struct tokenizer *tk, size_t *len);
+enum { TOKENIZER_PIECE_TEXT, TOKENIZER_PIECE_BYTE, TOKENIZER_PIECE_CONTROL };
+int tokenizer_piece_kind(const struct tokenizer *tk, uint32_t id);
+float tokenizer_piece_score(const struct tokenizer *tk, uint32_t id);
 
 /* 0 when tokens recorded as made by `have` (from file) belong to tk; else CORE_EUSAGE on file
- * naming both ("tokens of tokenizer spm-..., not of the one given (byte)"). */
+ * naming both ("tokenizer spm-..., not the one given (byte)"). */
 int tokenizer_check(const struct tokenizer *tk, struct tokenizer_id have, uint32_t have_vocab,
 		    const char *file);
 

@@ -94,7 +94,7 @@ int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c
 	config_hash_model(c, hm);
 	config_hash_all(c, ha);
 	enum { NFIXED = 12, NEXTRA_MAX = 8 };
-	struct st_kv meta[NFIXED + 1 + NEXTRA_MAX] = {
+	struct st_kv meta[NFIXED + 2 + NEXTRA_MAX] = {
 		{"format", CKPT_FORMAT}, {"kind", "path"}, {"step", sstep},
 		{"optimizer", with_optim ? "adamw" : "none"},
 		{"n_layer", sl}, {"n_embd", sc}, {"n_head", sh}, {"seq_len", st},
@@ -104,6 +104,10 @@ int ckpt_save(const char *path, const struct gpt2 *g, const struct run_config *c
 	int nmeta = NFIXED;
 	if (g->cfg.n_out) /* a head over classes (read_info reads it back) */
 		meta[nmeta++] = (struct st_kv){"n_out", so};
+	char tok[TOKENIZER_ID_LEN];
+	tokenizer_id_str(&g->cfg.tokenizer, tok);
+	if (g->cfg.tokenizer.kind != TOKENIZER_NONE)
+		meta[nmeta++] = (struct st_kv){"tokenizer", tok};
 	if (nextra < 0 || nextra > NEXTRA_MAX) {
 		rc = err_set(CORE_EUSAGE, path, "%d extra metadata pairs (at most %d)", nextra,
 			     NEXTRA_MAX);
@@ -155,6 +159,21 @@ static int meta_config(const char *text, const char *prefix, const char *path,
 	return 0;
 }
 
+int ckpt_meta_tokenizer(const struct st_file *f, struct model_config *m)
+{
+	const char *t = st_meta(f, "tokenizer");
+
+	m->tokenizer = (struct tokenizer_id){0};
+	if (t && tokenizer_id_parse(t, &m->tokenizer) < 0)
+		return err_set(CORE_EFORMAT, f->path, "metadata tokenizer '%.40s' is not byte or "
+			       "spm- and 16 hex digits", t);
+	if (m->tokenizer.kind == TOKENIZER_BYTE && m->vocab_size != 256)
+		return err_set(CORE_EFORMAT, f->path, "metadata tokenizer byte with a vocabulary of "
+			       "%d", m->vocab_size);
+	m->tokenizer = tokenizer_id_known(m->tokenizer, (uint32_t)m->vocab_size);
+	return 0;
+}
+
 static int read_info(struct st_file *f, struct ckpt_info *info)
 {
 	const char *fmt = st_meta(f, "format");
@@ -181,6 +200,7 @@ static int read_info(struct st_file *f, struct ckpt_info *info)
 		ERR_FORWARD(st_meta_long(f, "n_out", 1, INT_MAX, &no));
 		info->model.n_out = (int)no;
 	}
+	ERR_FORWARD(ckpt_meta_tokenizer(f, &info->model));
 	ERR_FORWARD(st_meta_long(f, "step", 0, 1L << 62, &info->step));
 	const char *opt = st_meta(f, "optimizer");
 	info->has_optim = opt && strcmp(opt, "adamw") == 0;

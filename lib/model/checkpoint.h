@@ -23,6 +23,10 @@ struct ckpt_info {
 	char config_hash_model[17];
 };
 
+/* m->tokenizer from f's metadata "tokenizer" (m->vocab_size already read): unknown when
+ * absent, the byte tokenizer when absent and the vocabulary is 256 (tokenizer_id_known);
+ * CORE_EFORMAT when it is not an id. */
+int ckpt_meta_tokenizer(const struct st_file *f, struct model_config *m);
 /* Open path, check it is one of ours, and read the model shape and step from its metadata.
  * Reads the header only: the data is verified by ckpt_load. */
 int ckpt_info(const char *path, struct ckpt_info *info);

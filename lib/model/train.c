@@ -117,11 +117,25 @@ out:
 	return rc;
 }
 
+int train_check_tokens(const struct tokfile *tf, const struct model_config *m)
+{
+	if (tf->vocab != (uint32_t)m->vocab_size)
+		return err_set(CORE_ESHAPE, tf->path, "a vocabulary of %u, the model's is %d "
+			       "(model.vocab_size: the two must be equal)", tf->vocab,
+			       m->vocab_size);
+	if (tokenizer_id_differ(tf->tokenizer, m->tokenizer)) {
+		char a[TOKENIZER_ID_LEN], b[TOKENIZER_ID_LEN];
+		tokenizer_id_str(&tf->tokenizer, a);
+		tokenizer_id_str(&m->tokenizer, b);
+		return err_set(CORE_EUSAGE, tf->path, "tokens of tokenizer %s, the model was "
+			       "trained on tokens of %s", a, b);
+	}
+	return 0;
+}
+
 int train_check_data(const struct tokfile *tf, const struct model_config *m)
 {
-	if (tf->vocab > (uint32_t)m->vocab_size)
-		return err_set(CORE_ESHAPE, tf->path, "token vocabulary %u exceeds the model's %d",
-			       tf->vocab, m->vocab_size);
+	ERR_FORWARD(train_check_tokens(tf, m));
 	if (tf->ntokens < (uint64_t)m->seq_len + 1)
 		return err_set(CORE_EFORMAT, tf->path, "%llu tokens is too few for context %d",
 			       (unsigned long long)tf->ntokens, m->seq_len);
@@ -218,13 +232,24 @@ static int lead(const struct train_opts *o) { return !o->dist || dist_rank(o->di
 
 static int run_open(struct run *s, const struct train_opts *o, long until, long *step)
 {
-	const struct model_config *mc = &o->cfg->model;
+	/* the model: the config's, trained on the tokenizer of the checkpoint it starts from,
+	 * then on the data's */
+	struct model_config m = o->cfg->model;
+	const struct model_config *mc = &m;
 	const int B = o->cfg->train.batch_size, T = mc->seq_len;
+	const char *from = o->init_path ? o->init_path : o->weights_path;
 
 	*step = 0;
+	if (from) {
+		struct ckpt_info info;
+		ERR_FORWARD(ckpt_info(from, &info));
+		m.tokenizer = info.model.tokenizer;
+	}
 	ERR_FORWARD(tokfile_open(&s->data, o->data_path));
 	s->have_data = 1;
 	ERR_FORWARD(train_check_data(&s->data, mc));
+	if (s->data.tokenizer.kind != TOKENIZER_NONE)
+		m.tokenizer = s->data.tokenizer;
 	if (o->val_path) {
 		ERR_FORWARD(tokfile_open(&s->val, o->val_path));
 		s->have_val = 1;

@@ -60,7 +60,11 @@ void train_sample_batch(const struct tokfile *tf, const int32_t *labels, uint64_
  * start + T + 1 <= ntokens, at most max_tokens predicted tokens (0 = all). */
 int train_evaluate(struct gpt2 *g, const struct tokfile *tf, long max_tokens, double *loss,
 		   long *ntokens);
-/* The tokens of tf fit the model: vocabulary within V, at least seq_len + 1 tokens. */
+/* The tokens of tf fit the model: the model's vocabulary V, made by the tokenizer the model
+ * was trained on (m->tokenizer, when known). One line on tf->path when not: CORE_ESHAPE
+ * (vocabulary), CORE_EUSAGE (tokenizer). */
+int train_check_tokens(const struct tokfile *tf, const struct model_config *m);
+/* train_check_tokens, and at least seq_len + 1 tokens (CORE_EFORMAT). */
 int train_check_data(const struct tokfile *tf, const struct model_config *m);
 /* Training step index st (0-based, global) on data: batch (seed, st), forward, backward,
  * clipping by global norm, AdamW with bias correction for step t0 + st + 1 and the learning

@@ -11,6 +11,7 @@
 #include "io/safetensors.h"
 #include "dipaco/pathtrain.h"
 #include "model/checkpoint.h"
+#include "model/train.h"
 
 #include "common/banned.h"
 
@@ -116,6 +117,7 @@ int lm_prefix_features(struct lm *m, const struct tokfile *tf, uint64_t d0, uint
 {
 	const int C = m->g.cfg.n_embd;
 	ERR_FORWARD(check_layer(m, layer));
+	ERR_FORWARD(train_check_tokens(tf, &m->g.cfg));
 	if (prefix < 1 || prefix > m->g.cfg.seq_len)
 		return err_set(CORE_EUSAGE, m->path, "prefix of %d tokens: the model's context is "
 			       "1..%d", prefix, m->g.cfg.seq_len);
@@ -213,6 +215,7 @@ static int run_windows(struct lm *m, const struct tokfile *tf, uint64_t d, int h
 int lm_doc_logprobs(struct lm *m, const struct tokfile *tf, uint64_t d, const unsigned char *need,
 		    float *out, uint64_t *forwarded)
 {
+	ERR_FORWARD(train_check_tokens(tf, &m->g.cfg));
 	if (tf->offsets[d + 1] > tf->offsets[d])
 		out[0] = 0.0f;
 	return run_windows(m, tf, d, 0, 0, need, out, forwarded);
@@ -222,5 +225,6 @@ int lm_doc_hidden(struct lm *m, const struct tokfile *tf, uint64_t d, int layer,
 		  uint64_t *forwarded)
 {
 	ERR_FORWARD(check_layer(m, layer));
+	ERR_FORWARD(train_check_tokens(tf, &m->g.cfg));
 	return run_windows(m, tf, d, 1, layer, NULL, out, forwarded);
 }

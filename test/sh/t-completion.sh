@@ -13,7 +13,7 @@ PATH=$BIN:$PATH bash -c '
 complete_words() { COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMPREPLY=(); _dpc_complete; echo "${COMPREPLY[*]}"; }
 got=$(complete_words dpc-shard c);               [ "$got" = "cat" ] || { echo "dpc-shard c: $got"; exit 1; }
 got=$(complete_words dpc-route s);               [ "$got" = "score sample" ] || { echo "dpc-route s: $got"; exit 1; }
-got=$(complete_words dpc-route sample --to);     [ "$got" = "--tokens --top-k --top-p" ] || { echo "sample --to: $got"; exit 1; }
+got=$(complete_words dpc-route sample --to);     [ "$got" = "--tokenizer --tokens --top-k --top-p" ] || { echo "sample --to: $got"; exit 1; }
 got=$(complete_words dpc-train-path --pr);       [ "$got" = "--precision --print-config" ] || { echo "--pr: $got"; exit 1; }
 got=$(complete_words moe-bench --capacity);      [ "$got" = "--capacity --capacity-align --capacity_factor" ] || { echo "--capacity: $got"; exit 1; }
 got=$(complete_words dpc-route sample -m mod);   [ "$got" = "model.safetensors" ] || { echo "-m mod: $got"; exit 1; }

@@ -4,7 +4,9 @@
 # spm:MODEL` (every document's tokens against spm_encode, SentencePiece's own command, and
 # against its Python module where python3-sentencepiece is installed), `cat` decoding back to
 # the source text, and the refusals: another tokenizer at cat, no model, a file that is no
-# model, bad options, an existing model. Skipped in a build without SentencePiece.
+# model, bad options, an existing model; then dpc-train-path, dpc-route and a DiPaCo run on
+# those tokens: the tokenizer recorded in checkpoints and modules, and every mismatch refused
+# in one line. Skipped in a build without SentencePiece.
 set -eu
 . "$TESTDIR/lib.sh"
 . "$TESTDIR/corpus.sh"
@@ -126,12 +128,12 @@ END
 expect_ok "$S" cat --tokenizer spm:m.model --doc 0 out/val.tok
 
 # refusals, one line each: the byte tokenizer, no tokenizer, another model (BPE), not a model
-expect_fail 2 "out/val.tok': tokens of tokenizer $want, not of the one given \(byte\)" \
+expect_fail 2 "out/val.tok': tokenizer $want, not the one given \(byte\)" \
 	"$S" cat --tokenizer byte out/val.tok
 expect_fail 2 "tokens of the tokenizer $want with a vocabulary of 300: give the model" \
 	"$S" cat out/val.tok
 expect_ok "$S" tokenizer train -q -o bpe.model --type bpe --vocab 300 in.jsonl
-expect_fail 2 "tokens of tokenizer $want, not of the one given \(spm:bpe.model, which is spm-" \
+expect_fail 2 "val.tok': tokenizer $want, not the one given \(spm:bpe.model, which is spm-" \
 	"$S" cat --tokenizer spm:bpe.model out/val.tok
 echo "not a model" >junk.model
 expect_fail 1 "junk.model.*SentencePiece" "$S" cat --tokenizer spm:junk.model out/val.tok
@@ -160,4 +162,172 @@ printf '{"text":"ok"}\nnot json\n' >bad.jsonl
 expect_fail 1 "bad.jsonl.*line 2" "$S" tokenizer train -q -o x.model --vocab 300 bad.jsonl
 [ ! -e x.model ] || die "a failed training left x.model"
 ls | grep -q 'tmp' && die "temporary files left: $(ls)"
-echo "tokenizer: SentencePiece training, prepare, cat and refusals agree with spm_encode"
+# ---- every program that meets tokens checks the tokenizer ------------------------------------
+# spm.st trained on m.model's tokens, byte.st on bytes; bpe/ holds the same documents in
+# another model's tokens of the same vocabulary (300), so only the tokenizer tells them apart.
+T=$BIN/dpc-train-path R=$BIN/dpc-route O=$BIN/dpc-outer
+ROOT=$(cd "$TESTDIR/../.." && pwd)
+cfg="$ROOT/configs/gpt-small-test.yaml"
+bpe_id=$("$S" tokenizer info spm:bpe.model | sed -n 's/^  "tokenizer": "\(.*\)",$/\1/p')
+expect_ok "$S" prepare --val-frac 0.1 --router-frac 0.05 --seed 3 --tokenizer spm:bpe.model \
+	in.jsonl bpe
+expect_ok "$T" -q -c "$cfg" -s model.vocab_size=300 -s train.steps=20 -d out/train.tok \
+	-v out/val.tok -o spm.st
+expect_ok "$T" -q -c "$cfg" -s train.steps=5 -d bytes3/train.tok -o byte.st
+# meta FILE KEY: a safetensors file's metadata value
+meta() { "$PY" -c 'import json, struct, sys
+raw = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
+print(json.loads(raw[8:8 + n]).get("__metadata__", {}).get(sys.argv[2], "-"))' "$1" "$2"; }
+[ "$(meta spm.st tokenizer)" = "$want" ] || die "spm.st records '$(meta spm.st tokenizer)'"
+[ "$(meta byte.st tokenizer)" = byte ] || die "byte.st records '$(meta byte.st tokenizer)'"
+
+# training: the config's vocabulary; a validation file, a checkpoint to start from, another
+# tokenizer's
+expect_fail 1 "out/train.tok': a vocabulary of 300, the model's is 256 \(model.vocab_size" \
+	"$T" -q -c "$cfg" -s train.steps=2 -d out/train.tok -o x.st
+expect_fail 2 "bpe/val.tok': tokens of tokenizer $bpe_id, the model was trained on tokens of $want" \
+	"$T" -q -c "$cfg" -s model.vocab_size=300 -s train.steps=2 -d out/train.tok \
+	-v bpe/val.tok -o x.st
+expect_fail 2 "bpe/train.tok': tokens of tokenizer $bpe_id, the model was trained on tokens of $want" \
+	"$T" -q -c "$cfg" -s model.vocab_size=300 -s train.steps=2 --weights spm.st \
+	-d bpe/train.tok -o x.st
+# evaluation
+expect_ok "$T" --eval spm.st -d out/val.tok
+expect_fail 2 "bpe/val.tok': tokens of tokenizer $bpe_id, the model was trained on tokens of $want" \
+	"$T" --eval spm.st -d bpe/val.tok
+expect_fail 1 "bytes3/val.tok': a vocabulary of 256, the model's is 300" \
+	"$T" --eval spm.st -d bytes3/val.tok
+# routing: a router's features come from a base model, which must be of the tokens routed
+expect_ok "$R" features -q -m spm.st -o f.feat out/train.tok
+expect_fail 2 "bpe/train.tok': tokens of tokenizer $bpe_id, the model was trained on tokens of $want" \
+	"$R" features -q -m spm.st -o g.feat bpe/train.tok
+# sampling: the prompt encoded with the model's tokenizer (as many tokens as SentencePiece's
+# Python module makes of it), the text written token by token (test_tokenizer.c checks those
+# bytes against SentencePiece's decoding)
+expect_ok "$R" sample -m spm.st --tokenizer spm:m.model -n 40 --temperature 0 "the fox "
+cp out.stdout spm-sample.txt
+cp out.stderr spm-sample.err
+expect_ok "$R" sample -m spm.st --tokenizer spm:m.model -n 40 --temperature 0 --no-cache "the fox "
+same_file out.stdout spm-sample.txt
+ptoks=$("$PY" -c 'import sentencepiece as s; print(len(s.SentencePieceProcessor(model_file="m.model").encode("the fox ")))' 2>/dev/null || echo "")
+[ -z "$ptoks" ] || grep -q "after a $ptoks-token prompt" spm-sample.err ||
+	die "sample's prompt is not $ptoks tokens: $(cat spm-sample.err)"
+[ -s spm-sample.txt ] || die "40 tokens drawn, nothing written"
+expect_fail 2 "spm.st': trained on tokens of tokenizer $want \(a vocabulary of 300\): give its model with --tokenizer spm:MODEL" \
+	"$R" sample -m spm.st x
+expect_fail 2 "spm.st': tokenizer $want, not the one given \(byte\)" \
+	"$R" sample -m spm.st --tokenizer byte x
+expect_fail 2 "spm.st': tokenizer $want, not the one given \(spm:bpe.model, which is $bpe_id\)" \
+	"$R" sample -m spm.st --tokenizer spm:bpe.model x
+expect_fail 2 "byte.st': tokenizer byte, not the one given \(spm:m.model, which is $want\)" \
+	"$R" sample -m byte.st --tokenizer spm:m.model x
+
+# DiPaCo: paths and modules record the shards' tokenizer; a run forked from spm.st refuses
+# shards of another
+small="-s model.vocab_size=300 -s dipaco.phases=1 -s dipaco.inner_steps=2 -s train.steps=2
+       -s train.batch_size=2 -s train.warmup_steps=1 -s train.eval_batches=1"
+# shellcheck disable=SC2086
+expect_ok "$O" init -c "$ROOT/configs/dipaco-2x2.yaml" -s model.n_embd=32 -s model.n_head=2 \
+	-s model.seq_len=32 $small run
+expect_ok "$S" split -q --random 4 out/train.tok run/shards
+make -s -C run -j2 >/dev/null 2>make.err || { cat make.err; die "make of the spm run failed"; }
+for f in run/phase-0001/paths/path-000.safetensors run/phase-0001/modules/lower.0.safetensors; do
+	[ "$(meta $f tokenizer)" = "$want" ] || die "$f records '$(meta $f tokenizer)'"
+done
+[ "$(meta run/phase-0000/modules/lower.0.safetensors tokenizer)" = - ] ||
+	die "a seeded module records a tokenizer"
+# shellcheck disable=SC2086
+expect_ok "$O" init -c "$ROOT/configs/dense.yaml" -s model.n_layer=2 -s model.n_embd=32 \
+	-s model.n_head=2 -s model.seq_len=32 $small --from spm.st fork
+[ "$(meta fork/phase-0000/modules/all.0.safetensors tokenizer)" = "$want" ] ||
+	die "a module forked from spm.st records '$(meta fork/phase-0000/modules/all.0.safetensors tokenizer)'"
+expect_ok "$S" split -q --random 1 bpe/train.tok fork/shards
+expect_fail 2 "shard-000.tok': tokens of tokenizer $bpe_id, the model was trained on tokens of $want" \
+	"$T" -q --run fork --phase 1 --path 0
+
+# ---- export: the tokenizer beside the model files --------------------------------------------
+expect_ok "$T" --export spm.st -o hf --tokenizer spm:m.model
+for f in model.safetensors config.json tokenizer.json tokenizer_config.json tokenizer.model; do
+	grep -q "\"$f\"" out.stdout || die "export does not list $f: $(cat out.stdout)"
+done
+same_file hf/tokenizer.model m.model
+# tokenizer.json's pieces, ids and scores are SentencePiece's own (its Python module)
+cat >hfcheck.py <<'END'
+import json, sys
+d, model, kind = sys.argv[1:4]
+tj = json.load(open(d + "/tokenizer.json"))
+tc = json.load(open(d + "/tokenizer_config.json"))
+assert tc["model_max_length"] == 32 and tc["tokenizer_class"] == "PreTrainedTokenizerFast", tc
+m = tj["model"]
+assert m["type"] == kind and m["byte_fallback"] is True, (m["type"], kind)
+assert tj["normalizer"] is None and tj["pre_tokenizer"]["type"] == "Metaspace"
+try:
+    import sentencepiece
+except ImportError:
+    sys.exit(0)
+sp = sentencepiece.SentencePieceProcessor(model_file=model)
+V = sp.get_piece_size()
+if kind == "Unigram":
+    assert len(m["vocab"]) == V and m["unk_id"] == sp.unk_id()
+    for i, (p, s) in enumerate(m["vocab"]):
+        assert p == sp.id_to_piece(i), (i, p)
+        assert abs(s - sp.get_score(i)) <= 1e-6 * max(1.0, abs(s)), (i, p, s, sp.get_score(i))
+else:
+    assert m["vocab"] == {sp.id_to_piece(i): i for i in range(V)}
+    for mg in m["merges"]:
+        a, b = mg.split(" ")
+        assert a + b in m["vocab"], mg
+special = {t["id"] for t in tj["added_tokens"]}
+assert special == {i for i in range(V) if sp.is_control(i) or sp.is_unknown(i)}, special
+END
+"$PY" hfcheck.py hf m.model Unigram || die "hf/tokenizer.json is not m.model"
+# bytes: GPT-2's ByteLevel alphabet, byte b -> id b (the table computed here as GPT-2 does)
+expect_ok "$T" --export byte.st -o hfb
+"$PY" - <<'END' || die "hfb/tokenizer.json is not the byte tokenizer"
+import json
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b); cs.append(256 + n); n += 1
+want = {chr(c): b for b, c in zip(bs, cs)}
+tj = json.load(open("hfb/tokenizer.json"))
+assert tj["model"]["vocab"] == want and tj["model"]["merges"] == []
+assert tj["pre_tokenizer"]["type"] == "ByteLevel" and tj["decoder"]["type"] == "ByteLevel"
+END
+# a BPE model's merges: pairs of pieces that make a piece
+expect_ok "$T" -q -c "$cfg" -s model.vocab_size=300 -s train.steps=5 -d bpe/train.tok -o bpe.st
+expect_ok "$T" --export bpe.st -o hfbpe --tokenizer spm:bpe.model
+"$PY" hfcheck.py hfbpe bpe.model BPE || die "hfbpe/tokenizer.json is not bpe.model"
+# Hugging Face's own tokenizer code, where it is at hand (HF_TOKENIZERS_JS: the directory of
+# the @huggingface/tokenizers package; and node): the ids of spm_encode, and the text back
+if [ -n "${HF_TOKENIZERS_JS:-}" ] && command -v node >/dev/null; then
+	node "$TESTDIR/hftok.mjs" hf "$HF_TOKENIZERS_JS" lines.txt spm.ids ||
+		die "tokenizers.js and SentencePiece disagree (unigram)"
+	spm_encode --model=bpe.model --output_format=id <lines.txt >bpe.ids
+	node "$TESTDIR/hftok.mjs" hfbpe "$HF_TOKENIZERS_JS" lines.txt bpe.ids ||
+		die "tokenizers.js and SentencePiece disagree (BPE)"
+	"$PY" -c 'import sys
+for l in open("lines.txt", "rb"):
+    print(" ".join(str(b) for b in l.rstrip(b"\n")))' >byte.ids
+	node "$TESTDIR/hftok.mjs" hfb "$HF_TOKENIZERS_JS" lines.txt byte.ids ||
+		die "tokenizers.js and the byte tokenizer disagree"
+else
+	echo "tokenizers.js not checked: set HF_TOKENIZERS_JS to the @huggingface/tokenizers package"
+fi
+# refusals: no tokenizer for a SentencePiece model, another one; nothing written
+expect_fail 2 "spm.st': trained on tokens of tokenizer $want \(a vocabulary of 300\): give its model with --tokenizer spm:MODEL" \
+	"$T" --export spm.st -o hf2
+expect_fail 2 "spm.st': tokenizer $want, not the one given \(spm:bpe.model, which is $bpe_id\)" \
+	"$T" --export spm.st -o hf2 --tokenizer spm:bpe.model
+[ ! -e hf2 ] || die "a refused export wrote hf2"
+expect_fail 1 "hf/model.safetensors': exists \(use --force" \
+	"$T" --export spm.st -o hf --tokenizer spm:m.model
+rm hf/model.safetensors hf/config.json
+expect_fail 1 "hf/tokenizer.json': exists \(use --force" \
+	"$T" --export spm.st -o hf --tokenizer spm:m.model
+[ ! -e hf/model.safetensors ] || die "a refused export wrote hf/model.safetensors"
+expect_fail 2 "--tokenizer goes with --export" \
+	"$T" -q -c "$cfg" -d out/train.tok -o z.st --tokenizer byte
+
+echo "tokenizer: SentencePiece training, prepare, cat, train, eval, features, sample, a DiPaCo run and the export agree with spm_encode and refuse other tokenizers"

@@ -156,6 +156,17 @@ static void round_trip(const struct tokenizer *tk, const char *s)
 	cr_assert_eq(tokenizer_decode(tk, t.tok, t.n, &text, &len), 0, "%s", err_detail());
 	cr_assert_eq(len, strlen(s), "'%s' came back as '%s'", s, text);
 	cr_assert(memcmp(text, s, len) == 0, "'%s' came back as '%s'", s, text);
+	/* token by token, as sampling writes them: the same bytes */
+	char *cat = malloc(len + TOKENIZER_TOKEN_MAX), piece[TOKENIZER_TOKEN_MAX];
+	size_t k = 0;
+	for (uint64_t i = 0; i < t.n && k <= len; i++) {
+		size_t n = tokenizer_token_bytes(tk, t.tok[i], piece);
+		memcpy(cat + k, piece, n);
+		k += n;
+	}
+	cr_assert(k == len && memcmp(cat, s, len) == 0, "token by token: '%.*s', not '%s'",
+		  (int)k, cat, s);
+	free(cat);
 	free(text);
 	token_buf_free(&t);
 }
@@ -263,8 +274,7 @@ Test(tokenizer, check)
 	cr_assert_eq(tokenizer_check(tk, byte, 256, "new.tok"), 0);
 	cr_assert_eq(tokenizer_check(tk, spm, 4096, "s.tok"), CORE_EUSAGE);
 	cr_assert_str_eq(err_file(), "s.tok");
-	cr_assert_str_eq(err_detail(), "tokens of tokenizer spm-000000000000002a, not of the one "
-				       "given (byte)");
+	cr_assert_str_eq(err_detail(), "tokenizer spm-000000000000002a, not the one given (byte)");
 	cr_assert_eq(tokenizer_check(tk, none, 4096, "v.tok"), CORE_EUSAGE);
 	cr_assert_str_eq(err_detail(), "a vocabulary of 4096, the tokenizer given (byte) has 256");
 	tokenizer_close(tk);
