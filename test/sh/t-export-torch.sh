@@ -22,7 +22,8 @@ make_corpus c.jsonl 40
 expect_ok "$BIN/dpc-shard" prepare --val-frac 0.2 --router-frac 0 c.jsonl d
 expect_ok "$T" -q -c "$cfg" -s train.steps=30 -d d/train.tok -o m.safetensors
 expect_ok "$T" --export m.safetensors -o hf/model
-grep -q '"files":\["model.safetensors","config.json"\]' out.stdout || die "export: $(cat out.stdout)"
+grep -q '"files":\["model.safetensors","config.json","tokenizer.json","tokenizer_config.json"\]' out.stdout ||
+	die "export: $(cat out.stdout)"
 expect_ok "$T" --eval m.safetensors -d d/val.tok --max-tokens 4096
 ours=$(sed 's/.*"loss":\([0-9.e+-]*\).*/\1/' out.stdout)
 "$PY" "$ROOT/test/ref/hf_export_check.py" hf/model d/val.tok 4096 >hf.json ||
