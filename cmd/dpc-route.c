@@ -907,6 +907,9 @@ static const struct cli_opt eval_opts[] = {
 	{"json", 'J', 0, CLI_ARG, "FILE", "also write the table as JSON to FILE"},
 	{"batch", 'B', 'B', CLI_ARG, "N", "context windows per forward (default "
 	 STR(DEFAULT_BATCH) ")"},
+	{"tokenizer", 'T' + 256, 0, CLI_ARG, "SPEC", "IN.tok's tokenizer (checked), for the loss per\n"
+	 "byte of the text scored: spm:MODEL (the byte\n"
+	 "tokenizer's need none)"},
 	CLI_OPT_END,
 };
 static const struct cli_opt *const eval_tables[] = {pathset_opts, eval_opts, common_opts, NULL};
@@ -949,10 +952,34 @@ static json_t *mode_json(const struct route_eval_mode *m, const struct route_eva
 struct eval_args {
 	struct common co;
 	struct pathset ps;
-	const char *model, *router_path, *json_path, *wpaths[MAX_WINDOWS], *in;
+	const char *model, *router_path, *json_path, *wpaths[MAX_WINDOWS], *in, *tokenizer;
 	long batch, score_from;
 	int nw;
 };
+
+/* The bytes of text the tokens scored stand for: every token from position `from` on of each
+ * document longer than that, each its bytes under tk (a byte; a piece's text). *tokens: how
+ * many, which must be eval's own count. */
+static int scored_bytes(const struct tokfile *tf, const struct tokenizer *tk, uint64_t from,
+			uint64_t *bytes, uint64_t *tokens)
+{
+	const uint32_t V = tokenizer_vocab(tk);
+	uint16_t *len = malloc(sizeof *len * V);
+	char buf[TOKENIZER_TOKEN_MAX];
+
+	if (!len)
+		return err_set(CORE_ENOMEM, tf->path, "out of memory");
+	for (uint32_t i = 0; i < V; i++)
+		len[i] = (uint16_t)tokenizer_token_bytes(tk, i, buf);
+	*bytes = *tokens = 0;
+	for (uint64_t d = 0; d < tf->ndocs; d++)
+		for (uint64_t j = tf->offsets[d] + from; j < tf->offsets[d + 1]; j++) {
+			*bytes += len[tokfile_token(tf, j)];
+			++*tokens;
+		}
+	free(len);
+	return 0;
+}
 
 static int eval_parse(struct eval_args *a, int argc, char **argv)
 {
@@ -978,6 +1005,7 @@ static int eval_parse(struct eval_args *a, int argc, char **argv)
 			a->wpaths[a->nw++] = optarg;
 			break;
 		case 'J': a->json_path = optarg; break;
+		case 'T' + 256: a->tokenizer = optarg; break;
 		case 'B': rc = cli_parse_long("--batch", optarg, 1, 4096, &a->batch); break;
 		case 'S':
 			rc = cli_parse_long("--score-from", optarg, 1, INT_MAX, &a->score_from);
@@ -1003,14 +1031,40 @@ static int eval_parse(struct eval_args *a, int argc, char **argv)
 
 /* The table of modes (document routing, then each window router's) on stdout, and with
  * --json in a file. */
-static int eval_report(const struct eval_args *a, const struct tokfile *tf, int prefix,
-		       const struct route_eval_mode *modes)
+/* eval's tokenizer, for the bytes of the text scored: --tokenizer, checked against IN.tok's,
+ * else the byte tokenizer when that is IN.tok's, else none (*tk NULL). */
+static int eval_tokenizer(const struct eval_args *a, const struct tokfile *tf,
+			  struct tokenizer **tk)
+{
+	*tk = NULL;
+	if (a->tokenizer) {
+		ERR_FORWARD(tokenizer_open(tk, a->tokenizer));
+		return tokenizer_check(*tk, tf->tokenizer, tf->vocab, tf->path);
+	}
+	return tf->tokenizer.kind == TOKENIZER_BYTE ? tokenizer_open(tk, "byte") : 0;
+}
+
+static int eval_report(const struct eval_args *a, const struct tokfile *tf,
+		       const struct tokenizer *tk, int prefix, const struct route_eval_mode *modes)
 {
 	int rc = 0;
 	json_t *rows = json_array();
+	const uint64_t from = a->score_from ? (uint64_t)a->score_from : (uint64_t)prefix;
+	uint64_t bytes = 0, counted = 0;
 
-	printf("%-22s %10s %10s %10s %10s %10s %8s\n", "routing", "ppl", "loss", "tokens",
-	       "switches/doc", "forwarded", "cost");
+	/* nats per byte: the bytes of text the scored tokens stand for */
+	if (tk)
+		rc = scored_bytes(tf, tk, from, &bytes, &counted);
+	if (!rc && tk && counted != modes[0].tokens)
+		rc = err_set(CORE_EFORMAT, tf->path, "eval scored %llu tokens, the count of its "
+			     "documents from position %llu is %llu", (unsigned long long)
+			     modes[0].tokens, (unsigned long long)from, (unsigned long long)counted);
+	if (rc < 0) {
+		json_decref(rows);
+		return cli_report(prog, rc);
+	}
+	printf("%-22s %10s %10s %10s %10s %10s %8s %10s\n", "routing", "ppl", "loss", "tokens",
+	       "switches/doc", "forwarded", "cost", "nats/byte");
 	for (int i = 0; i <= a->nw; i++) {
 		const struct route_eval_mode *m = &modes[i];
 		char name[32];
@@ -1020,24 +1074,32 @@ static int eval_report(const struct eval_args *a, const struct tokfile *tf, int 
 				 m->transformer ? ", tr." : "");
 		else
 			snprintf(name, sizeof name, "once per document");
-		printf("%-22s %10.4f %10.5f %10llu %12.2f %10.3f %7.2fx\n", name, exp(loss), loss,
-		       (unsigned long long)m->tokens,
+		const double per_byte = bytes ? m->nll / (double)bytes : NAN;
+		printf("%-22s %10.4f %10.5f %10llu %12.2f %10.3f %7.2fx %10.5f\n", name, exp(loss),
+		       loss, (unsigned long long)m->tokens,
 		       tf->ndocs ? (double)m->switches / (double)tf->ndocs : 0.0,
 		       m->tokens ? (double)m->forwarded / (double)m->tokens : 0.0,
-		       modes[0].seconds > 0 ? m->seconds / modes[0].seconds : 0.0);
-		json_array_append_new(rows, mode_json(m, &modes[0], tf->ndocs));
+		       modes[0].seconds > 0 ? m->seconds / modes[0].seconds : 0.0, per_byte);
+		json_t *row = mode_json(m, &modes[0], tf->ndocs);
+		json_object_set_new(row, "nats_per_byte", bytes ? json_real(per_byte) : json_null());
+		json_array_append_new(rows, row);
 	}
 	printf("(forwarded: tokens run through the paths per token scored; cost: wall time\n"
 	       " against routing once per document, base-model features included; tr.: the\n"
-	       " transformer window router)\n");
+	       " transformer window router; nats/byte: %s)\n", bytes ?
+	       "the loss over the bytes of text the tokens\n scored stand for" :
+	       "give --tokenizer spm:MODEL for the loss per byte");
 	fflush(stdout);
 	char *src = pathset_source(&a->ps);
-	json_t *j = json_pack("{s:s,s:s,s:I,s:i,s:i,s:i,s:I,s:s,s:o}", "corpus", tf->path,
-			      "source", src ? src : "", "docs", (json_int_t)tf->ndocs, "paths",
-			      a->ps.n, "prefix", prefix, "score_from",
+	char tid[TOKENIZER_ID_LEN];
+	tokenizer_id_str(&tf->tokenizer, tid);
+	json_t *j = json_pack("{s:s,s:s,s:I,s:i,s:i,s:i,s:I,s:o,s:s,s:s,s:o}", "corpus",
+			      tf->path, "source", src ? src : "", "docs", (json_int_t)tf->ndocs,
+			      "paths", a->ps.n, "prefix", prefix, "score_from",
 			      a->score_from ? (int)a->score_from : prefix, "tokens",
-			      (json_int_t)modes[0].tokens, "router",
-			      a->router_path ? a->router_path : "", "modes", rows);
+			      (json_int_t)modes[0].tokens, "bytes",
+			      bytes ? json_integer((json_int_t)bytes) : json_null(), "tokenizer",
+			      tid, "router", a->router_path ? a->router_path : "", "modes", rows);
 	free(src);
 	if (a->json_path) {
 		char *text = j ? json_dumps(j, JSON_INDENT(2) | CORE_JSON_REAL) : NULL;
@@ -1059,10 +1121,16 @@ static int eval_run(struct eval_args *a)
 	const struct router *wp[MAX_WINDOWS];
 	struct route_eval_mode modes[MAX_WINDOWS + 1];
 	int nread = 0, have_doc = 0, have_base = 0, rc;
+	struct tokenizer *tk = NULL;
 
 	memset(win, 0, sizeof win);
 	if ((rc = tokfile_open(&tf, a->in)) < 0)
 		return cli_report(prog, rc);
+	if ((rc = eval_tokenizer(a, &tf, &tk)) < 0) {
+		tokenizer_close(tk);
+		tokfile_close(&tf);
+		return cli_report(prog, rc);
+	}
 	if (a->router_path && (rc = router_read(a->router_path, &doc)) == 0)
 		have_doc = 1;
 	if (!rc && (rc = open_backend(&a->co)))
@@ -1109,7 +1177,7 @@ static int eval_run(struct eval_args *a)
 		rc = cli_report(prog, rc);
 		goto out;
 	}
-	rc = eval_report(a, &tf, doc.r.prefix, modes);
+	rc = eval_report(a, &tf, tk, doc.r.prefix, modes);
 out:
 	if (have_base)
 		lm_close(&base);
@@ -1120,6 +1188,7 @@ out:
 		backend_close(a->co.be);
 	if (have_doc)
 		router_free(&doc);
+	tokenizer_close(tk);
 	tokfile_close(&tf);
 	return rc;
 }

@@ -201,6 +201,41 @@ expect_fail 1 "bytes3/val.tok': a vocabulary of 256, the model's is 300" \
 expect_ok "$R" features -q -m spm.st -o f.feat out/train.tok
 expect_fail 2 "bpe/train.tok': tokens of tokenizer $bpe_id, the model was trained on tokens of $want" \
 	"$R" features -q -m spm.st -o g.feat bpe/train.tok
+# evaluation per byte: the bytes the scored tokens stand for (every token from position 32 of
+# each document longer than that), counted here from SentencePiece's pieces
+expect_ok "$R" eval -q --path spm.st -m spm.st --tokenizer spm:m.model --json e.json out/val.tok
+grep -q "nats/byte" out.stdout || die "eval's table has no nats/byte: $(cat out.stdout)"
+"$PY" - <<'END' || die "eval's bytes are not SentencePiece's"
+import json, struct, sys
+e = json.load(open("e.json"))
+raw = open("out/val.tok", "rb").read()
+_, vocab, nd, nt, w = struct.unpack_from("<IIQQI", raw, 8)
+tok = struct.unpack_from("<%dH" % nt, raw, 64)
+off = struct.unpack_from("<%dQ" % (nd + 1), raw, 64 + (nt * w + 7) // 8 * 8)
+try:
+    import sentencepiece
+except ImportError:
+    sys.exit(0)
+sp = sentencepiece.SentencePieceProcessor(model_file="m.model")
+def nbytes(i):
+    if sp.is_byte(i): return 1
+    if sp.is_control(i) or sp.is_unknown(i): return 0
+    return len(sp.id_to_piece(i).replace("\u2581", " ").encode())
+F = e["score_from"]
+scored = [t for d in range(nd) for t in tok[off[d] + F:off[d + 1]]]
+assert len(scored) == e["tokens"], (len(scored), e["tokens"])
+assert e["bytes"] == sum(nbytes(t) for t in scored), (e["bytes"], sum(nbytes(t) for t in scored))
+m = e["modes"][0]
+assert abs(m["nats_per_byte"] - m["loss"] * m["tokens"] / e["bytes"]) < 1e-9 * m["nats_per_byte"]
+assert e["tokenizer"].startswith("spm-")
+END
+expect_fail 2 "out/val.tok': tokenizer $want, not the one given \(spm:bpe.model" \
+	"$R" eval -q --path spm.st -m spm.st --tokenizer spm:bpe.model out/val.tok
+# a model of bytes: a token is a byte
+expect_ok "$R" eval -q --path byte.st -m byte.st --json eb.json bytes3/val.tok
+"$PY" -c 'import json; e = json.load(open("eb.json")); assert e["bytes"] == e["tokens"], e' ||
+	die "bytes of byte tokens: $(cat eb.json)"
+
 # sampling: the prompt encoded with the model's tokenizer (as many tokens as SentencePiece's
 # Python module makes of it), the text written token by token (test_tokenizer.c checks those
 # bytes against SentencePiece's decoding)
