@@ -340,6 +340,19 @@ $(FUZZ_DIR)/%.o: %.c | fuzz-probe
 
 $(FUZZ_DIR)/lib/dist/dist_mpi.o: FUZZ_CFLAGS += $(MPI_CFLAGS)
 
+# SentencePiece's shim, instrumented too (fuzz_spm reaches the library through it)
+ifeq ($(HAVE_SPM),1)
+FUZZ_CXX ?= clang++
+FUZZ_LIB_OBJ += $(FUZZ_DIR)/lib/io/spm_shim.o
+$(FUZZ_DIR)/lib/io/tokenizer.o: FUZZ_CFLAGS += -DCORE_HAVE_SPM=1
+$(FUZZ_DIR)/lib/io/spm_shim.o: lib/io/spm_shim.cc | fuzz-probe
+	@mkdir -p $(@D)
+	$(call say,FUZZCXX,$<)
+	$(Q)$(FUZZ_CXX) $(filter-out -O% -march=%,$(CXXFLAGS_SPM)) -g -O1 -fno-omit-frame-pointer \
+		-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize=vptr,function -MMD -MP \
+		-c $< -o $@
+endif
+
 $(FUZZ_DIR)/libcore.a: $(FUZZ_LIB_OBJ)
 	$(call say,AR,$@)
 	$(Q)rm -f $@ && ar rcs $@ $^

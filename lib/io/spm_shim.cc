@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,11 +33,15 @@ namespace {
 void say(char *err, size_t errn, const char *what, const std::string &why)
 {
 	std::string r = why;
-	const size_t src = r.find("./src/"), close = r.find("] ");
-	if (src != std::string::npos && close != std::string::npos && close > src)
+	const size_t src = r.find("./"), close = r.find("] ");
+	if (src != std::string::npos && close != std::string::npos && close > src) {
 		r = r.substr(close + 2);
-	else if (src != std::string::npos)
-		r.clear();
+	} else if (src != std::string::npos) { /* "./third_party/x.h:1143: exception: why" */
+		const size_t colon = r.find(": ", src);
+		r = colon == std::string::npos ? std::string() : r.substr(colon + 2);
+		if (r.rfind("exception: ", 0) == 0)
+			r = r.substr(11);
+	}
 	while (!r.empty() && (r.back() == ' ' || r.back() == '\n'))
 		r.pop_back();
 	if (errn)
@@ -94,15 +99,15 @@ extern "C" int spm_shim_load(struct spm_model **out, const void *bytes, size_t l
 	*out = nullptr;
 	try {
 		quiet();
-		spm_model *m = new spm_model;
+		/* owned until it loads: a throw from inside the library frees it too */
+		auto m = std::make_unique<spm_model>();
 		auto st = m->sp.LoadFromSerializedProto(
 			std::string_view(static_cast<const char *>(bytes), len));
 		if (!st.ok()) {
 			say(err, errn, "not a SentencePiece model", st.ToString());
-			delete m;
 			return -1;
 		}
-		*out = m;
+		*out = m.release();
 		return 0;
 	} catch (const std::exception &e) {
 		say(err, errn, "cannot load the SentencePiece model", e.what());

@@ -3,6 +3,7 @@
 #include "io/tokenizer_hf.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,13 +45,17 @@ static int pb_varint(struct pb *b, uint64_t *v)
 	return -1;
 }
 
-/* The next field: its number, wire type, and a varint's value or a string's bytes. */
-static int pb_field(struct pb *b, uint32_t *field, uint64_t *v, struct pb *sub)
+/* The next field: its number, wire type (*wire: 0 varint, 1 and 5 fixed, 2 length-delimited),
+ * a varint's value in *v, a length-delimited field's bytes in *sub. */
+static int pb_field(struct pb *b, uint32_t *field, int *wire, uint64_t *v, struct pb *sub)
 {
 	uint64_t key, n;
+	*v = 0;
+	*sub = (struct pb){b->p, b->p};
 	if (pb_varint(b, &key) < 0)
 		return -1;
 	*field = (uint32_t)(key >> 3);
+	*wire = (int)(key & 7);
 	switch (key & 7) {
 	case 0:
 		return pb_varint(b, v);
@@ -72,7 +77,6 @@ static int pb_field(struct pb *b, uint32_t *field, uint64_t *v, struct pb *sub)
 	sub->p = b->p;
 	sub->end = b->p + n;
 	b->p += n;
-	*v = (key & 7) == 2 ? 2 : 0; /* 2: a string or a message in sub */
 	return 0;
 }
 
@@ -83,22 +87,28 @@ static int spm_read_spec(const void *bytes, size_t len, struct spm_spec *s)
 	struct pb top = {bytes, (const unsigned char *)bytes + len}, sub, in;
 	uint32_t f, g;
 	uint64_t v, w;
+	int tw, iw;
 
 	while (top.p < top.end) {
-		if (pb_field(&top, &f, &v, &sub) < 0)
+		if (pb_field(&top, &f, &tw, &v, &sub) < 0)
 			return -1;
-		if ((f != 2 && f != 3) || v != 2)
+		if ((f != 2 && f != 3) || tw != 2)
 			continue;
 		while (sub.p < sub.end) {
-			if (pb_field(&sub, &g, &w, &in) < 0)
+			if (pb_field(&sub, &g, &iw, &w, &in) < 0)
 				return -1;
-			if (f == 2 && g == 3) s->model_type = (int)w;
+			if (f == 3 && g == 1 && iw == 2) {
+				snprintf(s->normalizer, sizeof s->normalizer, "%.*s",
+					 (int)(in.end - in.p < 31 ? in.end - in.p : 31),
+					 (const char *)in.p);
+				continue;
+			}
+			if (iw != 0) /* the settings read here are all varints */
+				continue;
+			if (f == 2 && g == 3) s->model_type = w > 4 ? 0 : (int)w;
 			else if (f == 2 && g == 22) s->split_by_whitespace = w != 0;
 			else if (f == 2 && g == 24) s->whitespace_as_suffix = w != 0;
 			else if (f == 2 && g == 35) s->byte_fallback = w != 0;
-			else if (f == 3 && g == 1 && w == 2)
-				snprintf(s->normalizer, sizeof s->normalizer, "%.*s",
-					 (int)(in.end - in.p), (const char *)in.p);
 			else if (f == 3 && g == 3) s->add_dummy_prefix = w != 0;
 			else if (f == 3 && g == 4) s->remove_extra_ws = w != 0;
 			else if (f == 3 && g == 5) s->escape_ws = w != 0;
@@ -107,7 +117,63 @@ static int spm_read_spec(const void *bytes, size_t len, struct spm_spec *s)
 	return 0;
 }
 
-/* 0 when the model encodes as our tokenizer.json says; else CORE_EUNSUPPORTED naming why. */
+/* 1 when s is UTF-8 (what JSON strings hold): no stray continuation bytes, no overlong forms,
+ * no surrogates, nothing above U+10FFFF. */
+static int utf8_valid(const unsigned char *s)
+{
+	while (*s) {
+		unsigned c = *s++, n = c < 0x80 ? 0 : c >= 0xc2 && c < 0xe0 ? 1 :
+				       c >= 0xe0 && c < 0xf0 ? 2 : c >= 0xf0 && c < 0xf5 ? 3 : 9;
+		if (n == 9)
+			return 0;
+		unsigned cp = n == 0 ? c : c & (0x3fu >> n);
+		for (unsigned k = 0; k < n; k++, s++) {
+			if ((*s & 0xc0) != 0x80)
+				return 0;
+			cp = cp << 6 | (*s & 0x3fu);
+		}
+		if ((n == 2 && (cp < 0x800 || (cp >= 0xd800 && cp < 0xe000))) ||
+		    (n == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+			return 0;
+	}
+	return 1;
+}
+
+struct piece_ref {
+	const char *s;
+	uint32_t id;
+};
+
+static int ref_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct piece_ref *)a)->s, ((const struct piece_ref *)b)->s);
+}
+
+/* Every piece once (a tokenizer.json vocabulary maps text to one id): CORE_EFORMAT naming the
+ * first repeated one. */
+static int unique_pieces(const struct tokenizer *tk, const char *model)
+{
+	const uint32_t V = tokenizer_vocab(tk);
+	struct piece_ref *r = malloc(sizeof *r * (V ? V : 1));
+	char buf[8];
+	int rc = 0;
+
+	if (!r)
+		return err_set(CORE_ENOMEM, model, "out of memory");
+	for (uint32_t i = 0; i < V; i++)
+		r[i] = (struct piece_ref){tokenizer_piece(tk, i, buf), i};
+	qsort(r, V, sizeof *r, ref_cmp);
+	for (uint32_t i = 1; i < V && !rc; i++)
+		if (strcmp(r[i - 1].s, r[i].s) == 0)
+			rc = err_set(CORE_EFORMAT, model, "pieces %u and %u are the same text",
+				     r[i - 1].id < r[i].id ? r[i - 1].id : r[i].id,
+				     r[i - 1].id < r[i].id ? r[i].id : r[i - 1].id);
+	free(r);
+	return rc;
+}
+
+/* 0 when the model encodes as our tokenizer.json says; else CORE_EUNSUPPORTED naming why, or
+ * CORE_EFORMAT for pieces no tokenizer.json can hold. */
 static int spm_exportable(const struct tokenizer *tk, struct spm_spec *s)
 {
 	size_t len;
@@ -133,7 +199,19 @@ static int spm_exportable(const struct tokenizer *tk, struct spm_spec *s)
 		return err_set(CORE_EUNSUPPORTED, model, "a SentencePiece model with %s: a "
 			       "tokenizer.json would not encode as it does (models of dpc-shard "
 			       "tokenizer train can be written)", why);
-	return 0;
+	char buf[8];
+	for (uint32_t i = 0; i < tokenizer_vocab(tk); i++) {
+		const char *p = tokenizer_piece(tk, i, buf);
+		if (!utf8_valid((const unsigned char *)p))
+			return err_set(CORE_EFORMAT, model, "piece %u is not UTF-8", i);
+		if (!isfinite(tokenizer_piece_score(tk, i)))
+			return err_set(CORE_EFORMAT, model, "piece %u has a score of %g", i,
+				       (double)tokenizer_piece_score(tk, i));
+		if (s->model_type == 2 && strchr(p, ' ')) /* merges are "left right" */
+			return err_set(CORE_EUNSUPPORTED, model, "BPE piece %u holds a space: its "
+				       "merges cannot be written", i);
+	}
+	return unique_pieces(tk, model);
 }
 
 /* ---- tokenizer.json ------------------------------------------------------------------------ */
@@ -192,16 +270,6 @@ static json_t *byte_tokenizer_json(void)
 		vocab, "merges");
 }
 
-/* A piece and its id, for finding pieces by text. */
-struct piece_ref {
-	const char *s;
-	uint32_t id;
-};
-
-static int ref_cmp(const void *a, const void *b)
-{
-	return strcmp(((const struct piece_ref *)a)->s, ((const struct piece_ref *)b)->s);
-}
 
 static int find_piece(const struct piece_ref *refs, size_t n, const char *s, uint32_t *id)
 {
@@ -264,7 +332,8 @@ static json_t *bpe_merges(const struct tokenizer *tk, const struct piece_ref *re
 			m[n++] = (struct merge){tokenizer_piece_score(tk, i), i, a, b};
 		}
 	}
-	qsort(m, n, sizeof *m, merge_cmp);
+	if (n) /* no merges at all: qsort wants an array */
+		qsort(m, n, sizeof *m, merge_cmp);
 	json_t *arr = json_array();
 	for (size_t k = 0; k < n && arr; k++) {
 		char *s = NULL;

@@ -5,7 +5,10 @@ C code: safetensors as test/sh/stedit.py and our writer lay it out (compact JSON
 with spaces to 8 bytes, "__metadata__" first with "crc32" and "crc32.NAME"), token files by
 dpc-tokens(5), manifests as dpc-shard split writes them. The configs are copied from configs/. Not written
 here: tokfile*/prepared.tok, the train.tok of `dpc-shard prepare --val-frac 0.34
---router-frac 0` on three short JSON Lines documents (our writer's own output).
+--router-frac 0` on three short JSON Lines documents (our writer's own output, a version 1
+file); spm/unigram.model and spm/bpe.model, `dpc-shard tokenizer train --vocab 300` (and
+--type bpe) on test/sh/corpus.sh's make_corpus of 100 documents and one of accented and CJK
+text (SentencePiece's own format, written by its trainer).
 usage: python3 test/fuzz/mkseeds.py   (from the repository root)
 """
 import json, os, shutil, struct, zlib

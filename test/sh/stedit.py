@@ -7,6 +7,7 @@ usage: stedit.py IN OUT nan NAME          (first element of tensor NAME becomes 
        stedit.py IN OUT scale NAME K      (every element of float32 tensor NAME times K)
        stedit.py IN OUT params-only -     (the optim.* tensors and the optimizer key dropped:
                                            a checkpoint written without AdamW state)
+       stedit.py IN OUT meta KEY VALUE    (metadata KEY set to VALUE, the tensors as they are)
 """
 import json, struct, sys, zlib
 
@@ -32,6 +33,8 @@ elif op == "params-only":
         del hdr[k], blobs[k]
         meta.pop("crc32." + k, None)
     meta.pop("optimizer", None)
+elif op == "meta":
+    meta[name] = sys.argv[5]
 else:
     sys.exit("unknown op " + op)
 out, off = bytearray(), 0

@@ -271,6 +271,16 @@ for f in run/phase-0001/paths/path-000.safetensors run/phase-0001/modules/lower.
 done
 [ "$(meta run/phase-0000/modules/lower.0.safetensors tokenizer)" = - ] ||
 	die "a seeded module records a tokenizer"
+# the outer step folds paths of one tokenizer only: path 1 said to be of BPE tokens
+p1=run/phase-0001/paths/path-001.safetensors
+"$PY" "$TESTDIR/stedit.py" $p1 p1.bpe meta tokenizer "$bpe_id"
+cp $p1 p1.good
+cp p1.bpe $p1
+mv run/phase-0001/modules/lower.0.safetensors lower.0.good
+expect_fail 1 "path-00[01].safetensors': trained on tokens of tokenizer spm-[0-9a-f]*, the run's other files on spm-" \
+	"$O" step run --phase 1 --module lower.0 -q
+[ ! -e run/phase-0001/modules/lower.0.safetensors ] || die "a refused outer step wrote its module"
+cp p1.good $p1
 # shellcheck disable=SC2086
 expect_ok "$O" init -c "$ROOT/configs/dense.yaml" -s model.n_layer=2 -s model.n_embd=32 \
 	-s model.n_head=2 -s model.seq_len=32 $small --from spm.st fork
