@@ -135,6 +135,7 @@ ifeq ($(HAVE_SPM),1)
 SPM_OBJ := $(BUILD)/lib/io/spm_shim.o
 LIBS += $(shell $(PKG_CONFIG) --libs sentencepiece) -lstdc++
 $(BUILD)/lib/io/tokenizer.o: CFLAGS += -DCORE_HAVE_SPM=1
+$(BUILD)/test/unit/test_tokenizer.o: CFLAGS += -DCORE_HAVE_SPM_TEST=1
 $(SPM_OBJ): lib/io/spm_shim.cc
 	@mkdir -p $(@D)
 	$(call say,CXX,$<)

@@ -209,11 +209,32 @@ int tokenizer_encode(const struct tokenizer *tk, const char *text, size_t len,
 		     struct token_buf *out)
 {
 #ifdef CORE_HAVE_SPM
+	/* A long text goes to SentencePiece in pieces of at most TOKENIZER_ENCODE_PIECE bytes,
+	 * so that its lattice (tens of bytes a character) stays small whatever the document.
+	 * Each piece ends before a space: the models split words there (no piece holds a space
+	 * but as its first character), so the tokens are those of the whole text; only a piece
+	 * without a space is cut elsewhere, at a character boundary. */
 	if (tk->spm) {
 		char msg[512];
-		if (spm_shim_encode(tk->spm, text, len, &out->tok, &out->n, &out->cap, msg,
-				    sizeof msg) < 0)
-			return err_set(CORE_EFORMAT, tk->spec + 4, "%s", msg);
+		size_t at = 0;
+		while (at < len) {
+			size_t n = len - at;
+			if (n > TOKENIZER_ENCODE_PIECE) {
+				size_t cut = TOKENIZER_ENCODE_PIECE;
+				while (cut > 1 && text[at + cut] != ' ')
+					cut--;
+				if (cut == 1) { /* no space: a character boundary */
+					cut = TOKENIZER_ENCODE_PIECE;
+					while (cut > 1 && ((unsigned char)text[at + cut] & 0xc0) == 0x80)
+						cut--;
+				}
+				n = cut;
+			}
+			if (spm_shim_encode(tk->spm, text + at, n, &out->tok, &out->n, &out->cap,
+					    msg, sizeof msg) < 0)
+				return err_set(CORE_EFORMAT, tk->spec + 4, "%s", msg);
+			at += n;
+		}
 		return 0;
 	}
 #endif

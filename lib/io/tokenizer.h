@@ -62,7 +62,10 @@ struct tokenizer_id tokenizer_get_id(const struct tokenizer *tk);
 /* The spec it was opened with. */
 const char *tokenizer_spec(const struct tokenizer *tk);
 
-/* Append the tokens of text[0..len) to out. */
+/* Append the tokens of text[0..len) to out. SentencePiece gets a long text in pieces of at
+ * most TOKENIZER_ENCODE_PIECE bytes, each ending before a space, which gives the tokens of
+ * the whole text for models that split words at spaces (those of tokenizer_train). */
+#define TOKENIZER_ENCODE_PIECE ((size_t)1 << 20)
 int tokenizer_encode(const struct tokenizer *tk, const char *text, size_t len,
 		     struct token_buf *out);
 /* The text of tok[0..n) into *text (malloc'd, NUL-ended, *len bytes: a byte text may hold

@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 #include "common/rng.h"
+#include "io/spm_shim.h"
 #include "io/tokenizer.h"
 #include "testutil.h"
 #include "common/banned.h"
@@ -220,6 +221,56 @@ Test(tokenizer, spm_train_open_round_trip)
 	train(in_dir("b.model"), &bo, &bid);
 	cr_assert(tokenizer_id_differ(id, bid));
 	free(bytes);
+}
+
+/* A text longer than TOKENIZER_ENCODE_PIECE goes to SentencePiece in pieces; the tokens are
+ * those SentencePiece gives the whole text at once (through the shim directly). */
+Test(tokenizer, spm_long_text_in_pieces, .timeout = 60)
+{
+#ifdef CORE_HAVE_SPM_TEST
+	const char *path = in_dir("long.model");
+	train(path, &opts, NULL);
+	char spec[400];
+	snprintf(spec, sizeof spec, "spm:%s", path);
+	struct tokenizer *tk;
+	cr_assert_eq(tokenizer_open(&tk, spec), 0, "%s", err_detail());
+
+	/* 2.5 pieces of the corpus's sentences, and a run without spaces across a cut */
+	const size_t want = TOKENIZER_ENCODE_PIECE * 5 / 2;
+	char *text = malloc(want + 8192);
+	size_t n = 0;
+	struct gen g = {.n = 1u << 30};
+	const char *t;
+	size_t len;
+	while (n < want && gen_next(&g, &t, &len) == 1) {
+		memcpy(text + n, t, len);
+		n += len;
+		if (n > TOKENIZER_ENCODE_PIECE * 2 - 4000 && n < TOKENIZER_ENCODE_PIECE * 2)
+			for (int k = 0; k < 6000; k++)
+				text[n++] = (char)('a' + k % 26);
+	}
+	struct token_buf cut = {0};
+	cr_assert_eq(tokenizer_encode(tk, text, n, &cut), 0, "%s", err_detail());
+	size_t mlen;
+	const void *bytes = tokenizer_model_file(tk, &mlen);
+	struct spm_model *m;
+	char msg[256];
+	cr_assert_eq(spm_shim_load(&m, bytes, mlen, msg, sizeof msg), 0, "%s", msg);
+	uint32_t *whole = NULL;
+	uint64_t wn = 0, wcap = 0;
+	cr_assert_eq(spm_shim_encode(m, text, n, &whole, &wn, &wcap, msg, sizeof msg), 0);
+	cr_assert_gt(n, 2 * TOKENIZER_ENCODE_PIECE);
+	cr_assert_eq(cut.n, wn, "%llu tokens in pieces, %llu whole", (unsigned long long)cut.n,
+		     (unsigned long long)wn);
+	cr_assert(memcmp(cut.tok, whole, sizeof *whole * wn) == 0, "the tokens differ");
+	free(whole);
+	spm_shim_free(m);
+	token_buf_free(&cut);
+	free(text);
+	tokenizer_close(tk);
+#else
+	cr_skip_test("no SentencePiece in this build");
+#endif
 }
 
 Test(tokenizer, spm_failures)
