@@ -1031,19 +1031,6 @@ static int eval_parse(struct eval_args *a, int argc, char **argv)
 
 /* The table of modes (document routing, then each window router's) on stdout, and with
  * --json in a file. */
-/* eval's tokenizer, for the bytes of the text scored: --tokenizer, checked against IN.tok's,
- * else the byte tokenizer when that is IN.tok's, else none (*tk NULL). */
-static int eval_tokenizer(const struct eval_args *a, const struct tokfile *tf,
-			  struct tokenizer **tk)
-{
-	*tk = NULL;
-	if (a->tokenizer) {
-		ERR_FORWARD(tokenizer_open(tk, a->tokenizer));
-		return tokenizer_check(*tk, tf->tokenizer, tf->vocab, tf->path);
-	}
-	return tf->tokenizer.kind == TOKENIZER_BYTE ? tokenizer_open(tk, "byte") : 0;
-}
-
 static int eval_report(const struct eval_args *a, const struct tokfile *tf,
 		       const struct tokenizer *tk, int prefix, const struct route_eval_mode *modes)
 {
@@ -1126,7 +1113,9 @@ static int eval_run(struct eval_args *a)
 	memset(win, 0, sizeof win);
 	if ((rc = tokfile_open(&tf, a->in)) < 0)
 		return cli_report(prog, rc);
-	if ((rc = eval_tokenizer(a, &tf, &tk)) < 0) {
+	/* for the bytes of the text scored; none known (no column) for SentencePiece tokens
+	 * without --tokenizer */
+	if ((rc = tokenizer_for(a->tokenizer, tf.tokenizer, tf.vocab, tf.path, 0, &tk)) < 0) {
 		tokenizer_close(tk);
 		tokfile_close(&tf);
 		return cli_report(prog, rc);
@@ -1428,20 +1417,10 @@ static int sample_tokenizer(const struct sample_args *a, const struct lm *models
 			    struct sample_route *sr)
 {
 	const struct model_config *m0 = &models[0].g.cfg;
-	char id[TOKENIZER_ID_LEN];
 
-	if (a->tokenizer) {
-		ERR_FORWARD(tokenizer_open(&sr->tk, a->tokenizer));
-	} else if (m0->tokenizer.kind == TOKENIZER_BYTE) {
-		ERR_FORWARD(tokenizer_open(&sr->tk, "byte"));
-	} else {
-		tokenizer_id_str(&m0->tokenizer, id);
-		return err_set(CORE_EUSAGE, models[0].path, "trained on tokens of %s%s (a "
-			       "vocabulary of %d): give its model with --tokenizer spm:MODEL",
-			       m0->tokenizer.kind ? "tokenizer " : "an unknown tokenizer",
-			       m0->tokenizer.kind ? id : "", m0->vocab_size);
-	}
-	for (int i = 0; i < n; i++)
+	ERR_FORWARD(tokenizer_for(a->tokenizer, m0->tokenizer, (uint32_t)m0->vocab_size,
+				  models[0].path, 1, &sr->tk));
+	for (int i = 1; i < n; i++)
 		ERR_FORWARD(tokenizer_check(sr->tk, models[i].g.cfg.tokenizer,
 					    (uint32_t)models[i].g.cfg.vocab_size, models[i].path));
 	if (sr->have_base)

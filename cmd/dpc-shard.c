@@ -321,26 +321,6 @@ static void cat_usage(FILE *fp)
 	cli_print_opts(fp, cat_tables);
 }
 
-/* The tokenizer that decodes tf: spec, checked against what tf records, else the byte
- * tokenizer when that is what it records. */
-static int cat_tokenizer(const struct tokfile *tf, const char *spec, struct tokenizer **tk)
-{
-	char id[TOKENIZER_ID_LEN];
-
-	*tk = NULL;
-	if (spec) {
-		ERR_FORWARD(tokenizer_open(tk, spec));
-		return tokenizer_check(*tk, tf->tokenizer, tf->vocab, tf->path);
-	}
-	if (tf->tokenizer.kind == TOKENIZER_BYTE)
-		return tokenizer_open(tk, "byte");
-	tokenizer_id_str(&tf->tokenizer, id);
-	return err_set(CORE_EUSAGE, tf->path, "tokens of %s tokenizer%s%s with a vocabulary of "
-		       "%u: give the model with --tokenizer spm:MODEL",
-		       tf->tokenizer.kind ? "the" : "an unknown",
-		       tf->tokenizer.kind ? " " : "", tf->tokenizer.kind ? id : "", tf->vocab);
-}
-
 static int cat_docs(const struct tokfile *tf, const struct tokenizer *tk, long doc, int json)
 {
 	uint64_t first = doc >= 0 ? (uint64_t)doc : 0;
@@ -411,7 +391,7 @@ static int cmd_cat(int argc, char **argv)
 		rc = err_set(CORE_EUSAGE, tf.path, "--doc %ld: the file holds %llu documents", doc,
 			     (unsigned long long)tf.ndocs);
 	if (rc == 0)
-		rc = cat_tokenizer(&tf, spec, &tk);
+		rc = tokenizer_for(spec, tf.tokenizer, tf.vocab, tf.path, 1, &tk);
 	if (rc == 0)
 		rc = cat_docs(&tf, tk, doc, json);
 	tokenizer_close(tk);

@@ -220,27 +220,6 @@ static int run_info(const char *ckpt)
 	return rc ? cli_report(prog, rc) : 0;
 }
 
-/* --export's tokenizer: spec, checked against what the checkpoint was trained on, else the
- * byte tokenizer when that is the checkpoint's. */
-static int export_tokenizer(const char *ckpt, const struct ckpt_info *info, const char *spec,
-			    struct tokenizer **tk)
-{
-	const struct tokenizer_id *id = &info->model.tokenizer;
-	char s[TOKENIZER_ID_LEN];
-
-	if (spec) {
-		ERR_FORWARD(tokenizer_open(tk, spec));
-		return tokenizer_check(*tk, *id, (uint32_t)info->model.vocab_size, ckpt);
-	}
-	if (id->kind == TOKENIZER_BYTE)
-		return tokenizer_open(tk, "byte");
-	tokenizer_id_str(id, s);
-	return err_set(CORE_EUSAGE, ckpt, "trained on tokens of %s%s (a vocabulary of %d): give "
-		       "its model with --tokenizer spm:MODEL, which is exported with it",
-		       id->kind ? "tokenizer " : "an unknown tokenizer", id->kind ? s : "",
-		       info->model.vocab_size);
-}
-
 /* --export: CKPT as a Hugging Face model directory, with its tokenizer. Returns the exit
  * status. */
 static int run_export(struct backend *be, const char *ckpt, const char *dir, const char *spec,
@@ -255,7 +234,8 @@ static int run_export(struct backend *be, const char *ckpt, const char *dir, con
 	if (!dir)
 		return cli_usage_error(prog, "--export needs --output DIR, the directory to write");
 	if ((rc = ckpt_info(ckpt, &info)) < 0 ||
-	    (rc = export_tokenizer(ckpt, &info, spec, &tk)) < 0) {
+	    (rc = tokenizer_for(spec, info.model.tokenizer, (uint32_t)info.model.vocab_size, ckpt,
+				1, &tk)) < 0) {
 		tokenizer_close(tk);
 		return cli_report(prog, rc);
 	}

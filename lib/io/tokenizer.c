@@ -340,6 +340,32 @@ int tokenizer_check(const struct tokenizer *tk, struct tokenizer_id have, uint32
 	return 0;
 }
 
+int tokenizer_for(const char *spec, struct tokenizer_id have, uint32_t vocab, const char *file,
+		  int required, struct tokenizer **tk)
+{
+	const struct tokenizer_id h = tokenizer_id_known(have, vocab);
+	char id[TOKENIZER_ID_LEN];
+
+	*tk = NULL;
+	if (spec) {
+		ERR_FORWARD(tokenizer_open(tk, spec));
+		int rc = tokenizer_check(*tk, h, vocab, file);
+		if (rc < 0) {
+			tokenizer_close(*tk);
+			*tk = NULL;
+		}
+		return rc;
+	}
+	if (h.kind == TOKENIZER_BYTE)
+		return tokenizer_open(tk, "byte");
+	if (!required)
+		return 0;
+	tokenizer_id_str(&h, id);
+	return err_set(CORE_EUSAGE, file, "made with %s%s, a vocabulary of %u: give its model "
+		       "with --tokenizer spm:MODEL", h.kind ? "tokenizer " : "an unknown tokenizer",
+		       h.kind ? id : "", vocab);
+}
+
 /* ---- training ----------------------------------------------------------------------------- */
 
 #ifdef CORE_HAVE_SPM

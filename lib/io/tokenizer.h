@@ -95,6 +95,14 @@ float tokenizer_piece_score(const struct tokenizer *tk, uint32_t id);
 int tokenizer_check(const struct tokenizer *tk, struct tokenizer_id have, uint32_t have_vocab,
 		    const char *file);
 
+/* The tokenizer of tokens (or of a model trained on them) recorded as `have` in file, of
+ * vocabulary `vocab`, into *tk: spec when given (a --tokenizer option), checked as
+ * tokenizer_check does; else the byte tokenizer when that is what file records; else NULL
+ * when !required, and when required CORE_EUSAGE on file: "made with tokenizer spm-..., a
+ * vocabulary of 4096: give its model with --tokenizer spm:MODEL". */
+int tokenizer_for(const char *spec, struct tokenizer_id have, uint32_t vocab, const char *file,
+		  int required, struct tokenizer **tk);
+
 /* ---- training a SentencePiece model ------------------------------------------------------- */
 
 struct tokenizer_train_opts {

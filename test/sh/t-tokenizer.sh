@@ -130,7 +130,7 @@ expect_ok "$S" cat --tokenizer spm:m.model --doc 0 out/val.tok
 # refusals, one line each: the byte tokenizer, no tokenizer, another model (BPE), not a model
 expect_fail 2 "out/val.tok': tokenizer $want, not the one given \(byte\)" \
 	"$S" cat --tokenizer byte out/val.tok
-expect_fail 2 "tokens of the tokenizer $want with a vocabulary of 300: give the model" \
+expect_fail 2 "val.tok': made with tokenizer $want, a vocabulary of 300: give its model with --tokenizer spm:MODEL$" \
 	"$S" cat out/val.tok
 expect_ok "$S" tokenizer train -q -o bpe.model --type bpe --vocab 300 in.jsonl
 expect_fail 2 "val.tok': tokenizer $want, not the one given \(spm:bpe.model, which is spm-" \
@@ -248,7 +248,7 @@ ptoks=$("$PY" -c 'import sentencepiece as s; print(len(s.SentencePieceProcessor(
 [ -z "$ptoks" ] || grep -q "after a $ptoks-token prompt" spm-sample.err ||
 	die "sample's prompt is not $ptoks tokens: $(cat spm-sample.err)"
 [ -s spm-sample.txt ] || die "40 tokens drawn, nothing written"
-expect_fail 2 "spm.st': trained on tokens of tokenizer $want \(a vocabulary of 300\): give its model with --tokenizer spm:MODEL" \
+expect_fail 2 "spm.st': made with tokenizer $want, a vocabulary of 300: give its model with --tokenizer spm:MODEL$" \
 	"$R" sample -m spm.st x
 expect_fail 2 "spm.st': tokenizer $want, not the one given \(byte\)" \
 	"$R" sample -m spm.st --tokenizer byte x
@@ -361,7 +361,7 @@ else
 	echo "tokenizers.js not checked: set HF_TOKENIZERS_JS to the @huggingface/tokenizers package"
 fi
 # refusals: no tokenizer for a SentencePiece model, another one; nothing written
-expect_fail 2 "spm.st': trained on tokens of tokenizer $want \(a vocabulary of 300\): give its model with --tokenizer spm:MODEL" \
+expect_fail 2 "spm.st': made with tokenizer $want, a vocabulary of 300: give its model with --tokenizer spm:MODEL$" \
 	"$T" --export spm.st -o hf2
 expect_fail 2 "spm.st': tokenizer $want, not the one given \(spm:bpe.model, which is $bpe_id\)" \
 	"$T" --export spm.st -o hf2 --tokenizer spm:bpe.model

@@ -329,4 +329,24 @@ Test(tokenizer, check)
 	cr_assert_eq(tokenizer_check(tk, none, 4096, "v.tok"), CORE_EUSAGE);
 	cr_assert_str_eq(err_detail(), "a vocabulary of 4096, the tokenizer given (byte) has 256");
 	tokenizer_close(tk);
+
+	/* tokenizer_for: the spec given, checked; else bytes for bytes; else none or a refusal */
+	cr_assert_eq(tokenizer_for(NULL, byte, 256, "b.tok", 1, &tk), 0);
+	cr_assert_eq(tokenizer_get_id(tk).kind, TOKENIZER_BYTE);
+	tokenizer_close(tk);
+	cr_assert_eq(tokenizer_for(NULL, none, 256, "old.tok", 1, &tk), 0); /* version 1 */
+	cr_assert_eq(tokenizer_get_id(tk).kind, TOKENIZER_BYTE);
+	tokenizer_close(tk);
+	cr_assert_eq(tokenizer_for(NULL, spm, 4096, "s.tok", 0, &tk), 0);
+	cr_assert_null(tk);
+	cr_assert_eq(tokenizer_for(NULL, spm, 4096, "s.tok", 1, &tk), CORE_EUSAGE);
+	cr_assert_null(tk);
+	cr_assert_str_eq(err_detail(), "made with tokenizer spm-000000000000002a, a vocabulary of "
+				       "4096: give its model with --tokenizer spm:MODEL");
+	cr_assert_eq(tokenizer_for(NULL, none, 300, "u.st", 1, &tk), CORE_EUSAGE);
+	cr_assert_str_eq(err_detail(), "made with an unknown tokenizer, a vocabulary of 300: give "
+				       "its model with --tokenizer spm:MODEL");
+	cr_assert_eq(tokenizer_for("byte", spm, 4096, "s.tok", 1, &tk), CORE_EUSAGE);
+	cr_assert_null(tk);
+	cr_assert_str_eq(err_file(), "s.tok");
 }
