@@ -32,13 +32,10 @@ static void shape_meta(struct shape_meta *s, const struct model_config *mc)
 
 int module_tokenizer(const struct st_file *f, struct tokenizer_id *run)
 {
-	const char *s = st_meta(f, "tokenizer");
-	struct tokenizer_id id = {0};
+	struct tokenizer_id id;
 	char a[TOKENIZER_ID_LEN], b[TOKENIZER_ID_LEN];
 
-	if (s && tokenizer_id_parse(s, &id) < 0)
-		return err_set(CORE_EFORMAT, f->path, "metadata tokenizer '%.40s' is not byte or "
-			       "spm- and 16 hex digits", s);
+	ERR_FORWARD(ckpt_meta_tokenizer_id(f, &id));
 	if (tokenizer_id_differ(id, *run)) {
 		tokenizer_id_str(&id, a);
 		tokenizer_id_str(run, b);

@@ -99,6 +99,14 @@ void token_buf_free(struct token_buf *t)
 /* ---- open, encode, decode ----------------------------------------------------------------- */
 
 #ifdef CORE_HAVE_SPM
+/* The largest cut <= at (and >= 1) where a UTF-8 character of s starts: no character split. */
+static size_t char_start(const char *s, size_t at)
+{
+	while (at > 1 && ((unsigned char)s[at] & 0xc0) == 0x80)
+		at--;
+	return at;
+}
+
 static uint64_t model_digest(const void *bytes, size_t len)
 {
 	uLong a = adler32(0L, Z_NULL, 0);
@@ -223,11 +231,8 @@ int tokenizer_encode(const struct tokenizer *tk, const char *text, size_t len,
 				size_t cut = TOKENIZER_ENCODE_PIECE;
 				while (cut > 1 && text[at + cut] != ' ')
 					cut--;
-				if (cut == 1) { /* no space: a character boundary */
-					cut = TOKENIZER_ENCODE_PIECE;
-					while (cut > 1 && ((unsigned char)text[at + cut] & 0xc0) == 0x80)
-						cut--;
-				}
+				if (cut == 1) /* no space: a character boundary */
+					cut = char_start(text + at, TOKENIZER_ENCODE_PIECE);
 				n = cut;
 			}
 			if (spm_shim_encode(tk->spm, text + at, n, &out->tok, &out->n, &out->cap,
@@ -400,11 +405,8 @@ static int cut_next(void *arg, const char **text, size_t *len)
 		for (size_t i = c->max_len; i > c->max_len / 2 && !cut; i--)
 			if (s[i - 1] == ' ')
 				cut = i;
-		if (!cut) {
-			cut = c->max_len;
-			while (cut > 1 && ((unsigned char)s[cut] & 0xc0) == 0x80)
-				cut--;
-		}
+		if (!cut)
+			cut = char_start(s, c->max_len);
 		n = cut;
 	}
 	*text = c->rest;

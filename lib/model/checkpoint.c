@@ -159,14 +159,20 @@ static int meta_config(const char *text, const char *prefix, const char *path,
 	return 0;
 }
 
-int ckpt_meta_tokenizer(const struct st_file *f, struct model_config *m)
+int ckpt_meta_tokenizer_id(const struct st_file *f, struct tokenizer_id *id)
 {
 	const char *t = st_meta(f, "tokenizer");
 
-	m->tokenizer = (struct tokenizer_id){0};
-	if (t && tokenizer_id_parse(t, &m->tokenizer) < 0)
+	*id = (struct tokenizer_id){0};
+	if (t && tokenizer_id_parse(t, id) < 0)
 		return err_set(CORE_EFORMAT, f->path, "metadata tokenizer '%.40s' is not byte or "
 			       "spm- and 16 hex digits", t);
+	return 0;
+}
+
+int ckpt_meta_tokenizer(const struct st_file *f, struct model_config *m)
+{
+	ERR_FORWARD(ckpt_meta_tokenizer_id(f, &m->tokenizer));
 	if (m->tokenizer.kind == TOKENIZER_BYTE && m->vocab_size != 256)
 		return err_set(CORE_EFORMAT, f->path, "metadata tokenizer byte with a vocabulary of "
 			       "%d", m->vocab_size);

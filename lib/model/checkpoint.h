@@ -23,6 +23,9 @@ struct ckpt_info {
 	char config_hash_model[17];
 };
 
+/* The tokenizer f's metadata "tokenizer" records, as recorded (TOKENIZER_NONE when absent);
+ * CORE_EFORMAT on f when it is not an id. */
+int ckpt_meta_tokenizer_id(const struct st_file *f, struct tokenizer_id *id);
 /* m->tokenizer from f's metadata "tokenizer" (m->vocab_size already read): unknown when
  * absent, the byte tokenizer when absent and the vocabulary is 256 (tokenizer_id_known);
  * CORE_EFORMAT when it is not an id. */
