@@ -69,8 +69,7 @@ static inline int cuda_fail(cudaError_t e, const char *what)
 #elif defined(CORE_CUDA_EMU)
 #define CUDA_LAUNCH(kernel, grid, block, smem, stream, ...)                                    \
 	emu_launch(#kernel, (const void *)(kernel), __FILE__, __LINE__, dim3(grid), dim3(block), \
-		   smem, stream,                                                               \
-		   [&] { kernel(__VA_ARGS__); })
+		   smem, stream, kernel, __VA_ARGS__)
 #define CUDA_DYN_SHARED(type, name) type *name = (type *)emu_dyn_shared()
 #else
 #error "kernels/ compiles with nvcc, or as C++ for the emulator with -DCORE_CUDA_EMU"

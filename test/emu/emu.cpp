@@ -38,7 +38,8 @@
  *
  * Environment: CUDA_EMU_ORDER=fixed (above); CUDA_EMU_SMS=N multiprocessors (default 4; grid
  * sizes of grid-stride loops follow it); CUDA_EMU_NO_DEVICE=1: cudaGetDeviceCount finds no GPU;
- * CUDA_EMU_STATS=1: at exit, per kernel, launches, threads, switches and seconds, on stderr.
+ * CUDA_EMU_STATS=1: at exit, per kernel, launches, threads, switches and seconds, on stderr;
+ * CUDA_EMU_STREAMS=eager|lazy|lazy-reverse: when queued work runs ("streams and events").
  */
 #include <cub/cub.cuh>
 #include <cublas_v2.h>
@@ -55,6 +56,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -95,6 +98,7 @@ dim3 blockDim, gridDim;
 static struct {
 	int read;
 	int fixed_order, sms, no_device, stats;
+	int lazy; /* CUDA_EMU_STREAMS: 0 eager, 1 lazy (oldest drained first), 2 newest first */
 } cfg;
 
 static int env_int(const char *name, int dflt, int lo, int hi)
@@ -127,6 +131,14 @@ static void settings(void)
 	cfg.sms = env_int("CUDA_EMU_SMS", 4, 1, 1024);
 	cfg.no_device = env_int("CUDA_EMU_NO_DEVICE", 0, 0, 1);
 	cfg.stats = env_int("CUDA_EMU_STATS", 0, 0, 1);
+	const char *st = getenv("CUDA_EMU_STREAMS");
+	if (st && *st && strcmp(st, "eager") != 0 && strcmp(st, "lazy") != 0 &&
+	    strcmp(st, "lazy-reverse") != 0) {
+		fprintf(stderr, "cuda-emu: CUDA_EMU_STREAMS='%s': 'eager', 'lazy' or "
+			"'lazy-reverse'\n", st);
+		abort();
+	}
+	cfg.lazy = !st || !*st || strcmp(st, "eager") == 0 ? 0 : strcmp(st, "lazy") == 0 ? 1 : 2;
 	if (cfg.stats)
 		atexit(stats_print);
 }
@@ -214,20 +226,109 @@ static bool overlap(const void *a, size_t na, const void *b, size_t nb)
 	return na && nb && x < y + nb && y < x + na;
 }
 
-/* ---- streams and events ------------------------------------------------------------------ */
+/* ---- streams and events ------------------------------------------------------------------
+ * CUDA_EMU_STREAMS=eager (the default): work queued on a stream runs when it is queued, so every
+ * stream is in call order with every other. That hides a missing dependency between two
+ * streams, which CUDA_EMU_STREAMS=lazy and lazy-reverse show: work on a stream other than the
+ * legacy stream 0 waits in the stream's queue until the host waits for something (a stream, an
+ * event or the device synchronized, cudaFree, a stream destroyed, a copy to host memory, work
+ * queued on stream 0). Then every stream is drained in turn, in the order the streams were
+ * made (lazy) or newest first (lazy-reverse), each one as far as its queue goes; a
+ * cudaStreamWaitEvent in the queue drains the event's stream exactly up to the point where
+ * the event was recorded, no further. So each stream runs as late as CUDA allows with respect
+ * to the streams drained after it, and work that reads what another stream writes without
+ * waiting for that stream's event runs before the write in one of the two orders (a missing
+ * dependency between two streams shows in the results of one of them), and a wait that can
+ * never be met (a cycle) stops the program. Launch arguments, host sources of copies and the
+ * scalars of cuBLAS are taken when the work is queued, as CUDA takes them. cudaEventQuery
+ * answers cudaErrorNotReady for an event its stream has not reached. */
 
+struct work {
+	std::function<void()> run; /* empty: a wait */
+	cudaStream_t wait_s;       /* a wait: for wait_s to have run wait_n items */
+	uint64_t wait_n;
+};
 struct CUstream_st {
 	unsigned flags;
+	std::deque<work> q;
+	uint64_t queued, done; /* items queued and run so far */
+	int draining;
 };
 struct CUevent_st {
 	int recorded;
+	unsigned flags;
+	cudaStream_t s; /* where it was last recorded, and the stream's queued count then */
+	uint64_t n;
 };
 static std::set<cudaStream_t> streams;
+static std::vector<cudaStream_t> stream_order; /* as they were made */
 static std::set<cudaEvent_t> events;
 
 static bool stream_ok(cudaStream_t s)
 {
 	return !s || streams.count(s);
+}
+
+/* Run s's queue until it has run n items. */
+static void drain_to(cudaStream_t s, uint64_t n)
+{
+	if (!s)
+		return;
+	if (s->done >= n)
+		return;
+	if (s->draining)
+		die("a stream waits for an event of its own that is queued after the wait, or two "
+		    "streams wait for each other: the wait can never be met");
+	s->draining = 1;
+	while (s->done < n) {
+		work w = std::move(s->q.front());
+		s->q.pop_front();
+		if (w.run)
+			w.run();
+		else
+			drain_to(w.wait_s, w.wait_n);
+		s->done++;
+	}
+	s->draining = 0;
+}
+
+static void drain_all(void)
+{
+	if (!cfg.lazy)
+		return;
+	std::vector<cudaStream_t> order = stream_order;
+	if (cfg.lazy == 2)
+		std::reverse(order.begin(), order.end());
+	for (cudaStream_t s : order)
+		drain_to(s, s->queued);
+}
+
+static void enqueue(cudaStream_t s, std::function<void()> fn)
+{
+	settings();
+	if (!cfg.lazy) {
+		fn();
+		return;
+	}
+	if (!s) { /* the legacy stream: after everything, and everything waits for it */
+		drain_all();
+		fn();
+		return;
+	}
+	s->q.push_back(work{std::move(fn), NULL, 0});
+	s->queued++;
+}
+
+void emu_enqueue(cudaStream_t stream, std::function<void()> work)
+{
+	enqueue(stream, std::move(work));
+}
+
+void emu_streams_mode(const char *mode)
+{
+	settings();
+	drain_all();
+	cfg.lazy = strcmp(mode, "lazy") == 0 ? 1 : strcmp(mode, "lazy-reverse") == 0 ? 2 : 0;
 }
 
 /* ---- the runtime ------------------------------------------------------------------------- */
@@ -315,6 +416,7 @@ cudaError_t cudaFree(void *ptr)
 		die("cudaFree inside a kernel");
 	if (!ptr)
 		return cudaSuccess;
+	drain_all(); /* cudaFree waits for the device */
 	auto it = allocs.find((uintptr_t)ptr);
 	if (it == allocs.end()) {
 		warn("cudaFree(%p): not the start of a device allocation", ptr);
@@ -326,7 +428,8 @@ cudaError_t cudaFree(void *ptr)
 	return cudaSuccess;
 }
 
-/* Work queued on a stream runs at once: every call here is synchronous. */
+/* A copy to host memory returns when it is done (as CUDA's to pageable memory does), after
+ * the work queued before it; a copy from host memory takes the source when it is called. */
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
 			    cudaStream_t stream)
 {
@@ -355,7 +458,15 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 		need_device(src, bytes, "cudaMemcpyAsync source");
 	if (overlap(dst, bytes, src, bytes))
 		die("cudaMemcpyAsync(%p, %p, %zu): the ranges overlap", dst, src, bytes);
-	memcpy(dst, src, bytes);
+	if (!dd) {
+		drain_all();
+		memcpy(dst, src, bytes);
+	} else if (!sd) {
+		std::vector<char> h((const char *)src, (const char *)src + bytes);
+		enqueue(stream, [dst, h = std::move(h)] { memcpy(dst, h.data(), h.size()); });
+	} else {
+		enqueue(stream, [=] { memcpy(dst, src, bytes); });
+	}
 	return cudaSuccess;
 }
 
@@ -389,8 +500,10 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 				    width))
 				die("cudaMemcpy2DAsync: row %zu of the destination overlaps row %zu "
 				    "of the source", i, j);
-	for (size_t i = 0; i < height; i++)
-		memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+	enqueue(stream, [=] {
+		for (size_t i = 0; i < height; i++)
+			memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+	});
 	return cudaSuccess;
 }
 
@@ -407,35 +520,80 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t str
 		return cudaErrorInvalidValue;
 	}
 	need_device(dst, bytes, "cudaMemsetAsync");
-	memset(dst, value, bytes);
+	enqueue(stream, [=] { memset(dst, value, bytes); });
 	return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags)
 {
-	*stream = new CUstream_st{flags};
+	*stream = new CUstream_st{flags, {}, 0, 0, 0};
 	streams.insert(*stream);
+	stream_order.push_back(*stream);
 	return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
-	if (!stream || !streams.erase(stream))
+	if (!stream || !streams.count(stream))
 		return cudaErrorInvalidResourceHandle;
+	drain_all();
+	streams.erase(stream);
+	stream_order.erase(std::find(stream_order.begin(), stream_order.end(), stream));
+	for (cudaEvent_t e : events)
+		if (e->s == stream)
+			e->s = NULL; /* reached: its stream ran everything */
 	delete stream;
 	return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
-	return stream_ok(stream) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+	if (!stream_ok(stream))
+		return cudaErrorInvalidResourceHandle;
+	drain_all();
+	return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+	drain_all();
+	return cudaSuccess;
+}
+
+/* Work queued on stream after this waits until the event's stream has run what was queued
+ * on it before the event's last record (nothing: an event never recorded). */
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags)
+{
+	if (!stream_ok(stream) || !events.count(event))
+		return cudaErrorInvalidResourceHandle;
+	if (flags)
+		return cudaErrorInvalidValue;
+	settings();
+	if (!cfg.lazy || !event->recorded || !event->s)
+		return cudaSuccess;
+	if (!stream) { /* the legacy stream waits now */
+		drain_to(event->s, event->n);
+		return cudaSuccess;
+	}
+	if (event->s == stream)
+		return cudaSuccess; /* its own earlier work: in order anyway */
+	stream->q.push_back(work{{}, event->s, event->n});
+	stream->queued++;
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags)
+{
+	if (flags & ~(unsigned)cudaEventDisableTiming)
+		return cudaErrorInvalidValue;
+	*event = new CUevent_st{0, flags, NULL, 0};
+	events.insert(*event);
+	return cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t *event)
 {
-	*event = new CUevent_st{0};
-	events.insert(*event);
-	return cudaSuccess;
+	return cudaEventCreateWithFlags(event, cudaEventDefault);
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event)
@@ -450,25 +608,43 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
 	if (!events.count(event) || !stream_ok(stream))
 		return cudaErrorInvalidResourceHandle;
+	settings();
+	if (!stream && cfg.lazy)
+		drain_all();
 	event->recorded = 1;
+	event->s = cfg.lazy ? stream : NULL;
+	event->n = stream ? stream->queued : 0;
 	return cudaSuccess;
+}
+
+static bool reached(cudaEvent_t e)
+{
+	return !e->s || e->s->done >= e->n;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event)
 {
-	return events.count(event) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+	if (!events.count(event))
+		return cudaErrorInvalidResourceHandle;
+	return reached(event) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
-	return events.count(event) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+	if (!events.count(event))
+		return cudaErrorInvalidResourceHandle;
+	drain_all();
+	return cudaSuccess;
 }
 
 /* No device time to measure: 0 ms between two recorded events. */
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
-	if (!events.count(start) || !events.count(end) || !start->recorded || !end->recorded)
+	if (!events.count(start) || !events.count(end) || !start->recorded || !end->recorded ||
+	    (start->flags | end->flags) & cudaEventDisableTiming)
 		return cudaErrorInvalidResourceHandle;
+	if (!reached(start) || !reached(end))
+		return cudaErrorNotReady;
 	*ms = 0.0f;
 	return cudaSuccess;
 }
@@ -954,11 +1130,16 @@ cudaError_t emu_func_set_attribute(const void *func, enum cudaFuncAttribute attr
 	return cudaSuccess;
 }
 
-void emu_launch_fn(const char *kernel, const void *func, const char *file, int line, dim3 grid,
-		   dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *), void *arg)
+static void call_body(void *fn)
+{
+	(*static_cast<std::function<void()> *>(fn))();
+}
+
+/* Runs a launch that emu_launch_fn checked: every block, every thread. */
+static void run_launch(const char *kernel, const char *file, int line, dim3 grid, dim3 block,
+		       size_t smem, cudaStream_t stream, std::function<void()> *call)
 {
 	static unsigned long long launches;
-	settings();
 	if (L.active)
 		die("kernel %s launched at %s:%d from inside a kernel", kernel, file, line);
 	L.kernel = kernel;
@@ -969,28 +1150,10 @@ void emu_launch_fn(const char *kernel, const void *func, const char *file, int l
 	L.smem = smem;
 	L.stream = stream;
 	const unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
-	if (!block.x || !block.y || !block.z || block.x > 1024 || block.y > 1024 || block.z > 64 ||
-	    nt > MAX_THREADS)
-		die("kernel %s launched at %s:%d with block (%u,%u,%u): a GPU runs 1 to 1024 "
-		    "threads per block (x, y up to 1024, z up to 64)", kernel, file, line, block.x,
-		    block.y, block.z);
-	if (!grid.x || !grid.y || !grid.z || grid.x > 0x7fffffffu || grid.y > 65535 ||
-	    grid.z > 65535)
-		die("kernel %s launched at %s:%d with grid (%u,%u,%u): x must be 1 to 2^31-1, y "
-		    "and z 1 to 65535", kernel, file, line, grid.x, grid.y, grid.z);
-	auto lim = smem_limits().find(func);
-	size_t smem_max = lim == smem_limits().end() ? MAX_DYN_SHARED : (size_t)lim->second;
-	if (smem > smem_max)
-		die("kernel %s launched at %s:%d with %zu bytes of dynamic shared memory: more "
-		    "than %zu needs cudaFuncSetAttribute (up to 227 KiB)", kernel, file, line, smem,
-		    smem_max);
-	if (!stream_ok(stream))
-		die("kernel %s launched at %s:%d on %p, which is not a stream", kernel, file, line,
-		    (void *)stream);
 	const double t0 = cfg.stats ? now() : 0.0;
 	const unsigned long long sw0 = n_switches;
-	L.body = body;
-	L.arg = arg;
+	L.body = call_body;
+	L.arg = call;
 	L.nthreads = (unsigned)nt;
 	L.dyn = (char *)malloc(smem ? smem : 1);
 	if (!L.dyn)
@@ -1036,6 +1199,36 @@ void emu_launch_fn(const char *kernel, const void *func, const char *file, int l
 		k.switches += n_switches - sw0;
 		k.seconds += now() - t0;
 	}
+}
+
+void emu_launch_fn(const char *kernel, const void *func, const char *file, int line, dim3 grid,
+		   dim3 block, size_t smem, cudaStream_t stream, std::function<void()> call)
+{
+	settings();
+	if (L.active)
+		die("kernel %s launched at %s:%d from inside a kernel", kernel, file, line);
+	const unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
+	if (!block.x || !block.y || !block.z || block.x > 1024 || block.y > 1024 || block.z > 64 ||
+	    nt > MAX_THREADS)
+		die("kernel %s launched at %s:%d with block (%u,%u,%u): a GPU runs 1 to 1024 "
+		    "threads per block (x, y up to 1024, z up to 64)", kernel, file, line, block.x,
+		    block.y, block.z);
+	if (!grid.x || !grid.y || !grid.z || grid.x > 0x7fffffffu || grid.y > 65535 ||
+	    grid.z > 65535)
+		die("kernel %s launched at %s:%d with grid (%u,%u,%u): x must be 1 to 2^31-1, y "
+		    "and z 1 to 65535", kernel, file, line, grid.x, grid.y, grid.z);
+	auto lim = smem_limits().find(func);
+	size_t smem_max = lim == smem_limits().end() ? MAX_DYN_SHARED : (size_t)lim->second;
+	if (smem > smem_max)
+		die("kernel %s launched at %s:%d with %zu bytes of dynamic shared memory: more "
+		    "than %zu needs cudaFuncSetAttribute (up to 227 KiB)", kernel, file, line, smem,
+		    smem_max);
+	if (!stream_ok(stream))
+		die("kernel %s launched at %s:%d on %p, which is not a stream", kernel, file, line,
+		    (void *)stream);
+	enqueue(stream, [=, call = std::move(call)]() mutable {
+		run_launch(kernel, file, line, grid, block, smem, stream, &call);
+	});
 }
 
 /* ---- cuBLAS -------------------------------------------------------------------------------- */
@@ -1184,25 +1377,34 @@ static cublasStatus_t gemm(const char *what, cublasHandle_t h, cublasOperation_t
 			    overlap(c, sizeof(float) * nC, bb, es * nB))
 				die("%s, batch %d: C overlaps A or B", what, b);
 		}
-		for (int j = 0; j < n; j++)
-			for (int i = 0; i < m; i++) {
-				float s = 0.0f;
-				if (read_ab)
-					for (int l = 0; l < k; l++) {
-						const float x = operand(
-							a, ta == CUBLAS_OP_N ? i + (size_t)l * lda
-									     : l + (size_t)i * lda,
-							kind);
-						const float y = operand(
-							bb, tb == CUBLAS_OP_N ? l + (size_t)j * ldb
-									      : j + (size_t)l * ldb,
-							kind);
-						s += x * y;
-					}
-				float &out = c[i + (size_t)j * ldc];
-				out = read_c ? al * s + be * out : al * s;
-			}
 	}
+	enqueue(h->stream, [=] {
+		for (int b = 0; b < batch; b++) {
+			const char *a = (const char *)A + b * sA * (long long)es;
+			const char *bb = (const char *)B + b * sB * (long long)es;
+			float *c = C + b * sC;
+			for (int j = 0; j < n; j++)
+				for (int i = 0; i < m; i++) {
+					float s = 0.0f;
+					if (read_ab)
+						for (int l = 0; l < k; l++) {
+							const float x = operand(
+								a, ta == CUBLAS_OP_N
+									   ? i + (size_t)l * lda
+									   : l + (size_t)i * lda,
+								kind);
+							const float y = operand(
+								bb, tb == CUBLAS_OP_N
+									    ? l + (size_t)j * ldb
+									    : j + (size_t)l * ldb,
+								kind);
+							s += x * y;
+						}
+					float &out = c[i + (size_t)j * ldc];
+					out = read_c ? al * s + be * out : al * s;
+				}
+		}
+	});
 	return CUBLAS_STATUS_SUCCESS;
 }
 

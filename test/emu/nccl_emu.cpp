@@ -7,10 +7,12 @@
  * rendezvous over MPI_COMM_WORLD: every world rank must call it at the same point (each with
  * the id of the communicator it joins), so the processes open their communicators in the
  * same order, as NCCL's users do; the ids are gathered and the world is split by id, with the
- * NCCL rank as the key. A group (ncclGroupStart .. ncclGroupEnd, or a lone call) records its
- * sends and receives, and ncclGroupEnd performs them at once with MPI_Isend, MPI_Irecv and a
- * wait: the emulated stream is synchronous, so the transfer is complete when ncclGroupEnd
- * returns. Every rank of the communicator takes part in every group (as in an All-to-All).
+ * NCCL rank as the key. A group (ncclGroupStart .. ncclGroupEnd, or a lone call, on one
+ * stream) records its sends and receives; ncclGroupEnd checks them with the peers at once and
+ * queues the transfers on the group's stream (emu.cpp's emu_enqueue), where they run with
+ * MPI_Isend, MPI_Irecv and a wait: at once by default, or when the stream is drained under
+ * CUDA_EMU_STREAMS=lazy. Every rank of the communicator takes part in every group (as in an
+ * All-to-All).
  *
  * Misuse is an error on every rank of the communicator, not a hang: before anything moves,
  * the ranks exchange the sizes of what each sends to each, and a send whose size differs
@@ -23,6 +25,7 @@
  *
  * Built without MPI (no mpicc), every call returns ncclSystemError: "built without MPI".
  */
+#include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <stdarg.h>
@@ -117,6 +120,7 @@ struct op {
 static struct {
 	int depth;
 	ncclComm_t comm;        /* the group's communicator (the first op's) */
+	cudaStream_t stream;    /* and stream */
 	std::vector<op> ops;
 	ncclResult_t err;       /* the first misuse found while recording */
 } group;
@@ -212,6 +216,7 @@ extern "C" ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
 	if (!comm)
 		return ncclSuccess;
+	cudaDeviceSynchronize(); /* the transfers queued on it */
 	int down = 0;
 	MPI_Finalized(&down);
 	if (!down)
@@ -261,8 +266,12 @@ static ncclResult_t record(int recv, void *buf, size_t count, ncclDataType_t t, 
 	} else if (group.comm && group.comm != comm) {
 		say("%s: the emulator runs one communicator per group", what);
 		r = ncclInvalidUsage;
+	} else if (group.comm && group.stream != s) {
+		say("%s: the emulator runs a group on one stream", what);
+		r = ncclInvalidUsage;
 	}
 	group.comm = comm;
+	group.stream = s;
 	if (r != ncclSuccess) {
 		if (group.err == ncclSuccess)
 			group.err = r;
@@ -304,6 +313,7 @@ extern "C" ncclResult_t ncclGroupEnd(void)
 static ncclResult_t run_group(void)
 {
 	ncclComm_t comm = group.comm;
+	cudaStream_t stream = group.stream;
 	std::vector<op> ops;
 	ncclResult_t r = group.err;
 
@@ -371,18 +381,25 @@ static ncclResult_t run_group(void)
 		}
 		return r;
 	}
-	std::vector<MPI_Request> req(ops.size());
-	size_t k = 0;
-	for (const op &o : ops)
-		if (o.recv)
-			MPI_Irecv(o.buf, (int)o.bytes, MPI_BYTE, o.peer, 0, comm->c, &req[k++]);
-	for (const op &o : ops)
-		if (!o.recv)
-			MPI_Isend(o.buf, (int)o.bytes, MPI_BYTE, o.peer, 0, comm->c, &req[k++]);
-	if (MPI_Waitall((int)k, req.data(), MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-		say("MPI_Waitall failed");
-		return ncclSystemError;
-	}
+	/* the transfers themselves run in stream order (emu.cpp: at once, or when the stream is
+	 * drained under CUDA_EMU_STREAMS=lazy; every rank drains at the same points of the same
+	 * program, so the groups meet) */
+	emu_enqueue(stream, [comm, ops = std::move(ops)] {
+		std::vector<MPI_Request> req(ops.size());
+		size_t k = 0;
+		for (const op &o : ops)
+			if (o.recv)
+				MPI_Irecv(o.buf, (int)o.bytes, MPI_BYTE, o.peer, 0, comm->c,
+					  &req[k++]);
+		for (const op &o : ops)
+			if (!o.recv)
+				MPI_Isend(o.buf, (int)o.bytes, MPI_BYTE, o.peer, 0, comm->c,
+					  &req[k++]);
+		if (MPI_Waitall((int)k, req.data(), MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+			say("MPI_Waitall failed in a group's transfers");
+			abort();
+		}
+	});
 	return ncclSuccess;
 }
 

@@ -30,8 +30,10 @@
 
 #define LAUNCH(kernel, grid, block, smem, ...)                                                  \
 	emu_launch(#kernel, (const void *)(kernel), __FILE__, __LINE__, dim3(grid), dim3(block), \
-		   smem, NULL,                                                                 \
-		   [&] { kernel(__VA_ARGS__); })
+		   smem, NULL, kernel, __VA_ARGS__)
+#define LAUNCH_ON(stream, kernel, grid, block, ...)                                             \
+	emu_launch(#kernel, (const void *)(kernel), __FILE__, __LINE__, dim3(grid), dim3(block), \
+		   0, stream, kernel, __VA_ARGS__)
 
 static int checks, failures;
 
@@ -453,6 +455,101 @@ __global__ void k_nothing(int *x)
 	x[0] = 0;
 }
 
+/* ---- streams and events (CUDA_EMU_STREAMS) ------------------------------------------------ */
+
+__global__ void k_set(int *x, int n, int v)
+{
+	for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x)
+		x[i] = v;
+}
+
+/* Stream a writes x (value v), stream b copies x to y, with or without waiting for a's event;
+ * returns y[0] after the device is synchronized. a and b: 0 the older stream, 1 the newer. */
+static int two_streams(const char *mode, int writer, int wait, int v)
+{
+	emu_streams_mode(mode);
+	cudaStream_t s[2];
+	cudaEvent_t e;
+	cudaStreamCreateWithFlags(&s[0], cudaStreamNonBlocking);
+	cudaStreamCreateWithFlags(&s[1], cudaStreamNonBlocking);
+	cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+	int *x = dev<int>(64), *y = dev<int>(64), h = -1;
+	cudaMemsetAsync(x, 0, 64 * sizeof(int), s[writer]);
+	cudaDeviceSynchronize();
+	LAUNCH_ON(s[writer], k_set, 1, 32, x, 64, v);
+	cudaEventRecord(e, s[writer]);
+	if (wait)
+		cudaStreamWaitEvent(s[!writer], e, 0);
+	cudaMemcpyAsync(y, x, 64 * sizeof(int), cudaMemcpyDeviceToDevice, s[!writer]);
+	cudaMemcpyAsync(&h, y + 63, sizeof h, cudaMemcpyDeviceToHost, s[!writer]);
+	cudaStreamSynchronize(s[!writer]);
+	cudaFree(x);
+	cudaFree(y);
+	cudaEventDestroy(e);
+	cudaStreamDestroy(s[0]);
+	cudaStreamDestroy(s[1]);
+	emu_streams_mode("eager");
+	return h;
+}
+
+static void test_streams(void)
+{
+	static const char *const modes[] = {"eager", "lazy", "lazy-reverse"};
+	/* with the wait, every mode and either writer: the copy sees the write */
+	for (int m = 0; m < 3; m++)
+		for (int w = 0; w < 2; w++)
+			CHECK(two_streams(modes[m], w, 1, 5) == 5,
+			      "%s, writer stream %d, with the wait: the copy missed the write",
+			      modes[m], w);
+	/* without it, eager hides the missing dependency; for each writer one lazy order runs
+	 * the copy first, so it shows */
+	for (int w = 0; w < 2; w++) {
+		CHECK(two_streams("eager", w, 0, 5) == 5, "eager, writer %d: not in call order", w);
+		int shown = (two_streams("lazy", w, 0, 5) != 5) +
+			    (two_streams("lazy-reverse", w, 0, 5) != 5);
+		CHECK(shown == 1, "writer stream %d without the wait: shown in %d of the 2 lazy "
+		      "orders, want 1", w, shown);
+	}
+
+	/* lazy: launch arguments and host sources are taken at the call; the event's stream is
+	 * drained exactly up to the record; cudaEventQuery tells what has run */
+	emu_streams_mode("lazy-reverse");
+	cudaStream_t s[2];
+	cudaEvent_t e;
+	cudaStreamCreateWithFlags(&s[0], cudaStreamNonBlocking);
+	cudaStreamCreateWithFlags(&s[1], cudaStreamNonBlocking);
+	cudaEventCreate(&e);
+	int *x = dev<int>(64), *y = dev<int>(64), h[64];
+	int v = 1;
+	for (int i = 0; i < 64; i++)
+		h[i] = 3;
+	cudaMemcpyAsync(x, h, sizeof h, cudaMemcpyHostToDevice, s[0]);
+	h[40] = 4; /* after the call: not copied */
+	LAUNCH_ON(s[0], k_set, 1, 32, y, 64, v);
+	v = 2;
+	cudaEventRecord(e, s[0]);
+	CHECK(cudaEventQuery(e) == cudaErrorNotReady, "lazy: an event queued behind work is ready");
+	LAUNCH_ON(s[0], k_set, 1, 32, x, 32, v); /* after the record */
+	cudaStreamWaitEvent(s[1], e, 0);
+	cudaMemcpyAsync(y + 32, x, 32 * sizeof(int), cudaMemcpyDeviceToDevice, s[1]);
+	cudaStreamSynchronize(s[1]);
+	CHECK(cudaEventQuery(e) == cudaSuccess, "lazy: a reached event is not ready");
+	cudaMemcpyAsync(h, y, sizeof h, cudaMemcpyDeviceToHost, s[1]);
+	CHECK(h[0] == 1 && h[31] == 1, "lazy: the launch saw %d, not its argument at the call",
+	      h[0]);
+	CHECK(h[32] == 3 && h[63] == 3, "lazy-reverse: the waiting stream saw %d, not what the "
+	      "event's stream held at the record (3)", h[32]);
+	cudaMemcpyAsync(h, x, sizeof h, cudaMemcpyDeviceToHost, s[0]);
+	CHECK(h[0] == 2 && h[40] == 3, "lazy: x holds %d %d, want 2 3 (the copy took the host "
+	      "buffer at the call)", h[0], h[40]);
+	cudaFree(x);
+	cudaFree(y);
+	cudaEventDestroy(e);
+	cudaStreamDestroy(s[0]);
+	cudaStreamDestroy(s[1]);
+	emu_streams_mode("eager");
+}
+
 /* Runs fn in a child, which must abort with a message containing want. */
 template <typename F>
 static void must_stop(const char *what, const char *want, F fn)
@@ -517,6 +614,7 @@ int main(void)
 	test_shuffles();
 	test_gemm();
 	test_sort();
+	test_streams();
 	test_misuse();
 	if (failures) {
 		fprintf(stderr, "selftest: %d of %d checks of the emulator FAILED\n", failures,

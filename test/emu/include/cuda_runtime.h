@@ -26,7 +26,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <functional>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 /* ---- CUDA C++ ------------------------------------------------------------------------------ */
 
@@ -228,6 +231,8 @@ enum cudaMemcpyKind {
 
 #define cudaStreamDefault 0x00u
 #define cudaStreamNonBlocking 0x01u
+#define cudaEventDefault 0x00u
+#define cudaEventDisableTiming 0x02u
 
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
@@ -262,7 +267,11 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
+cudaError_t cudaDeviceSynchronize(void);
+
 cudaError_t cudaEventCreate(cudaEvent_t *event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = 0);
 cudaError_t cudaEventQuery(cudaEvent_t event);
@@ -287,22 +296,35 @@ static inline cudaError_t cudaFuncSetAttribute(T *func, enum cudaFuncAttribute a
 
 /* ---- the emulator's side of a launch ----------------------------------------------------- */
 
-/* Runs body (one CUDA thread's call of the kernel) for every thread of every block, and returns
- * when all have finished. Stops the program, naming the kernel and where it was launched, on a
- * configuration a GPU would refuse (block of 0 or more than 1024 threads, grid.y or grid.z
- * past 65535, more dynamic shared memory than 48 KiB or the limit cudaFuncSetAttribute gave
- * func), a deadlock, or a barrier or shuffle used against CUDA's rules. */
+/* Checks the launch at once, and stops the program, naming the kernel and where it was
+ * launched, on a configuration a GPU would refuse (block of 0 or more than 1024 threads,
+ * grid.y or grid.z past 65535, more dynamic shared memory than 48 KiB or the limit
+ * cudaFuncSetAttribute gave func); then queues it on stream (emu_enqueue): call (one CUDA
+ * thread's call of the kernel) runs for every thread of every block, and the program stops on
+ * a deadlock, or a barrier or shuffle used against CUDA's rules. */
 void emu_launch_fn(const char *kernel, const void *func, const char *file, int line, dim3 grid,
-		   dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *), void *arg);
+		   dim3 block, size_t smem, cudaStream_t stream, std::function<void()> call);
 
-template <typename F>
-static inline void emu_launch(const char *kernel, const void *func, const char *file, int line,
-			      dim3 grid, dim3 block, size_t smem, cudaStream_t stream, F &&body)
+/* The arguments are evaluated and copied at the launch, as CUDA does, so that a launch queued
+ * on a stream that runs later (CUDA_EMU_STREAMS=lazy) sees the values of the launch. */
+template <typename K, typename... A>
+static inline void emu_launch(const char *name, const void *func, const char *file, int line,
+			      dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel,
+			      A &&...args)
 {
-	typedef std::remove_reference_t<F> fn;
-	emu_launch_fn(kernel, func, file, line, grid, block, smem, stream,
-		      [](void *p) { (*static_cast<fn *>(p))(); }, (void *)&body);
+	emu_launch_fn(name, func, file, line, grid, block, smem, stream,
+		      [kernel, t = std::make_tuple(std::decay_t<A>(std::forward<A>(args))...)] {
+			      std::apply(kernel, t);
+		      });
 }
+
+/* Work on stream: run now (CUDA_EMU_STREAMS=eager, or the legacy stream 0), or when the stream
+ * is drained (lazy; emu.cpp, "streams and events"). For the copies, sorts and transfers the
+ * emulator itself queues, after checking their arguments. */
+void emu_enqueue(cudaStream_t stream, std::function<void()> work);
+/* For test/emu/selftest: CUDA_EMU_STREAMS from now on ("eager", "lazy", "lazy-reverse"), after
+ * draining what is queued. */
+void emu_streams_mode(const char *mode);
 
 /* The running launch's dynamic shared memory (its smem bytes, poisoned before each block). */
 void *emu_dyn_shared(void);

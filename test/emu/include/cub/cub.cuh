@@ -46,21 +46,24 @@ struct DeviceRadixSort {
 					       sizeof(ValueT), n, begin_bit, end_bit, stream);
 		if (e != cudaSuccess || n <= 0)
 			return e;
-		/* scratch: the digits, then the order */
-		unsigned long long *digit = (unsigned long long *)d_temp_storage;
-		long long *order = (long long *)(digit + n);
-		const int nbits = end_bit - begin_bit;
-		const unsigned long long mask = nbits >= 64 ? ~0ull : (1ull << nbits) - 1;
-		for (long long i = 0; i < n; i++) {
-			digit[i] = (radix(d_keys_in[i]) >> begin_bit) & mask;
-			order[i] = i;
-		}
-		std::stable_sort(order, order + n,
-				 [&](long long a, long long b) { return digit[a] < digit[b]; });
-		for (long long i = 0; i < n; i++) {
-			d_keys_out[i] = d_keys_in[order[i]];
-			d_values_out[i] = d_values_in[order[i]];
-		}
+		emu_enqueue(stream, [=] {
+			/* scratch: the digits, then the order */
+			unsigned long long *digit = (unsigned long long *)d_temp_storage;
+			long long *order = (long long *)(digit + n);
+			const int nbits = end_bit - begin_bit;
+			const unsigned long long mask = nbits >= 64 ? ~0ull : (1ull << nbits) - 1;
+			for (long long i = 0; i < n; i++) {
+				digit[i] = (radix(d_keys_in[i]) >> begin_bit) & mask;
+				order[i] = i;
+			}
+			std::stable_sort(order, order + n, [&](long long a, long long b) {
+				return digit[a] < digit[b];
+			});
+			for (long long i = 0; i < n; i++) {
+				d_keys_out[i] = d_keys_in[order[i]];
+				d_values_out[i] = d_values_in[order[i]];
+			}
+		});
 		return cudaSuccess;
 	}
 
