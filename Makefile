@@ -477,6 +477,9 @@ endif
 	@echo "--- $(EMU_DIR)/test_backend, attention, the GPT-2 step and tf32/bf16 (which keep the cuBLAS attention), with CORE_CUDA_ATTENTION=fused (kernels/attention.cu)"
 	@CORE_CUDA_ATTENTION=fused $(EMU_DIR)/test_backend --jobs=$(CR_JOBS) \
 		--filter 'backend/@(attention|gpt2_training_step|reduced_precision_products)'
+	@echo "--- $(EMU_DIR)/test_backend, the second queue, with CUDA_EMU_STREAMS=late-first and late-others"
+	@for m in late-first late-others; do CUDA_EMU_STREAMS=$$m $(EMU_DIR)/test_backend \
+		--filter 'backend/side_queue' || exit 1; done
 
 -include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d $(EMU_DIR)/test/mpi/test_dist_dev.d \
 	$(EMU_DIR)/test/mpi/test_moe_dist.d

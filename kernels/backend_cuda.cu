@@ -128,6 +128,13 @@ static void cu_close(struct backend *be)
 	if (!c)
 		return;
 	cudaStreamSynchronize(c->stream);
+	if (c->side) {
+		cudaStreamSynchronize(c->side);
+		for (int i = 0; i < BACKEND_SIDE_MARKS; i++)
+			cudaEventDestroy(c->marks[i]);
+		cudaEventDestroy(c->fork);
+		cudaStreamDestroy(c->side);
+	}
 	if (c->ev_made)
 		for (int i = 0; i < CUDA_EV_RING; i++)
 			for (int j = 0; j < 2; j++)
@@ -161,11 +168,22 @@ static void cu_free(struct backend *be, void *ptr)
 		cudaFree(ptr); /* waits for the device: no queued op still reads it */
 }
 
+/* The main queue waits for everything queued on the second one (upload, download). */
+static int join_side(struct cuda_ctx *c)
+{
+	if (!c->side)
+		return 0;
+	CUDA_TRY(cudaEventRecord(c->fork, c->side), "joining the second queue");
+	CUDA_TRY(cudaStreamWaitEvent(c->stream, c->fork, 0), "joining the second queue");
+	return 0;
+}
+
 static int cu_upload(struct backend *be, void *dst, const void *src, size_t bytes)
 {
 	struct cuda_ctx *c = cuda_ctx_of(be);
 	if (!bytes)
 		return 0;
+	ERR_FORWARD(join_side(c));
 	CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), "upload");
 	/* the host buffer is the caller's again when upload returns */
 	CUDA_TRY(cudaStreamSynchronize(c->stream), "upload");
@@ -175,6 +193,7 @@ static int cu_upload(struct backend *be, void *dst, const void *src, size_t byte
 static int cu_download(struct backend *be, void *dst, const void *src, size_t bytes)
 {
 	struct cuda_ctx *c = cuda_ctx_of(be);
+	ERR_FORWARD(join_side(c));
 	if (bytes)
 		CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream),
 			 "download");
@@ -201,17 +220,19 @@ static int cu_copy_2d(struct backend *be, void *dst, size_t dpitch, const void *
 		return 0;
 	if (rows == 1 || (dpitch == width && spitch == width)) {
 		CUDA_TRY(cudaMemcpyAsync(dst, src, width * rows, cudaMemcpyDeviceToDevice,
-					 c->stream), "copy_2d");
+					 cuda_xfer_stream(c)), "copy_2d");
 		return 0;
 	}
 	if (dpitch <= INT32_MAX && spitch <= INT32_MAX) {
 		CUDA_TRY(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
-					   cudaMemcpyDeviceToDevice, c->stream), "copy_2d");
+					   cudaMemcpyDeviceToDevice, cuda_xfer_stream(c)),
+			 "copy_2d");
 		return 0;
 	}
 	for (size_t i = 0; i < rows; i++)
 		CUDA_TRY(cudaMemcpyAsync((char *)dst + i * dpitch, (const char *)src + i * spitch,
-					 width, cudaMemcpyDeviceToDevice, c->stream), "copy_2d");
+					 width, cudaMemcpyDeviceToDevice, cuda_xfer_stream(c)),
+			 "copy_2d");
 	return 0;
 }
 
@@ -219,13 +240,69 @@ static int cu_memset(struct backend *be, void *dst, int byte, size_t bytes)
 {
 	struct cuda_ctx *c = cuda_ctx_of(be);
 	if (bytes)
-		CUDA_TRY(cudaMemsetAsync(dst, byte, bytes, c->stream), "memset");
+		CUDA_TRY(cudaMemsetAsync(dst, byte, bytes, cuda_xfer_stream(c)), "memset");
 	return 0;
 }
 
 static int cu_sync(struct backend *be)
 {
-	CUDA_TRY(cudaStreamSynchronize(cuda_ctx_of(be)->stream), "an op queued on the device");
+	struct cuda_ctx *c = cuda_ctx_of(be);
+	CUDA_TRY(cudaStreamSynchronize(c->stream), "an op queued on the device");
+	if (c->side)
+		CUDA_TRY(cudaStreamSynchronize(c->side), "a transfer queued on the device");
+	return 0;
+}
+
+/* ---- the second queue (backend.h) ---- */
+
+static int cu_side_begin(struct backend *be)
+{
+	struct cuda_ctx *c = cuda_ctx_of(be);
+	if (c->on_side)
+		return err_set(CORE_EUSAGE, NULL, "side_begin twice without side_end");
+	if (!c->side) {
+		CUDA_TRY(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking),
+			 "creating the second stream");
+		int made = 0;
+		cudaError_t e = cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming);
+		for (; e == cudaSuccess && made < BACKEND_SIDE_MARKS; made++)
+			e = cudaEventCreateWithFlags(&c->marks[made], cudaEventDisableTiming);
+		if (e != cudaSuccess) {
+			while (made-- > 0)
+				cudaEventDestroy(c->marks[made]);
+			cudaEventDestroy(c->fork);
+			cudaStreamDestroy(c->side);
+			c->side = NULL;
+			return cuda_fail(e, "creating the second stream's events");
+		}
+	}
+	CUDA_TRY(cudaEventRecord(c->fork, c->stream), "side_begin");
+	CUDA_TRY(cudaStreamWaitEvent(c->side, c->fork, 0), "side_begin");
+	c->on_side = 1;
+	return 0;
+}
+
+static int cu_side_end(struct backend *be, int64_t *mark)
+{
+	struct cuda_ctx *c = cuda_ctx_of(be);
+	if (!c->on_side)
+		return err_set(CORE_EUSAGE, NULL, "side_end without side_begin");
+	c->on_side = 0;
+	CUDA_TRY(cudaEventRecord(c->marks[c->nmarks % BACKEND_SIDE_MARKS], c->side), "side_end");
+	if (mark)
+		*mark = c->nmarks;
+	c->nmarks++;
+	return 0;
+}
+
+static int cu_side_wait(struct backend *be, int64_t mark)
+{
+	struct cuda_ctx *c = cuda_ctx_of(be);
+	if (mark < 0 || mark >= c->nmarks)
+		return err_set(CORE_EUSAGE, NULL, "side_wait for mark %lld: %lld made so far",
+			       (long long)mark, (long long)c->nmarks);
+	CUDA_TRY(cudaStreamWaitEvent(c->stream, c->marks[mark % BACKEND_SIDE_MARKS], 0),
+		 "side_wait");
 	return 0;
 }
 
@@ -1295,6 +1372,9 @@ static const struct backend_ops cuda_ops = {
 	.comm_open = cuda_comm_open,
 	.comm_close = cuda_comm_close,
 	.comm_exchange = cuda_comm_exchange,
+	.side_begin = cu_side_begin,
+	.side_end = cu_side_end,
+	.side_wait = cu_side_wait,
 };
 
 int backend_cuda_init(struct backend *be, const struct backend_params *params)

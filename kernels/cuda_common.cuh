@@ -4,7 +4,9 @@
  * The CUDA backend is lib/backend/backend.h's table filled with kernels: backend_cuda.cu holds
  * the table, memory, the matrix products (cuBLAS) and the GPT-2 ops; attention.cu the fused
  * attention; moe.cu the MoE ops. All work is queued on one stream per backend, in order, so an
- * op may use the workspace and return without waiting; download and sync wait. Nothing here
+ * op may use the workspace and return without waiting; download and sync wait. Only copies,
+ * memsets and NCCL transfers may go to a second stream (backend.h, side_begin), ordered with
+ * the first by events; none of them uses the workspace. Nothing here
  * uses atomics on floats: every reduction has a fixed split and a fixed order, so a result does
  * not depend on scheduling.
  */
@@ -42,7 +44,20 @@ struct cuda_ctx {
 	cudaEvent_t ev[CUDA_EV_RING][2];
 	int ev_made, ev_head, ev_n;
 	int attention_fused;     /* CORE_CUDA_ATTENTION=fused: attention.cu where it applies */
+	/* the second queue (backend.h, side_begin): made on first use */
+	cudaStream_t side;
+	cudaEvent_t fork;                      /* the main queue's point a side_begin waits for */
+	cudaEvent_t marks[BACKEND_SIDE_MARKS]; /* side_end's marks, mark % BACKEND_SIDE_MARKS */
+	int on_side;                           /* between side_begin and side_end */
+	int64_t nmarks;                        /* marks made so far */
 };
+
+/* The queue of copy_2d, memset and comm_exchange: the second one between side_begin and
+ * side_end. */
+static inline cudaStream_t cuda_xfer_stream(const struct cuda_ctx *c)
+{
+	return c->on_side ? c->side : c->stream;
+}
 
 static inline struct cuda_ctx *cuda_ctx_of(struct backend *be)
 {

@@ -1,6 +1,7 @@
 /* nccl.cu - the cuda backend's device collectives (backend.h, "device collectives") over NCCL:
  * a communicator is an ncclComm_t, a round of transfers one ncclGroupStart .. ncclGroupEnd of
- * ncclSend and ncclRecv on the backend's stream.
+ * ncclSend and ncclRecv on the backend's stream (its second one between side_begin and
+ * side_end).
  *
  * NCCL is not linked: lib/backend/cuda/nccl_dl.c loads libnccl.so.2 on the first call (as cublas_dl.c
  * does cuBLAS), so programs start without it and only a process that opens a communicator
@@ -66,7 +67,7 @@ void cuda_comm_close(struct backend *be, void *comm)
 	if (!comm)
 		return;
 	/* the transfers queued on it first */
-	cudaStreamSynchronize(cuda_ctx_of(be)->stream);
+	be->op->sync(be);
 	ncclCommDestroy((ncclComm_t)comm);
 }
 
@@ -81,8 +82,10 @@ int cuda_comm_exchange(struct backend *be, void *comm, const struct backend_xfer
 	for (int i = 0; i < nx && r == ncclSuccess; i++) {
 		if (!x[i].bytes)
 			continue;
-		r = x[i].recv ? ncclRecv(x[i].buf, x[i].bytes, ncclUint8, x[i].peer, k, c->stream)
-			      : ncclSend(x[i].buf, x[i].bytes, ncclUint8, x[i].peer, k, c->stream);
+		r = x[i].recv ? ncclRecv(x[i].buf, x[i].bytes, ncclUint8, x[i].peer, k,
+					 cuda_xfer_stream(c))
+			      : ncclSend(x[i].buf, x[i].bytes, ncclUint8, x[i].peer, k,
+					 cuda_xfer_stream(c));
 	}
 	ncclResult_t e = ncclGroupEnd();
 	return nccl_fail(r != ncclSuccess ? r : e, k, r != ncclSuccess ? "queueing a transfer"

@@ -429,7 +429,28 @@ struct backend_ops {
 	 * a hang where it does not (NCCL mostly does not): the caller's to prevent. */
 	int (*comm_exchange)(struct backend *be, void *comm, const struct backend_xfer *x,
 			     int nx);
+
+	/* ---- a second queue (NULL where ops run in call order anyway: cpu, ref) -------------
+	 *
+	 * For transfers that overlap the ops: the MoE layer's exchanges beside its experts'
+	 * products (lib/moe/moe_dist.c). side_begin: the copy_2d, memset and comm_exchange
+	 * called from now on are queued on the backend's second queue, after everything queued
+	 * on the main queue so far and after the second queue's own earlier work; every other
+	 * op stays on the main queue. side_end: those three go back to the main queue, and
+	 * *mark (if mark is not NULL) names the second queue's work so far. side_wait: the main
+	 * queue's ops queued from now on wait until the second queue has run past mark. Nothing
+	 * else orders the two queues: a main op that reads what the second queue writes needs a
+	 * side_wait first, and a transfer must not write what the main queue still reads (the
+	 * caller orders them with these calls). sync, upload and download wait for both queues.
+	 * side_begin twice without a side_end between, side_end without side_begin and a mark
+	 * not yet made are CORE_EUSAGE. Marks are kept in a ring of BACKEND_SIDE_MARKS: waiting
+	 * for an older one waits for a later point of the second queue (correct, later). */
+	int (*side_begin)(struct backend *be);
+	int (*side_end)(struct backend *be, int64_t *mark);
+	int (*side_wait)(struct backend *be, int64_t mark);
 };
+
+#define BACKEND_SIDE_MARKS 64
 
 struct backend {
 	const struct backend_ops *op;

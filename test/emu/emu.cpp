@@ -39,7 +39,8 @@
  * Environment: CUDA_EMU_ORDER=fixed (above); CUDA_EMU_SMS=N multiprocessors (default 4; grid
  * sizes of grid-stride loops follow it); CUDA_EMU_NO_DEVICE=1: cudaGetDeviceCount finds no GPU;
  * CUDA_EMU_STATS=1: at exit, per kernel, launches, threads, switches and seconds, on stderr;
- * CUDA_EMU_STREAMS=eager|lazy|lazy-reverse: when queued work runs ("streams and events").
+ * CUDA_EMU_STREAMS=eager|late-first|late-others: when queued work runs ("streams and
+ * events").
  */
 #include <cub/cub.cuh>
 #include <cublas_v2.h>
@@ -98,7 +99,7 @@ dim3 blockDim, gridDim;
 static struct {
 	int read;
 	int fixed_order, sms, no_device, stats;
-	int lazy; /* CUDA_EMU_STREAMS: 0 eager, 1 lazy (oldest drained first), 2 newest first */
+	int lazy; /* CUDA_EMU_STREAMS: 0 eager, 1 late-first, 2 late-others */
 } cfg;
 
 static int env_int(const char *name, int dflt, int lo, int hi)
@@ -132,13 +133,15 @@ static void settings(void)
 	cfg.no_device = env_int("CUDA_EMU_NO_DEVICE", 0, 0, 1);
 	cfg.stats = env_int("CUDA_EMU_STATS", 0, 0, 1);
 	const char *st = getenv("CUDA_EMU_STREAMS");
-	if (st && *st && strcmp(st, "eager") != 0 && strcmp(st, "lazy") != 0 &&
-	    strcmp(st, "lazy-reverse") != 0) {
-		fprintf(stderr, "cuda-emu: CUDA_EMU_STREAMS='%s': 'eager', 'lazy' or "
-			"'lazy-reverse'\n", st);
+	if (st && *st && strcmp(st, "eager") != 0 && strcmp(st, "late-first") != 0 &&
+	    strcmp(st, "late-others") != 0) {
+		fprintf(stderr, "cuda-emu: CUDA_EMU_STREAMS='%s': 'eager', 'late-first' or "
+			"'late-others'\n", st);
 		abort();
 	}
-	cfg.lazy = !st || !*st || strcmp(st, "eager") == 0 ? 0 : strcmp(st, "lazy") == 0 ? 1 : 2;
+	cfg.lazy = !st || !*st || strcmp(st, "eager") == 0 ? 0
+		   : strcmp(st, "late-first") == 0	 ? 1
+							 : 2;
 	if (cfg.stats)
 		atexit(stats_print);
 }
@@ -229,19 +232,19 @@ static bool overlap(const void *a, size_t na, const void *b, size_t nb)
 /* ---- streams and events ------------------------------------------------------------------
  * CUDA_EMU_STREAMS=eager (the default): work queued on a stream runs when it is queued, so every
  * stream is in call order with every other. That hides a missing dependency between two
- * streams, which CUDA_EMU_STREAMS=lazy and lazy-reverse show: work on a stream other than the
- * legacy stream 0 waits in the stream's queue until the host waits for something (a stream, an
- * event or the device synchronized, cudaFree, a stream destroyed, a copy to host memory, work
- * queued on stream 0). Then every stream is drained in turn, in the order the streams were
- * made (lazy) or newest first (lazy-reverse), each one as far as its queue goes; a
- * cudaStreamWaitEvent in the queue drains the event's stream exactly up to the point where
- * the event was recorded, no further. So each stream runs as late as CUDA allows with respect
- * to the streams drained after it, and work that reads what another stream writes without
- * waiting for that stream's event runs before the write in one of the two orders (a missing
- * dependency between two streams shows in the results of one of them), and a wait that can
- * never be met (a cycle) stops the program. Launch arguments, host sources of copies and the
- * scalars of cuBLAS are taken when the work is queued, as CUDA takes them. cudaEventQuery
- * answers cudaErrorNotReady for an event its stream has not reached. */
+ * streams, which the two other modes show. late-first: work queued on the first stream the
+ * program made (the cuda backend's own) waits in the stream's queue until something needs it:
+ * work of another stream that waits for one of its events (cudaStreamWaitEvent), which drains
+ * it exactly up to where the event was recorded and no further, or the host (a stream, event
+ * or device synchronized, cudaFree, a stream destroyed, a copy to host memory on that stream,
+ * work on the legacy stream 0); work on every other stream runs when it is queued, after
+ * pulling what it waits for. late-others: the reverse (the first stream at once, the others
+ * when needed). So in one mode or the other, work that reads what another stream writes
+ * without waiting for that stream's event runs before the write, and shows in the results
+ * (memory never written is poisoned), and work that overwrites what another stream still
+ * reads runs before the read. Launch arguments, host sources of copies and the scalars of
+ * cuBLAS are taken when the work is queued, as CUDA takes them. cudaEventQuery answers
+ * cudaErrorNotReady for an event whose stream has not run that far. */
 
 struct work {
 	std::function<void()> run; /* empty: a wait */
@@ -276,9 +279,8 @@ static void drain_to(cudaStream_t s, uint64_t n)
 		return;
 	if (s->done >= n)
 		return;
-	if (s->draining)
-		die("a stream waits for an event of its own that is queued after the wait, or two "
-		    "streams wait for each other: the wait can never be met");
+	if (s->draining) /* cannot happen: a wait names work queued before it */
+		die("two streams wait for each other: the wait can never be met");
 	s->draining = 1;
 	while (s->done < n) {
 		work w = std::move(s->q.front());
@@ -292,14 +294,17 @@ static void drain_to(cudaStream_t s, uint64_t n)
 	s->draining = 0;
 }
 
+/* Is work on s run when it is queued? */
+static bool runs_at_once(cudaStream_t s)
+{
+	return !cfg.lazy || !s || (s == stream_order[0]) == (cfg.lazy == 2);
+}
+
 static void drain_all(void)
 {
 	if (!cfg.lazy)
 		return;
-	std::vector<cudaStream_t> order = stream_order;
-	if (cfg.lazy == 2)
-		std::reverse(order.begin(), order.end());
-	for (cudaStream_t s : order)
+	for (cudaStream_t s : stream_order)
 		drain_to(s, s->queued);
 }
 
@@ -317,6 +322,8 @@ static void enqueue(cudaStream_t s, std::function<void()> fn)
 	}
 	s->q.push_back(work{std::move(fn), NULL, 0});
 	s->queued++;
+	if (runs_at_once(s))
+		drain_to(s, s->queued);
 }
 
 void emu_enqueue(cudaStream_t stream, std::function<void()> work)
@@ -328,7 +335,7 @@ void emu_streams_mode(const char *mode)
 {
 	settings();
 	drain_all();
-	cfg.lazy = strcmp(mode, "lazy") == 0 ? 1 : strcmp(mode, "lazy-reverse") == 0 ? 2 : 0;
+	cfg.lazy = strcmp(mode, "late-first") == 0 ? 1 : strcmp(mode, "late-others") == 0 ? 2 : 0;
 }
 
 /* ---- the runtime ------------------------------------------------------------------------- */
@@ -458,8 +465,11 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 		need_device(src, bytes, "cudaMemcpyAsync source");
 	if (overlap(dst, bytes, src, bytes))
 		die("cudaMemcpyAsync(%p, %p, %zu): the ranges overlap", dst, src, bytes);
-	if (!dd) {
-		drain_all();
+	if (!dd) { /* after the stream's work before it, no more */
+		if (cfg.lazy && stream)
+			drain_to(stream, stream->queued);
+		else
+			drain_all();
 		memcpy(dst, src, bytes);
 	} else if (!sd) {
 		std::vector<char> h((const char *)src, (const char *)src + bytes);
@@ -579,6 +589,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 		return cudaSuccess; /* its own earlier work: in order anyway */
 	stream->q.push_back(work{{}, event->s, event->n});
 	stream->queued++;
+	if (runs_at_once(stream))
+		drain_to(stream, stream->queued);
 	return cudaSuccess;
 }
 

@@ -10,8 +10,8 @@
  * NCCL rank as the key. A group (ncclGroupStart .. ncclGroupEnd, or a lone call, on one
  * stream) records its sends and receives; ncclGroupEnd checks them with the peers at once and
  * queues the transfers on the group's stream (emu.cpp's emu_enqueue), where they run with
- * MPI_Isend, MPI_Irecv and a wait: at once by default, or when the stream is drained under
- * CUDA_EMU_STREAMS=lazy. Every rank of the communicator takes part in every group (as in an
+ * MPI_Isend, MPI_Irecv and a wait: at once by default, or when something needs them under
+ * CUDA_EMU_STREAMS=late-first or late-others. Every rank of the communicator takes part in every group (as in an
  * All-to-All).
  *
  * Misuse is an error on every rank of the communicator, not a hang: before anything moves,
@@ -381,9 +381,8 @@ static ncclResult_t run_group(void)
 		}
 		return r;
 	}
-	/* the transfers themselves run in stream order (emu.cpp: at once, or when the stream is
-	 * drained under CUDA_EMU_STREAMS=lazy; every rank drains at the same points of the same
-	 * program, so the groups meet) */
+	/* the transfers themselves run in stream order (emu.cpp: at once, or when something needs
+	 * them; every rank runs the same program, so the groups meet) */
 	emu_enqueue(stream, [comm, ops = std::move(ops)] {
 		std::vector<MPI_Request> req(ops.size());
 		size_t k = 0;

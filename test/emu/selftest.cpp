@@ -481,8 +481,8 @@ static int two_streams(const char *mode, int writer, int wait, int v)
 	if (wait)
 		cudaStreamWaitEvent(s[!writer], e, 0);
 	cudaMemcpyAsync(y, x, 64 * sizeof(int), cudaMemcpyDeviceToDevice, s[!writer]);
+	cudaDeviceSynchronize(); /* both streams, in the mode's order */
 	cudaMemcpyAsync(&h, y + 63, sizeof h, cudaMemcpyDeviceToHost, s[!writer]);
-	cudaStreamSynchronize(s[!writer]);
 	cudaFree(x);
 	cudaFree(y);
 	cudaEventDestroy(e);
@@ -494,26 +494,26 @@ static int two_streams(const char *mode, int writer, int wait, int v)
 
 static void test_streams(void)
 {
-	static const char *const modes[] = {"eager", "lazy", "lazy-reverse"};
+	static const char *const modes[] = {"eager", "late-first", "late-others"};
 	/* with the wait, every mode and either writer: the copy sees the write */
 	for (int m = 0; m < 3; m++)
 		for (int w = 0; w < 2; w++)
 			CHECK(two_streams(modes[m], w, 1, 5) == 5,
 			      "%s, writer stream %d, with the wait: the copy missed the write",
 			      modes[m], w);
-	/* without it, eager hides the missing dependency; for each writer one lazy order runs
-	 * the copy first, so it shows */
+	/* without it, eager hides the missing dependency; for each writer one of the late modes
+	 * runs the copy first, so it shows */
 	for (int w = 0; w < 2; w++) {
 		CHECK(two_streams("eager", w, 0, 5) == 5, "eager, writer %d: not in call order", w);
-		int shown = (two_streams("lazy", w, 0, 5) != 5) +
-			    (two_streams("lazy-reverse", w, 0, 5) != 5);
-		CHECK(shown == 1, "writer stream %d without the wait: shown in %d of the 2 lazy "
-		      "orders, want 1", w, shown);
+		int shown = (two_streams("late-first", w, 0, 5) != 5) +
+			    (two_streams("late-others", w, 0, 5) != 5);
+		CHECK(shown == 1, "writer stream %d without the wait: shown in %d of the 2 late "
+		      "modes, want 1", w, shown);
 	}
 
-	/* lazy: launch arguments and host sources are taken at the call; the event's stream is
-	 * drained exactly up to the record; cudaEventQuery tells what has run */
-	emu_streams_mode("lazy-reverse");
+	/* late-first: launch arguments and host sources are taken at the call; the event's stream
+	 * is drained exactly up to the record; cudaEventQuery tells what has run */
+	emu_streams_mode("late-first");
 	cudaStream_t s[2];
 	cudaEvent_t e;
 	cudaStreamCreateWithFlags(&s[0], cudaStreamNonBlocking);
@@ -528,19 +528,19 @@ static void test_streams(void)
 	LAUNCH_ON(s[0], k_set, 1, 32, y, 64, v);
 	v = 2;
 	cudaEventRecord(e, s[0]);
-	CHECK(cudaEventQuery(e) == cudaErrorNotReady, "lazy: an event queued behind work is ready");
+	CHECK(cudaEventQuery(e) == cudaErrorNotReady, "late-first: an event queued behind work is ready");
 	LAUNCH_ON(s[0], k_set, 1, 32, x, 32, v); /* after the record */
 	cudaStreamWaitEvent(s[1], e, 0);
 	cudaMemcpyAsync(y + 32, x, 32 * sizeof(int), cudaMemcpyDeviceToDevice, s[1]);
 	cudaStreamSynchronize(s[1]);
-	CHECK(cudaEventQuery(e) == cudaSuccess, "lazy: a reached event is not ready");
+	CHECK(cudaEventQuery(e) == cudaSuccess, "late-first: a reached event is not ready");
 	cudaMemcpyAsync(h, y, sizeof h, cudaMemcpyDeviceToHost, s[1]);
-	CHECK(h[0] == 1 && h[31] == 1, "lazy: the launch saw %d, not its argument at the call",
+	CHECK(h[0] == 1 && h[31] == 1, "late-first: the launch saw %d, not its argument at the call",
 	      h[0]);
-	CHECK(h[32] == 3 && h[63] == 3, "lazy-reverse: the waiting stream saw %d, not what the "
+	CHECK(h[32] == 3 && h[63] == 3, "late-first: the waiting stream saw %d, not what the "
 	      "event's stream held at the record (3)", h[32]);
 	cudaMemcpyAsync(h, x, sizeof h, cudaMemcpyDeviceToHost, s[0]);
-	CHECK(h[0] == 2 && h[40] == 3, "lazy: x holds %d %d, want 2 3 (the copy took the host "
+	CHECK(h[0] == 2 && h[40] == 3, "late-first: x holds %d %d, want 2 3 (the copy took the host "
 	      "buffer at the call)", h[0], h[40]);
 	cudaFree(x);
 	cudaFree(y);

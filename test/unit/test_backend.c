@@ -2543,3 +2543,88 @@ Test(backend, comm_self_round)
 		backend_close(be);
 	}
 }
+
+/* The second queue (backend.h, side_begin): transfers queued there run after the main queue's
+ * work before side_begin, and the main queue's work after side_wait runs after them; download
+ * waits for both queues. On cuda under the emulator this is checked again with
+ * CUDA_EMU_STREAMS=late-first and late-others (make test-cuda-emu), where a missing event shows:
+ * the transfer or the op after it would read memory still poisoned. Misuse is CORE_EUSAGE. */
+Test(backend, side_queue)
+{
+	char list[256], *save = NULL;
+	snprintf(list, sizeof list, "%s", backend_names());
+	for (char *name = strtok_r(list, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
+		struct backend *be = NULL;
+		int rc = backend_open(&be, name, NULL);
+		if (rc == CORE_EUNSUPPORTED)
+			continue;
+		cr_assert_eq(rc, 0, "%s: %s", name, err_detail());
+		const struct backend_ops *op = be->op;
+		if (!op->side_begin) {
+			cr_assert(!op->side_end && !op->side_wait, "%s: side_begin without the rest",
+				  name);
+			backend_close(be);
+			continue;
+		}
+		enum { N = 4099 };
+		float *a, *b, *c, *d, h[N];
+		cr_assert_eq(op->alloc(be, (void **)&a, sizeof h), 0);
+		cr_assert_eq(op->alloc(be, (void **)&b, sizeof h), 0);
+		cr_assert_eq(op->alloc(be, (void **)&c, sizeof h), 0);
+		cr_assert_eq(op->alloc(be, (void **)&d, sizeof h), 0);
+		int64_t m1 = -1, m2 = -1, m3 = -1;
+		/* main: a = 1, d = 0.5; side: b = a (the even and the odd rows of 64 floats, and
+		 * the tail), c = 0 */
+		cr_assert_eq(op->fill(be, a, N, 1.0f), 0);
+		cr_assert_eq(op->fill(be, d, N, 0.5f), 0);
+		cr_assert_eq(op->side_begin(be), 0, "%s: %s", name, err_detail());
+		cr_assert_eq(op->side_begin(be), CORE_EUSAGE, "%s: side_begin twice", name);
+		cr_assert_eq(op->copy_2d(be, b, 512, a, 512, 256, 32), 0);
+		cr_assert_eq(op->copy_2d(be, b + 64, 512, a + 64, 512, 256, 32), 0);
+		cr_assert_eq(op->copy_2d(be, b + 4096, 0, a + 4096, 0, 3 * sizeof(float), 1), 0);
+		cr_assert_eq(op->memset(be, c, 0, sizeof h), 0);
+		cr_assert_eq(op->side_end(be, &m1), 0, "%s: %s", name, err_detail());
+		cr_assert_eq(op->side_end(be, NULL), CORE_EUSAGE, "%s: side_end twice", name);
+		cr_assert_eq(op->side_wait(be, m1 + 1), CORE_EUSAGE, "%s: a mark not made", name);
+		cr_assert_eq(op->side_wait(be, -1), CORE_EUSAGE, "%s: mark -1", name);
+		/* main, after the mark: d += b, d += c (1.5) */
+		cr_assert_eq(op->side_wait(be, m1), 0, "%s: %s", name, err_detail());
+		cr_assert_eq(op->add_f32(be, d, b, N), 0);
+		cr_assert_eq(op->add_f32(be, d, c, N), 0);
+		/* side again: b = d, after the additions (side_begin's order); main waits, d += b
+		 * (3) */
+		cr_assert_eq(op->side_begin(be), 0);
+		cr_assert_eq(op->copy_2d(be, b, 0, d, 0, sizeof h, 1), 0);
+		cr_assert_eq(op->side_end(be, &m2), 0);
+		cr_assert_eq(op->side_wait(be, m2), 0);
+		cr_assert_eq(op->add_f32(be, d, b, N), 0);
+		/* a transfer no op waits for: download waits for it by itself */
+		cr_assert_eq(op->side_begin(be), 0);
+		cr_assert_eq(op->copy_2d(be, c, 0, d, 0, sizeof h, 1), 0);
+		cr_assert_eq(op->side_end(be, &m3), 0);
+		cr_assert(m1 < m2 && m2 < m3, "%s: marks %lld %lld %lld do not increase", name,
+			  (long long)m1, (long long)m2, (long long)m3);
+		cr_assert_eq(op->download(be, h, c, sizeof h), 0, "%s: %s", name, err_detail());
+		int bad = 0;
+		for (int i = 0; i < N; i++)
+			bad += h[i] != 3.0f;
+		cr_assert_eq(bad, 0, "%s: %d of %d results are not 3 (c[0] = %g, c[%d] = %g)", name,
+			     bad, N, (double)h[0], N - 1, (double)h[N - 1]);
+		/* many marks: the ring wraps, and waiting for an old one still works */
+		for (int i = 0; i < 2 * BACKEND_SIDE_MARKS + 3; i++) {
+			cr_assert_eq(op->side_begin(be), 0);
+			cr_assert_eq(op->memset(be, b, 0, sizeof h), 0);
+			cr_assert_eq(op->side_end(be, NULL), 0);
+		}
+		cr_assert_eq(op->side_wait(be, m1), 0, "%s: an old mark: %s", name, err_detail());
+		cr_assert_eq(op->sync(be), 0);
+		op->free(be, a);
+		op->free(be, b);
+		op->free(be, c);
+		op->free(be, d);
+		fprintf(stderr, "test_backend: side_queue on '%s': transfers on the second queue in "
+			"order with the ops around them, by side_begin and side_wait (%s)\n", name,
+			getenv("CUDA_EMU_STREAMS") ? getenv("CUDA_EMU_STREAMS") : "device order");
+		backend_close(be);
+	}
+}

@@ -306,7 +306,7 @@ void emu_launch_fn(const char *kernel, const void *func, const char *file, int l
 		   dim3 block, size_t smem, cudaStream_t stream, std::function<void()> call);
 
 /* The arguments are evaluated and copied at the launch, as CUDA does, so that a launch queued
- * on a stream that runs later (CUDA_EMU_STREAMS=lazy) sees the values of the launch. */
+ * on a stream that runs later (CUDA_EMU_STREAMS=late-first, late-others) sees the values of the launch. */
 template <typename K, typename... A>
 static inline void emu_launch(const char *name, const void *func, const char *file, int line,
 			      dim3 grid, dim3 block, size_t smem, cudaStream_t stream, K kernel,
@@ -318,12 +318,12 @@ static inline void emu_launch(const char *name, const void *func, const char *fi
 		      });
 }
 
-/* Work on stream: run now (CUDA_EMU_STREAMS=eager, or the legacy stream 0), or when the stream
- * is drained (lazy; emu.cpp, "streams and events"). For the copies, sorts and transfers the
- * emulator itself queues, after checking their arguments. */
+/* Work on stream: run now, or when something needs it (CUDA_EMU_STREAMS; emu.cpp, "streams and
+ * events"). For the copies, sorts and transfers the emulator itself queues, after checking
+ * their arguments. */
 void emu_enqueue(cudaStream_t stream, std::function<void()> work);
-/* For test/emu/selftest: CUDA_EMU_STREAMS from now on ("eager", "lazy", "lazy-reverse"), after
- * draining what is queued. */
+/* For test/emu/selftest: CUDA_EMU_STREAMS from now on ("eager", "late-first", "late-others"),
+ * after draining what is queued. */
 void emu_streams_mode(const char *mode);
 
 /* The running launch's dynamic shared memory (its smem bytes, poisoned before each block). */
