@@ -50,6 +50,8 @@ enum {
 	OPT_A2A,
 	OPT_LOCAL_SIZE,
 	OPT_DICT,
+	OPT_STAGE_TIMES,
+	OPT_NO_OVERLAP,
 	OPT_USE_2DH,
 	OPT_PRECISION,
 	OPT_DTYPE,
@@ -166,6 +168,12 @@ static const struct cli_opt dist_opts[] = {
 	{"dict", OPT_DICT, 0, CLI_ARG, "FILE",
 	 "each step's plan from a moe-profile dictionary, then\n"
 	 "every static plan on the same steps, compared"},
+	{"stage-times", OPT_STAGE_TIMES, 0, CLI_FLAG, NULL,
+	 "on a device: time every stage and exchange (the\n"
+	 "device synchronized at each; nothing overlaps)"},
+	{"no-overlap", OPT_NO_OVERLAP, 0, CLI_FLAG, NULL,
+	 "on a device: the exchanges in order with the experts,\n"
+	 "not on the second stream (what overlap saves)"},
 	CLI_OPT_END,
 };
 /* Tutel's flags (tutel/examples/helloworld.py), with Tutel's meanings: any of them runs the
@@ -244,12 +252,13 @@ static const char *flops_formula =
 	"sum_e min(n_e, C); the same count for both formulations; GFLOP/s = flops / median "
 	"step time";
 
-#define MS(v) json_real(1e3 * (v))
-
 static json_t *num_or_null(double v)
 {
 	return isfinite(v) ? json_real(v) : json_null();
 }
+/* milliseconds; null for a time not measured (NaN: a device's exchanges unless
+ * --stage-times) */
+#define MS(v) num_or_null(1e3 * (v))
 #define STAGE(s, f) moe_bench_stage_median(s, offsetof(struct moe_times, f))
 
 static json_t *times_json(const struct moe_bench_samples *s)
@@ -715,7 +724,8 @@ static int report_dist(const struct moe_bench_dist_opts *o, const char *trace, c
 {
 	const long n = r->n;
 	double mn, mx, md = stats_median(r->step, n, &mn, &mx);
-	const double comm = med(r->comm, n), gemm = med(r->gemm, n);
+	/* NaN when the device's exchanges were not timed (every step alike) */
+	const double comm = isnan(r->comm[0]) ? NAN : med(r->comm, n), gemm = med(r->gemm, n);
 	json_t *j = dist_base_json(o, trace);
 	json_object_set_new(j, "run", json_string(name));
 	if (o->dict)
@@ -752,7 +762,8 @@ static int report_dist(const struct moe_bench_dist_opts *o, const char *trace, c
 	/* The share of the exchanges the experts hid: 1 - waited / exchanged, from the medians
 	 * over steps; below 0 when this rank waited longer than its exchanges took (for a
 	 * slower rank). */
-	const double ce = med(r->exposed, n), hidden = comm > 0 ? 1.0 - ce / comm : NAN;
+	const double ce = isnan(r->exposed[0]) ? NAN : med(r->exposed, n);
+	const double hidden = comm > 0 ? 1.0 - ce / comm : NAN;
 	json_object_set_new(j, "comm_exposed_ms", MS(ce));
 	json_object_set_new(j, "overlap", num_or_null(hidden));
 	if (o->dict)
@@ -774,9 +785,14 @@ static int report_dist(const struct moe_bench_dist_opts *o, const char *trace, c
 		snprintf(hid, sizeof hid, " (%ld steps took the nearest bucket)", r->nearest);
 	else if (comm > 0 && o->plan.d > 1 && !o->dict)
 		snprintf(hid, sizeof hid, ", %.0f%% hidden", 100.0 * hidden);
-	fprintf(stderr, "%-22s step %8.2f ms (min %.2f, max %.2f)  total %9.1f ms  exchanges %.2f "
-		"ms%s  GEMM %.2f ms  C %lld..%lld  dropped %lld\n", name, 1e3 * md, 1e3 * mn,
-		1e3 * mx, 1e3 * r->total, 1e3 * comm, hid, 1e3 * gemm, (long long)cmin,
+	char ex[64];
+	if (isnan(comm))
+		snprintf(ex, sizeof ex, "untimed (--stage-times)");
+	else
+		snprintf(ex, sizeof ex, "%.2f ms", 1e3 * comm);
+	fprintf(stderr, "%-22s step %8.2f ms (min %.2f, max %.2f)  total %9.1f ms  exchanges %s%s"
+		"  GEMM %.2f ms  C %lld..%lld  dropped %lld\n", name, 1e3 * md, 1e3 * mn,
+		1e3 * mx, 1e3 * r->total, ex, hid, 1e3 * gemm, (long long)cmin,
 		(long long)cmax, (long long)dsum);
 	return print_json(j);
 }
@@ -1041,6 +1057,7 @@ struct args {
 	const char *trace_path, *device, *dict_path;
 	long r, d, local_size;
 	int a2a, distopt; /* distopt: an option of "Distributed" was given */
+	int stage_times, no_overlap;
 	int print_steps;
 	struct step_log log; /* --print-steps */
 	double *trace;    /* --trace's settings, o.trace_n of them; the caller frees */
@@ -1191,6 +1208,8 @@ static int parse_option(struct args *a, int c)
 		a->distopt = 1;
 		break;
 	case OPT_DICT: a->dict_path = optarg; a->distopt = 1; break;
+	case OPT_STAGE_TIMES: a->stage_times = a->distopt = 1; break;
+	case OPT_NO_OVERLAP: a->no_overlap = a->distopt = 1; break;
 	case OPT_USE_2DH: a->a2a = DIST_A2A_2DH; a->distopt = 1; break;
 	case 'n':
 		rc = cli_parse_long("--iterations", optarg, 1, 1L << 30, &a->o.iters);
@@ -1433,7 +1452,8 @@ static int main_dist(struct args *a)
 			.input_grad = o->input_grad, .iters = o->iters, .warmup = o->warmup,
 			.trace = o->trace, .trace_n = o->trace_n,
 			.plan = {.r = (int)a->r, .d = (int)a->d, .a = (enum dist_a2a)a->a2a},
-			.hook = o->hook,
+			.hook = o->hook, .stage_times = a->stage_times,
+			.no_overlap = a->no_overlap,
 		};
 		rc = a->only == ONLY_ALLTOALL ? run_a2a(&dopt)
 					      : run_dist(&dopt, a->trace_path, a->dict_path);

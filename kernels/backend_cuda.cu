@@ -205,8 +205,8 @@ static int cu_copy(struct backend *be, void *dst, const void *src, size_t bytes)
 {
 	struct cuda_ctx *c = cuda_ctx_of(be);
 	if (bytes)
-		CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream),
-			 "copy");
+		CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+					 cuda_xfer_stream(c)), "copy");
 	return 0;
 }
 
@@ -1358,6 +1358,7 @@ static const struct backend_ops cuda_ops = {
 	.moe_gate_backward = cuda_moe_gate_backward,
 	.moe_count = cuda_moe_count,
 	.moe_locations = cuda_moe_locations,
+	.moe_route_copies = cuda_moe_route_copies,
 	.moe_encode = cuda_moe_encode,
 	.moe_decode = cuda_moe_decode,
 	.moe_decode_backward = cuda_moe_decode_backward,

@@ -52,8 +52,8 @@ struct cuda_ctx {
 	int64_t nmarks;                        /* marks made so far */
 };
 
-/* The queue of copy_2d, memset and comm_exchange: the second one between side_begin and
- * side_end. */
+/* The queue of copy, copy_2d, memset and comm_exchange: the second one between side_begin
+ * and side_end. */
 static inline cudaStream_t cuda_xfer_stream(const struct cuda_ctx *c)
 {
 	return c->on_side ? c->side : c->stream;
@@ -138,6 +138,8 @@ int cuda_moe_gate_backward(struct backend *be, const struct backend_moe_gate *g,
 int cuda_moe_count(struct backend *be, const int32_t *idx, int64_t n, int E, int64_t *count);
 int cuda_moe_locations(struct backend *be, const int32_t *idx, const float *top, int64_t T,
 		       int k, int E, int64_t C, int32_t *loc);
+int cuda_moe_route_copies(struct backend *be, const struct backend_moe_route *in, int r,
+			  int32_t *vidx, int32_t *vloc, float *vscore, int64_t *vcount);
 int cuda_moe_encode(struct backend *be, const struct backend_moe_route *r, const float *x,
 		    float *disp, int64_t M, int zero_pad);
 int cuda_moe_decode(struct backend *be, const struct backend_moe_route *r, const float *eo,

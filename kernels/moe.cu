@@ -838,6 +838,41 @@ int cuda_moe_count(struct backend *be, const int32_t *idx, int64_t n, int E, int
 	return 0;
 }
 
+/* The r copies' route (backend.h, moe_route_copies): one thread per copied choice. */
+__global__ void route_copies_kernel(const int32_t *__restrict__ idx,
+				    const int32_t *__restrict__ loc,
+				    const float *__restrict__ score, int64_t n, int r,
+				    int32_t *__restrict__ vidx, int32_t *__restrict__ vloc,
+				    float *__restrict__ vscore)
+{
+	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * r;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		const int64_t t = i % n;
+		vidx[i] = idx[t] * r + (int32_t)(i / n);
+		vloc[i] = loc[t];
+		vscore[i] = score[t];
+	}
+}
+
+int cuda_moe_route_copies(struct backend *be, const struct backend_moe_route *in, int r,
+			  int32_t *vidx, int32_t *vloc, float *vscore, int64_t *vcount)
+{
+	struct cuda_ctx *c = cuda_ctx_of(be);
+	const int64_t n = (int64_t)in->k * in->T;
+	if (n > 0) {
+		CUDA_LAUNCH(route_copies_kernel, cuda_grid(c, (size_t)(n * r), 256), 256, 0,
+			    c->stream, in->idx, in->loc, in->score, n, r, vidx, vloc, vscore);
+		CUDA_LAUNCHED("moe_route_copies");
+	}
+	/* vcount[e*r + j] = count[e]: copy j writes every r-th count */
+	for (int j = 0; j < r && in->E > 0; j++)
+		CUDA_TRY(cudaMemcpy2DAsync(vcount + j, sizeof(int64_t) * (size_t)r, in->count,
+					   sizeof(int64_t), sizeof(int64_t), (size_t)in->E,
+					   cudaMemcpyDeviceToDevice, c->stream),
+			 "moe_route_copies");
+	return 0;
+}
+
 /* BPR sort keys: ascending order of key = descending top, -0 as +0 (the radix sort is
  * stable, so ties keep token order). */
 __global__ void loc_order_keys(const float *__restrict__ top, int64_t T, uint32_t *key,

@@ -336,6 +336,13 @@ struct backend_ops {
 	 * visited before it, kept when loc < C, else loc = -1 (dropped). */
 	int (*moe_locations)(struct backend *be, const int32_t *idx, const float *top, int64_t T,
 			     int k, int E, int64_t C, int32_t *loc);
+	/* The route of r copies of every expert (the distributed layer at r > 1,
+	 * lib/moe/moe_dist.c), from in's arrays, n = in->k * in->T: for i < n and j < r,
+	 * vidx[j*n + i] = in->idx[i] * r + j, vloc[j*n + i] = in->loc[i] and
+	 * vscore[j*n + i] = in->score[i]; vcount[e*r + j] = in->count[e] for e < in->E. NULL
+	 * where backend memory is host memory (cpu, ref): the caller writes them itself. */
+	int (*moe_route_copies)(struct backend *be, const struct backend_moe_route *in, int r,
+				int32_t *vidx, int32_t *vloc, float *vscore, int64_t *vcount);
 	/* Encode (Tutel K0): disp[E,C,M] row (idx, loc) = x[t] for every kept choice of token t;
 	 * rows past min(n_e, C) of each expert are zeroed when zero_pad, else left as they
 	 * are. */
@@ -433,18 +440,19 @@ struct backend_ops {
 	/* ---- a second queue (NULL where ops run in call order anyway: cpu, ref) -------------
 	 *
 	 * For transfers that overlap the ops: the MoE layer's exchanges beside its experts'
-	 * products (lib/moe/moe_dist.c). side_begin: the copy_2d, memset and comm_exchange
-	 * called from now on are queued on the backend's second queue, after everything queued
-	 * on the main queue so far and after the second queue's own earlier work; every other
-	 * op stays on the main queue. side_end: those three go back to the main queue, and
-	 * *mark (if mark is not NULL) names the second queue's work so far. side_wait: the main
-	 * queue's ops queued from now on wait until the second queue has run past mark. Nothing
-	 * else orders the two queues: a main op that reads what the second queue writes needs a
-	 * side_wait first, and a transfer must not write what the main queue still reads (the
-	 * caller orders them with these calls). sync, upload and download wait for both queues.
-	 * side_begin twice without a side_end between, side_end without side_begin and a mark
-	 * not yet made are CORE_EUSAGE. Marks are kept in a ring of BACKEND_SIDE_MARKS: waiting
-	 * for an older one waits for a later point of the second queue (correct, later). */
+	 * products (lib/moe/moe_dist.c). side_begin: the copy, copy_2d, memset and
+	 * comm_exchange called from now on are queued on the backend's second queue, after
+	 * everything queued on the main queue so far and after the second queue's own earlier
+	 * work; every other op stays on the main queue. side_end: those four go back to the
+	 * main queue, and *mark (if mark is not NULL) names the second queue's work so far.
+	 * side_wait: the main queue's ops queued from now on wait until the second queue has
+	 * run past mark. Nothing else orders the two queues: a main op that reads what the
+	 * second queue writes needs a side_wait first, and a transfer must not write what the
+	 * main queue still reads (the caller orders them with these calls). sync, upload and
+	 * download wait for both queues. side_begin twice without a side_end between, side_end
+	 * without side_begin and a mark not yet made are CORE_EUSAGE. Marks are kept in a ring
+	 * of BACKEND_SIDE_MARKS: waiting for an older one waits for a later point of the second
+	 * queue (correct, later). */
 	int (*side_begin)(struct backend *be);
 	int (*side_end)(struct backend *be, int64_t *mark);
 	int (*side_wait)(struct backend *be, int64_t mark);

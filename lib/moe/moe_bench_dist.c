@@ -16,6 +16,8 @@ int moe_bench_dist_data_init(struct moe_bench_dist_data *dd, const struct moe_be
 
 	memset(dd, 0, sizeof *dd);
 	ERR_FORWARD(moe_dist_layer_init(&dd->l, cfg, be, o->d));
+	moe_dist_layer_set_timing(dd->l, o->stage_times);
+	moe_dist_layer_set_overlap(dd->l, !o->no_overlap);
 	const struct moe_dist_place *pl = moe_dist_layer_place(dd->l);
 	ERR_FORWARD(moe_dist_params_alloc(&dd->p, cfg, pl, be));
 	ERR_FORWARD(moe_dist_params_alloc(&dd->g, cfg, pl, be));

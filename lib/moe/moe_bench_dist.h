@@ -32,6 +32,8 @@ struct moe_bench_dist_opts {
 	const struct moe_dict *dict; /* each step's plan looked up by its C_g */
 	struct moe_bench_hook hook;  /* after each timed step, on every rank (aux: the mean over
 				      * ranks; seconds: the slowest rank's) */
+	int stage_times;        /* a device: moe_dist_layer_set_timing(1) */
+	int no_overlap;         /* a device: moe_dist_layer_set_overlap(0) */
 };
 
 /* The layer, its parameter shard and gradients, and the step's arrays on this rank. */

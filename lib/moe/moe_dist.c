@@ -343,7 +343,9 @@ struct moe_dist_layer {
 	struct backend *be;
 	struct dist *d;
 	struct dist_dev *dd;  /* device memory (be not host-visible): every exchange; else NULL */
-	double dev_comm;      /* seconds in device exchanges (dd), since the layer began */
+	double dev_comm;      /* seconds in device exchanges (dd, timed), since the layer began */
+	int overlap;          /* dd: the tokens' exchanges on the backend's second queue */
+	int timing;           /* stages (and dd's exchanges) timed between syncs */
 	struct moe_layer *ml; /* local gating and locations */
 	int64_t T;
 	int k, routed, have_forward, input_grad;
@@ -420,6 +422,8 @@ int moe_dist_layer_init(struct moe_dist_layer **out, const struct moe_config *cf
 		if (rc == 0)
 			rc = dist_dev_open(&l->dd, d, be);
 	}
+	l->overlap = l->dd && be->op->side_begin;
+	l->timing = be->host_visible;
 	if (rc < 0) {
 		moe_dist_layer_free(l);
 		return rc;
@@ -455,6 +459,16 @@ const struct moe_dist_step *moe_dist_layer_last(const struct moe_dist_layer *l)
 {
 	return &l->last;
 }
+void moe_dist_layer_set_timing(struct moe_dist_layer *l, int on)
+{
+	l->timing = on || l->be->host_visible;
+}
+
+void moe_dist_layer_set_overlap(struct moe_dist_layer *l, int on)
+{
+	l->overlap = on && l->dd && l->be->op->side_begin;
+}
+
 void moe_dist_layer_stats(const struct moe_dist_layer *l, struct moe_dist_stats *s)
 {
 	*s = l->st;
@@ -466,8 +480,11 @@ void moe_dist_layer_stats(const struct moe_dist_layer *l, struct moe_dist_stats 
 	}
 }
 
+/* A stage boundary: NaN when stages are not timed (a device left to run ahead). */
 static double clock_be(struct moe_dist_layer *l)
 {
+	if (!l->timing)
+		return NAN;
 	l->be->op->sync(l->be);
 	return now_seconds();
 }
@@ -564,6 +581,18 @@ static int build_vroute(struct moe_dist_layer *l, int r)
 		l->vroute = *moe_layer_route(l->ml);
 		return 0;
 	}
+	ERR_FORWARD(grow(l, &l->vidx, need * sizeof(int32_t)));
+	ERR_FORWARD(grow(l, &l->vloc, need * sizeof(int32_t)));
+	ERR_FORWARD(grow(l, &l->vscore, need * sizeof(float)));
+	ERR_FORWARD(grow(l, &l->vcount, (size_t)(E * l->pl.s) * sizeof(int64_t)));
+	l->vroute = (struct backend_moe_route){.T = l->T, .C = l->C, .E = (int)(E * r),
+					       .k = l->k * r, .idx = l->vidx.p,
+					       .loc = l->vloc.p, .score = l->vscore.p,
+					       .count = l->vcount.p};
+	if (be->op->moe_route_copies) /* on the device, queued: no round trip through the host */
+		return be->op->moe_route_copies(be, moe_layer_route(l->ml), r, l->vidx.p,
+						l->vloc.p, l->vscore.p, l->vcount.p);
+	/* host memory: built on the host */
 	if (l->hcap < need || !l->hcount) {
 		free(l->hidx);
 		free(l->hloc);
@@ -580,10 +609,6 @@ static int build_vroute(struct moe_dist_layer *l, int r)
 			return err_set(CORE_ENOMEM, NULL, "cannot allocate the virtual route");
 		}
 	}
-	ERR_FORWARD(grow(l, &l->vidx, need * sizeof(int32_t)));
-	ERR_FORWARD(grow(l, &l->vloc, need * sizeof(int32_t)));
-	ERR_FORWARD(grow(l, &l->vscore, need * sizeof(float)));
-	ERR_FORWARD(grow(l, &l->vcount, (size_t)(E * l->pl.s) * sizeof(int64_t)));
 	ERR_FORWARD(be->op->download(be, l->hidx, rt->idx, (size_t)kT * sizeof(int32_t)));
 	ERR_FORWARD(be->op->download(be, l->hloc, rt->loc, (size_t)kT * sizeof(int32_t)));
 	ERR_FORWARD(be->op->download(be, l->hscore, rt->score, (size_t)kT * sizeof(float)));
@@ -600,10 +625,6 @@ static int build_vroute(struct moe_dist_layer *l, int r)
 	ERR_FORWARD(be->op->upload(be, l->vloc.p, l->hloc, need * sizeof(int32_t)));
 	ERR_FORWARD(be->op->upload(be, l->vscore.p, l->hscore, need * sizeof(float)));
 	ERR_FORWARD(be->op->upload(be, l->vcount.p, l->hcount, (size_t)(E * r) * sizeof(int64_t)));
-	l->vroute = (struct backend_moe_route){.T = l->T, .C = l->C, .E = (int)(E * r),
-					       .k = l->k * r, .idx = l->vidx.p,
-					       .loc = l->vloc.p, .score = l->vscore.p,
-					       .count = l->vcount.p};
 	return 0;
 }
 
@@ -817,8 +838,8 @@ static int exchange(struct moe_dist_layer *l, const struct geom *G, enum dist_a2
 		return 0;
 	spans(l, G, i, dispatch, layout, piecebuf, &snd, &rcv);
 	l->st.token_bytes_moved += (double)(l->pl.W - 1) * G->nle * (double)n * (double)rb;
-	if (l->dd) {
-		/* in stream order, timed between two syncs: nothing overlaps it anyway */
+	if (l->dd && l->timing) {
+		/* timed between two syncs: nothing overlaps it */
 		ERR_FORWARD(l->be->op->sync(l->be));
 		const double t0 = now_seconds();
 		ERR_FORWARD(dist_dev_alltoall(l->dd, a, &snd, &rcv, G->nle, n, rb));
@@ -828,6 +849,17 @@ static int exchange(struct moe_dist_layer *l, const struct geom *G, enum dist_a2
 		l->dev_comm += t;
 		return 0;
 	}
+	if (l->dd && async) {
+		/* on the backend's second queue, after everything queued so far (the encode, or
+		 * the piece's experts); the ticket is its mark */
+		struct backend *be = l->be;
+		ERR_FORWARD(be->op->side_begin(be));
+		int rc = dist_dev_alltoall(l->dd, a, &snd, &rcv, G->nle, n, rb);
+		int rc2 = be->op->side_end(be, ticket);
+		return rc < 0 ? rc : rc2;
+	}
+	if (l->dd) /* queued in order with the experts */
+		return dist_dev_alltoall(l->dd, a, &snd, &rcv, G->nle, n, rb);
 	if (async)
 		return dist_alltoall_start(l->d, a, &snd, &rcv, G->nle, n, rb, ticket);
 	const double t0 = now_seconds();
@@ -836,9 +868,12 @@ static int exchange(struct moe_dist_layer *l, const struct geom *G, enum dist_a2
 	return rc;
 }
 
-/* Wait for a ticket, counting the time the experts stood still. */
+/* Wait for a ticket, counting the time the experts stood still; on a device, the main queue
+ * waits for the second queue's mark (the host goes on). */
 static int wait_for(struct moe_dist_layer *l, int64_t ticket)
 {
+	if (l->dd)
+		return l->be->op->side_wait(l->be, ticket);
 	const double t0 = now_seconds();
 	int rc = dist_wait(l->d, ticket);
 	l->exposed += now_seconds() - t0;
@@ -846,13 +881,18 @@ static int wait_for(struct moe_dist_layer *l, int64_t ticket)
 }
 
 /* The pipeline of d pieces: dispatch i+1 and return i-1 run on the communication thread
- * while piece i computes. ret == 0: nothing goes back (backward without an input
- * gradient). */
+ * (host memory) or the backend's second queue (a device) while piece i computes. ret == 0:
+ * nothing goes back (backward without an input gradient). On a device each piece's experts
+ * wait for its dispatch's mark, and each return starts after its piece's experts (side_begin
+ * orders it after everything queued before); the main queue waits for the last mark before
+ * anything reads the results. Timed device stages (moe_dist_layer_set_timing) run the
+ * exchanges in order instead, each between two syncs. */
 static int pipeline(struct moe_dist_layer *l, const struct piece_ctx *c, enum dist_a2a a,
 		    float *src, float *in, float *outp, float *dst, int ret)
 {
 	const struct geom *G = c->G;
-	const int P = G->pieces, async = P > 1 && !l->dd; /* device: one stream, in order */
+	const int P = G->pieces;
+	const int async = P > 1 && (!l->dd || (l->overlap && !l->timing));
 	int64_t t_in[MAX_PIECES], last = -1;
 
 	for (int i = 0; i < P; i++)
@@ -951,6 +991,8 @@ int moe_dist_forward_routed(struct moe_dist_layer *l, const struct moe_params *p
 	dist_stats(l->d, &ds1);
 	l->last.comm = ds1.comm_seconds - ds0.comm_seconds + (l->dev_comm - dc0);
 	l->last.comm_exposed = l->exposed;
+	if (l->dd && !l->timing) /* the device ran ahead: its exchanges were not timed */
+		l->last.comm = l->last.comm_exposed = NAN;
 	l->last.gemm = be->op->gemm_seconds(be) - g0;
 	l->have_forward = 1;
 	l->st.steps++;

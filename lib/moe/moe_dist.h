@@ -53,9 +53,14 @@
  * and the gate gradient's all-reduce (summed in rank order: the same bits on every rank),
  * and the tokens' All-to-All (a = linear or 2dh; a = mpi, which runs on host memory, is
  * CORE_EUSAGE). Only small host values (capacity, drops, auxiliary loss, agreement) go over
- * MPI. Pipelining d > 1 cuts the exchange as on the host, but the pieces run in stream order
- * on the backend's one stream, each exchange timed between two syncs: no overlap yet
- * (comm_exposed = comm). The host path (cpu, ref) is unchanged.
+ * MPI. Pipelining d > 1 cuts the exchange as on the host, and the pieces' All-to-Alls run on
+ * the backend's second queue (backend.h, side_begin; a second CUDA stream), ordered with the
+ * experts by marks: piece i's exchange overlaps piece i-1's expert GEMMs. Nothing waits for
+ * the device between the stages: the step's stage times, comm and comm_exposed are NaN
+ * unless moe_dist_layer_set_timing asked for them, which synchronizes at every stage and
+ * runs each exchange between two syncs (so nothing overlaps while timed). r > 1's route of
+ * r expert copies is built on the device (moe_route_copies). The host path (cpu, ref) is
+ * unchanged: stages always timed, d > 1 on the communication thread.
  *
  * Memory: the shard storage never changes; the layer's workspace (gathered parameters,
  * dispatch and receive buffers, activations) grows to the largest step and is reused, so
@@ -131,7 +136,8 @@ struct moe_dist_step {
 	float aux_loss;   /* mean over ranks */
 	struct moe_plan plan;
 	double gate, encode, gather, experts, decode;    /* forward stages; experts includes */
-	double bwd_decode, bwd_experts, bwd_encode, bwd_gate, reduce; /* its exchanges */
+	double bwd_decode, bwd_experts, bwd_encode, bwd_gate, reduce; /* its exchanges (NaN on
+							 * a device, unless timed) */
 	double comm;      /* seconds inside All-to-All exchanges (either thread), fwd + bwd */
 	double comm_exposed; /* of which the caller's thread ran or waited for them: with
 			      * d > 1, 1 - comm_exposed / comm is the share pipelining hid */
@@ -184,5 +190,14 @@ int moe_dist_backward(struct moe_dist_layer *l, const struct moe_params *p,
 
 const struct moe_dist_step *moe_dist_layer_last(const struct moe_dist_layer *l);
 void moe_dist_layer_stats(const struct moe_dist_layer *l, struct moe_dist_stats *s);
+
+/* On a device: time the stages and exchanges of the steps from now on (on = 1; the device is
+ * synchronized at every stage and nothing overlaps), or let it run ahead (0, the default).
+ * Host memory is always timed (its syncs cost nothing). Every rank alike. */
+void moe_dist_layer_set_timing(struct moe_dist_layer *l, int on);
+/* On a device with a second queue: the pipeline's exchanges there (1, the default) or in
+ * order with the experts on the main queue (0: what the overlap saves is the difference).
+ * Ignored on host memory. Every rank alike. */
+void moe_dist_layer_set_overlap(struct moe_dist_layer *l, int on);
 
 #endif

@@ -2628,3 +2628,85 @@ Test(backend, side_queue)
 		backend_close(be);
 	}
 }
+
+/* moe_route_copies (backend.h) against the definition written out on the host, exactly, at
+ * several sizes and r; NULL on the host backends (the layer writes the copies itself). */
+Test(backend, moe_route_copies)
+{
+	char list[256], *save = NULL;
+	snprintf(list, sizeof list, "%s", backend_names());
+	for (char *name = strtok_r(list, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
+		struct backend *be = NULL;
+		int rc = backend_open(&be, name, NULL);
+		if (rc == CORE_EUNSUPPORTED)
+			continue;
+		cr_assert_eq(rc, 0, "%s: %s", name, err_detail());
+		if (!be->op->moe_route_copies) {
+			cr_assert(be->host_visible, "%s: device memory without moe_route_copies", name);
+			backend_close(be);
+			continue;
+		}
+		static const struct {
+			int T, k, E, r;
+		} sh[] = {{1, 1, 1, 2}, {37, 2, 3, 2}, {300, 2, 8, 4}, {129, 3, 5, 3}, {64, 1, 2, 8}};
+		int cases = 0;
+		for (size_t c = 0; c < sizeof sh / sizeof sh[0]; c++) {
+			const int64_t n = (int64_t)sh[c].k * sh[c].T, E = sh[c].E, r = sh[c].r;
+			int32_t *idx = malloc(sizeof(int32_t) * n), *loc = malloc(sizeof(int32_t) * n);
+			float *score = malloc(sizeof(float) * n);
+			int64_t *count = malloc(sizeof(int64_t) * E);
+			int32_t *vi = malloc(sizeof(int32_t) * n * r), *vl = malloc(sizeof(int32_t) * n * r);
+			float *vs = malloc(sizeof(float) * n * r);
+			int64_t *vc = malloc(sizeof(int64_t) * E * r);
+			cr_assert(idx && loc && score && count && vi && vl && vs && vc);
+			uint64_t s = 0x9e3779b97f4a7c15ull * (c + 1);
+			for (int64_t i = 0; i < n; i++) {
+				s = s * 6364136223846793005ull + 1442695040888963407ull;
+				idx[i] = (int32_t)((s >> 33) % (uint64_t)E);
+				loc[i] = (int32_t)((s >> 13) % 50) - 1;
+				score[i] = (float)(s >> 40) / 16777216.0f - 0.5f;
+			}
+			for (int64_t e = 0; e < E; e++)
+				count[e] = 1000 * e + 7 * (int64_t)c;
+			void *d[8];
+			size_t bytes[8] = {sizeof(int32_t) * n, sizeof(int32_t) * n, sizeof(float) * n,
+					   sizeof(int64_t) * E, sizeof(int32_t) * n * r,
+					   sizeof(int32_t) * n * r, sizeof(float) * n * r,
+					   sizeof(int64_t) * E * r};
+			const void *h[4] = {idx, loc, score, count};
+			for (int i = 0; i < 8; i++) {
+				cr_assert_eq(be->op->alloc(be, &d[i], bytes[i]), 0);
+				if (i < 4)
+					cr_assert_eq(be->op->upload(be, d[i], h[i], bytes[i]), 0);
+			}
+			const struct backend_moe_route in = {.T = sh[c].T, .C = 50, .E = (int)E,
+							     .k = sh[c].k, .idx = d[0], .loc = d[1],
+							     .score = d[2], .count = d[3]};
+			cr_assert_eq(be->op->moe_route_copies(be, &in, (int)r, d[4], d[5], d[6], d[7]),
+				     0, "%s: %s", name, err_detail());
+			cr_assert_eq(be->op->download(be, vi, d[4], bytes[4]), 0);
+			cr_assert_eq(be->op->download(be, vl, d[5], bytes[5]), 0);
+			cr_assert_eq(be->op->download(be, vs, d[6], bytes[6]), 0);
+			cr_assert_eq(be->op->download(be, vc, d[7], bytes[7]), 0);
+			for (int64_t j = 0; j < r; j++)
+				for (int64_t i = 0; i < n; i++) {
+					cr_assert_eq(vi[j * n + i], idx[i] * r + j, "%s T=%d r=%d: vidx[%lld]",
+						     name, sh[c].T, (int)r, (long long)(j * n + i));
+					cr_assert_eq(vl[j * n + i], loc[i]);
+					cr_assert(memcmp(&vs[j * n + i], &score[i], 4) == 0);
+				}
+			for (int64_t e = 0; e < E; e++)
+				for (int64_t j = 0; j < r; j++)
+					cr_assert_eq(vc[e * r + j], count[e], "%s: vcount[%lld]", name,
+						     (long long)(e * r + j));
+			for (int i = 0; i < 8; i++)
+				be->op->free(be, d[i]);
+			free(idx), free(loc), free(score), free(count);
+			free(vi), free(vl), free(vs), free(vc);
+			cases++;
+		}
+		fprintf(stderr, "test_backend: moe_route_copies on '%s': %d routes copied r = 2 to 8 "
+			"times, equal to the definition\n", name, cases);
+		backend_close(be);
+	}
+}
