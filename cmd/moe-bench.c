@@ -127,6 +127,9 @@ static const struct cli_opt measure_opts[] = {
 	 "[T,E,C] tensors grow as T^2; the JSON says so)"},
 	{"dry-run", OPT_DRY_RUN, 0, CLI_FLAG, NULL,
 	 "print the memory each formulation would need and exit"},
+	{"stage-times", OPT_STAGE_TIMES, 0, CLI_FLAG, NULL,
+	 "on a device: time every stage, exchange and expert\n"
+	 "GEMM (the device synchronized at each; nothing overlaps)"},
 	{"iterations", 'n', 'n', CLI_ARG, "N", "timed steps (default 10)"},
 	{"warmup", 'w', 'w', CLI_ARG, "N", "untimed steps first (default 2)"},
 	{"seed", 's', 's', CLI_ARG, "N", "seed for parameters, inputs and gate noise (default 1)"},
@@ -168,9 +171,6 @@ static const struct cli_opt dist_opts[] = {
 	{"dict", OPT_DICT, 0, CLI_ARG, "FILE",
 	 "each step's plan from a moe-profile dictionary, then\n"
 	 "every static plan on the same steps, compared"},
-	{"stage-times", OPT_STAGE_TIMES, 0, CLI_FLAG, NULL,
-	 "on a device: time every stage and exchange (the\n"
-	 "device synchronized at each; nothing overlaps)"},
 	{"no-overlap", OPT_NO_OVERLAP, 0, CLI_FLAG, NULL,
 	 "on a device: the exchanges in order with the experts,\n"
 	 "not on the second stream (what overlap saves)"},
@@ -486,12 +486,15 @@ static void print_table(const char *impl, const struct moe_bench_result *r, doub
 		"C %lld  dropped %lld\n", impl, 1e3 * md, 1e3 * mn, 1e3 * mx, gflops,
 		(double)r->layer_bytes_peak / 1048576.0, (long long)s->C[s->n - 1],
 		(long long)s->dropped[s->n - 1]);
-	fprintf(stderr, "        gate %.2f  scan %.2f  encode %.2f  experts %.2f  decode %.2f",
-		1e3 * STAGE(s, gate), 1e3 * STAGE(s, scan), 1e3 * STAGE(s, encode),
-		1e3 * STAGE(s, experts), 1e3 * STAGE(s, decode));
-	fprintf(stderr, " | bwd decode %.2f  experts %.2f  encode %.2f  gate %.2f (ms)\n",
-		1e3 * STAGE(s, bwd_decode), 1e3 * STAGE(s, bwd_experts), 1e3 * STAGE(s, bwd_encode),
-		1e3 * STAGE(s, bwd_gate));
+	if (isnan(STAGE(s, encode)))
+		fprintf(stderr, "        stages untimed: the device runs ahead (--stage-times)\n");
+	else
+		fprintf(stderr, "        gate %.2f  scan %.2f  encode %.2f  experts %.2f  decode "
+			"%.2f | bwd decode %.2f  experts %.2f  encode %.2f  gate %.2f (ms)\n",
+			1e3 * STAGE(s, gate), 1e3 * STAGE(s, scan), 1e3 * STAGE(s, encode),
+			1e3 * STAGE(s, experts), 1e3 * STAGE(s, decode), 1e3 * STAGE(s, bwd_decode),
+			1e3 * STAGE(s, bwd_experts), 1e3 * STAGE(s, bwd_encode),
+			1e3 * STAGE(s, bwd_gate));
 	int64_t lsum = 0, lmax = 0;
 	for (int e = 0; e < s->E; e++) {
 		lsum += s->load[e];
@@ -553,10 +556,13 @@ static int report_layer(const struct moe_bench_opts *o, const char *trace,
 	}
 	if (!o->forward_only)
 		snprintf(bwd, sizeof bwd, isfinite(bex_rate) ? ", %.1f bwd" : ", - bwd", bex_rate);
+	char ng[32] = "-";
+	if (isfinite(r->nongemm_s))
+		snprintf(ng, sizeof ng, "%.2f", 1e3 * r->nongemm_s);
 	fprintf(stderr, "        expert GEMMs %s GFLOP/s fwd%s; plain sgemm [%lld,%lld]x[%lld,%lld] "
-		"%.1f GFLOP/s (forward efficiency %s of it); non-GEMM %.2f ms\n", fwd, bwd,
+		"%.1f GFLOP/s (forward efficiency %s of it); non-GEMM %s ms\n", fwd, bwd,
 		(long long)r->ref_rows, (long long)c->M, (long long)c->M, (long long)c->H,
-		r->ref_gflops, eff, 1e3 * r->nongemm_s);
+		r->ref_gflops, eff, ng);
 	return print_json(j);
 }
 
@@ -1057,7 +1063,7 @@ struct args {
 	const char *trace_path, *device, *dict_path;
 	long r, d, local_size;
 	int a2a, distopt; /* distopt: an option of "Distributed" was given */
-	int stage_times, no_overlap;
+	int no_overlap;
 	int print_steps;
 	struct step_log log; /* --print-steps */
 	double *trace;    /* --trace's settings, o.trace_n of them; the caller frees */
@@ -1208,7 +1214,7 @@ static int parse_option(struct args *a, int c)
 		a->distopt = 1;
 		break;
 	case OPT_DICT: a->dict_path = optarg; a->distopt = 1; break;
-	case OPT_STAGE_TIMES: a->stage_times = a->distopt = 1; break;
+	case OPT_STAGE_TIMES: a->o.stage_times = 1; break;
 	case OPT_NO_OVERLAP: a->no_overlap = a->distopt = 1; break;
 	case OPT_USE_2DH: a->a2a = DIST_A2A_2DH; a->distopt = 1; break;
 	case 'n':
@@ -1452,7 +1458,7 @@ static int main_dist(struct args *a)
 			.input_grad = o->input_grad, .iters = o->iters, .warmup = o->warmup,
 			.trace = o->trace, .trace_n = o->trace_n,
 			.plan = {.r = (int)a->r, .d = (int)a->d, .a = (enum dist_a2a)a->a2a},
-			.hook = o->hook, .stage_times = a->stage_times,
+			.hook = o->hook, .stage_times = o->stage_times,
 			.no_overlap = a->no_overlap,
 		};
 		rc = a->only == ONLY_ALLTOALL ? run_a2a(&dopt)

@@ -236,6 +236,7 @@ struct buf {
 struct moe_layer {
 	struct moe_config cfg;
 	struct backend *be;
+	int timing;  /* stages timed (moe_layer_set_timing) */
 	size_t bytes, peak;
 	struct buf logits, probs, clean, top, idx, loc, score, dscore, count, aux;
 	struct buf disp, eo, hpre, h, dh, dlogits;
@@ -303,7 +304,10 @@ int moe_layer_init(struct moe_layer **out, const struct moe_config *cfg, struct 
 	}
 	l->cfg = *cfg;
 	l->be = be;
-	be->op->profile(be, 1); /* the expert GEMM times of moe_times */
+	/* stages and expert GEMMs timed: always in host memory, on a device when asked */
+	l->timing = be->host_visible;
+	if (l->timing)
+		be->op->profile(be, 1);
 	*out = l;
 	return 0;
 }
@@ -327,10 +331,19 @@ const struct backend_moe_route *moe_layer_route(const struct moe_layer *l) { ret
 const struct moe_times *moe_layer_times(const struct moe_layer *l) { return &l->times; }
 size_t moe_layer_peak_bytes(const struct moe_layer *l) { return l->peak; }
 
+void moe_layer_set_timing(struct moe_layer *l, int on)
+{
+	l->timing = on || l->be->host_visible;
+	if (l->timing)
+		l->be->op->profile(l->be, 1);
+}
+
 /* Stage boundaries: a backend that queues work (a GPU) finishes it first, so that each
- * stage's time is its own. */
+ * stage's time is its own; NaN when the stages are not timed (a device runs ahead). */
 static double stage_clock(struct moe_layer *l)
 {
+	if (!l->timing)
+		return NAN;
 	l->be->op->sync(l->be);
 	return now_seconds();
 }

@@ -147,6 +147,10 @@ struct moe_layer; /* opaque: config, workspace, saved activations */
 /* A layer on be with workspace for up to cfg->T tokens. *out is NULL on failure. */
 int moe_layer_init(struct moe_layer **out, const struct moe_config *cfg, struct backend *be);
 void moe_layer_free(struct moe_layer *l);
+/* Time each step's stages and expert GEMMs (struct moe_times; the backend's profile) from
+ * now on: always in host memory; on a device only when asked (on = 1), since each stage then
+ * waits for the device, and otherwise they are NaN and the device runs ahead. */
+void moe_layer_set_timing(struct moe_layer *l, int on);
 
 /* Forward for T <= cfg->T tokens: y = MoE(x). k in 1..E (0 = config default); capacity
  * setting as in 4.; step indexes the gate-noise draws, or is MOE_STEP_EVAL: an evaluation

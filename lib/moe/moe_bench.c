@@ -151,6 +151,8 @@ int moe_bench_layer(const struct moe_bench_opts *o, struct moe_bench_data *d,
 	ref_t = calloc((size_t)o->iters, sizeof(double));
 	rc = ref_t ? moe_layer_init(&l, c, be)
 		   : err_set(CORE_ENOMEM, NULL, "cannot allocate the timing samples");
+	if (rc == 0)
+		moe_layer_set_timing(l, o->stage_times);
 	for (long i = 0; rc == 0 && i < o->warmup + o->iters; i++) {
 		double t0 = clock_after(be), t1, t2;
 		rc = moe_forward(l, &d->p, d->x, d->y, c->T, c->k, moe_bench_setting(o, i),

@@ -42,6 +42,7 @@ struct moe_bench_opts {
 	float aux_weight;      /* the auxiliary loss's weight in the backward (0 for none;
 				* MOE_BENCH_AUX_WEIGHT by default) */
 	struct moe_bench_hook hook; /* after each timed step of the layer run */
+	int stage_times;            /* a device: moe_layer_set_timing(1) */
 };
 
 /* Parameters, their gradients and the step's inputs and outputs, on the backend. */

@@ -462,6 +462,7 @@ const struct moe_dist_step *moe_dist_layer_last(const struct moe_dist_layer *l)
 void moe_dist_layer_set_timing(struct moe_dist_layer *l, int on)
 {
 	l->timing = on || l->be->host_visible;
+	moe_layer_set_timing(l->ml, on); /* and the expert GEMMs' profile */
 }
 
 void moe_dist_layer_set_overlap(struct moe_dist_layer *l, int on)
