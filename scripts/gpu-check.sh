@@ -36,6 +36,11 @@
 #                  eager and torch.compile (test/gpu/torch_gpt2_bench.py), in each precision:
 #                  fp32 (no TF32), tf32 (torch: TF32 allowed) and bf16 (torch: autocast to
 #                  bfloat16); each must be at least torch's eager/manual in the same precision
+#   overlap        the distributed layer on one GPU (W = 1: each exchange a copy to itself) at
+#                  d = 2 and 4, its exchanges on the second stream (default) and in order with
+#                  the experts (--no-overlap): PASS when every step's loss is the same in the
+#                  two; the share of the exchange time hidden, (no-overlap - overlap) over the
+#                  exchange time of a --stage-times run, is measured (no verdict)
 #   moe layer bf16 moe-bench --precision bf16 against our fp32 layer (a ratio, no verdict)
 #   attention      training tokens/s (fp32, the size above) with the cuBLAS attention and
 #                  with CORE_CUDA_ATTENTION=fused (a ratio, no verdict: the default is chosen
@@ -205,8 +210,10 @@ done
 # ---- speed -------------------------------------------------------------------------------
 if [ $quick = 1 ]; then
 	ED="-T 8192 -M 512 -E 16"; LY="-T 4096 -M 512 -H 1024 -E 8"; TR="-s model.n_layer=2"; IT=3
+	OV="-T 4096 -M 1024 -H 64 -E 8"
 else
 	ED="-T 65536 -M 2048 -E 64"; LY="-T 16384 -M 2048 -H 2048 -E 16"; TR=""; IT=10
+	OV="-T 16384 -M 2048 -H 64 -E 16"
 fi
 stamp "encode+decode"
 "$B/moe-bench" --device cuda --only=encode-decode $ED -k 2 -n $IT -w 3 >"$out/encdec.json" 2>"$out/encdec.err"
@@ -232,6 +239,34 @@ print(("PASS" if ours < best else "FAIL"), f"ours {ours:.2f} ms; {parts}")
 EOF
 ) 2>&1 | verdict layer)
 row "moe layer f+b" "${ly%% *}" "${ly#* }"
+
+# The overlap: H small, so that the exchanges (bytes ~ E C M) weigh against the GEMMs
+# (flops ~ E C M H); --print-steps gives every step's loss, for the equality
+for d in 2 4; do
+	stamp "overlap, d = $d"
+	for v in ov noov timed; do
+		f=; [ $v = noov ] && f=--no-overlap; [ $v = timed ] && f=--stage-times
+		timeout 120 "$B/moe-bench" --device cuda $OV -k 2 --r 1 --d $d -n $((IT * 2)) -w 3 \
+			--print-steps $f >"$out/overlap$d-$v.json" 2>"$out/overlap$d-$v.err"
+	done
+	ov=$( ($PY - "$out" $d <<'EOF'
+import json, sys
+out, d = sys.argv[1], sys.argv[2]
+def run(v):
+    j = json.loads(open(f"{out}/overlap{d}-{v}.json").read().strip().splitlines()[-1])
+    loss = [l.split(",")[0] for l in open(f"{out}/overlap{d}-{v}.err") if l.startswith("STEP-")]
+    return j, loss
+a, la = run("ov"); b, lb = run("noov"); t, lt = run("timed")
+assert la and la == lb == lt, ("losses differ", la[:2], lb[:2], lt[:2])
+so, sn, comm = a["step_ms"]["median"], b["step_ms"]["median"], t["comm_ms"]
+hidden = (sn - so) / comm
+print(f"PASS d={d}: losses equal over {len(la)} steps; step {so:.3f} ms overlapped, {sn:.3f} ms "
+      f"in order, exchanges {comm:.3f} ms (timed run {t['step_ms']['median']:.3f} ms): "
+      f"{100 * hidden:.0f}% of the exchange time hidden")
+EOF
+	) 2>&1 | verdict overlap$d)
+	row "overlap d=$d" "${ov%% *}" "${ov#* }"
+done
 
 TL=12; [ $quick = 1 ] && TL=2
 for prec in fp32 tf32 bf16; do
