@@ -378,10 +378,13 @@ fuzz: fuzz-probe $(FUZZ_BINS)
 #                      registry built with the cuda backend (backend.o again, -DCORE_HAVE_CUDA)
 #                      and the other libcore objects of $(BUILD), into test_backend, which then
 #                      compares the cuda backend's real kernel code with ref, op by op (and
-#                      the attention and GPT-2 step cases again with the fused attention).
+#                      the attention and GPT-2 step cases again with the fused attention),
+#                      then again with the stream's work deferred until waited for
+#                      (CUDA_EMU_STREAMS=late-first: launch arguments must be values, the
+#                      host must wait before it reads), and the second queue in both orders.
 #                      First test/emu/selftest checks the emulator itself. Needs neither nvcc
-#                      nor a GPU nor cuBLAS; not part of `make test` (about 25 s on 2 cores
-#                      once libcore is built). SAN=1: kernels and emulator under ASan and
+#                      nor a GPU nor cuBLAS; part of `make test`'s unit tests (about 40 s on
+#                      2 cores once libcore is built). SAN=1: kernels and emulator under ASan and
 #                      UBSan too.
 #                      Environment: CUDA_EMU_* (test/emu/emu.cpp).
 # -ffp-contract=off: no a*b+c is fused into an fma that the CUDA source does not write;
@@ -477,9 +480,9 @@ endif
 	@echo "--- $(EMU_DIR)/test_backend, attention, the GPT-2 step and tf32/bf16 (which keep the cuBLAS attention), with CORE_CUDA_ATTENTION=fused (kernels/attention.cu)"
 	@CORE_CUDA_ATTENTION=fused $(EMU_DIR)/test_backend --jobs=$(CR_JOBS) \
 		--filter 'backend/@(attention|gpt2_training_step|reduced_precision_products)'
-	@echo "--- $(EMU_DIR)/test_backend, the second queue, with CUDA_EMU_STREAMS=late-first and late-others"
-	@for m in late-first late-others; do CUDA_EMU_STREAMS=$$m $(EMU_DIR)/test_backend \
-		--filter 'backend/side_queue' || exit 1; done
+	@echo "--- $(EMU_DIR)/test_backend with CUDA_EMU_STREAMS=late-first (work on the backend's stream runs only when waited for), and the second queue with late-others"
+	@CUDA_EMU_STREAMS=late-first $(EMU_DIR)/test_backend --jobs=$(CR_JOBS)
+	@CUDA_EMU_STREAMS=late-others $(EMU_DIR)/test_backend --filter 'backend/side_queue'
 
 -include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d $(EMU_DIR)/test/mpi/test_dist_dev.d \
 	$(EMU_DIR)/test/mpi/test_moe_dist.d
