@@ -2473,7 +2473,10 @@ Test(backend, reduced_precision_products, .timeout = 120)
  * the All-to-All over several processes is test/mpi/test_dist_dev.c's, under mpirun. Skipped
  * where the backend has no collectives (cpu, ref) or cannot make a communicator here (no
  * GPU; no NCCL library; the emulator's NCCL outside mpirun). */
-Test(backend, comm_self_round)
+/* fn(be) for each backend built into this binary that starts here, opened with the default
+ * parameters and closed afterwards (one built without a device here is left out: the other
+ * tests say so). */
+static void each_startable_backend(void (*fn)(struct backend *be))
 {
 	char list[256], *save = NULL;
 	snprintf(list, sizeof list, "%s", backend_names());
@@ -2481,67 +2484,75 @@ Test(backend, comm_self_round)
 		struct backend *be = NULL;
 		int rc = backend_open(&be, name, NULL);
 		if (rc == CORE_EUNSUPPORTED)
-			continue; /* built, no device: the other tests say so */
+			continue;
 		cr_assert_eq(rc, 0, "%s: %s", name, err_detail());
-		if (!be->op->comm_exchange) {
-			cr_assert(!be->op->comm_unique_id && !be->op->comm_open && !be->op->comm_close,
-				  "%s: some collectives but not comm_exchange", name);
-			backend_close(be);
-			continue;
-		}
-		if ((rc = be->op->comm_unique_id(be, NULL)) < 0) {
-			fprintf(stderr, "test_backend: comm_self_round: SKIPPED backend '%s': no "
-				"communicator here (%s)\n", name, err_detail());
-			backend_close(be);
-			continue;
-		}
-		unsigned char id[BACKEND_COMM_ID_BYTES];
-		void *comm = NULL;
-		cr_assert_eq(be->op->comm_unique_id(be, id), 0, "%s: %s", name, err_detail());
-		cr_assert_eq(be->op->comm_open(be, &comm, id, 1, 0), 0, "%s: %s", name, err_detail());
-		/* three sends and three receives in one round, sizes 1, 4099 and 1 MiB + 3, and an
-		 * empty entry on each side */
-		static const size_t sz[] = {1, 0, 4099, ((size_t)1 << 20) + 3};
-		enum { NS = sizeof sz / sizeof sz[0] };
-		size_t total = 0;
-		for (int i = 0; i < NS; i++)
-			total += sz[i];
-		unsigned char *h = malloc(total), *back = malloc(total);
-		cr_assert(h && back);
-		for (size_t i = 0; i < total; i++)
-			h[i] = (unsigned char)(i * 7 + i / 251 + 3);
-		void *src, *dst;
-		cr_assert_eq(be->op->alloc(be, &src, total), 0);
-		cr_assert_eq(be->op->alloc(be, &dst, total), 0);
-		cr_assert_eq(be->op->upload(be, src, h, total), 0);
-		cr_assert_eq(be->op->memset(be, dst, 0xa5, total), 0);
-		struct backend_xfer x[2 * NS];
-		size_t off = 0;
-		for (int i = 0; i < NS; i++) {
-			/* receives listed first: the order within a round does not matter */
-			x[i] = (struct backend_xfer){0, 1, (char *)dst + off, sz[i]};
-			x[NS + i] = (struct backend_xfer){0, 0, (char *)src + off, sz[i]};
-			off += sz[i];
-		}
-		for (int round = 0; round < 2; round++) {
-			cr_assert_eq(be->op->comm_exchange(be, comm, x, 2 * NS), 0, "%s round %d: %s",
-				     name, round, err_detail());
-			cr_assert_eq(be->op->download(be, back, dst, total), 0, "%s: %s", name,
-				     err_detail());
-			cr_assert(memcmp(h, back, total) == 0, "%s round %d: the bytes received differ "
-				  "from those sent", name, round);
-			cr_assert_eq(be->op->memset(be, dst, 0, total), 0);
-		}
-		be->op->comm_close(be, comm);
-		be->op->free(be, src);
-		be->op->free(be, dst);
-		free(h);
-		free(back);
-		fprintf(stderr, "test_backend: comm_self_round on '%s': 2 rounds of 4 sends and 4 "
-			"receives with itself (1 B to 1 MiB, an empty one), the same bytes back\n",
-			name);
+		fn(be);
 		backend_close(be);
 	}
+}
+
+static void comm_self_round(struct backend *be)
+{
+	if (!be->op->comm_exchange) {
+		cr_assert(!be->op->comm_unique_id && !be->op->comm_open && !be->op->comm_close,
+			  "%s: some collectives but not comm_exchange", be->name);
+		return;
+	}
+	if (be->op->comm_unique_id(be, NULL) < 0) {
+		fprintf(stderr, "test_backend: comm_self_round: SKIPPED backend '%s': no "
+			"communicator here (%s)\n", be->name, err_detail());
+		return;
+	}
+	unsigned char id[BACKEND_COMM_ID_BYTES];
+	void *comm = NULL;
+	cr_assert_eq(be->op->comm_unique_id(be, id), 0, "%s: %s", be->name, err_detail());
+	cr_assert_eq(be->op->comm_open(be, &comm, id, 1, 0), 0, "%s: %s", be->name, err_detail());
+	/* three sends and three receives in one round, sizes 1, 4099 and 1 MiB + 3, and an
+	 * empty entry on each side */
+	static const size_t sz[] = {1, 0, 4099, ((size_t)1 << 20) + 3};
+	enum { NS = sizeof sz / sizeof sz[0] };
+	size_t total = 0;
+	for (int i = 0; i < NS; i++)
+		total += sz[i];
+	unsigned char *h = malloc(total), *back = malloc(total);
+	cr_assert(h && back);
+	for (size_t i = 0; i < total; i++)
+		h[i] = (unsigned char)(i * 7 + i / 251 + 3);
+	void *src, *dst;
+	cr_assert_eq(be->op->alloc(be, &src, total), 0);
+	cr_assert_eq(be->op->alloc(be, &dst, total), 0);
+	cr_assert_eq(be->op->upload(be, src, h, total), 0);
+	cr_assert_eq(be->op->memset(be, dst, 0xa5, total), 0);
+	struct backend_xfer x[2 * NS];
+	size_t off = 0;
+	for (int i = 0; i < NS; i++) {
+		/* receives listed first: the order within a round does not matter */
+		x[i] = (struct backend_xfer){0, 1, (char *)dst + off, sz[i]};
+		x[NS + i] = (struct backend_xfer){0, 0, (char *)src + off, sz[i]};
+		off += sz[i];
+	}
+	for (int round = 0; round < 2; round++) {
+		cr_assert_eq(be->op->comm_exchange(be, comm, x, 2 * NS), 0, "%s round %d: %s",
+			     be->name, round, err_detail());
+		cr_assert_eq(be->op->download(be, back, dst, total), 0, "%s: %s", be->name,
+			     err_detail());
+		cr_assert(memcmp(h, back, total) == 0, "%s round %d: the bytes received differ "
+			  "from those sent", be->name, round);
+		cr_assert_eq(be->op->memset(be, dst, 0, total), 0);
+	}
+	be->op->comm_close(be, comm);
+	be->op->free(be, src);
+	be->op->free(be, dst);
+	free(h);
+	free(back);
+	fprintf(stderr, "test_backend: comm_self_round on '%s': 2 rounds of 4 sends and 4 "
+		"receives with itself (1 B to 1 MiB, an empty one), the same bytes back\n",
+		be->name);
+}
+
+Test(backend, comm_self_round)
+{
+	each_startable_backend(comm_self_round);
 }
 
 /* The second queue (backend.h, side_begin): transfers queued there run after the main queue's
@@ -2549,164 +2560,154 @@ Test(backend, comm_self_round)
  * waits for both queues. On cuda under the emulator this is checked again with
  * CUDA_EMU_STREAMS=late-first and late-others (make test-cuda-emu), where a missing event shows:
  * the transfer or the op after it would read memory still poisoned. Misuse is CORE_EUSAGE. */
+static void side_queue(struct backend *be)
+{
+	const struct backend_ops *op = be->op;
+	if (!op->side_begin) {
+		cr_assert(!op->side_end && !op->side_wait, "%s: side_begin without the rest",
+			  be->name);
+		return;
+	}
+	enum { N = 4099 };
+	float *a, *b, *c, *d, h[N];
+	cr_assert_eq(op->alloc(be, (void **)&a, sizeof h), 0);
+	cr_assert_eq(op->alloc(be, (void **)&b, sizeof h), 0);
+	cr_assert_eq(op->alloc(be, (void **)&c, sizeof h), 0);
+	cr_assert_eq(op->alloc(be, (void **)&d, sizeof h), 0);
+	int64_t m1 = -1, m2 = -1, m3 = -1;
+	/* main: a = 1, d = 0.5; side: b = a (the even and the odd rows of 64 floats, and
+	 * the tail), c = 0 */
+	cr_assert_eq(op->fill(be, a, N, 1.0f), 0);
+	cr_assert_eq(op->fill(be, d, N, 0.5f), 0);
+	cr_assert_eq(op->side_begin(be), 0, "%s: %s", be->name, err_detail());
+	cr_assert_eq(op->side_begin(be), CORE_EUSAGE, "%s: side_begin twice", be->name);
+	cr_assert_eq(op->copy_2d(be, b, 512, a, 512, 256, 32), 0);
+	cr_assert_eq(op->copy_2d(be, b + 64, 512, a + 64, 512, 256, 32), 0);
+	cr_assert_eq(op->copy_2d(be, b + 4096, 0, a + 4096, 0, 3 * sizeof(float), 1), 0);
+	cr_assert_eq(op->memset(be, c, 0, sizeof h), 0);
+	cr_assert_eq(op->side_end(be, &m1), 0, "%s: %s", be->name, err_detail());
+	cr_assert_eq(op->side_end(be, NULL), CORE_EUSAGE, "%s: side_end twice", be->name);
+	cr_assert_eq(op->side_wait(be, m1 + 1), CORE_EUSAGE, "%s: a mark not made", be->name);
+	cr_assert_eq(op->side_wait(be, -1), CORE_EUSAGE, "%s: mark -1", be->name);
+	/* main, after the mark: d += b, d += c (1.5) */
+	cr_assert_eq(op->side_wait(be, m1), 0, "%s: %s", be->name, err_detail());
+	cr_assert_eq(op->add_f32(be, d, b, N), 0);
+	cr_assert_eq(op->add_f32(be, d, c, N), 0);
+	/* side again: b = d, after the additions (side_begin's order); main waits, d += b
+	 * (3) */
+	cr_assert_eq(op->side_begin(be), 0);
+	cr_assert_eq(op->copy_2d(be, b, 0, d, 0, sizeof h, 1), 0);
+	cr_assert_eq(op->side_end(be, &m2), 0);
+	cr_assert_eq(op->side_wait(be, m2), 0);
+	cr_assert_eq(op->add_f32(be, d, b, N), 0);
+	/* a transfer no op waits for: download waits for it by itself */
+	cr_assert_eq(op->side_begin(be), 0);
+	cr_assert_eq(op->copy_2d(be, c, 0, d, 0, sizeof h, 1), 0);
+	cr_assert_eq(op->side_end(be, &m3), 0);
+	cr_assert(m1 < m2 && m2 < m3, "%s: marks %lld %lld %lld do not increase", be->name,
+		  (long long)m1, (long long)m2, (long long)m3);
+	cr_assert_eq(op->download(be, h, c, sizeof h), 0, "%s: %s", be->name, err_detail());
+	int bad = 0;
+	for (int i = 0; i < N; i++)
+		bad += h[i] != 3.0f;
+	cr_assert_eq(bad, 0, "%s: %d of %d results are not 3 (c[0] = %g, c[%d] = %g)", be->name,
+		     bad, N, (double)h[0], N - 1, (double)h[N - 1]);
+	/* many marks: the ring wraps, and waiting for an old one still works */
+	for (int i = 0; i < 2 * BACKEND_SIDE_MARKS + 3; i++) {
+		cr_assert_eq(op->side_begin(be), 0);
+		cr_assert_eq(op->memset(be, b, 0, sizeof h), 0);
+		cr_assert_eq(op->side_end(be, NULL), 0);
+	}
+	cr_assert_eq(op->side_wait(be, m1), 0, "%s: an old mark: %s", be->name, err_detail());
+	cr_assert_eq(op->sync(be), 0);
+	op->free(be, a);
+	op->free(be, b);
+	op->free(be, c);
+	op->free(be, d);
+	fprintf(stderr, "test_backend: side_queue on '%s': transfers on the second queue in "
+		"order with the ops around them, by side_begin and side_wait (%s)\n", be->name,
+		getenv("CUDA_EMU_STREAMS") ? getenv("CUDA_EMU_STREAMS") : "device order");
+}
+
 Test(backend, side_queue)
 {
-	char list[256], *save = NULL;
-	snprintf(list, sizeof list, "%s", backend_names());
-	for (char *name = strtok_r(list, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
-		struct backend *be = NULL;
-		int rc = backend_open(&be, name, NULL);
-		if (rc == CORE_EUNSUPPORTED)
-			continue;
-		cr_assert_eq(rc, 0, "%s: %s", name, err_detail());
-		const struct backend_ops *op = be->op;
-		if (!op->side_begin) {
-			cr_assert(!op->side_end && !op->side_wait, "%s: side_begin without the rest",
-				  name);
-			backend_close(be);
-			continue;
-		}
-		enum { N = 4099 };
-		float *a, *b, *c, *d, h[N];
-		cr_assert_eq(op->alloc(be, (void **)&a, sizeof h), 0);
-		cr_assert_eq(op->alloc(be, (void **)&b, sizeof h), 0);
-		cr_assert_eq(op->alloc(be, (void **)&c, sizeof h), 0);
-		cr_assert_eq(op->alloc(be, (void **)&d, sizeof h), 0);
-		int64_t m1 = -1, m2 = -1, m3 = -1;
-		/* main: a = 1, d = 0.5; side: b = a (the even and the odd rows of 64 floats, and
-		 * the tail), c = 0 */
-		cr_assert_eq(op->fill(be, a, N, 1.0f), 0);
-		cr_assert_eq(op->fill(be, d, N, 0.5f), 0);
-		cr_assert_eq(op->side_begin(be), 0, "%s: %s", name, err_detail());
-		cr_assert_eq(op->side_begin(be), CORE_EUSAGE, "%s: side_begin twice", name);
-		cr_assert_eq(op->copy_2d(be, b, 512, a, 512, 256, 32), 0);
-		cr_assert_eq(op->copy_2d(be, b + 64, 512, a + 64, 512, 256, 32), 0);
-		cr_assert_eq(op->copy_2d(be, b + 4096, 0, a + 4096, 0, 3 * sizeof(float), 1), 0);
-		cr_assert_eq(op->memset(be, c, 0, sizeof h), 0);
-		cr_assert_eq(op->side_end(be, &m1), 0, "%s: %s", name, err_detail());
-		cr_assert_eq(op->side_end(be, NULL), CORE_EUSAGE, "%s: side_end twice", name);
-		cr_assert_eq(op->side_wait(be, m1 + 1), CORE_EUSAGE, "%s: a mark not made", name);
-		cr_assert_eq(op->side_wait(be, -1), CORE_EUSAGE, "%s: mark -1", name);
-		/* main, after the mark: d += b, d += c (1.5) */
-		cr_assert_eq(op->side_wait(be, m1), 0, "%s: %s", name, err_detail());
-		cr_assert_eq(op->add_f32(be, d, b, N), 0);
-		cr_assert_eq(op->add_f32(be, d, c, N), 0);
-		/* side again: b = d, after the additions (side_begin's order); main waits, d += b
-		 * (3) */
-		cr_assert_eq(op->side_begin(be), 0);
-		cr_assert_eq(op->copy_2d(be, b, 0, d, 0, sizeof h, 1), 0);
-		cr_assert_eq(op->side_end(be, &m2), 0);
-		cr_assert_eq(op->side_wait(be, m2), 0);
-		cr_assert_eq(op->add_f32(be, d, b, N), 0);
-		/* a transfer no op waits for: download waits for it by itself */
-		cr_assert_eq(op->side_begin(be), 0);
-		cr_assert_eq(op->copy_2d(be, c, 0, d, 0, sizeof h, 1), 0);
-		cr_assert_eq(op->side_end(be, &m3), 0);
-		cr_assert(m1 < m2 && m2 < m3, "%s: marks %lld %lld %lld do not increase", name,
-			  (long long)m1, (long long)m2, (long long)m3);
-		cr_assert_eq(op->download(be, h, c, sizeof h), 0, "%s: %s", name, err_detail());
-		int bad = 0;
-		for (int i = 0; i < N; i++)
-			bad += h[i] != 3.0f;
-		cr_assert_eq(bad, 0, "%s: %d of %d results are not 3 (c[0] = %g, c[%d] = %g)", name,
-			     bad, N, (double)h[0], N - 1, (double)h[N - 1]);
-		/* many marks: the ring wraps, and waiting for an old one still works */
-		for (int i = 0; i < 2 * BACKEND_SIDE_MARKS + 3; i++) {
-			cr_assert_eq(op->side_begin(be), 0);
-			cr_assert_eq(op->memset(be, b, 0, sizeof h), 0);
-			cr_assert_eq(op->side_end(be, NULL), 0);
-		}
-		cr_assert_eq(op->side_wait(be, m1), 0, "%s: an old mark: %s", name, err_detail());
-		cr_assert_eq(op->sync(be), 0);
-		op->free(be, a);
-		op->free(be, b);
-		op->free(be, c);
-		op->free(be, d);
-		fprintf(stderr, "test_backend: side_queue on '%s': transfers on the second queue in "
-			"order with the ops around them, by side_begin and side_wait (%s)\n", name,
-			getenv("CUDA_EMU_STREAMS") ? getenv("CUDA_EMU_STREAMS") : "device order");
-		backend_close(be);
-	}
+	each_startable_backend(side_queue);
 }
 
 /* moe_route_copies (backend.h) against the definition written out on the host, exactly, at
  * several sizes and r; NULL on the host backends (the layer writes the copies itself). */
+static void moe_route_copies(struct backend *be)
+{
+	if (!be->op->moe_route_copies) {
+		cr_assert(be->host_visible, "%s: device memory without moe_route_copies", be->name);
+		return;
+	}
+	static const struct {
+		int T, k, E, r;
+	} sh[] = {{1, 1, 1, 2}, {37, 2, 3, 2}, {300, 2, 8, 4}, {129, 3, 5, 3}, {64, 1, 2, 8}};
+	int cases = 0;
+	for (size_t c = 0; c < sizeof sh / sizeof sh[0]; c++) {
+		const int64_t n = (int64_t)sh[c].k * sh[c].T, E = sh[c].E, r = sh[c].r;
+		int32_t *idx = malloc(sizeof(int32_t) * n), *loc = malloc(sizeof(int32_t) * n);
+		float *score = malloc(sizeof(float) * n);
+		int64_t *count = malloc(sizeof(int64_t) * E);
+		int32_t *vi = malloc(sizeof(int32_t) * n * r);
+		int32_t *vl = malloc(sizeof(int32_t) * n * r);
+		float *vs = malloc(sizeof(float) * n * r);
+		int64_t *vc = malloc(sizeof(int64_t) * E * r);
+		cr_assert(idx && loc && score && count && vi && vl && vs && vc);
+		uint64_t s = 0x9e3779b97f4a7c15ull * (c + 1);
+		for (int64_t i = 0; i < n; i++) {
+			s = s * 6364136223846793005ull + 1442695040888963407ull;
+			idx[i] = (int32_t)((s >> 33) % (uint64_t)E);
+			loc[i] = (int32_t)((s >> 13) % 50) - 1;
+			score[i] = (float)(s >> 40) / 16777216.0f - 0.5f;
+		}
+		for (int64_t e = 0; e < E; e++)
+			count[e] = 1000 * e + 7 * (int64_t)c;
+		void *d[8];
+		size_t bytes[8] = {sizeof(int32_t) * n, sizeof(int32_t) * n, sizeof(float) * n,
+				   sizeof(int64_t) * E, sizeof(int32_t) * n * r,
+				   sizeof(int32_t) * n * r, sizeof(float) * n * r,
+				   sizeof(int64_t) * E * r};
+		const void *h[4] = {idx, loc, score, count};
+		for (int i = 0; i < 8; i++) {
+			cr_assert_eq(be->op->alloc(be, &d[i], bytes[i]), 0);
+			if (i < 4)
+				cr_assert_eq(be->op->upload(be, d[i], h[i], bytes[i]), 0);
+		}
+		const struct backend_moe_route in = {.T = sh[c].T, .C = 50, .E = (int)E,
+						     .k = sh[c].k, .idx = d[0], .loc = d[1],
+						     .score = d[2], .count = d[3]};
+		cr_assert_eq(be->op->moe_route_copies(be, &in, (int)r, d[4], d[5], d[6], d[7]),
+			     0, "%s: %s", be->name, err_detail());
+		cr_assert_eq(be->op->download(be, vi, d[4], bytes[4]), 0);
+		cr_assert_eq(be->op->download(be, vl, d[5], bytes[5]), 0);
+		cr_assert_eq(be->op->download(be, vs, d[6], bytes[6]), 0);
+		cr_assert_eq(be->op->download(be, vc, d[7], bytes[7]), 0);
+		for (int64_t j = 0; j < r; j++)
+			for (int64_t i = 0; i < n; i++) {
+				cr_assert_eq(vi[j * n + i], idx[i] * r + j,
+					     "%s T=%d r=%d: vidx[%lld]", be->name, sh[c].T, (int)r,
+					     (long long)(j * n + i));
+				cr_assert_eq(vl[j * n + i], loc[i]);
+				cr_assert(memcmp(&vs[j * n + i], &score[i], 4) == 0);
+			}
+		for (int64_t e = 0; e < E; e++)
+			for (int64_t j = 0; j < r; j++)
+				cr_assert_eq(vc[e * r + j], count[e], "%s: vcount[%lld]", be->name,
+					     (long long)(e * r + j));
+		for (int i = 0; i < 8; i++)
+			be->op->free(be, d[i]);
+		free(idx), free(loc), free(score), free(count);
+		free(vi), free(vl), free(vs), free(vc);
+		cases++;
+	}
+	fprintf(stderr, "test_backend: moe_route_copies on '%s': %d routes copied r = 2 to 8 "
+		"times, equal to the definition\n", be->name, cases);
+}
+
 Test(backend, moe_route_copies)
 {
-	char list[256], *save = NULL;
-	snprintf(list, sizeof list, "%s", backend_names());
-	for (char *name = strtok_r(list, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
-		struct backend *be = NULL;
-		int rc = backend_open(&be, name, NULL);
-		if (rc == CORE_EUNSUPPORTED)
-			continue;
-		cr_assert_eq(rc, 0, "%s: %s", name, err_detail());
-		if (!be->op->moe_route_copies) {
-			cr_assert(be->host_visible, "%s: device memory without moe_route_copies", name);
-			backend_close(be);
-			continue;
-		}
-		static const struct {
-			int T, k, E, r;
-		} sh[] = {{1, 1, 1, 2}, {37, 2, 3, 2}, {300, 2, 8, 4}, {129, 3, 5, 3}, {64, 1, 2, 8}};
-		int cases = 0;
-		for (size_t c = 0; c < sizeof sh / sizeof sh[0]; c++) {
-			const int64_t n = (int64_t)sh[c].k * sh[c].T, E = sh[c].E, r = sh[c].r;
-			int32_t *idx = malloc(sizeof(int32_t) * n), *loc = malloc(sizeof(int32_t) * n);
-			float *score = malloc(sizeof(float) * n);
-			int64_t *count = malloc(sizeof(int64_t) * E);
-			int32_t *vi = malloc(sizeof(int32_t) * n * r), *vl = malloc(sizeof(int32_t) * n * r);
-			float *vs = malloc(sizeof(float) * n * r);
-			int64_t *vc = malloc(sizeof(int64_t) * E * r);
-			cr_assert(idx && loc && score && count && vi && vl && vs && vc);
-			uint64_t s = 0x9e3779b97f4a7c15ull * (c + 1);
-			for (int64_t i = 0; i < n; i++) {
-				s = s * 6364136223846793005ull + 1442695040888963407ull;
-				idx[i] = (int32_t)((s >> 33) % (uint64_t)E);
-				loc[i] = (int32_t)((s >> 13) % 50) - 1;
-				score[i] = (float)(s >> 40) / 16777216.0f - 0.5f;
-			}
-			for (int64_t e = 0; e < E; e++)
-				count[e] = 1000 * e + 7 * (int64_t)c;
-			void *d[8];
-			size_t bytes[8] = {sizeof(int32_t) * n, sizeof(int32_t) * n, sizeof(float) * n,
-					   sizeof(int64_t) * E, sizeof(int32_t) * n * r,
-					   sizeof(int32_t) * n * r, sizeof(float) * n * r,
-					   sizeof(int64_t) * E * r};
-			const void *h[4] = {idx, loc, score, count};
-			for (int i = 0; i < 8; i++) {
-				cr_assert_eq(be->op->alloc(be, &d[i], bytes[i]), 0);
-				if (i < 4)
-					cr_assert_eq(be->op->upload(be, d[i], h[i], bytes[i]), 0);
-			}
-			const struct backend_moe_route in = {.T = sh[c].T, .C = 50, .E = (int)E,
-							     .k = sh[c].k, .idx = d[0], .loc = d[1],
-							     .score = d[2], .count = d[3]};
-			cr_assert_eq(be->op->moe_route_copies(be, &in, (int)r, d[4], d[5], d[6], d[7]),
-				     0, "%s: %s", name, err_detail());
-			cr_assert_eq(be->op->download(be, vi, d[4], bytes[4]), 0);
-			cr_assert_eq(be->op->download(be, vl, d[5], bytes[5]), 0);
-			cr_assert_eq(be->op->download(be, vs, d[6], bytes[6]), 0);
-			cr_assert_eq(be->op->download(be, vc, d[7], bytes[7]), 0);
-			for (int64_t j = 0; j < r; j++)
-				for (int64_t i = 0; i < n; i++) {
-					cr_assert_eq(vi[j * n + i], idx[i] * r + j, "%s T=%d r=%d: vidx[%lld]",
-						     name, sh[c].T, (int)r, (long long)(j * n + i));
-					cr_assert_eq(vl[j * n + i], loc[i]);
-					cr_assert(memcmp(&vs[j * n + i], &score[i], 4) == 0);
-				}
-			for (int64_t e = 0; e < E; e++)
-				for (int64_t j = 0; j < r; j++)
-					cr_assert_eq(vc[e * r + j], count[e], "%s: vcount[%lld]", name,
-						     (long long)(e * r + j));
-			for (int i = 0; i < 8; i++)
-				be->op->free(be, d[i]);
-			free(idx), free(loc), free(score), free(count);
-			free(vi), free(vl), free(vs), free(vc);
-			cases++;
-		}
-		fprintf(stderr, "test_backend: moe_route_copies on '%s': %d routes copied r = 2 to 8 "
-			"times, equal to the definition\n", name, cases);
-		backend_close(be);
-	}
+	each_startable_backend(moe_route_copies);
 }
