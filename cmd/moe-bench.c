@@ -731,7 +731,8 @@ static int report_dist(const struct moe_bench_dist_opts *o, const char *trace, c
 	const long n = r->n;
 	double mn, mx, md = stats_median(r->step, n, &mn, &mx);
 	/* NaN when the device's exchanges were not timed (every step alike) */
-	const double comm = isnan(r->comm[0]) ? NAN : med(r->comm, n), gemm = med(r->gemm, n);
+	const double comm = isnan(r->comm[0]) ? NAN : med(r->comm, n);
+	const double gemm = isnan(r->gemm[0]) ? NAN : med(r->gemm, n);
 	json_t *j = dist_base_json(o, trace);
 	json_object_set_new(j, "run", json_string(name));
 	if (o->dict)
@@ -791,15 +792,18 @@ static int report_dist(const struct moe_bench_dist_opts *o, const char *trace, c
 		snprintf(hid, sizeof hid, " (%ld steps took the nearest bucket)", r->nearest);
 	else if (comm > 0 && o->plan.d > 1 && !o->dict)
 		snprintf(hid, sizeof hid, ", %.0f%% hidden", 100.0 * hidden);
-	char ex[64];
+	char ex[64], gm[32];
 	if (isnan(comm))
 		snprintf(ex, sizeof ex, "untimed (--stage-times)");
 	else
 		snprintf(ex, sizeof ex, "%.2f ms", 1e3 * comm);
+	if (isnan(gemm))
+		snprintf(gm, sizeof gm, "untimed");
+	else
+		snprintf(gm, sizeof gm, "%.2f ms", 1e3 * gemm);
 	fprintf(stderr, "%-22s step %8.2f ms (min %.2f, max %.2f)  total %9.1f ms  exchanges %s%s"
-		"  GEMM %.2f ms  C %lld..%lld  dropped %lld\n", name, 1e3 * md, 1e3 * mn,
-		1e3 * mx, 1e3 * r->total, ex, hid, 1e3 * gemm, (long long)cmin,
-		(long long)cmax, (long long)dsum);
+		"  GEMM %s  C %lld..%lld  dropped %lld\n", name, 1e3 * md, 1e3 * mn, 1e3 * mx,
+		1e3 * r->total, ex, hid, gm, (long long)cmin, (long long)cmax, (long long)dsum);
 	return print_json(j);
 }
 

@@ -261,16 +261,24 @@ static int cu_side_begin(struct backend *be)
 	if (c->on_side)
 		return err_set(CORE_EUSAGE, NULL, "side_begin twice without side_end");
 	if (!c->side) {
-		CUDA_TRY(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking),
+		/* the greatest priority: a transfer's blocks go before the products' waiting ones */
+		int least = 0, greatest = 0;
+		CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest),
 			 "creating the second stream");
-		int made = 0;
+		CUDA_TRY(cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, greatest),
+			 "creating the second stream");
+		int made = 0, fork = 0;
 		cudaError_t e = cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming);
-		for (; e == cudaSuccess && made < BACKEND_SIDE_MARKS; made++)
-			e = cudaEventCreateWithFlags(&c->marks[made], cudaEventDisableTiming);
-		if (e != cudaSuccess) {
+		fork = e == cudaSuccess;
+		while (e == cudaSuccess && made < BACKEND_SIDE_MARKS &&
+		       (e = cudaEventCreateWithFlags(&c->marks[made], cudaEventDisableTiming)) ==
+			       cudaSuccess)
+			made++;
+		if (e != cudaSuccess) { /* only what was made */
 			while (made-- > 0)
 				cudaEventDestroy(c->marks[made]);
-			cudaEventDestroy(c->fork);
+			if (fork)
+				cudaEventDestroy(c->fork);
 			cudaStreamDestroy(c->side);
 			c->side = NULL;
 			return cuda_fail(e, "creating the second stream's events");

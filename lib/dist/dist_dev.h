@@ -27,8 +27,10 @@
  *   DIST_A2A_MPI     CORE_EUSAGE: MPI's own All-to-All runs on host memory (dist_alltoall).
  * The exchange is queued on the backend's queue behind the ops before it and is complete when
  * the backend has run past it (be->op->sync, or a download): the call returns once it is
- * queued, and the buffers are the backend's until then. The checks of dist_alltoall
- * (CORE_EUSAGE before anything is queued) apply.
+ * queued, and the buffers are the backend's until then. Called between the backend's
+ * side_begin and side_end (backend.h) it is queued on the second queue instead (its copies
+ * and transfers follow the switch), and complete at that queue's mark (side_wait). The
+ * checks of dist_alltoall (CORE_EUSAGE before anything is queued) apply.
  *
  * Unlike the MPI algorithms, whose derived datatypes let each rank describe its own spans,
  * the transfers here must be cut alike on both ends: all ranks pass the same nblk, n,

@@ -149,7 +149,8 @@ int moe_layer_init(struct moe_layer **out, const struct moe_config *cfg, struct 
 void moe_layer_free(struct moe_layer *l);
 /* Time each step's stages and expert GEMMs (struct moe_times; the backend's profile) from
  * now on: always in host memory; on a device only when asked (on = 1), since each stage then
- * waits for the device, and otherwise they are NaN and the device runs ahead. */
+ * waits for the device, and otherwise they are NaN and the device runs ahead. on = 0 stops
+ * the stage syncs; the backend's profile, shared with its other users, stays on. */
 void moe_layer_set_timing(struct moe_layer *l, int on);
 
 /* Forward for T <= cfg->T tokens: y = MoE(x). k in 1..E (0 = config default); capacity

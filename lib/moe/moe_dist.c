@@ -18,9 +18,10 @@
  *   decode    with the virtual route: sums the r partials of each choice (local sum).
  * Backward runs the same pipeline on d_eo, and reduce-scatters the gradients.
  * r = 0 gathers everything and runs the single-process flow on the local tokens.
- * On device memory (l->dd) each exchange of backend memory is queued through dist_dev on the
- * backend's stream instead: the pipeline's pieces in order, the ops between them waiting
- * for nothing but the stream, so the host path's communication thread is not used.
+ * On device memory (l->dd) each exchange of backend memory is queued through dist_dev instead
+ * of the host path's communication thread: the pipeline's All-to-Alls (d > 1) on the
+ * backend's second queue (backend.h, side_begin), ordered with the experts by marks (see
+ * pipeline()), the parameters' collectives on the main queue.
  */
 #include "moe/moe_dist.h"
 

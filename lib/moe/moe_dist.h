@@ -26,8 +26,8 @@
  *           (only slice 0 adds b2) and decode sums the r partials ("local sum").
  * Plan d in {1, 2, 4, 8} (pipelining, r >= 1): the capacity each rank sends each peer is cut
  * into d row ranges; the exchange of range i+1 runs on the communication thread while the
- * experts compute range i, and its return while range i+1 computes (on device memory: in
- * stream order, see below). Never the batch.
+ * experts compute range i, and its return while range i+1 computes (on device memory: on the
+ * backend's second queue, see below). Never the batch.
  * Plan a: the All-to-All algorithm (dist.h: linear or 2dh; mpi, the reference, also works on
  * host memory).
  *
@@ -56,7 +56,8 @@
  * MPI. Pipelining d > 1 cuts the exchange as on the host, and the pieces' All-to-Alls run on
  * the backend's second queue (backend.h, side_begin; a second CUDA stream), ordered with the
  * experts by marks: piece i's exchange overlaps piece i-1's expert GEMMs. Nothing waits for
- * the device between the stages: the step's stage times, comm and comm_exposed are NaN
+ * the device between the stages: the step's stage times (all but gate, which the host times
+ * around the routing, whose counts come back to it), comm, comm_exposed and gemm are NaN
  * unless moe_dist_layer_set_timing asked for them, which synchronizes at every stage and
  * runs each exchange between two syncs (so nothing overlaps while timed). r > 1's route of
  * r expert copies is built on the device (moe_route_copies). The host path (cpu, ref) is

@@ -232,19 +232,27 @@ static bool overlap(const void *a, size_t na, const void *b, size_t nb)
 /* ---- streams and events ------------------------------------------------------------------
  * CUDA_EMU_STREAMS=eager (the default): work queued on a stream runs when it is queued, so every
  * stream is in call order with every other. That hides a missing dependency between two
- * streams, which the two other modes show. late-first: work queued on the first stream the
- * program made (the cuda backend's own) waits in the stream's queue until something needs it:
- * work of another stream that waits for one of its events (cudaStreamWaitEvent), which drains
- * it exactly up to where the event was recorded and no further, or the host (a stream, event
- * or device synchronized, cudaFree, a stream destroyed, a copy to host memory on that stream,
- * work on the legacy stream 0); work on every other stream runs when it is queued, after
- * pulling what it waits for. late-others: the reverse (the first stream at once, the others
- * when needed). So in one mode or the other, work that reads what another stream writes
- * without waiting for that stream's event runs before the write, and shows in the results
- * (memory never written is poisoned), and work that overwrites what another stream still
- * reads runs before the read. Launch arguments, host sources of copies and the scalars of
- * cuBLAS are taken when the work is queued, as CUDA takes them. cudaEventQuery answers
- * cudaErrorNotReady for an event whose stream has not run that far. */
+ * streams, which the two other modes show. late-first: work queued on the first stream made
+ * (the oldest one alive: the cuda backend's own, in a process with one backend) waits in the
+ * stream's queue until something needs it, and no more of it runs than is needed: work of
+ * another stream that waits for one of its events (cudaStreamWaitEvent) runs it exactly up to
+ * where the event was recorded; the host runs it to the end by synchronizing that stream,
+ * destroying it or copying from it to host memory, up to an event by synchronizing the event,
+ * and every stream to its end by cudaDeviceSynchronize or cudaFree. Work on every other stream
+ * runs when it is queued, after pulling what it waits for. late-others: the reverse (the
+ * first stream at once, the others when needed). So in one mode or the other, work that reads
+ * what another stream writes without waiting for that stream's event runs before the write,
+ * and shows in the results (memory never written is poisoned), work that overwrites what
+ * another stream still reads runs before the read, and a host that waits for one stream where
+ * it needed two sees the other's work undone. Launch arguments, host sources of copies and the
+ * scalars of cuBLAS are taken when the work is queued, as CUDA takes them. cudaEventQuery
+ * answers cudaErrorNotReady for an event whose stream has not run that far (and a late
+ * stream runs only when waited for: a loop polling an event would never end). The legacy
+ * stream 0 is ordered with every stream here, which it is not with the non-blocking streams
+ * of the backend: work on it while such a stream exists stops the program in the late modes.
+ * The emulated NCCL's transfers run when their stream's work does, so in the late modes the
+ * ranks of a communicator must wait for the device at the same points (as the programs do),
+ * or one rank's transfers wait for the other's forever. */
 
 struct work {
 	std::function<void()> run; /* empty: a wait */
@@ -308,6 +316,17 @@ static void drain_all(void)
 		drain_to(s, s->queued);
 }
 
+/* The legacy stream in a late mode: CUDA orders it with the blocking streams only. */
+static void legacy_use(const char *what)
+{
+	for (cudaStream_t s : stream_order)
+		if (s->flags & cudaStreamNonBlocking)
+			die("%s on the legacy stream 0 while the non-blocking stream %p exists: "
+			    "CUDA does not order the two (CUDA_EMU_STREAMS=%s)", what, (void *)s,
+			    cfg.lazy == 1 ? "late-first" : "late-others");
+	drain_all();
+}
+
 static void enqueue(cudaStream_t s, std::function<void()> fn)
 {
 	settings();
@@ -315,8 +334,8 @@ static void enqueue(cudaStream_t s, std::function<void()> fn)
 		fn();
 		return;
 	}
-	if (!s) { /* the legacy stream: after everything, and everything waits for it */
-		drain_all();
+	if (!s) { /* the legacy stream: after everything (no non-blocking stream exists) */
+		legacy_use("work");
 		fn();
 		return;
 	}
@@ -466,10 +485,11 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 	if (overlap(dst, bytes, src, bytes))
 		die("cudaMemcpyAsync(%p, %p, %zu): the ranges overlap", dst, src, bytes);
 	if (!dd) { /* after the stream's work before it, no more */
-		if (cfg.lazy && stream)
+		settings();
+		if (stream)
 			drain_to(stream, stream->queued);
-		else
-			drain_all();
+		else if (cfg.lazy)
+			legacy_use("a copy to host memory");
 		memcpy(dst, src, bytes);
 	} else if (!sd) {
 		std::vector<char> h((const char *)src, (const char *)src + bytes);
@@ -542,11 +562,30 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags)
 	return cudaSuccess;
 }
 
+/* Priorities as an sm_90's (0 least, -5 greatest); they change nothing here. */
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
+{
+	*least = 0;
+	*greatest = -5;
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsigned flags, int priority)
+{
+	if (priority < -5 || priority > 0)
+		return cudaErrorInvalidValue;
+	return cudaStreamCreateWithFlags(stream, flags);
+}
+
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
 	if (!stream || !streams.count(stream))
 		return cudaErrorInvalidResourceHandle;
-	drain_all();
+	drain_to(stream, stream->queued); /* its work still runs, as on a GPU */
+	for (cudaStream_t o : stream_order) /* waits for it are met now */
+		for (work &w : o->q)
+			if (w.wait_s == stream)
+				w.wait_s = NULL;
 	streams.erase(stream);
 	stream_order.erase(std::find(stream_order.begin(), stream_order.end(), stream));
 	for (cudaEvent_t e : events)
@@ -560,7 +599,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
 	if (!stream_ok(stream))
 		return cudaErrorInvalidResourceHandle;
-	drain_all();
+	settings();
+	if (stream)
+		drain_to(stream, stream->queued); /* that stream and what it waits for, no more */
+	else if (cfg.lazy)
+		legacy_use("cudaStreamSynchronize");
 	return cudaSuccess;
 }
 
@@ -582,7 +625,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 	if (!cfg.lazy || !event->recorded || !event->s)
 		return cudaSuccess;
 	if (!stream) { /* the legacy stream waits now */
-		drain_to(event->s, event->n);
+		legacy_use("cudaStreamWaitEvent");
 		return cudaSuccess;
 	}
 	if (event->s == stream)
@@ -622,7 +665,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 		return cudaErrorInvalidResourceHandle;
 	settings();
 	if (!stream && cfg.lazy)
-		drain_all();
+		legacy_use("cudaEventRecord");
 	event->recorded = 1;
 	event->s = cfg.lazy ? stream : NULL;
 	event->n = stream ? stream->queued : 0;
@@ -645,7 +688,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
 	if (!events.count(event))
 		return cudaErrorInvalidResourceHandle;
-	drain_all();
+	if (event->s)
+		drain_to(event->s, event->n);
 	return cudaSuccess;
 }
 

@@ -542,6 +542,15 @@ static void test_streams(void)
 	cudaMemcpyAsync(h, x, sizeof h, cudaMemcpyDeviceToHost, s[0]);
 	CHECK(h[0] == 2 && h[40] == 3, "late-first: x holds %d %d, want 2 3 (the copy took the host "
 	      "buffer at the call)", h[0], h[40]);
+	/* synchronizing one stream runs that stream's work and what it waits for, no more */
+	LAUNCH_ON(s[0], k_set, 1, 32, y, 64, 7);
+	cudaEventRecord(e, s[0]);
+	cudaStreamSynchronize(s[1]);
+	CHECK(cudaEventQuery(e) == cudaErrorNotReady, "late-first: synchronizing one stream ran "
+	      "another's work");
+	cudaEventSynchronize(e);
+	CHECK(cudaEventQuery(e) == cudaSuccess,
+	      "late-first: cudaEventSynchronize left it unreached");
 	cudaFree(x);
 	cudaFree(y);
 	cudaEventDestroy(e);
@@ -605,6 +614,12 @@ static void test_misuse(void)
 		  });
 	must_stop("a copy past an allocation", "past the end of its allocation",
 		  [&] { cudaMemcpyAsync(x + 600, x, 2048, cudaMemcpyDeviceToDevice); });
+	must_stop("the legacy stream beside a non-blocking one, late", "CUDA does not order", [&] {
+		emu_streams_mode("late-first");
+		cudaStream_t st;
+		cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+		LAUNCH(k_nothing, 1, 32, 0, x);
+	});
 	cudaFree(x);
 }
 

@@ -2575,15 +2575,17 @@ static void side_queue(struct backend *be)
 	cr_assert_eq(op->alloc(be, (void **)&c, sizeof h), 0);
 	cr_assert_eq(op->alloc(be, (void **)&d, sizeof h), 0);
 	int64_t m1 = -1, m2 = -1, m3 = -1;
-	/* main: a = 1, d = 0.5; side: b = a (the even and the odd rows of 64 floats, and
-	 * the tail), c = 0 */
+	/* main: a = 1, d = 0.5; side: c = a, b = c (the even and the odd rows of 64 floats,
+	 * and the tail), c = 0: the four ops follow the switch (a copy left on the main queue
+	 * would run after the copies that read it, in late-first) */
 	cr_assert_eq(op->fill(be, a, N, 1.0f), 0);
 	cr_assert_eq(op->fill(be, d, N, 0.5f), 0);
 	cr_assert_eq(op->side_begin(be), 0, "%s: %s", be->name, err_detail());
 	cr_assert_eq(op->side_begin(be), CORE_EUSAGE, "%s: side_begin twice", be->name);
-	cr_assert_eq(op->copy_2d(be, b, 512, a, 512, 256, 32), 0);
-	cr_assert_eq(op->copy_2d(be, b + 64, 512, a + 64, 512, 256, 32), 0);
-	cr_assert_eq(op->copy_2d(be, b + 4096, 0, a + 4096, 0, 3 * sizeof(float), 1), 0);
+	cr_assert_eq(op->copy(be, c, a, sizeof h), 0);
+	cr_assert_eq(op->copy_2d(be, b, 512, c, 512, 256, 32), 0);
+	cr_assert_eq(op->copy_2d(be, b + 64, 512, c + 64, 512, 256, 32), 0);
+	cr_assert_eq(op->copy_2d(be, b + 4096, 0, c + 4096, 0, 3 * sizeof(float), 1), 0);
 	cr_assert_eq(op->memset(be, c, 0, sizeof h), 0);
 	cr_assert_eq(op->side_end(be, &m1), 0, "%s: %s", be->name, err_detail());
 	cr_assert_eq(op->side_end(be, NULL), CORE_EUSAGE, "%s: side_end twice", be->name);
