@@ -338,14 +338,18 @@ void moe_layer_set_timing(struct moe_layer *l, int on)
 		l->be->op->profile(l->be, 1);
 }
 
-/* Stage boundaries: a backend that queues work (a GPU) finishes it first, so that each
- * stage's time is its own; NaN when the stages are not timed (a device runs ahead). */
-static double stage_clock(struct moe_layer *l)
+/* The time once a backend that queues work (a GPU) has finished it. */
+static double synced_now(struct moe_layer *l)
 {
-	if (!l->timing)
-		return NAN;
 	l->be->op->sync(l->be);
 	return now_seconds();
+}
+
+/* Stage boundaries: each stage's time is its own; NaN when the stages are not timed (a
+ * device runs ahead). */
+static double stage_clock(struct moe_layer *l)
+{
+	return l->timing ? synced_now(l) : NAN;
 }
 
 static enum backend_act backend_act(enum moe_act a)
@@ -645,7 +649,8 @@ int moe_backward(struct moe_layer *l, const struct moe_params *p, const float *x
 	return 0;
 }
 
-/* Both element types: the fp32 ops or their bfloat16 twins on the same route. */
+/* Both element types: the fp32 ops or their bfloat16 twins on the same route, each kernel
+ * timed whatever moe_layer_set_timing says (timing them is what this is for). */
 static int encode_decode(struct moe_layer *l, int bf16, const void *x, void *disp, void *y,
 			 const void *dy, float *dscore, void *dx, int backward,
 			 struct moe_times *times)
@@ -654,28 +659,28 @@ static int encode_decode(struct moe_layer *l, int bf16, const void *x, void *dis
 	const struct backend_ops *op = be->op;
 	const struct backend_moe_route *r = &l->route;
 	const int64_t M = l->cfg.M;
-	double t0 = stage_clock(l), t1;
+	double t0 = synced_now(l), t1;
 
 	ERR_FORWARD(bf16 ? op->moe_encode_bf16(be, r, x, disp, M, 1)
 			 : op->moe_encode(be, r, x, disp, M, 1));
-	t1 = stage_clock(l);
+	t1 = synced_now(l);
 	times->encode = t1 - t0;
 	t0 = t1;
 	ERR_FORWARD(bf16 ? op->moe_decode_bf16(be, r, disp, y, M)
 			 : op->moe_decode(be, r, disp, y, M));
-	t1 = stage_clock(l);
+	t1 = synced_now(l);
 	times->decode = t1 - t0;
 	t0 = t1;
 	if (!backward)
 		return 0;
 	ERR_FORWARD(bf16 ? op->moe_decode_backward_bf16(be, r, dy, disp, disp, dscore, M, 1)
 			 : op->moe_decode_backward(be, r, dy, disp, disp, dscore, M, 1));
-	t1 = stage_clock(l);
+	t1 = synced_now(l);
 	times->bwd_decode = t1 - t0;
 	t0 = t1;
 	ERR_FORWARD(bf16 ? op->moe_encode_backward_bf16(be, r, disp, dx, M)
 			 : op->moe_encode_backward(be, r, disp, dx, M));
-	times->bwd_encode = stage_clock(l) - t0;
+	times->bwd_encode = synced_now(l) - t0;
 	return 0;
 }
 

@@ -169,7 +169,7 @@ int moe_route(struct moe_layer *l, const float *wg, const float *x, int64_t T, i
  * on the routing of the last moe_route: disp = encode(x) (padding zeroed), y = decode(disp);
  * with backward, dscore and d_disp from decode backward (d_disp over disp), then dx =
  * encode-backward(d_disp). disp holds E*C*M floats; times->encode, decode, bwd_decode and
- * bwd_encode are set. */
+ * bwd_encode are set, on a device too (each kernel waited for). */
 int moe_encode_decode(struct moe_layer *l, const float *x, float *disp, float *y,
 		      const float *dy, float *dscore, float *dx, int backward,
 		      struct moe_times *times);

@@ -68,4 +68,20 @@ if [ -x "$mb" ]; then
 		done
 	done
 fi
+# and the single-process benchmarks on the emulated device: the layer's step and the
+# encode+decode kernels stay timed when the stages are not (a time of null here is a
+# benchmark that measured nothing)
+if [ -x "$mb" ]; then
+	for only in layer encode-decode; do
+		for dt in "" "--dtype bf16"; do
+			[ $only = layer ] && [ -n "$dt" ] && continue
+			"$mb" --device cuda --only=$only $dt -T 64 -M 16 -H 16 -E 4 -n 1 -w 0 >s.out 2>s.err ||
+				{ cat s.out s.err; die "moe-bench --device cuda --only=$only $dt failed"; }
+			grep -q '"step_ms":{"median":[0-9]' s.out ||
+				{ cat s.out; die "moe-bench --device cuda --only=$only $dt: no step time"; }
+			[ $only = layer ] || grep -q '"encdec_gbps":[0-9]' s.out ||
+				{ cat s.out; die "moe-bench --device cuda --only=encode-decode $dt: no bandwidth"; }
+		done
+	done
+fi
 echo "test_moe_dist --device cuda (emulated) at 2 and 4 ranks and nodes of 2, the streams in three orders: every plan matches ref; moe-bench's overlapped d = 2 gives the losses of the exchanges in order"
