@@ -32,7 +32,8 @@
 #                  with --dtype bf16 (the bfloat16 kernels, half the bytes)
 #   moe layer      moe-bench forward+backward against the same layer in PyTorch on the same GPU
 #                  (test/gpu/torch_moe_bench.py, eager and torch.compile): at least 1.2x the
-#                  faster of the two
+#                  faster of the two, in fp32 and in bf16 (ours --precision bf16, torch's layer
+#                  --dtype bfloat16; with the ratio to our fp32 layer)
 #   training       dpc-train-path tokens/s, L=12 C=768 T=1024 vocab 256 B=8, against PyTorch
 #                  eager and torch.compile (test/gpu/torch_gpt2_bench.py), each with the manual
 #                  attention and sdpa, in each precision: fp32 (no TF32), tf32 (torch: TF32
@@ -43,9 +44,6 @@
 #                  the experts (--no-overlap): PASS when every step's loss is the same in the
 #                  two; the share of the exchange time hidden, (no-overlap - overlap) over the
 #                  exchange time of a --stage-times run, is measured (no verdict)
-#   moe layer bf16 moe-bench --precision bf16 against the PyTorch layer in bfloat16 (eager and
-#                  torch.compile, --dtype bfloat16): at least 1.2x the faster; and the ratio to
-#                  our fp32 layer
 #   attention      training tokens/s (fp32, the size above) with the cuBLAS attention and
 #                  with CORE_CUDA_ATTENTION=fused (a ratio, no verdict: the default is chosen
 #                  from it)
@@ -219,30 +217,37 @@ else
 	ED="-T 65536 -M 2048 -E 64"; LY="-T 16384 -M 2048 -H 2048 -E 16"; TR=""; IT=10
 	OV="-T 16384 -M 2048 -H 64 -E 16"
 fi
-stamp "encode+decode"
-"$B/moe-bench" --device cuda --only=encode-decode $ED -k 2 -n $IT -w 3 >"$out/encdec.json" 2>"$out/encdec.err"
-ed=$($PY -c 'import json,sys; j=json.load(open(sys.argv[1])); r=j["encdec_gbps"]/j["copy_gbps"]; print(("PASS" if r>=0.9 else "FAIL"), "%.0f GB/s, copy %.0f GB/s, ratio %.2f (target 0.90)" % (j["encdec_gbps"], j["copy_gbps"], r))' "$out/encdec.json" 2>&1 | verdict encdec)
-row "encode+decode" "${ed%% *}" "${ed#* }"
-stamp "encode+decode bf16"
-"$B/moe-bench" --device cuda --only=encode-decode --dtype bf16 $ED -k 2 -n $IT -w 3 >"$out/encdec-bf16.json" 2>"$out/encdec-bf16.err"
-edb=$($PY -c 'import json,sys; j=json.load(open(sys.argv[1])); r=j["encdec_gbps"]/j["copy_gbps"]; print(("PASS" if r>=0.9 else "FAIL"), "%.0f GB/s, copy %.0f GB/s, ratio %.2f (target 0.90)" % (j["encdec_gbps"], j["copy_gbps"], r))' "$out/encdec-bf16.json" 2>&1 | verdict encdec-bf16)
-row "encode+decode bf16" "${edb%% *}" "${edb#* }"
+for dt in fp32 bf16; do
+	sfx=; dflag=; [ $dt = bf16 ] && sfx=-bf16 dflag="--dtype bf16"
+	stamp "encode+decode $dt"
+	"$B/moe-bench" --device cuda --only=encode-decode $dflag $ED -k 2 -n $IT -w 3 >"$out/encdec$sfx.json" 2>"$out/encdec$sfx.err"
+	ed=$($PY -c 'import json,sys; j=json.load(open(sys.argv[1])); r=j["encdec_gbps"]/j["copy_gbps"]; print(("PASS" if r>=0.9 else "FAIL"), "%.0f GB/s, copy %.0f GB/s, ratio %.2f (target 0.90)" % (j["encdec_gbps"], j["copy_gbps"], r))' "$out/encdec$sfx.json" 2>&1 | verdict encdec$sfx)
+	row "encode+decode $dt" "${ed%% *}" "${ed#* }"
+done
 
-stamp "moe layer: ours and PyTorch"
-"$B/moe-bench" --device cuda $LY -k 2 -n $IT -w 3 >"$out/layer.json" 2>"$out/layer.err"
-timeout 120 $PY "$here/test/gpu/torch_moe_bench.py" $LY -k 2 --iters $IT --warmup 3 >"$out/layer_torch.json" 2>"$out/layer_torch.err"
-ly=$( ($PY - "$out" <<'EOF'
+for prec in fp32 bf16; do
+	sfx=; pflag=; tflag=; [ $prec = bf16 ] && sfx=-bf16 pflag="--precision bf16" tflag="--dtype bfloat16"
+	stamp "moe layer $prec: ours and PyTorch"
+	"$B/moe-bench" --device cuda $pflag $LY -k 2 -n $IT -w 3 >"$out/layer$sfx.json" 2>"$out/layer$sfx.err"
+	timeout 120 $PY "$here/test/gpu/torch_moe_bench.py" $LY -k 2 $tflag --iters $IT --warmup 3 \
+		>"$out/layer_torch$sfx.json" 2>"$out/layer_torch$sfx.err"
+	ly=$( ($PY - "$out" "$prec" "$sfx" <<'EOF'
 import json, sys
-out = sys.argv[1]
-ours = json.load(open(f"{out}/layer.json"))["step_ms"]["median"]
-t = json.load(open(f"{out}/layer_torch.json"))
+out, prec, sfx = sys.argv[1:4]
+ours = json.load(open(f"{out}/layer{sfx}.json"))["step_ms"]["median"]
+t = json.load(open(f"{out}/layer_torch{sfx}.json"))
 runs = {r["mode"]: r.get("step_ms") for r in t["runs"]}
 best = min(v for v in runs.values() if v)
-parts = ", ".join(f"torch {m} {v:.2f} ms ({v / ours:.2f}x)" for m, v in runs.items() if v)
-print(("PASS" if best / ours >= 1.2 else "FAIL"), f"ours {ours:.2f} ms, {best / ours:.2f}x the faster torch run (target 1.2); {parts}")
+parts = ", ".join(f"torch {prec} {m} {v:.2f} ms ({v / ours:.2f}x)" for m, v in runs.items() if v)
+vs32 = ""
+if sfx:
+    fp32 = json.load(open(f"{out}/layer.json"))["step_ms"]["median"]
+    vs32 = f" ({fp32 / ours:.2f}x our fp32)"
+print(("PASS" if best / ours >= 1.2 else "FAIL"), f"ours {ours:.2f} ms{vs32}, {best / ours:.2f}x the faster torch run (target 1.2); {parts}")
 EOF
-) 2>&1 | verdict layer)
-row "moe layer f+b" "${ly%% *}" "${ly#* }"
+	) 2>&1 | verdict layer$sfx)
+	row "moe layer $prec" "${ly%% *}" "${ly#* }"
+done
 
 # The overlap: H small, so that the exchanges (bytes ~ E C M) weigh against the GEMMs
 # (flops ~ E C M H); --print-steps gives every step's loss, for the equality
@@ -315,24 +320,6 @@ def f(n):
     return statistics.median(v[2:] if len(v) > 3 else v)
 c,u=f("big"),f("big-fused"); print(f"INFO cublas {c:.0f} tok/s, fused {u:.0f} tok/s ({u/c:.2f}x)")' "$out" 2>&1 | verdict big-fused)
 row "attention" "${at%% *}" "${at#* }"
-
-stamp "moe layer in bf16: ours and PyTorch"
-"$B/moe-bench" --device cuda --precision bf16 $LY -k 2 -n $IT -w 3 >"$out/layer-bf16.json" 2>"$out/layer-bf16.err"
-timeout 120 $PY "$here/test/gpu/torch_moe_bench.py" $LY -k 2 --dtype bfloat16 --iters $IT --warmup 3 \
-	>"$out/layer_torch-bf16.json" 2>"$out/layer_torch-bf16.err"
-lb=$( ($PY - "$out" <<'EOF'
-import json, sys
-out = sys.argv[1]
-ours = json.load(open(f"{out}/layer-bf16.json"))["step_ms"]["median"]
-fp32 = json.load(open(f"{out}/layer.json"))["step_ms"]["median"]
-t = json.load(open(f"{out}/layer_torch-bf16.json"))
-runs = {r["mode"]: r.get("step_ms") for r in t["runs"]}
-best = min(v for v in runs.values() if v)
-parts = ", ".join(f"torch bf16 {m} {v:.2f} ms ({v / ours:.2f}x)" for m, v in runs.items() if v)
-print(("PASS" if best / ours >= 1.2 else "FAIL"), f"ours bf16 {ours:.2f} ms ({fp32 / ours:.2f}x our fp32), {best / ours:.2f}x the faster torch run (target 1.2); {parts}")
-EOF
-) 2>&1 | verdict layer-bf16)
-row "moe layer bf16" "${lb%% *}" "${lb#* }"
 
 stamp "done"
 echo
