@@ -721,8 +721,12 @@ static json_t *dist_base_json(const struct moe_bench_dist_opts *o, const char *t
 	return j;
 }
 
-/* Median over the n timed steps of a per-step array. */
-static double med(const double *v, long n) { return stats_median(v, n, NULL, NULL); }
+/* Median over the n timed steps of a per-step array; NaN for a time not measured (a device's
+ * exchanges and GEMMs unless --stage-times: NaN in every step alike). */
+static double med(const double *v, long n)
+{
+	return isnan(v[0]) ? NAN : stats_median(v, n, NULL, NULL);
+}
 
 /* One run's JSON and table line (rank 0 prints; every rank builds nothing else). */
 static int report_dist(const struct moe_bench_dist_opts *o, const char *trace, const char *name,
@@ -730,9 +734,7 @@ static int report_dist(const struct moe_bench_dist_opts *o, const char *trace, c
 {
 	const long n = r->n;
 	double mn, mx, md = stats_median(r->step, n, &mn, &mx);
-	/* NaN when the device's exchanges were not timed (every step alike) */
-	const double comm = isnan(r->comm[0]) ? NAN : med(r->comm, n);
-	const double gemm = isnan(r->gemm[0]) ? NAN : med(r->gemm, n);
+	const double comm = med(r->comm, n), gemm = med(r->gemm, n);
 	json_t *j = dist_base_json(o, trace);
 	json_object_set_new(j, "run", json_string(name));
 	if (o->dict)
@@ -769,7 +771,7 @@ static int report_dist(const struct moe_bench_dist_opts *o, const char *trace, c
 	/* The share of the exchanges the experts hid: 1 - waited / exchanged, from the medians
 	 * over steps; below 0 when this rank waited longer than its exchanges took (for a
 	 * slower rank). */
-	const double ce = isnan(r->exposed[0]) ? NAN : med(r->exposed, n);
+	const double ce = med(r->exposed, n);
 	const double hidden = comm > 0 ? 1.0 - ce / comm : NAN;
 	json_object_set_new(j, "comm_exposed_ms", MS(ce));
 	json_object_set_new(j, "overlap", num_or_null(hidden));

@@ -168,13 +168,15 @@ static void cu_free(struct backend *be, void *ptr)
 		cudaFree(ptr); /* waits for the device: no queued op still reads it */
 }
 
-/* The main queue waits for everything queued on the second one (upload, download). */
+/* The main queue waits for everything queued on the second one (upload, download), when it
+ * does not already. */
 static int join_side(struct cuda_ctx *c)
 {
-	if (!c->side)
+	if (!c->unjoined)
 		return 0;
 	CUDA_TRY(cudaEventRecord(c->fork, c->side), "joining the second queue");
 	CUDA_TRY(cudaStreamWaitEvent(c->stream, c->fork, 0), "joining the second queue");
+	c->unjoined = 0;
 	return 0;
 }
 
@@ -250,6 +252,7 @@ static int cu_sync(struct backend *be)
 	CUDA_TRY(cudaStreamSynchronize(c->stream), "an op queued on the device");
 	if (c->side)
 		CUDA_TRY(cudaStreamSynchronize(c->side), "a transfer queued on the device");
+	c->unjoined = 0;
 	return 0;
 }
 
@@ -300,6 +303,7 @@ static int cu_side_end(struct backend *be, int64_t *mark)
 	if (mark)
 		*mark = c->nmarks;
 	c->nmarks++;
+	c->unjoined = 1;
 	return 0;
 }
 
@@ -311,6 +315,8 @@ static int cu_side_wait(struct backend *be, int64_t mark)
 			       (long long)mark, (long long)c->nmarks);
 	CUDA_TRY(cudaStreamWaitEvent(c->stream, c->marks[mark % BACKEND_SIDE_MARKS], 0),
 		 "side_wait");
+	if (mark == c->nmarks - 1) /* the newest: every transfer so far */
+		c->unjoined = 0;
 	return 0;
 }
 

@@ -49,6 +49,8 @@ struct cuda_ctx {
 	cudaEvent_t fork;                      /* the main queue's point a side_begin waits for */
 	cudaEvent_t marks[BACKEND_SIDE_MARKS]; /* side_end's marks, mark % BACKEND_SIDE_MARKS */
 	int on_side;                           /* between side_begin and side_end */
+	int unjoined;                          /* the second queue has work the main queue does
+						* not wait for yet (side_end since the last join) */
 	int64_t nmarks;                        /* marks made so far */
 };
 

@@ -838,12 +838,14 @@ int cuda_moe_count(struct backend *be, const int32_t *idx, int64_t n, int E, int
 	return 0;
 }
 
-/* The r copies' route (backend.h, moe_route_copies): one thread per copied choice. */
+/* The r copies' route (backend.h, moe_route_copies): one thread per copied choice, and per
+ * copied count. */
 __global__ void route_copies_kernel(const int32_t *__restrict__ idx,
 				    const int32_t *__restrict__ loc,
-				    const float *__restrict__ score, int64_t n, int r,
+				    const float *__restrict__ score,
+				    const int64_t *__restrict__ count, int64_t n, int E, int r,
 				    int32_t *__restrict__ vidx, int32_t *__restrict__ vloc,
-				    float *__restrict__ vscore)
+				    float *__restrict__ vscore, int64_t *__restrict__ vcount)
 {
 	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * r;
 	     i += (int64_t)gridDim.x * blockDim.x) {
@@ -852,24 +854,22 @@ __global__ void route_copies_kernel(const int32_t *__restrict__ idx,
 		vloc[i] = loc[t];
 		vscore[i] = score[t];
 	}
+	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)E * r;
+	     i += (int64_t)gridDim.x * blockDim.x)
+		vcount[i] = count[i / r];
 }
 
 int cuda_moe_route_copies(struct backend *be, const struct backend_moe_route *in, int r,
 			  int32_t *vidx, int32_t *vloc, float *vscore, int64_t *vcount)
 {
 	struct cuda_ctx *c = cuda_ctx_of(be);
-	const int64_t n = (int64_t)in->k * in->T;
-	if (n > 0) {
-		CUDA_LAUNCH(route_copies_kernel, cuda_grid(c, (size_t)(n * r), 256), 256, 0,
-			    c->stream, in->idx, in->loc, in->score, n, r, vidx, vloc, vscore);
+	const int64_t n = (int64_t)in->k * in->T, most = n > in->E ? n : in->E;
+	if (most > 0) {
+		CUDA_LAUNCH(route_copies_kernel, cuda_grid(c, (size_t)(most * r), 256), 256, 0,
+			    c->stream, in->idx, in->loc, in->score, in->count, n, in->E, r, vidx,
+			    vloc, vscore, vcount);
 		CUDA_LAUNCHED("moe_route_copies");
 	}
-	/* vcount[e*r + j] = count[e]: copy j writes every r-th count */
-	for (int j = 0; j < r && in->E > 0; j++)
-		CUDA_TRY(cudaMemcpy2DAsync(vcount + j, sizeof(int64_t) * (size_t)r, in->count,
-					   sizeof(int64_t), sizeof(int64_t), (size_t)in->E,
-					   cudaMemcpyDeviceToDevice, c->stream),
-			 "moe_route_copies");
 	return 0;
 }
 

@@ -327,7 +327,7 @@ static void legacy_use(const char *what)
 	drain_all();
 }
 
-static void enqueue(cudaStream_t s, std::function<void()> fn)
+void emu_enqueue(cudaStream_t s, std::function<void()> fn)
 {
 	settings();
 	if (!cfg.lazy) {
@@ -343,11 +343,6 @@ static void enqueue(cudaStream_t s, std::function<void()> fn)
 	s->queued++;
 	if (runs_at_once(s))
 		drain_to(s, s->queued);
-}
-
-void emu_enqueue(cudaStream_t stream, std::function<void()> work)
-{
-	enqueue(stream, std::move(work));
 }
 
 void emu_streams_mode(const char *mode)
@@ -493,9 +488,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 		memcpy(dst, src, bytes);
 	} else if (!sd) {
 		std::vector<char> h((const char *)src, (const char *)src + bytes);
-		enqueue(stream, [dst, h = std::move(h)] { memcpy(dst, h.data(), h.size()); });
+		emu_enqueue(stream, [dst, h = std::move(h)] { memcpy(dst, h.data(), h.size()); });
 	} else {
-		enqueue(stream, [=] { memcpy(dst, src, bytes); });
+		emu_enqueue(stream, [=] { memcpy(dst, src, bytes); });
 	}
 	return cudaSuccess;
 }
@@ -530,7 +525,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 				    width))
 				die("cudaMemcpy2DAsync: row %zu of the destination overlaps row %zu "
 				    "of the source", i, j);
-	enqueue(stream, [=] {
+	emu_enqueue(stream, [=] {
 		for (size_t i = 0; i < height; i++)
 			memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
 	});
@@ -550,7 +545,7 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t str
 		return cudaErrorInvalidValue;
 	}
 	need_device(dst, bytes, "cudaMemsetAsync");
-	enqueue(stream, [=] { memset(dst, value, bytes); });
+	emu_enqueue(stream, [=] { memset(dst, value, bytes); });
 	return cudaSuccess;
 }
 
@@ -1282,7 +1277,7 @@ void emu_launch_fn(const char *kernel, const void *func, const char *file, int l
 	if (!stream_ok(stream))
 		die("kernel %s launched at %s:%d on %p, which is not a stream", kernel, file, line,
 		    (void *)stream);
-	enqueue(stream, [=, call = std::move(call)]() mutable {
+	emu_enqueue(stream, [=, call = std::move(call)]() mutable {
 		run_launch(kernel, file, line, grid, block, smem, stream, &call);
 	});
 }
@@ -1434,7 +1429,7 @@ static cublasStatus_t gemm(const char *what, cublasHandle_t h, cublasOperation_t
 				die("%s, batch %d: C overlaps A or B", what, b);
 		}
 	}
-	enqueue(h->stream, [=] {
+	emu_enqueue(h->stream, [=] {
 		for (int b = 0; b < batch; b++) {
 			const char *a = (const char *)A + b * sA * (long long)es;
 			const char *bb = (const char *)B + b * sB * (long long)es;

@@ -463,6 +463,17 @@ __global__ void k_set(int *x, int n, int v)
 		x[i] = v;
 }
 
+/* The end of a stream test: its memory, event and streams freed, eager again. */
+static void streams_done(cudaStream_t s[2], cudaEvent_t e, int *x, int *y)
+{
+	cudaFree(x);
+	cudaFree(y);
+	cudaEventDestroy(e);
+	cudaStreamDestroy(s[0]);
+	cudaStreamDestroy(s[1]);
+	emu_streams_mode("eager");
+}
+
 /* Stream a writes x (value v), stream b copies x to y, with or without waiting for a's event;
  * returns y[0] after the device is synchronized. a and b: 0 the older stream, 1 the newer. */
 static int two_streams(const char *mode, int writer, int wait, int v)
@@ -483,12 +494,7 @@ static int two_streams(const char *mode, int writer, int wait, int v)
 	cudaMemcpyAsync(y, x, 64 * sizeof(int), cudaMemcpyDeviceToDevice, s[!writer]);
 	cudaDeviceSynchronize(); /* both streams, in the mode's order */
 	cudaMemcpyAsync(&h, y + 63, sizeof h, cudaMemcpyDeviceToHost, s[!writer]);
-	cudaFree(x);
-	cudaFree(y);
-	cudaEventDestroy(e);
-	cudaStreamDestroy(s[0]);
-	cudaStreamDestroy(s[1]);
-	emu_streams_mode("eager");
+	streams_done(s, e, x, y);
 	return h;
 }
 
@@ -551,12 +557,7 @@ static void test_streams(void)
 	cudaEventSynchronize(e);
 	CHECK(cudaEventQuery(e) == cudaSuccess,
 	      "late-first: cudaEventSynchronize left it unreached");
-	cudaFree(x);
-	cudaFree(y);
-	cudaEventDestroy(e);
-	cudaStreamDestroy(s[0]);
-	cudaStreamDestroy(s[1]);
-	emu_streams_mode("eager");
+	streams_done(s, e, x, y);
 }
 
 /* Runs fn in a child, which must abort with a message containing want. */
