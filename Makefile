@@ -22,6 +22,9 @@ BUILD ?= build-san
 else
 BUILD ?= build
 endif
+# what this build found (below, "what this build found")
+FOUND := $(BUILD)/found
+$(shell mkdir -p $(FOUND))
 PREFIX ?= /usr/local
 CC ?= cc
 PKG_CONFIG ?= pkg-config
@@ -188,7 +191,7 @@ LIB_OBJ += $(CU_OBJ) $(CUDA_GLUE_OBJ)
 LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt \
 	-lpthread
 $(BUILD)/lib/backend/backend.o: CFLAGS += -DCORE_HAVE_CUDA=1
-$(CUDA_GLUE_OBJ): $(BUILD)/lib/backend/cuda/%.o: lib/backend/cuda/%.c
+$(CUDA_GLUE_OBJ): $(BUILD)/lib/backend/cuda/%.o: lib/backend/cuda/%.c $(FOUND)/cflags
 	@mkdir -p $(@D)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CFLAGS) -isystem $(CUDA_HOME)/include -MMD -MP -c $< -o $@
@@ -196,6 +199,35 @@ endif
 MANS := $(sort $(wildcard man/*.1 man/*.5))
 DEPS := $(LIB_OBJ:.o=.d) $(CMD_SRC:%.c=$(BUILD)/%.d) $(TEST_SRC:%.c=$(BUILD)/%.d) \
 	$(MPI_TEST_SRC:%.c=$(BUILD)/%.d)
+
+# ---- what this build found: $(BUILD)/found/ ------------------------------------------------
+# One file per probe or flag set, rewritten only when its value changes, and every object the
+# value reaches depends on that file (as git's objects depend on GIT-CFLAGS). So a build made
+# without Open MPI and then with it compiles dist_mpi.o, relinks the MPI tests, and makes
+# libcore.a anew from the current object list (no dist_single.o survives); new CFLAGS or a
+# new compiler rebuild every object; SentencePiece found rebuilds tokenizer.o and its test; a
+# new library list relinks the programs. `cat $(BUILD)/found/*` says what this build used.
+# $(call record,NAME,VALUE): $(FOUND)/NAME holds VALUE; rewritten (and said) only when VALUE
+# changes. (In the shell: a comparison in make alone, $(file <) against the value with
+# findstring, took some equal values for different under make 4.3.)
+record = $(shell f=$(FOUND)/$(1); printf '%s\n' '$(subst ','\'',$(strip $(2)))' >$$f.new && \
+	if cmp -s $$f.new $$f; then rm -f $$f.new; else test -e $$f && \
+	echo "==> $$f changed: what it reaches is rebuilt" >&2; mv -f $$f.new $$f; fi)
+$(call record,cflags,$(CC) $(shell $(CC) -dumpfullversion 2>/dev/null) $(CFLAGS))
+$(call record,libs,$(LDFLAGS) $(LIBS))
+$(call record,libobjs,$(LIB_OBJ))
+$(call record,mpi,HAVE_MPI=$(HAVE_MPI) $(MPI_CFLAGS))
+$(call record,spm,HAVE_SPM=$(HAVE_SPM))
+$(call record,cxx,$(CXX) $(CXXFLAGS_SPM))
+$(call record,blas,$(CPU_BLAS_CFLAGS))
+$(call record,cuda,HAVE_CUDA=$(HAVE_CUDA) $(NVCC) $(NVCCFLAGS))
+$(call record,pytorch,HAVE_PYTORCH=$(HAVE_PYTORCH))
+$(BUILD)/libcore.a: $(FOUND)/libobjs
+$(BUILD)/lib/dist/dist_mpi.o $(MPI_TEST_SRC:%.c=$(BUILD)/%.o): $(FOUND)/mpi
+$(BUILD)/lib/io/tokenizer.o $(BUILD)/test/unit/test_tokenizer.o: $(FOUND)/spm
+$(SPM_OBJ): $(FOUND)/cxx
+$(BUILD)/lib/backend/cpu/cpu_blas.o: $(FOUND)/blas
+$(BUILD)/lib/backend/backend.o $(CU_OBJ) $(CUDA_GLUE_OBJ): $(FOUND)/cuda
 
 # One short line per step; V=1 prints the full commands.
 ifeq ($(V),1)
@@ -220,29 +252,30 @@ probe:
 	@echo "==> SentencePiece: $(if $(filter 1,$(HAVE_SPM)),found: spm:MODEL tokenizers and dpc-shard tokenizer train,not found (install libsentencepiece-dev$(if $(filter 1,$(HAVE_CXX)),, and g++)): the byte tokenizer only)"
 	@echo "==> PyTorch (reference tests): $(if $(filter 1,$(HAVE_PYTORCH)),found,not found; reference tests will be skipped)"
 	@echo "==> build: $(BUILD) $(if $(filter 1,$(SAN)),(ASan + UBSan))"
+	@echo "==> what it found and the flags: $(FOUND)/ (a change there rebuilds what it reaches)"
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(FOUND)/cflags
 	@mkdir -p $(@D)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libcore.a: $(LIB_OBJ)
 	$(call say,AR,$@)
-	$(Q)rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ && ar rcs $@ $(LIB_OBJ)
 
-$(BUILD)/bin/%: $(BUILD)/cmd/%.o $(BUILD)/libcore.a
+$(BUILD)/bin/%: $(BUILD)/cmd/%.o $(BUILD)/libcore.a $(FOUND)/libs
 	@mkdir -p $(@D)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $< $(BUILD)/libcore.a $(LIBS) -o $@
 
-$(BUILD)/test/%: $(BUILD)/test/unit/%.o $(BUILD)/libcore.a
+$(BUILD)/test/%: $(BUILD)/test/unit/%.o $(BUILD)/libcore.a $(FOUND)/libs
 	@mkdir -p $(@D)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $< $(BUILD)/libcore.a $(LIBS) $(shell $(PKG_CONFIG) --libs criterion) -o $@
 
 # the MPI tests: as the unit tests, without Criterion
 $(BUILD)/test/mpi/%.o: CFLAGS += $(MPI_CFLAGS)
-$(BUILD)/test/mpi/%: $(BUILD)/test/mpi/%.o $(BUILD)/libcore.a
+$(BUILD)/test/mpi/%: $(BUILD)/test/mpi/%.o $(BUILD)/libcore.a $(FOUND)/libs
 	@mkdir -p $(@D)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $< $(BUILD)/libcore.a $(LIBS) -o $@
@@ -252,8 +285,11 @@ $(BUILD)/kernels/%.o: kernels/%.cu
 	$(call say,NVCC,$<)
 	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
-# Objects of programs and tests are kept (make would delete them as intermediates).
-.SECONDARY:
+# Objects of programs and tests are kept (make would delete them as intermediates). Not
+# `.SECONDARY:` with no list, which made every target secondary: a missing object (dist_mpi.o,
+# when MPI is found after a build without it) was then never made, the archive being newer
+# than its source.
+.PRECIOUS: $(BUILD)/%.o
 
 -include $(DEPS)
 
@@ -315,6 +351,9 @@ HAVE_LIBFUZZER ?= $(shell echo 'int LLVMFuzzerTestOneInput(const char *d, unsign
 	&& echo 1 || echo 0)
 
 .PHONY: fuzz fuzz-probe test-fuzz-replay
+$(call record,fuzz,$(FUZZ_CC) $(FUZZ_CFLAGS))
+$(FUZZ_LIB_OBJ) $(FUZZ_DIR)/test/fuzz/harness.o $(FUZZ_SRC:%.c=$(FUZZ_DIR)/%.o): $(FOUND)/fuzz
+$(FUZZ_DIR)/libcore.a: $(FOUND)/libobjs
 test-unit: test-fuzz-replay
 
 $(BUILD)/fuzz/replay/%: $(BUILD)/test/fuzz/fuzz_%.o $(BUILD)/test/fuzz/harness.o \
@@ -356,7 +395,7 @@ endif
 
 $(FUZZ_DIR)/libcore.a: $(FUZZ_LIB_OBJ)
 	$(call say,AR,$@)
-	$(Q)rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ && ar rcs $@ $(FUZZ_LIB_OBJ)
 
 $(FUZZ_DIR)/bin/%: $(FUZZ_DIR)/test/fuzz/fuzz_%.o $(FUZZ_DIR)/test/fuzz/harness.o \
 		$(FUZZ_DIR)/libcore.a
@@ -404,6 +443,10 @@ EMU_LIBS := $(filter-out -lcudart_static -L$(CUDA_HOME)/lib64 \
 
 .PHONY: test-cuda-emu
 test-unit: test-cuda-emu
+$(call record,emu,$(CXX) $(EMU_CXXFLAGS))
+$(EMU_OBJ) $(EMU_DIR)/test/emu/selftest.o: $(FOUND)/emu
+$(EMU_DIR)/test/emu/nccl_emu.o $(EMU_DIR)/test/mpi/test_dist_dev.o \
+	$(EMU_DIR)/test/mpi/test_moe_dist.o: $(FOUND)/mpi
 
 $(EMU_DIR)/kernels/%.o: kernels/%.cu
 	@mkdir -p $(@D)
@@ -415,14 +458,14 @@ $(EMU_DIR)/test/emu/%.o: test/emu/%.cpp
 	$(call say,EMUCXX,$<)
 	$(Q)$(CXX) $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
 
-$(EMU_DIR)/lib/backend/backend.o: lib/backend/backend.c
+$(EMU_DIR)/lib/backend/backend.o: lib/backend/backend.c $(FOUND)/cflags
 	@mkdir -p $(@D)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CFLAGS) -DCORE_HAVE_CUDA=1 -MMD -MP -c $< -o $@
 
-$(EMU_DIR)/test_backend: $(BUILD)/test/unit/test_backend.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+$(EMU_DIR)/test_backend: $(BUILD)/test/unit/test_backend.o $(EMU_OBJ) $(EMU_LIB_OBJ) $(FOUND)/libs
 	$(call say,LINK,$@)
-	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) $(shell $(PKG_CONFIG) --libs criterion) -o $@
+	$(Q)$(CXX) $(LDFLAGS) $(filter %.o,$^) $(EMU_LIBS) $(shell $(PKG_CONFIG) --libs criterion) -o $@
 
 # NCCL emulated over MPI (test/emu/nccl_emu.cpp: one emulated GPU per MPI process); without
 # MPI its calls fail with "built without MPI". build/emu/test_dist_dev: test/mpi/test_dist_dev.c
@@ -440,35 +483,35 @@ endif
 # prerequisites are expanded when it is read)
 test-sh: $(EMU_MPI_TESTS)
 
-$(EMU_DIR)/test/mpi/%.o: test/mpi/%.c
+$(EMU_DIR)/test/mpi/%.o: test/mpi/%.c $(FOUND)/cflags
 	@mkdir -p $(@D)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CFLAGS) $(MPI_CFLAGS) -DCORE_CUDA_EMU -MMD -MP -c $< -o $@
 
-$(EMU_DIR)/test_dist_dev: $(EMU_DIR)/test/mpi/test_dist_dev.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+$(EMU_DIR)/test_dist_dev: $(EMU_DIR)/test/mpi/test_dist_dev.o $(EMU_OBJ) $(EMU_LIB_OBJ) $(FOUND)/libs
 	$(call say,LINK,$@)
-	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
+	$(Q)$(CXX) $(LDFLAGS) $(filter %.o,$^) $(EMU_LIBS) -o $@
 
 # the distributed MoE layer on the emulated device (test/mpi/test_moe_dist.c --device cuda),
 # run under mpirun by test/sh/t-moe-dist-dev.sh
-$(EMU_DIR)/test_moe_dist: $(EMU_DIR)/test/mpi/test_moe_dist.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+$(EMU_DIR)/test_moe_dist: $(EMU_DIR)/test/mpi/test_moe_dist.o $(EMU_OBJ) $(EMU_LIB_OBJ) $(FOUND)/libs
 	$(call say,LINK,$@)
-	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
+	$(Q)$(CXX) $(LDFLAGS) $(filter %.o,$^) $(EMU_LIBS) -o $@
 
 # moe-bench on the emulated cuda backend: --device cuda --only=alltoall under mpirun
-$(EMU_DIR)/moe-bench: $(BUILD)/cmd/moe-bench.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+$(EMU_DIR)/moe-bench: $(BUILD)/cmd/moe-bench.o $(EMU_OBJ) $(EMU_LIB_OBJ) $(FOUND)/libs
 	$(call say,LINK,$@)
-	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
+	$(Q)$(CXX) $(LDFLAGS) $(filter %.o,$^) $(EMU_LIBS) -o $@
 
 # moe-profile on the emulated cuda backend: a dictionary of the layer on device memory
-$(EMU_DIR)/moe-profile: $(BUILD)/cmd/moe-profile.o $(EMU_OBJ) $(EMU_LIB_OBJ)
+$(EMU_DIR)/moe-profile: $(BUILD)/cmd/moe-profile.o $(EMU_OBJ) $(EMU_LIB_OBJ) $(FOUND)/libs
 	$(call say,LINK,$@)
-	$(Q)$(CXX) $(LDFLAGS) $^ $(EMU_LIBS) -o $@
+	$(Q)$(CXX) $(LDFLAGS) $(filter %.o,$^) $(EMU_LIBS) -o $@
 
 # the emulator against CUDA's, cuBLAS's and CUB's semantics, first
 $(EMU_DIR)/selftest: $(EMU_DIR)/test/emu/selftest.o $(EMU_DIR)/test/emu/emu.o
 	$(call say,LINK,$@)
-	$(Q)$(CXX) $(LDFLAGS) $^ -o $@
+	$(Q)$(CXX) $(LDFLAGS) $(filter %.o,$^) -o $@
 
 test-cuda-emu: $(EMU_DIR)/selftest $(EMU_DIR)/test_backend
 ifneq ($(HAVE_CRITERION),1)
