@@ -91,14 +91,34 @@ echo "make -j2: 30 tasks, the table counts 4 of the 4 paths each phase trains"
 train -q -j 2 --until 1 s8.yaml k >k1.out 2>&1 || { cat k1.out; die "--until 1 failed"; }
 [ -z "$(ls k/phase-0002/paths 2>/dev/null)" ] || die "--until 1 trained phase 2"
 ls k/phase-0001/modules/*.safetensors | wc -l | grep -qx 6 || die "--until 1: not 6 modules"
-setsid sh "$ROOT/scripts/dipaco-train.sh" --bin "$BIN" -q -j 2 s8.yaml k d/train.tok \
+# The rerun's programs: ours, but a phase-2 path task is stopped (SIGSTOP) as soon as a phase-2
+# metrics file is being written, and says so in phase2.stopped: the kill then lands in the
+# middle of phase 2 however fast the machine (polling for the short-lived .part from here
+# missed every phase-2 task on a fast one).
+mkdir wrap
+for p in "$BIN"/*; do ln -s "$p" wrap/; done
+rm wrap/dpc-train-path
+cat >wrap/dpc-train-path <<EOF
+#!/bin/sh
+case " \$* " in *" --phase 2 "*) ;; *) exec "$BIN/dpc-train-path" "\$@" ;; esac
+"$BIN/dpc-train-path" "\$@" & c=\$!
+while kill -0 \$c 2>/dev/null; do
+	for f in phase-0002/paths/*.jsonl.part; do
+		[ -e "\$f" ] && { kill -STOP \$c; touch "$SCRATCH/phase2.stopped"; wait \$c; exit 1; }
+	done
+done
+wait \$c
+EOF
+chmod +x wrap/dpc-train-path
+setsid sh "$ROOT/scripts/dipaco-train.sh" --bin wrap -q -j 2 s8.yaml k d/train.tok \
 	d/val.tok >k2.out 2>&1 &
 pid=$!
 i=0
-while [ $i -lt 3000 ] && ! ls k/phase-0002/paths/*.jsonl.part >/dev/null 2>&1; do
-	sleep 0.01; i=$((i + 1))
+while [ $i -lt 1200 ] && [ ! -e "$SCRATCH/phase2.stopped" ] && kill -0 "$pid" 2>/dev/null; do
+	sleep 0.1; i=$((i + 1))
 done
-ls k/phase-0002/paths/*.jsonl.part >/dev/null 2>&1 || die "no phase-2 task seen running"
+[ -e "$SCRATCH/phase2.stopped" ] || { cat k2.out; die "no phase-2 task seen running"; }
+ls k/phase-0002/paths/*.jsonl.part >/dev/null 2>&1 || die "phase 2 stopped, yet no task was writing"
 kill -KILL "-$pid" 2>/dev/null || die "the run ended before it could be killed"
 wait "$pid" 2>/dev/null || true
 [ ! -e k/phase-0003/modules/upper.1.safetensors ] || die "the killed run had finished"
