@@ -572,3 +572,72 @@ int file_open_regular(const char *path, int *fd, struct stat *st)
 	}
 	return 0;
 }
+
+/* ---- output folders ----------------------------------------------------------------------- */
+
+/* mkdir of one folder that may exist already; 1 when this call made it. */
+static int make_one(const char *path, const char *dir)
+{
+	struct stat st;
+
+	if (mkdir(path, 0777) == 0)
+		return 1;
+	if (errno != EEXIST)
+		return err_errno(CORE_EIO, path, "cannot create directory", errno);
+	if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+		return err_set(CORE_EIO, path, strcmp(path, dir) ? "not a directory (a parent of "
+			       "the output folder)" : "not a directory");
+	return 0;
+}
+
+int dir_make(const char *dir, char *made, size_t made_len)
+{
+	char buf[PATH_MAX];
+	size_t n = strlen(dir);
+
+	if (made && made_len)
+		made[0] = '\0';
+	if (n == 0 || n >= sizeof buf)
+		return err_set(CORE_EUSAGE, dir, "not a usable folder name");
+	memcpy(buf, dir, n + 1);
+	while (n > 1 && buf[n - 1] == '/')
+		buf[--n] = '\0';
+	/* each parent, then dir: "a/b/c" makes "a", "a/b", "a/b/c" */
+	for (size_t i = 1; i <= n; i++) {
+		if (i < n && buf[i] != '/')
+			continue;
+		if (i < n && buf[i - 1] == '/')
+			continue; /* "a//b" */
+		buf[i] = '\0';
+		int rc = make_one(buf, dir);
+		if (rc < 0)
+			return rc;
+		if (rc == 1 && made && made_len && !made[0])
+			snprintf(made, made_len, "%s", buf);
+		if (i < n)
+			buf[i] = '/';
+	}
+	return 0;
+}
+
+void dir_unmake(const char *dir, const char *made)
+{
+	char buf[PATH_MAX];
+	size_t n = strlen(dir), m = made ? strlen(made) : 0;
+
+	if (m == 0 || n >= sizeof buf)
+		return;
+	memcpy(buf, dir, n + 1);
+	while (n > 1 && buf[n - 1] == '/')
+		buf[--n] = '\0';
+	/* dir, then its parents, down to made; each only while it is empty */
+	while (n >= m) {
+		if (rmdir(buf) != 0 || n == m)
+			return;
+		while (n > 0 && buf[n - 1] != '/')
+			n--;
+		while (n > 1 && buf[n - 1] == '/')
+			n--;
+		buf[n] = '\0';
+	}
+}

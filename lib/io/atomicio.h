@@ -77,4 +77,13 @@ struct stat;
  * fstat's answer. */
 int file_open_regular(const char *path, int *fd, struct stat *st);
 
+/* An output folder, as `mkdir -p` makes it: dir and every missing parent (mode 0777 less the
+ * umask). made (made_len bytes, may be NULL) gets the outermost folder this call created, or ""
+ * when dir was there already; dir_unmake(dir, made) then removes what the call made, from dir
+ * up to made, each folder only if it is empty: a refused run leaves no folder behind. CORE_EIO
+ * "cannot create directory" naming the folder that failed (a parent that is a file, say), or
+ * "not a directory" when dir itself is something else. */
+int dir_make(const char *dir, char *made, size_t made_len);
+void dir_unmake(const char *dir, const char *made);
+
 #endif

@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -374,22 +375,6 @@ out:
 
 /* ---- prepare ------------------------------------------------------------------------------ */
 
-static int make_outdir(const char *dir, int *created)
-{
-	struct stat st;
-
-	*created = 0;
-	if (mkdir(dir, 0777) == 0) {
-		*created = 1;
-		return 0;
-	}
-	if (errno != EEXIST)
-		return err_errno(CORE_EIO, dir, "cannot create directory", errno);
-	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-		return err_set(CORE_EIO, dir, "not a directory");
-	return 0;
-}
-
 /* Append a tokenized source document to its split's file: whole, or cut into pieces. */
 static int add_doc(struct tokfile_writer *w, const struct corpus_prepare_opts *o,
 		   const struct corpus_doc *doc, const struct token_buf *t,
@@ -457,7 +442,8 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 	struct token_buf toks = { 0 };
 	struct corpus_doc doc;
 	char path[4096];
-	int rc, s, created = 0;
+	int rc, s;
+	char made[PATH_MAX] = "";
 
 	memset(res, 0, sizeof *res);
 	rc = corpus_split_check(o->val_frac, o->router_frac);
@@ -474,7 +460,7 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 	rc = corpus_open(&r, o->input);
 	if (rc < 0)
 		goto out;
-	rc = make_outdir(o->outdir, &created);
+	rc = dir_make(o->outdir, made, sizeof made);
 	if (rc < 0)
 		goto out;
 	for (s = 0; s < CORPUS_NSPLITS; s++) {
@@ -525,9 +511,9 @@ int corpus_prepare(const struct corpus_prepare_opts *o, struct corpus_prepare_re
 out:
 	for (s = 0; s < CORPUS_NSPLITS; s++)
 		tokw_abort(w[s]);
-	/* A directory made for outputs that never came is removed again (if still empty). */
-	if (rc < 0 && created)
-		rmdir(o->outdir);
+	/* Folders made for outputs that never came are removed again (if still empty). */
+	if (rc < 0)
+		dir_unmake(o->outdir, made);
 	token_buf_free(&toks);
 	corpus_close(r);
 	tokenizer_close(tk);

@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,22 +149,6 @@ static int remove_stale(const char *outdir, uint32_t paths)
 	return rc;
 }
 
-static int make_outdir(const char *dir, int *created)
-{
-	struct stat st;
-
-	*created = 0;
-	if (mkdir(dir, 0777) == 0) {
-		*created = 1;
-		return 0;
-	}
-	if (errno != EEXIST)
-		return err_errno(CORE_EIO, dir, "cannot create directory", errno);
-	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-		return err_set(CORE_EIO, dir, "not a directory");
-	return 0;
-}
-
 /* Per-shard counts of assign into r->shard; checks every index and every shard's size. */
 static int count_shards(const struct tokfile *in, const uint32_t *assign, uint32_t paths,
 			int top, struct shard_split_result *r)
@@ -267,7 +252,8 @@ int shard_split_write(const struct tokfile *in, const uint32_t *assign, const ch
 	uint64_t *start = NULL, *order = NULL, maxlen = 0, done = 0;
 	uint32_t *wide = NULL, P = o->paths, s;
 	char name[64], path[4096];
-	int rc, created = 0;
+	int rc;
+	char made[PATH_MAX] = "";
 
 	const int top = o->top ? o->top : 1;
 	memset(r, 0, sizeof *r);
@@ -321,7 +307,7 @@ int shard_split_write(const struct tokfile *in, const uint32_t *assign, const ch
 		start[s] = start[s - 1];
 	start[0] = 0;
 
-	if ((rc = make_outdir(o->outdir, &created)) < 0)
+	if ((rc = dir_make(o->outdir, made, sizeof made)) < 0)
 		goto out;
 	for (s = 0; s < P; s++) {
 		if ((rc = shard_file_name(name, sizeof name, s, P)) < 0 ||
@@ -353,9 +339,9 @@ out:
 	for (s = 0; w && s < P; s++)
 		tokw_abort(w[s]);
 	afile_abort(&manifest);
-	/* A directory made for outputs that never came is removed again (if still empty). */
-	if (rc < 0 && created)
-		rmdir(o->outdir);
+	/* Folders made for outputs that never came are removed again (if still empty). */
+	if (rc < 0)
+		dir_unmake(o->outdir, made);
 	free(w);
 	free(wide);
 	free(order);

@@ -471,3 +471,65 @@ Test(atomicio, read_all_reads_a_fifo_as_a_stream)
 	cr_assert_eq(memcmp(buf + 9990, "0123456789", 10), 0);
 	free(buf);
 }
+
+/* ---- dir_make / dir_unmake: mkdir -p, and the undo of what it made ---------------------------- */
+
+static int is_dir(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+Test(atomicio, dir_make_parents_and_undo)
+{
+	char p[512], made[512], q[512];
+
+	/* three missing levels: all made, the outermost reported */
+	snprintf(p, sizeof p, "%s/a/b//c/", dir);
+	cr_assert_eq(dir_make(p, made, sizeof made), 0, "%s", err_detail());
+	snprintf(q, sizeof q, "%s/a/b/c", dir);
+	cr_assert(is_dir(q));
+	snprintf(q, sizeof q, "%s/a", dir);
+	cr_assert_str_eq(made, q);
+	/* undone: every level it made, the test's own folder kept */
+	dir_unmake(p, made);
+	cr_assert(!is_dir(q), "%s left behind", q);
+	cr_assert(is_dir(dir));
+
+	/* a/ there already: only b and c made and undone; a kept */
+	cr_assert_eq(mkdir(q, 0777), 0);
+	snprintf(p, sizeof p, "%s/a/b/c", dir);
+	cr_assert_eq(dir_make(p, made, sizeof made), 0);
+	snprintf(q, sizeof q, "%s/a/b", dir);
+	cr_assert_str_eq(made, q);
+	/* a file put in b: undo stops there (only empty folders go) */
+	snprintf(q, sizeof q, "%s/a/b/keep", dir);
+	put(q, "x");
+	dir_unmake(p, made);
+	cr_assert(is_dir(dir) && access(q, F_OK) == 0);
+	snprintf(q, sizeof q, "%s/a/b/c", dir);
+	cr_assert(!is_dir(q), "the empty c was not removed");
+
+	/* the whole path there: nothing made, nothing undone */
+	snprintf(p, sizeof p, "%s/a/b", dir);
+	cr_assert_eq(dir_make(p, made, sizeof made), 0);
+	cr_assert_str_eq(made, "");
+	dir_unmake(p, made);
+	cr_assert(is_dir(p));
+}
+
+Test(atomicio, dir_make_refuses_files)
+{
+	char f[512], p[512], made[512];
+
+	snprintf(f, sizeof f, "%s/file", dir);
+	put(f, "x");
+	cr_assert_eq(dir_make(f, made, sizeof made), CORE_EIO);
+	cr_assert(strstr(err_detail(), "not a directory"), "%s", err_detail());
+	snprintf(p, sizeof p, "%s/file/sub/x", dir);
+	cr_assert_eq(dir_make(p, made, sizeof made), CORE_EIO);
+	cr_assert(strstr(err_detail(), "a parent of the output folder"), "%s", err_detail());
+	cr_assert_str_eq(err_file(), f, "the error names %s, not the file in the way %s", err_file(), f);
+	cr_assert_str_eq(made, "");
+	cr_assert_eq(count_files(), 1);
+}
