@@ -24,6 +24,8 @@ CONFIGS = [
     ("dense-s-seed2", "dense S, seed 2", "the same, another order of batches: the noise floor"),
     ("dense-s-seed3", "dense S, seed 3", "the same, another order of batches"),
     ("dense-s-seed4", "dense S, seed 4", "the same, another order of batches"),
+    ("dense-tm", "dense S, 4x the steps", "the base continued as one path for 4x the inner "
+     "steps of each phase: every token the 4-path runs' paths read, for their FLOPs (Table 1)"),
     ("dense-4s", "dense 4S", "one path, width doubled: RATIOx the parameters, from scratch for the "
      "base's steps and the forks' (another shape cannot fork from the base)"),
     ("dense-4s-halflr", "dense 4S, half the learning rate",
@@ -60,7 +62,7 @@ ROUTED = ("flat-moe", "dipaco-km", "dipaco-top2", "dipaco-disc", "dipaco-paper",
           "dipaco-avg", "dipaco-es", "dipaco-moments", "dipaco-sampled")
 
 # one colour per configuration, the same in every plot
-COLOURS = ["#1f77b4", "#7f7f7f", "#a0a0a0", "#c0c0c0", "#000000", "#505050", "#ff7f0e",
+COLOURS = ["#1f77b4", "#7f7f7f", "#a0a0a0", "#c0c0c0", "#17306b", "#000000", "#505050", "#ff7f0e",
            "#8c564b", "#d62728", "#e377c2", "#f4a6a6", "#fbd0d0", "#2ca02c", "#9467bd",
            "#bcbd22", "#17becf", "#8c8c00", "#006d6d", "#b15928", "#6a3d9a"]
 # a dash and point type per level of the outer-step plot
@@ -229,7 +231,7 @@ def main():
             forked=not name.startswith("dense-4s"))
     # The base: dense S's first B phases, in every forked row's FLOPs and tokens.
     s_run = runs["dense-s"]
-    bsteps = runs["dense-4s"]["cv"]["steps"] - s_run["cv"]["steps"]
+    bsteps = int(runs["dense-4s"]["cv"]["steps"] - s_run["cv"]["steps"])
     if bsteps <= 0 or bsteps % tau:
         die("%s: dense 4S trains %d steps and dense S %d: the base's share must be whole phases"
             % (run, runs["dense-4s"]["cv"]["steps"], s_run["cv"]["steps"]))
@@ -246,7 +248,7 @@ def main():
         # path, loss, FLOPs so far); the file is named by the run's own phase
         own = 0 if r["forked"] else B
         r["curve_files"] = ["%s-curve-%d.json" % (name, t + own) for t in CURVE]
-        r["curve"] = [(B + t, (B + t) * tau, mode(load_json(os.path.join(run, "eval", fn)), 0)["loss"],
+        r["curve"] = [(B + t, bsteps + t * int(r["cv"]["inner_steps"]), mode(load_json(os.path.join(run, "eval", fn)), 0)["loss"],
                        base_flops + (r["flops"] - base_flops) * t / r["T"] if r["forked"]
                        else r["flops"] * (B + t) / r["T"]) for t, fn in zip(CURVE, r["curve_files"])]
         r["final"] = load_json(os.path.join(run, "eval", name + "-final.json"))
@@ -276,13 +278,17 @@ def main():
     Lb, Ub = mode(base_final, 0)["loss"], mode(base_unseen, 0)["loss"]
     dense_seeds = [L[n] for n in DENSE_SEEDS]
     dipaco_seeds = [L[n] for n in DIPACO_SEEDS]
-    # the noise floors: twice the standard deviation over 4 seeds, of one path and of DiPaCo;
-    # a claim between single runs is judged against the larger
-    noise_s, noise_d = 2 * stdev(dense_seeds), 2 * stdev(dipaco_seeds)
-    noise = max(noise_s, noise_d)
+    # the noise floors: twice the standard deviation of a difference. One run's spread is the
+    # larger of dense S's and DiPaCo's over their 4 seeds; the difference of two single runs
+    # has sqrt(2) times it, a single run against a mean of 4 sqrt(1 + 1/4) times it, and two
+    # means of 4 have the standard error of their difference
+    sd_s, sd_d = stdev(dense_seeds), stdev(dipaco_seeds)
+    noise_s, noise_d = 2 * sd_s, 2 * sd_d
+    sd1 = max(sd_s, sd_d)
+    noise = 2 * sd1 * 2 ** 0.5
+    noise_one_mean = 2 * sd1 * 1.25 ** 0.5
     mean_s, mean_d = sum(dense_seeds) / 4, sum(dipaco_seeds) / 4
-    # the headline compares the means of 4 seeds: twice the standard error of their difference
-    noise_mean = 2 * (stdev(dense_seeds) ** 2 / 4 + stdev(dipaco_seeds) ** 2 / 4) ** 0.5
+    noise_mean = 2 * (sd_s ** 2 / 4 + sd_d ** 2 / 4) ** 0.5
     page = []
     out = page.append
     quick = settings.get("quick") == "1"
@@ -311,6 +317,67 @@ def main():
         "the first %d; `dpc-route eval --score-from`, and the page refuses rows of other counts). "
         "Losses are nats per byte; perplexity is per byte." % (
             s_run["doc"]["tokens"], s_run["final"]["score_from"], s_run["final"]["score_from"]))
+    out("")
+    big = min(("dense-4s", "dense-4s-halflr"), key=lambda n: L[n])
+    gap = mean_s - L[big]
+    capacity = gap > noise_one_mean
+    verdicts = {}
+
+    def claim(key, text, measured, margin, floor=None, testable=True):
+        floor = noise if floor is None else floor
+        if not testable:
+            v = "not testable here"
+        elif margin > floor:
+            v = "held"
+        elif margin > 0:
+            v = "held, within noise"
+        elif -margin <= floor:
+            v = "not held, within noise"
+        else:
+            v = "not held"
+        verdicts[key] = v
+        out("| %s | %s | %.4f | %+.4f | %s |" % (text, measured, floor, margin, v))
+
+    def lv(n):
+        return "%.4f" % L[n]
+
+    def budget(n, loss=None, what=None):
+        r = runs[n]
+        return "%s %.4f (%s; %s tokens, %.2e FLOPs, %s parameters)" % (
+            what or r["label"], L[n] if loss is None else loss,
+            "mean of 4 seeds" if n == "dipaco-km" and loss is not None else "one run",
+            fmt_count(r["tokens"]), r["flops"], fmt_count(r["topo"]["params_total"]))
+
+    out("## Table 1: at equal tokens and FLOPs")
+    out("")
+    out("The paper's central comparison (its Table 1, section 4.3) holds the budget fixed: at the "
+        "same tokens and FLOPs, DiLoCo on one path-sized model (13.8 perplexity) is worse than "
+        "every modular DiPaCo (12.4 at 16x16), and flat MoE sits near DiPaCo when shards are "
+        "large. Here the three, and dense S run for 4x the steps (one model, trained in order on "
+        "every token the paths read), read the same tokens for the same FLOPs (each row says "
+        "so); DiPaCo holds %.1fx DiLoCo's parameters and flat MoE %.1fx. Each claim is judged "
+        "as the orderings below are, against twice the standard deviation of its own difference "
+        "(the floor column; see the noise floors there)." % (
+            runs["dipaco-km"]["topo"]["params_total"] / runs["diloco"]["topo"]["params_total"],
+            runs["flat-moe"]["topo"]["params_total"] / runs["diloco"]["topo"]["params_total"]))
+    out("")
+    for n in ("flat-moe", "dipaco-km", "dense-tm"):
+        if (runs[n]["tokens"], runs[n]["flops"]) != (runs["diloco"]["tokens"], runs["diloco"]["flops"]):
+            die("%s: %s reads %d tokens for %.3e FLOPs and DiLoCo %d for %.3e: Table 1 needs "
+                "equal budgets" % (run, n, runs[n]["tokens"], runs[n]["flops"],
+                                   runs["diloco"]["tokens"], runs["diloco"]["flops"]))
+    out("| claim | measured | floor | margin | verdict |")
+    out("|---|---|--:|--:|---|")
+    claim("t1-diloco", "DiPaCo 2x2 below DiLoCo", "%s; %s" % (
+        budget("dipaco-km", mean_d), budget("diloco")), L["diloco"] - mean_d, floor=noise_one_mean)
+    claim("t1-flat", "DiPaCo 2x2 below flat MoE", "%s; %s" % (
+        budget("dipaco-km", mean_d), budget("flat-moe")), L["flat-moe"] - mean_d,
+        floor=noise_one_mean)
+    claim("t1-flat-diloco", "flat MoE below DiLoCo", "%s; %s" % (
+        budget("flat-moe"), budget("diloco")), L["diloco"] - L["flat-moe"])
+    claim("t1-dense", "DiPaCo 2x2 below dense S at equal tokens and FLOPs", "%s; %s" % (
+        budget("dipaco-km", mean_d), budget("dense-tm")), L["dense-tm"] - mean_d,
+        floor=noise_one_mean)
     out("")
     out("## Results")
     out("")
@@ -452,18 +519,19 @@ def main():
     # The orderings.
     out("## The paper's orderings")
     out("")
-    big = min(("dense-4s", "dense-4s-halflr"), key=lambda n: L[n])
-    gap = mean_s - L[big]
-    capacity = gap > noise
     out("Noise floors: dense S over 4 seeds ends at %s nats, DiPaCo 2x2 at %s; twice their "
-        "standard deviations are %.4f and %.4f. A claim between two runs is judged against the "
-        "larger, **%.4f**; the headline (DiPaCo against dense S, both over 4 seeds) against twice "
-        "the standard error of the difference of the means, **%.4f**. A margin (in the paper's "
-        "direction, positive when it holds) larger than the floor is **held**; a positive one "
-        "within it is **held, within noise**; a negative one is **not held** (**within noise** "
-        "when it is smaller than the floor). Four seeds make a rough floor: read small margins as "
-        "ties." % (", ".join("%.4f" % x for x in dense_seeds),
-                   ", ".join("%.4f" % x for x in dipaco_seeds), noise_s, noise_d, noise, noise_mean))
+        "standard deviations are %.4f and %.4f. A seed changes the order of batches only: the "
+        "base, the shards and the routers are the same in every seed, so the floors are those of "
+        "training, not of routing. Each claim is judged against twice the standard deviation of "
+        "its own difference, one run's spread being the larger of the two: **%.4f** between two "
+        "single runs (sqrt(2) times it), **%.4f** between one run and a mean of 4, **%.4f** "
+        "between the two means of 4 (their standard error); the floor column says which. A "
+        "margin (in the paper's direction, positive when it holds) larger than the floor is "
+        "**held**; a positive one within it is **held, within noise**; a negative one is **not "
+        "held** (**within noise** when it is smaller than the floor). Four seeds make a rough "
+        "floor: read small margins as ties." % (
+            ", ".join("%.4f" % x for x in dense_seeds), ", ".join("%.4f" % x for x in dipaco_seeds),
+            noise_s, noise_d, noise, noise_one_mean, noise_mean))
     out("")
     out("**The precondition**: the better dense 4S (%s) ends at %.4f against dense S's mean %.4f: "
         "%s. %s" % (
@@ -473,43 +541,23 @@ def main():
             "The capacity claims are testable." if capacity else
             "Claims that DiPaCo's extra capacity helps are **not testable here**."))
     out("")
-    out("| claim | measured | margin | verdict |")
-    out("|---|---|--:|---|")
-    verdicts = {}
-
-    def claim(key, text, measured, margin, floor=None, testable=True):
-        floor = noise if floor is None else floor
-        if not testable:
-            v = "not testable here"
-        elif margin > floor:
-            v = "held"
-        elif margin > 0:
-            v = "held, within noise"
-        elif -margin <= floor:
-            v = "not held, within noise"
-        else:
-            v = "not held"
-        verdicts[key] = v
-        out("| %s | %s | %+.4f | %s |" % (text, measured, margin, v))
-
-    def lv(n):
-        return "%.4f" % L[n]
-
-    claim("below-dense", "DiPaCo 2x2 below dense S (means of 4 seeds, the same fork)",
-          "DiPaCo %.4f, dense S %.4f" % (mean_d, mean_s), mean_s - mean_d, floor=noise_mean)
-    claim("paper-below-dense", "the paper's recipe below dense S",
-          "the recipe %s, dense S %.4f" % (lv("dipaco-paper"), mean_s), mean_s - L["dipaco-paper"])
+    out("| claim | measured | floor | margin | verdict |")
+    out("|---|---|--:|--:|---|")
+    xs = runs["dipaco-km"]["tokens"] / s_run["tokens"]
+    claim("below-dense", "DiPaCo 2x2 below dense S at equal steps (the paper's figure 8; means "
+          "of 4 seeds)", "DiPaCo %.4f, dense S %.4f; DiPaCo reads %.1fx dense S's tokens and "
+          "FLOPs" % (mean_d, mean_s, xs), mean_s - mean_d, floor=noise_mean)
+    claim("paper-below-dense", "the paper's recipe below dense S at equal steps",
+          "the recipe %s, dense S %.4f (mean of 4); %.1fx the tokens" % (
+              lv("dipaco-paper"), mean_s, xs), mean_s - L["dipaco-paper"], floor=noise_one_mean)
     claim("approach-4s", "DiPaCo approaching dense 4S (closing half the gap or more)",
           "the better dense 4S (%s) %s; DiPaCo closes %s of dense S's gap to it" % (
               runs[big]["label"], lv(big),
               "%.0f%%" % (100 * (mean_s - mean_d) / gap) if gap > 0 else "none (no gap)"),
-          (mean_s - mean_d) - 0.5 * gap, testable=capacity)
-    claim("unseen", "DiPaCo not worse than its base on unseen text",
+          (mean_s - mean_d) - 0.5 * gap, floor=noise_mean, testable=capacity)
+    claim("unseen", "DiPaCo below its base on unseen text",
           "DiPaCo %.4f, the base %.4f (dense S %.4f)" % (U["dipaco-km"], Ub, U["dense-s"]),
-          Ub - U["dipaco-km"] + noise, floor=noise)
-    claim("shared-vs-flat", "shared modules beating flat MoE (at 4 paths)",
-          "DiPaCo %s, flat MoE %s" % (lv("dipaco-km"), lv("flat-moe")), L["flat-moe"] - L["dipaco-km"],
-          testable=capacity)
+          Ub - U["dipaco-km"])
     claim("top2", "top-2 overlapping shards helping",
           "top-2 %s, top-1 %s" % (lv("dipaco-top2"), lv("dipaco-km")), L["dipaco-km"] - L["dipaco-top2"])
     claim("disc", "discriminative re-sharding beating k-means",
@@ -534,8 +582,10 @@ def main():
     claim("head", "a path-specific level helping",
           "with %s, without %s" % (lv("dipaco-head"), lv("dipaco-km")), L["dipaco-km"] - L["dipaco-head"],
           testable=capacity)
-    claim("diloco", "DiLoCo close to dense at equal steps (within the floor, or below)",
-          "DiLoCo %s, dense S %.4f" % (lv("diloco"), mean_s), noise - (L["diloco"] - mean_s))
+    claim("diloco", "DiLoCo below dense S at equal steps",
+          "DiLoCo %s, dense S %.4f (mean of 4); DiLoCo reads %.1fx the tokens" % (
+              lv("diloco"), mean_s, runs["diloco"]["tokens"] / s_run["tokens"]),
+          mean_s - L["diloco"], floor=noise_one_mean)
     claim("avg", "the tuned outer step beating plain averaging (DiPaCo 2x2)",
           "tuned %s, averaging %s" % (lv("dipaco-km"), lv("dipaco-avg")), L["dipaco-avg"] - L["dipaco-km"])
     es_src = runs["dipaco-es"]["final"].get("source", "")
@@ -544,17 +594,17 @@ def main():
     claim("early-stop", "the paper's early stopping helping (DiPaCo 2x2, the same paths)",
           "early-stopped %s (paths at phases %s), the same paths at the last phase %.4f" % (
               lv("dipaco-es"), es_at.group(1) if es_at else "?", Les), Les - L["dipaco-es"])
-    claim("holdout", "holding out the validation sets costing no more than the floor",
-          "held out, at the last phase %.4f; DiPaCo 2x2 without %.4f (mean of 4 seeds)" % (
-              Les, mean_d), noise - (Les - mean_d))
+    claim("holdout", "held-out validation sets and early stopping together beating DiPaCo 2x2 "
+          "without them (section 2.7)",
+          "early-stopped %s (at the last phase %.4f); DiPaCo 2x2 without %.4f (mean of 4 seeds)" % (
+              lv("dipaco-es"), Les, mean_d), mean_d - L["dipaco-es"], floor=noise_one_mean)
     claim("moments", "starting the paths from the base's AdamW state helping (DiPaCo 2x2)",
           "with the base's moments %s, fresh ones %.4f (mean of 4 seeds)" % (
-              lv("dipaco-moments"), mean_d), mean_d - L["dipaco-moments"])
+              lv("dipaco-moments"), mean_d), mean_d - L["dipaco-moments"], floor=noise_one_mean)
     out("")
-    out("The DiLoCo margin is the floor minus DiLoCo's excess over dense S, and the unseen-text "
-        "margin the floor minus DiPaCo's excess over its base, so each is positive when the first "
-        "is within the floor of the second or below it. Claims about capacity (approaching dense "
-        "4S, sharing against flat experts, a path-specific level) are judged only when the "
+    out("Every margin is the second loss minus the first, in the claim's direction: a tie is "
+        "within noise either way, never held. Claims about capacity (approaching dense 4S, more "
+        "paths at the same compute, a path-specific level) are judged only when the "
         "precondition holds.")
     out("")
 
@@ -592,6 +642,7 @@ def main():
                     min(kd_), max(kd_)))
 
     km_sh, top2_sh = shard_tokens("dipaco-km"), shard_tokens("dipaco-top2")
+    km_nmi = split_report(os.path.join(run, "dipaco-km", "routing.txt"))[0]
     km_cv = runs["dipaco-km"]["cv"]
     first = km_cv["outer_lr"] * (1 + km_cv["outer_momentum"]) * (2 ** 0.5 if km_cv["rescale"] else 1)
     why = {
@@ -607,10 +658,28 @@ def main():
         "approach-4s": "Dense 4S uses its %.1fx parameters on every batch; DiPaCo's 2x capacity "
                        "is split by topic and each path reads a quarter of the shards." % (
                            runs["dense-4s"]["topo"]["params_per_path"] / s_run["topo"]["params_per_path"]),
-        "shared-vs-flat": "The paper's gap comes from flat experts overfitting small shards as paths "
-                          "multiply (256 there). Here a k-means shard holds %s tokens on average and "
-                          "a path reads %s of them: %.2f epochs, too few to overfit, so sharing has "
-                          "little to prevent." % (fmt_count(km_sh), fmt_count(read), read / km_sh),
+        "t1-diloco": "DiLoCo trains every parameter of its one model on all %s tokens the "
+                     "paths read; DiPaCo 2x2 trains each module on the tokens of 2 of its 4 "
+                     "paths, so its %.1fx parameters each see half as much (and flat MoE's a "
+                     "quarter). That pays only where capacity binds (%s) and the shards differ "
+                     "enough to route (the k-means shards' NMI with Brown's categories: %s)." % (
+                         fmt_count(runs["diloco"]["tokens"] - base_tokens),
+                         runs["dipaco-km"]["topo"]["params_total"] / runs["diloco"]["topo"]["params_total"],
+                         "dense 4S ends %.4f below dense S" % gap if capacity else
+                         "here it does not: dense 4S ends %+.4f from dense S" % -gap,
+                         "%.4f" % km_nmi if km_nmi is not None else "not reported"),
+        "t1-dense": "Dense S at 4x the steps trains all %s parameters on every token, in "
+                    "order, with nothing averaged: what DiLoCo and DiPaCo approximate with 4 "
+                    "workers. DiPaCo ends %+.4f from it and DiLoCo %+.4f." % (
+                        fmt_count(runs["dense-tm"]["topo"]["params_total"]),
+                        mean_d - L["dense-tm"], L["diloco"] - L["dense-tm"]),
+        "t1-flat": "The paper's gap comes from flat experts overfitting small shards as paths "
+                   "multiply (256 there). Here a k-means shard holds %s tokens on average and "
+                   "a path reads %s of them: %.2f epochs, too few to overfit, so sharing has "
+                   "little to prevent." % (fmt_count(km_sh), fmt_count(read), read / km_sh),
+        "t1-flat-diloco": "Flat MoE trains each of its 4 models on one shard's tokens, %.2f "
+                          "epochs of it; DiLoCo's one model reads all the paths' tokens, 4x what "
+                          "any flat expert sees, for a quarter of the parameters." % (read / km_sh),
         "top2": "Overlap helps when shards are small enough to be repeated: a top-2 shard holds "
                 "%s tokens on average (top-1: %s) and a path reads %s, %.2f epochs of a top-1 "
                 "shard, so no path runs out of fresh data; overlap only makes paths less "
@@ -638,8 +707,8 @@ def main():
         "diloco": "DiLoCo's outer step averages the 4 workers' deltas; the sweep above shows the "
                   "outer settings tried on the short budget.",
         "unseen": "On text unlike Brown, each path has specialised to a quarter of Brown since the "
-                  "fork, and the router picks from features the base computes on text it never "
-                  "saw.",
+                  "fork (%.4f against the base's %.4f), and the router picks from features the "
+                  "base computes on text it never saw." % (U["dipaco-km"], Ub),
         "avg": "On this budget the averaging control does at least as well as the tuned outer "
                "step: the sweep chose on %d of the full runs' %d phases." % (T // 4, T),
         "paper-below-dense": "See below-dense: the recipe adds top-2 shards and a re-sharding to "
@@ -648,9 +717,10 @@ def main():
                       "paths, so early stopping could change little: the paths were still "
                       "improving when the run ended." % (
                           (es_at.group(1).split(",").count(str(T)) if es_at else "?")),
-        "holdout": "The held-out run trains each path on %g%% fewer tokens of its shard, and "
-                   "is one seed against a mean of four." % (
-                       100 * runs["dipaco-es"]["cv"].get("holdout_frac", 0.05)),
+        "holdout": "The held-out run trains each path on %g%% fewer tokens of its shard (at the "
+                   "last phase %.4f against DiPaCo's mean %.4f), and early stopping moved it by "
+                   "%+.4f." % (100 * runs["dipaco-es"]["cv"].get("holdout_frac", 0.05), Les,
+                               mean_d, L["dipaco-es"] - Les),
         "moments": "After phase %d the run with the base's moments is at %.4f against %.4f "
                    "with fresh ones (seed 1), at the end %.4f against %.4f: the fork re-warms "
                    "the learning rate over %d steps either way, and AdamW's bias correction "
@@ -759,9 +829,13 @@ def main():
         "(the steps count the base's %d; dense 4S at the same steps of its own run):" % (curve_text, bsteps))
     out("")
     out("| configuration | " + " | ".join("step %d" % ((B + t) * tau) for t in CURVE) + " |")
+    # (a row of another step count per phase, dense S at 4x the steps, says so in its label)
     out("|---|" + "--:|" * len(CURVE))
     for name, label, _ in CONFIGS:
-        out("| %s | %s |" % (label, " | ".join("%.4f" % c[2] for c in runs[name]["curve"])))
+        c = runs[name]["curve"]
+        if [x[1] for x in c] != [(B + t) * tau for t in CURVE]:
+            label += " (at steps %s)" % ", ".join(str(x[1]) for x in c)
+        out("| %s | %s |" % (label, " | ".join("%.4f" % x[2] for x in c)))
     out("")
     out("Routing of the training shards (dpc-shard's report: shard sizes, and the agreement of "
         "shards with Brown's 15 categories, against random shards of the same sizes):")

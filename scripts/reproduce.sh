@@ -37,6 +37,8 @@
 #                 the grid, and also run in full for DiPaCo.
 #   dense S       the base continued for T phases as one path, 4 seeds (the batches' order):
 #                 the noise floor of one path
+#   dense S x4    the same for 4x the inner steps of each phase: one model reading every token
+#                 the 4-path runs read, for their FLOPs (the paper's Table 1 at equal budgets)
 #   dense 4S      width 256 (3.36M parameters, 3.9x), from scratch for B + T phases, at the
 #                 base's learning rate and at half of it: the capacity precondition (dense 4S
 #                 must beat dense S beyond the floor, or capacity claims are not testable here)
@@ -144,7 +146,7 @@ t0=$(date +%s)
 n=0
 stage() {
 	n=$((n + 1))
-	echo "reproduce [$n/32, $(($(date +%s) - t0)) s] $*" >&2
+	echo "reproduce [$n/33, $(($(date +%s) - t0)) s] $*" >&2
 }
 
 stage "setup: packages and build"
@@ -352,6 +354,12 @@ for seed in 1 2 3 4; do
 	# shellcheck disable=SC2086
 	train $nm dense.yaml 1 2 --from "$base" $model $fork $dense_sets -s train.seed=$seed
 done
+# Dense S matched in tokens and FLOPs (Table 1): one model reading every token the 4-path
+# runs' paths read, 4x the inner steps of each phase, the same fork and learning rate.
+stage "dense S continued from the base for 4x the steps: the 4-path runs' tokens and FLOPs"
+# shellcheck disable=SC2086
+train dense-tm dense.yaml 1 2 --from "$base" $model -s dipaco.phases=$phases \
+	-s dipaco.inner_steps=$((4 * tau)) -s train.steps=$((4 * fsteps)) $dense_sets
 all4=$((bphases + phases))
 for h in full half; do
 	nm=dense-4s l=$lr
@@ -462,7 +470,7 @@ router_of() {
 	*) echo "$r/kmeans.safetensors" ;;
 	esac
 }
-all="dense-s dense-s-seed2 dense-s-seed3 dense-s-seed4 dense-4s dense-4s-halflr diloco $routed"
+all="dense-s dense-s-seed2 dense-s-seed3 dense-s-seed4 dense-tm dense-4s dense-4s-halflr diloco $routed"
 # The curves: after every T/4-th phase of the forks (dense 4S at the same steps of its run).
 cstep=$((phases / 4))
 stage "evaluating phases $cstep, $((2 * cstep)), $((3 * cstep)) and $phases once per document on a quarter of the validation split"
