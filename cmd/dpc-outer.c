@@ -64,22 +64,6 @@ static int parser_init(struct cli_parser *p, const char *cmd, const struct cli_o
 	return rc < 0 ? cli_report(prog, rc) : 0;
 }
 
-/* ---- config from -c and -s ---------------------------------------------------------------- */
-
-static int load_config(struct run_config *c, const char *path, const char **sets, int nsets)
-{
-	int rc = 0;
-
-	config_defaults(c);
-	if (path)
-		rc = config_load(c, path);
-	for (int i = 0; !rc && i < nsets; i++)
-		rc = config_set(c, sets[i]);
-	if (!rc)
-		rc = config_validate(c, path);
-	return rc;
-}
-
 /* ---- topology ----------------------------------------------------------------------------- */
 
 static const struct cli_opt topology_opts[] = {
@@ -184,7 +168,7 @@ static int cmd_topology(int argc, char **argv)
 		free(sets);
 		return cli_usage_error(prog, "topology: unexpected argument '%s'", argv[optind]);
 	}
-	rc = load_config(&cfg, config, sets, nsets);
+	rc = config_load_with(&cfg, config, sets, nsets);
 	free(sets);
 	if (!rc)
 		rc = topo_build(&t, &cfg);
@@ -304,7 +288,7 @@ static int cmd_init(int argc, char **argv)
 				       "checkpoint: give --from CKPT");
 	}
 	const char *dir = argv[optind];
-	rc = load_config(&cfg, config, sets, nsets);
+	rc = config_load_with(&cfg, config, sets, nsets);
 	free(sets);
 	if (!rc && config_inner_steps(&cfg) < 1)
 		rc = err_set(CORE_ECONFIG, config, "the config gives 0 inner steps per phase "

@@ -143,17 +143,6 @@ static int run_eval(struct backend *be, const char *ckpt, const char *data, long
 	return cli_print_json(j, json_flags);
 }
 
-/* The defaults, the file, the -s overrides in order, then the checks. */
-static int load_config(struct run_config *cfg, const char *path, const char *const *sets,
-		       int nsets)
-{
-	config_defaults(cfg);
-	int rc = config_load(cfg, path);
-	for (int i = 0; !rc && i < nsets; i++)
-		rc = config_set(cfg, sets[i]);
-	return rc ? rc : config_validate(cfg, path);
-}
-
 /* --info: a checkpoint's metadata and tensor table as JSON, after verifying every tensor's
  * checksum. Returns the exit status. */
 static int run_info(const char *ckpt)
@@ -411,7 +400,7 @@ static int run_print_config(const struct options *o)
 
 	if (!o->config)
 		return cli_usage_error(prog, "--print-config needs --config FILE");
-	int rc = load_config(&cfg, o->config, o->sets, o->nsets);
+	int rc = config_load_with(&cfg, o->config, o->sets, o->nsets);
 	size_t n = rc ? 0 : config_yaml(&cfg, NULL, 0) + 1;
 	if (!rc && !(text = malloc(n)))
 		rc = err_set(CORE_ENOMEM, NULL, "out of memory");
@@ -518,7 +507,7 @@ static int run_train(struct backend *be, struct options *o)
 	if (!o->config || !o->t.out_path)
 		return cli_usage_error(prog, "--config and --output are required to train (see "
 				       "--help)");
-	if ((rc = load_config(&cfg, o->config, o->sets, o->nsets)) != 0)
+	if ((rc = config_load_with(&cfg, o->config, o->sets, o->nsets)) != 0)
 		return cli_report(prog, rc);
 	struct dist *d = NULL;
 	struct moe_dict dict = {0};

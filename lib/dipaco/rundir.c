@@ -238,11 +238,10 @@ int rundir_open(struct rundir *r, const char *dir, int need_shards)
 	if (!rc && access(path, F_OK) != 0)
 		rc = err_set(CORE_ENOTFOUND, dir, "is not a run directory (no config.yaml; create "
 			     "one with dpc-outer init)");
-	config_defaults(&r->cfg);
 	if (!rc)
-		rc = config_load(&r->cfg, path);
-	if (!rc)
-		rc = config_validate(&r->cfg, path);
+		rc = config_load_with(&r->cfg, path, NULL, 0);
+	else
+		config_defaults(&r->cfg);
 	if (!rc) {
 		rc = topo_build(&r->topo, &r->cfg);
 		if (rc) {

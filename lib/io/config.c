@@ -1575,6 +1575,19 @@ int config_set(struct run_config *c, const char *assignment)
 	return schema_set(&run_schema, c, assignment);
 }
 
+int config_load_with(struct run_config *c, const char *path, const char *const *sets,
+		     int nsets)
+{
+	int rc = 0;
+
+	config_defaults(c);
+	if (path)
+		rc = config_load(c, path);
+	for (int i = 0; !rc && i < nsets; i++)
+		rc = config_set(c, sets[i]);
+	return rc ? rc : config_validate(c, path);
+}
+
 int config_levels(const struct run_config *c, struct level_config *out)
 {
 	int n = c->dipaco.nlevels;

@@ -144,6 +144,10 @@ int config_load(struct run_config *c, const char *path);
 int config_set(struct run_config *c, const char *assignment);
 /* Cross-field checks (n_embd divisible by n_head, ...); run after load and overrides. */
 int config_validate(const struct run_config *c, const char *path);
+/* What every program does with -c and -s: the defaults, then path (when not NULL), then the
+ * nsets "section.key=value" overrides in order, then config_validate; the first error. */
+int config_load_with(struct run_config *c, const char *path, const char *const *sets,
+		     int nsets);
 /* Canonical text of every key (table order, fixed formatting): what the hash covers, and what
  * a run directory saves. Returns bytes needed (like snprintf). */
 size_t config_dump(const struct run_config *c, char *buf, size_t n);

@@ -1712,3 +1712,37 @@ Test(config, man_page_agrees_with_table)
 	cr_expect_eq(entries, run_schema.n, "man page has %zu key entries, table %zu rows",
 		     entries, run_schema.n);
 }
+
+/* config_load_with: defaults, then the file, then the overrides in order (the last wins), then
+ * the cross-field checks; the first error stops it, naming the file or the override. */
+Test(config, load_with_file_then_overrides_then_checks)
+{
+	struct run_config c, want;
+	char path[64];
+	const char *text = "train:\n  steps: 77\nmodel: {n_layer: 6}\n";
+
+	write_temp(text, strlen(text), path);
+	const char *sets[] = {"train.steps=5", "train.lr=0.02", "train.steps=9"};
+	cr_assert_eq(config_load_with(&c, path, sets, 3), 0, "%s", err_detail());
+	config_defaults(&want);
+	want.model.n_layer = 6;
+	want.train.lr = 0.02;
+	want.train.steps = 9;
+	cr_expect_eq(memcmp(&c, &want, sizeof c), 0, "file, then overrides in order");
+
+	/* no file: the defaults and the overrides */
+	cr_assert_eq(config_load_with(&c, NULL, sets + 1, 1), 0, "%s", err_detail());
+	config_defaults(&want);
+	want.train.lr = 0.02;
+	cr_expect_eq(memcmp(&c, &want, sizeof c), 0, "defaults, then the override");
+
+	/* an override that breaks a cross-field rule (n_embd % n_head) is caught by the checks */
+	const char *bad[] = {"model.n_head=7"};
+	cr_expect_eq(config_load_with(&c, path, bad, 1), CORE_ECONFIG);
+	cr_expect(strstr(err_detail(), "n_head"), "%s", err_detail());
+	/* a bad override stops before the rest */
+	const char *unknown[] = {"train.nosuch=1", "model.n_head=7"};
+	cr_expect_eq(config_load_with(&c, path, unknown, 2), CORE_ECONFIG);
+	cr_expect(strstr(err_detail(), "nosuch"), "%s", err_detail());
+	unlink(path);
+}
