@@ -11,7 +11,6 @@
 #include "common/err.h"
 #include "io/safetensors.h"
 #include "route/kmeans.h"
-#include "route/wrouter.h"
 
 #include "common/banned.h"
 
@@ -234,7 +233,8 @@ void router_free(struct router *r)
 	if (r->kind == ROUTER_LOGREG || r->kind == ROUTER_WINDOW)
 		logreg_free(&r->lr);
 	if (r->tr) {
-		wrouter_close(r->tr);
+		if (r->tr_close)
+			r->tr_close(r->tr);
 		free(r->tr);
 	}
 	memset(r, 0, sizeof *r);

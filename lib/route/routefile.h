@@ -71,7 +71,9 @@ struct router {
 	float *centroids;    /* ROUTER_KMEANS: [paths, dim] */
 	struct logreg lr;    /* ROUTER_LOGREG and ROUTER_WINDOW */
 	struct wrouter *tr;  /* ROUTER_TRANSFORMER (wrouter_open_window; r.digest is the base's
-			      * it was fine-tuned from, dim 0); router_free closes it */
+			      * it was fine-tuned from, dim 0); router_free closes it with
+			      * tr_close, which wrouter.c sets (routefile.c needs no wrouter.h) */
+	void (*tr_close)(struct wrouter *tr);
 	char *report;        /* JSON text, or NULL */
 };
 

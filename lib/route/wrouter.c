@@ -380,7 +380,8 @@ int wrouter_open_window(const char *path, struct backend *be, struct router *r)
 		return rc;
 	}
 	*r = (struct router){.kind = ROUTER_TRANSFORMER, .paths = w->paths, .window = w->window,
-			     .r = {.layer = -1, .prefix = w->prefix}, .tr = w};
+			     .r = {.layer = -1, .prefix = w->prefix}, .tr = w,
+			     .tr_close = wrouter_close};
 	memcpy(r->r.digest, w->base_digest, sizeof r->r.digest);
 	r->report = w->report; /* the router's now */
 	w->report = NULL;
