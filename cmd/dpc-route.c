@@ -357,52 +357,20 @@ static int cmd_kmeans(int argc, char **argv)
 
 	struct features f;
 	struct router r = {0};
-	struct kmeans_report rep = {0};
 	if ((rc = features_read(argv[optind], &f)) < 0)
 		return cli_report(prog, rc);
-	if (f.docs < (uint64_t)k) {
-		rc = cli_report(prog, err_set(CORE_ESHAPE, argv[optind], "%llu documents cannot "
-					      "make %ld clusters", (unsigned long long)f.docs, k));
-		features_free(&f);
-		return rc;
-	}
-	r.kind = ROUTER_KMEANS;
-	r.paths = (int)k;
-	r.dim = f.dim;
-	r.r = f.r;
-	r.centroids = malloc((size_t)k * (size_t)f.dim * sizeof(float));
-	uint32_t *assign = malloc(f.docs * sizeof *assign);
 	const struct kmeans_opts o = {.k = (int)k, .restarts = (int)restarts,
 				      .max_iter = (int)iters, .tol = 0, .seed = (uint64_t)seed};
 	const double t0 = now_seconds();
-	rc = !r.centroids || !assign ? err_set(CORE_ENOMEM, argv[optind], "out of memory")
-				     : kmeans_fit(f.x, f.docs, f.dim, &o, r.centroids, assign, &rep);
+	rc = route_kmeans(&f, argv[optind], &o, &r);
 	const double secs = now_seconds() - t0;
-	json_t *sizes = json_array();
-	if (!rc) {
-		uint64_t *n = calloc((size_t)k, sizeof *n);
-		for (uint64_t d = 0; n && d < f.docs; d++)
-			n[assign[d]]++;
-		for (long i = 0; n && i < k; i++)
-			json_array_append_new(sizes, json_integer((json_int_t)n[i]));
-		free(n);
-		json_t *rj = json_pack("{s:s,s:I,s:i,s:f,s:i,s:i,s:O}", "features", argv[optind],
-				       "docs", (json_int_t)f.docs, "restarts", (int)restarts,
-				       "inertia", rep.inertia, "iterations", rep.iterations,
-				       "best_restart", rep.best_restart, "sizes", sizes);
-		r.report = rj ? json_dumps(rj, JSON_COMPACT) : NULL;
+	if (!rc)
 		rc = router_write(co.out, &r);
-		if (!rc)
-			rc = print_json(json_pack("{s:s,s:s,s:o,s:f}", "output", co.out, "kind",
-						  "kmeans", "report", rj, "seconds", secs));
-		else
-			json_decref(rj), rc = cli_report(prog, rc);
-	} else {
+	if (!rc)
+		rc = print_json(json_pack("{s:s,s:s,s:o,s:f}", "output", co.out, "kind", "kmeans",
+					  "report", json_loads(r.report, 0, NULL), "seconds", secs));
+	else
 		rc = cli_report(prog, rc);
-	}
-	json_decref(sizes);
-	kmeans_report_free(&rep);
-	free(assign);
 	router_free(&r);
 	features_free(&f);
 	return rc;

@@ -10,6 +10,7 @@
 #include "common/err.h"
 #include "common/progress.h"
 #include "common/rng.h"
+#include "route/kmeans.h"
 #include "route/logreg.h"
 #include "route/wrouter.h"
 
@@ -685,5 +686,49 @@ out:
 	free(e.hidden);
 	free(e.wfeat);
 	free(e.dfeat);
+	return rc;
+}
+
+/* ---- the k-means router ------------------------------------------------------------------- */
+
+int route_kmeans(const struct features *f, const char *name, const struct kmeans_opts *o,
+		 struct router *r)
+{
+	struct kmeans_report rep = {0};
+	uint32_t *assign = NULL;
+	uint64_t *n = NULL;
+	json_t *rj = NULL;
+	int rc;
+
+	*r = (struct router){.kind = ROUTER_KMEANS, .paths = o->k, .dim = f->dim, .r = f->r};
+	if (f->docs < (uint64_t)o->k)
+		return err_set(CORE_ESHAPE, name, "%llu documents cannot make %d clusters",
+			       (unsigned long long)f->docs, o->k);
+	r->centroids = malloc((size_t)o->k * (size_t)f->dim * sizeof(float));
+	assign = malloc(f->docs * sizeof *assign);
+	n = calloc((size_t)o->k, sizeof *n);
+	if (!r->centroids || !assign || !n) {
+		rc = err_set(CORE_ENOMEM, name, "out of memory");
+		goto out;
+	}
+	rc = kmeans_fit(f->x, f->docs, f->dim, o, r->centroids, assign, &rep);
+	if (rc)
+		goto out;
+	json_t *sizes = json_array();
+	for (uint64_t d = 0; d < f->docs; d++)
+		n[assign[d]]++;
+	for (int i = 0; sizes && i < o->k; i++)
+		json_array_append_new(sizes, json_integer((json_int_t)n[i]));
+	rj = json_pack("{s:s,s:I,s:i,s:f,s:i,s:i,s:o}", "features", name, "docs",
+		       (json_int_t)f->docs, "restarts", o->restarts, "inertia", rep.inertia,
+		       "iterations", rep.iterations, "best_restart", rep.best_restart, "sizes",
+		       sizes);
+	if (!rj || !(r->report = json_dumps(rj, JSON_COMPACT)))
+		rc = err_set(CORE_ENOMEM, name, "out of memory");
+out:
+	json_decref(rj);
+	kmeans_report_free(&rep);
+	free(assign);
+	free(n);
 	return rc;
 }

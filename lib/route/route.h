@@ -25,6 +25,15 @@
 int route_features(struct lm *base, const struct tokfile *tf, int prefix, int layer,
 		   struct features *out, void (*progress)(void *ctx, uint64_t done), void *ctx);
 
+struct kmeans_opts;
+/* The k-means router of f (dpc-route kmeans): o->k centroids fitted by kmeans_fit, f's
+ * recipe, and in r->report the fit's JSON (features: name, docs, restarts, inertia,
+ * iterations, best_restart, sizes: documents per cluster). CORE_ESHAPE naming name when f
+ * has fewer documents than clusters. r is overwritten; router_free releases it, also on
+ * error. */
+int route_kmeans(const struct features *f, const char *name, const struct kmeans_opts *o,
+		 struct router *r);
+
 /* CORE_EFORMAT on the router's file unless its recipe is the features' / base's. */
 int route_check_recipe(const struct recipe *want, const char *path, const struct recipe *have,
 		       const char *what);

@@ -1341,3 +1341,46 @@ Test(rows, window_boundaries_by_hand)
 	cr_expect_eq(router_boundary(8, 16, 4), 88);
 	cr_expect_eq(router_last_boundary(100, 8, 0), 0, "no window router, no boundary");
 }
+
+/* route_kmeans: two clumps far apart, found by hand: centroids (0, 0.5) and (10, 10.5), two
+ * documents each; the report's JSON says so; fewer documents than clusters is CORE_ESHAPE
+ * naming the features. */
+Test(kmeans, route_kmeans_by_hand)
+{
+	float x[] = {0, 0, 0, 1, 10, 10, 10, 11};
+	struct features f = {.r = {.layer = 3, .prefix = 16}, .docs = 4, .dim = 2, .x = x};
+	const struct kmeans_opts o = {.k = 2, .restarts = 3, .max_iter = 50, .seed = 7};
+	struct router r;
+
+	cr_assert_eq(route_kmeans(&f, "f.st", &o, &r), 0, "%s", err_detail());
+	cr_expect_eq(r.kind, ROUTER_KMEANS);
+	cr_expect_eq(r.paths, 2);
+	cr_expect_eq(r.dim, 2);
+	cr_expect_eq(r.r.layer, 3);
+	cr_expect_eq(r.r.prefix, 16);
+	const int lo = r.centroids[0] < 5 ? 0 : 1;
+	const float want[2][2] = {{0, 0.5f}, {10, 10.5f}};
+	for (int j = 0; j < 2; j++) {
+		cr_expect_float_eq(r.centroids[lo * 2 + j], want[0][j], 1e-6);
+		cr_expect_float_eq(r.centroids[(1 - lo) * 2 + j], want[1][j], 1e-6);
+	}
+	json_t *j = json_loads(r.report, 0, NULL);
+	cr_assert(j, "report is not JSON: %s", r.report);
+	cr_expect_str_eq(json_string_value(json_object_get(j, "features")), "f.st");
+	cr_expect_eq(json_integer_value(json_object_get(j, "docs")), 4);
+	cr_expect_eq(json_integer_value(json_object_get(j, "restarts")), 3);
+	/* inertia: each point 0.5 from its centroid, squared, four times */
+	cr_expect_float_eq(json_real_value(json_object_get(j, "inertia")), 1.0, 1e-6);
+	json_t *sizes = json_object_get(j, "sizes");
+	cr_expect_eq(json_array_size(sizes), 2);
+	cr_expect_eq(json_integer_value(json_array_get(sizes, 0)), 2);
+	cr_expect_eq(json_integer_value(json_array_get(sizes, 1)), 2);
+	json_decref(j);
+	router_free(&r);
+
+	const struct kmeans_opts o5 = {.k = 5, .restarts = 1, .max_iter = 10};
+	cr_expect_eq(route_kmeans(&f, "f.st", &o5, &r), CORE_ESHAPE);
+	cr_expect_str_eq(err_file(), "f.st");
+	cr_expect(strstr(err_detail(), "4 documents cannot make 5 clusters"), "%s", err_detail());
+	router_free(&r);
+}
