@@ -59,6 +59,10 @@ endif
 # above the suite's, runs beside other tests under --jobs=2, and LeakSanitizer fails the run
 # after every test passed; with --jobs=1 it does not.
 CR_JOBS := $(if $(filter 1,$(SAN)),1,2)
+# Under the sanitizers each Criterion binary runs under test/unit/cr-run.sh: a run that hangs
+# past 20 minutes (a worker deadlocked in GCC 12's ASan allocator after fork, not a test's
+# verdict) is killed and run once more; see that script.
+CR_RUN := $(if $(filter 1,$(SAN)),sh test/unit/cr-run.sh)
 
 # ---- probes -------------------------------------------------------------------------------
 have_pc = $(shell $(PKG_CONFIG) --exists $(1) 2>/dev/null && echo 1 || echo 0)
@@ -303,7 +307,7 @@ test-unit: $(TESTS)
 ifneq ($(HAVE_CRITERION),1)
 	$(error Criterion not found: install libcriterion-dev to run the unit tests)
 endif
-	@fail=0; for t in $(TESTS); do echo "--- $$t"; $$t --jobs=$(CR_JOBS) || fail=1; done; \
+	@fail=0; for t in $(TESTS); do echo "--- $$t"; $(CR_RUN) $$t --jobs=$(CR_JOBS) || fail=1; done; \
 	test $$fail = 0 || { echo "unit tests FAILED"; exit 1; }
 
 test-sh: $(PROGS) $(MPI_TESTS)
@@ -519,13 +523,13 @@ ifneq ($(HAVE_CRITERION),1)
 endif
 	@$(EMU_DIR)/selftest
 	@echo "--- $(EMU_DIR)/test_backend (the cuda backend's kernels on the CPU, test/emu)"
-	@$(EMU_DIR)/test_backend --jobs=$(CR_JOBS)
+	@$(CR_RUN) $(EMU_DIR)/test_backend --jobs=$(CR_JOBS)
 	@echo "--- $(EMU_DIR)/test_backend, attention, the GPT-2 step and tf32/bf16 (which keep the cuBLAS attention), with CORE_CUDA_ATTENTION=fused (kernels/attention.cu)"
-	@CORE_CUDA_ATTENTION=fused $(EMU_DIR)/test_backend --jobs=$(CR_JOBS) \
+	@CORE_CUDA_ATTENTION=fused $(CR_RUN) $(EMU_DIR)/test_backend --jobs=$(CR_JOBS) \
 		--filter 'backend/@(attention|gpt2_training_step|reduced_precision_products)'
 	@echo "--- $(EMU_DIR)/test_backend with CUDA_EMU_STREAMS=late-first (work on the backend's stream runs only when waited for), and the second queue with late-others"
-	@CUDA_EMU_STREAMS=late-first $(EMU_DIR)/test_backend --jobs=$(CR_JOBS)
-	@CUDA_EMU_STREAMS=late-others $(EMU_DIR)/test_backend --filter 'backend/side_queue'
+	@CUDA_EMU_STREAMS=late-first $(CR_RUN) $(EMU_DIR)/test_backend --jobs=$(CR_JOBS)
+	@CUDA_EMU_STREAMS=late-others $(CR_RUN) $(EMU_DIR)/test_backend --filter 'backend/side_queue'
 
 -include $(EMU_OBJ:.o=.d) $(EMU_DIR)/test/emu/selftest.d $(EMU_DIR)/test/mpi/test_dist_dev.d \
 	$(EMU_DIR)/test/mpi/test_moe_dist.d
