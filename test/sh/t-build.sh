@@ -2,7 +2,8 @@
 # user gets from the quickstart, then the test command's setup) compiles lib/dist over MPI,
 # makes libcore.a anew without dist_single.o, and relinks; a build with nothing changed does
 # nothing; SentencePiece found or lost recompiles the tokenizer alone. In a build folder of
-# its own (-O0, no CUDA: the Makefile is under test, not the compiler), in the plain pass only.
+# its own (-O0, no CUDA: the Makefile is under test, not the compiler), in the plain pass only,
+# with none of the calling make's flags (a make -j2 test or BUILD=... must not leak in).
 set -eu
 . "$TESTDIR/lib.sh"
 [ "${SAN:-0}" = 1 ] && skip "skipped under the sanitizers: the Makefile is tested in the plain pass"
@@ -12,7 +13,8 @@ prog=$b/bin/dpc-train-path
 # mk LOG ARGS...: the build of libcore.a and one program, its step lines in LOG
 mk() {
 	log=$1; shift
-	make -C "$root" -j2 BUILD="$b" OPT=-O0 HAVE_CUDA=0 "$@" "$b/libcore.a" "$prog" >"$log" 2>&1 ||
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$root" -j2 BUILD="$b" OPT=-O0 \
+		HAVE_CUDA=0 "$@" "$b/libcore.a" "$prog" >"$log" 2>&1 ||
 		{ tail -n 20 "$log"; die "make $* failed"; }
 }
 # steps LOG: the CC, AR and LINK lines of a build, one per line
