@@ -52,7 +52,9 @@ LDFLAGS += -fsanitize=address,undefined
 # at that offset by chance, and LeakSanitizer's tracer then dies on exit ("Tracer caught
 # signal 11"), failing a run whose tests passed. intercept_tls_get_addr=0 is the runtime's
 # own switch for this (fixed upstream in GCC 14 and LLVM 17).
-export ASAN_OPTIONS := $(if $(ASAN_OPTIONS),$(ASAN_OPTIONS):)intercept_tls_get_addr=0
+# allocator_release_to_os_interval_ms=-1: no release of free memory to the OS, which runs
+# under an allocator region's lock; test/unit/cr-run.sh says why that lock matters.
+export ASAN_OPTIONS := $(if $(ASAN_OPTIONS),$(ASAN_OPTIONS):)intercept_tls_get_addr=0:allocator_release_to_os_interval_ms=-1
 endif
 # Criterion workers at a time. Under the sanitizers, one: Criterion 2.4.1's runner leaks 48
 # bytes (a calloc of its own) when test_backend's long moe_dispatch, whose timeout is raised
@@ -60,8 +62,8 @@ endif
 # after every test passed; with --jobs=1 it does not.
 CR_JOBS := $(if $(filter 1,$(SAN)),1,2)
 # Under the sanitizers each Criterion binary runs under test/unit/cr-run.sh: a run that hangs
-# past 20 minutes (a worker deadlocked in GCC 12's ASan allocator after fork, not a test's
-# verdict) is killed and run once more; see that script.
+# past 10 minutes (a worker deadlocked in GCC 12's ASan allocator after fork, not a test's
+# verdict) is killed and run again, three tries in all; see that script.
 CR_RUN := $(if $(filter 1,$(SAN)),sh test/unit/cr-run.sh)
 
 # ---- probes -------------------------------------------------------------------------------
