@@ -16,6 +16,7 @@
 #include "common/editdist.h"
 #include "common/err.h"
 #include "common/jsonfmt.h"
+#include "io/atomicio.h"
 #include "common/banned.h"
 
 /* strtol and strtod skip leading white space, which no other malformed number gets past:
@@ -169,18 +170,5 @@ int cli_make_parents(const char *path)
 		return err_set(CORE_EIO, path, "path too long");
 	memcpy(dir, path, n);
 	dir[n] = '\0';
-	/* each prefix in turn, as mkdir -p */
-	for (size_t i = 1; i <= n; i++) {
-		if (dir[i] != '/' && dir[i] != '\0')
-			continue;
-		char c = dir[i];
-		dir[i] = '\0';
-		if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-			return err_errno(CORE_EIO, dir, "cannot create directory", errno);
-		dir[i] = c;
-	}
-	struct stat st;
-	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-		return err_set(CORE_EIO, dir, "not a directory");
-	return 0;
+	return dir_make(dir, NULL, 0);
 }
