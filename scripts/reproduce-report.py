@@ -341,11 +341,12 @@ def main():
     def lv(n):
         return "%.4f" % L[n]
 
-    def budget(n, loss=None, what=None):
+    def budget(n, mean=None):
+        """A row's loss (or, given, the mean of its 4 seeds) with its budget."""
         r = runs[n]
         return "%s %.4f (%s; %s tokens, %.2e FLOPs, %s parameters)" % (
-            what or r["label"], L[n] if loss is None else loss,
-            "mean of 4 seeds" if n == "dipaco-km" and loss is not None else "one run",
+            r["label"], L[n] if mean is None else mean,
+            "one run" if mean is None else "mean of 4 seeds",
             fmt_count(r["tokens"]), r["flops"], fmt_count(r["topo"]["params_total"]))
 
     out("## Table 1: at equal tokens and FLOPs")
